@@ -1,0 +1,209 @@
+"""The async client: put, get, delete and status through the local daemon's Unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from .connection import Channel, FrameProtocol
+from .errors import (ConnectionLostError, HopliteError, HopliteTimeoutError,
+                     InvalidArgumentError, RemoteProtocolError, error_from_wire)
+from .ids import ObjectID
+from .shm import ArenaMap
+from .wire.frames import PRELUDE, PRELUDE_SIZE, SUPPORTED_VERSIONS, FrameReader, encode_header
+from .wire.messages import (REPLY_KINDS, Abort, ClientHello, ClientWelcome, Create, Delete,
+                            Error, Found, Get, Put, Release, Seal, Status)
+
+log = logging.getLogger("hoplite.client")
+
+INLINE_MAX = 64 * 1024  # objects this small travel in the socket, not via shared memory
+CONNECT_TIMEOUT = 10.0
+# After a get's own timeout, how long we still wait for the daemon's verdict on it.
+REPLY_GRACE = 30.0
+# A large copy runs in a worker thread (numpy drops the GIL) so the event loop keeps going.
+THREAD_COPY_MIN = 4 * 1024 * 1024
+
+ArrayLike = Union[np.ndarray, bytes, bytearray, memoryview]
+
+
+def default_socket() -> str:
+    return os.environ.get("HOPLITE_SOCKET") or f"/tmp/hoplite-{os.getuid()}/hoplited.sock"
+
+
+async def connect(socket_path: Optional[str] = None,
+                  timeout: float = CONNECT_TIMEOUT) -> "Client":
+    """Connect to the daemon at ``socket_path`` (default ``$HOPLITE_SOCKET``)."""
+    path = socket_path or default_socket()
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await asyncio.wait_for(loop.sock_connect(sock, path), timeout)
+        await loop.sock_sendall(sock, encode_header(ClientHello(versions=SUPPORTED_VERSIONS,
+                                                                pid=os.getpid())))
+        welcome, fd = await asyncio.wait_for(_receive_welcome(sock), timeout)
+    except asyncio.TimeoutError:
+        sock.close()
+        raise HopliteTimeoutError(f"daemon at {path} did not answer within {timeout}s") from None
+    except OSError as exc:
+        sock.close()
+        raise ConnectionLostError(f"cannot reach the daemon at {path}: {exc}") from exc
+    except BaseException:
+        sock.close()
+        raise
+    arena = ArenaMap(fd, welcome.arena_size)
+    _, protocol = await loop.create_unix_connection(lambda: FrameProtocol(name="daemon"),
+                                                    sock=sock)
+    return Client(protocol, arena, welcome.node_id)
+
+
+async def _receive_welcome(sock: socket.socket) -> tuple[ClientWelcome, int]:
+    """Read the ClientWelcome frame; the arena fd rides on its first bytes."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    loop.add_reader(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+    try:
+        await ready
+    finally:
+        loop.remove_reader(sock.fileno())
+    data, fds, _, _ = socket.recv_fds(sock, PRELUDE_SIZE, 1)
+    reader = FrameReader()
+    events = reader.feed(data)
+    while not events:
+        if not data:
+            raise ConnectionLostError("daemon closed the connection during the handshake")
+        data = await loop.sock_recv(sock, len(reader.get_buffer()))
+        events = reader.feed(data) if data else []
+        if not data:
+            raise ConnectionLostError("daemon closed the connection during the handshake")
+    frame = events[0]
+    msg = getattr(frame, "msg", None)
+    if isinstance(msg, Error):
+        raise error_from_wire(msg.code, msg.message, msg.data)
+    if not isinstance(msg, ClientWelcome) or len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise RemoteProtocolError("daemon did not send its arena")
+    return msg, fds[0]
+
+
+def _as_array(value: ArrayLike) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        arr = value
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        arr = np.frombuffer(memoryview(value).cast("B"), dtype=np.uint8)
+    else:
+        raise InvalidArgumentError(f"put takes a numpy array or bytes, not {type(value).__name__}")
+    if arr.dtype.hasobject or arr.dtype.fields is not None:
+        raise InvalidArgumentError(f"dtype {arr.dtype} cannot be stored (plain types only)")
+    return arr
+
+
+class Client:
+    """A connection to the local daemon. Use ``async with`` or call :meth:`close`."""
+
+    def __init__(self, protocol: FrameProtocol, arena: ArenaMap, node_id: str) -> None:
+        self._protocol = protocol
+        self._channel = Channel(protocol, REPLY_KINDS)
+        self._arena = arena
+        self.node_id = node_id
+        self._loop = asyncio.get_running_loop()
+        self._released: list[ObjectID] = []
+        self._release_lock = threading.Lock()
+        self._flush_scheduled = False
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def put(self, value: ArrayLike, object_id: Optional[ObjectID] = None) -> ObjectID:
+        """Store an array (dtype and shape kept) or bytes (as uint8); returns its id."""
+        arr = _as_array(value)
+        oid = object_id or ObjectID.random()
+        dtype, shape, size = arr.dtype.str, list(arr.shape), arr.nbytes
+        if size <= INLINE_MAX:
+            data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+            await self._channel.request(lambda rid: Put(rid=rid, oid=oid, dtype=dtype,
+                                                        shape=shape), data)
+            return oid
+        frame = await self._channel.request(lambda rid: Create(rid=rid, oid=oid, size=size,
+                                                               dtype=dtype, shape=shape))
+        try:
+            dest = self._arena.writable(frame.msg.offset, size).view(arr.dtype).reshape(arr.shape)
+            if size >= THREAD_COPY_MIN:
+                await self._loop.run_in_executor(None, np.copyto, dest, arr)
+            else:
+                np.copyto(dest, arr)
+            del dest
+        except BaseException:
+            if self._channel.is_open:
+                await self._channel.request(lambda rid: Abort(rid=rid, oid=oid))
+            raise
+        await self._channel.request(lambda rid: Seal(rid=rid, oid=oid))
+        return oid
+
+    async def get(self, object_id: ObjectID, timeout: Optional[float] = None) -> np.ndarray:
+        """A read-only array of the object, waiting up to ``timeout`` s for it to exist.
+
+        Large objects are zero-copy views of shared memory; the daemon keeps the memory until
+        every array derived from the result is gone.
+        """
+        bound = None if timeout is None else timeout + REPLY_GRACE
+        frame = await self._channel.request(
+            lambda rid: Get(rid=rid, oid=object_id, timeout=timeout), timeout=bound)
+        found: Found = frame.msg
+        dtype = np.dtype(found.dtype)
+        shape = tuple(found.shape)
+        if found.offset is None:
+            data = bytes(frame.payload) if frame.payload is not None else b""
+            return np.frombuffer(data, dtype=dtype).reshape(shape)
+        return self._arena.view(found.offset, found.size, dtype, shape,
+                                lambda: self._release_later(object_id))
+
+    async def delete(self, object_id: ObjectID) -> None:
+        """Delete every copy in the cluster (copies in use go when their users are done)."""
+        await self._channel.request(lambda rid: Delete(rid=rid, oid=object_id))
+
+    async def status(self) -> dict[str, Any]:
+        """This daemon's view of the cluster: members, objects, bytes in and out per node."""
+        frame = await self._channel.request(lambda rid: Status(rid=rid))
+        return frame.msg.info
+
+    def _release_later(self, oid: ObjectID) -> None:
+        """Called by the garbage collector (any thread) when a view's mapping dies."""
+        with self._release_lock:
+            self._released.append(oid)
+            if self._flush_scheduled:
+                return
+            self._flush_scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._flush_releases)
+        except RuntimeError:
+            pass  # the loop is closed: the daemon releases everything when we disconnect
+
+    def _flush_releases(self) -> None:
+        with self._release_lock:
+            oids, self._released = self._released, []
+            self._flush_scheduled = False
+        if oids and self._channel.is_open:
+            try:
+                self._channel.notify(Release(oids=oids))
+            except HopliteError:
+                pass
+
+    async def close(self) -> None:
+        """Close the connection; views already returned stay readable."""
+        self._channel.close()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._protocol.closed), 5.0)
+        except asyncio.TimeoutError:
+            self._protocol.abort()
+        self._arena.close()

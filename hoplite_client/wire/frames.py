@@ -1,0 +1,241 @@
+"""Frame codec, sans I/O: bytes in, typed messages out (no asyncio, no sockets here).
+
+Theory of operation. A frame is a 16-byte prelude ``magic, version, kind, header length,
+payload length``, then a msgpack header (a :mod:`messages` record), then the raw payload.
+:class:`FrameReader` is driven the way ``asyncio.BufferedProtocol`` drives a protocol:
+:meth:`FrameReader.get_buffer` returns exactly the bytes still missing from the current part
+(prelude, header or payload), so the kernel writes each part where it belongs and a streamed
+payload lands directly in the destination buffer with no copy. Every length is checked
+before anything is allocated. A frame with a bad header or an unknown kind is skipped (the
+lengths still delimit it) and reported as :class:`BadFrame`; a broken prelude or an oversized
+length raises :class:`RemoteProtocolError` and the reader stays broken (it cannot re-sync).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+
+import msgpack
+
+from ..errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from .messages import MESSAGES
+from .schema import from_wire, to_wire
+
+MAGIC = b"HP"
+PROTOCOL_VERSION = 1
+SUPPORTED_VERSIONS = [1]
+PRELUDE = struct.Struct("!2sBBIQ")  # magic, version, kind, header length, payload length
+PRELUDE_SIZE = PRELUDE.size
+# Headers hold ids, offsets and member lists: 256 KiB fits thousands of members.
+MAX_HEADER = 256 * 1024
+# Objects of at most 64 KiB travel inline in control frames (DESIGN §2); 1 MiB leaves room.
+MAX_SMALL_PAYLOAD = 1024 * 1024
+# A streamed payload is a whole object; the reader's sink checks it against the directory.
+MAX_STREAM_PAYLOAD = 1 << 48
+_SKIP_CHUNK = 64 * 1024
+
+Message = Any
+StreamSink = Callable[[Message, int], memoryview]
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A decoded message and its payload (None when it has none, or when it was streamed)."""
+
+    msg: Message
+    payload: Optional[memoryview] = None
+
+
+@dataclass(frozen=True, slots=True)
+class BadFrame:
+    """A well-delimited frame we could not accept; ``rid`` is its request id if readable."""
+
+    error: ProtocolError
+    rid: Optional[int]
+
+
+Event = Union[Frame, BadFrame]
+
+
+def encode_header(msg: Message, payload_len: int = 0) -> bytes:
+    """Prelude and msgpack header of ``msg``; the caller sends ``payload_len`` raw bytes after it."""
+    kind = getattr(type(msg), "KIND", None)
+    if kind is None:
+        raise LocalProtocolError(f"{type(msg).__name__} is not a wire message")
+    if payload_len and type(msg).PAYLOAD == "none":
+        raise LocalProtocolError(f"{type(msg).__name__} carries no payload")
+    header = msgpack.packb(to_wire(msg), use_bin_type=True)
+    if len(header) > MAX_HEADER:
+        raise LocalProtocolError(f"{type(msg).__name__} header of {len(header)} bytes is too large")
+    return PRELUDE.pack(MAGIC, PROTOCOL_VERSION, kind, len(header), payload_len) + header
+
+
+def encode(msg: Message, payload: Optional[Any] = None) -> list:
+    """Buffers for ``transport.writelines``: header bytes, then the payload as a memoryview."""
+    if payload is None:
+        return [encode_header(msg)]
+    view = memoryview(payload).cast("B")
+    return [encode_header(msg, view.nbytes), view]
+
+
+def _unpack_header(data: memoryview) -> Any:
+    return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True, ext_hook=_no_ext)
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError("msgpack extension types are not part of the protocol")
+
+
+class FrameReader:
+    """Incremental frame decoder fed through :meth:`get_buffer` / :meth:`buffer_updated`."""
+
+    def __init__(self, stream_sink: Optional[StreamSink] = None,
+                 max_small_payload: int = MAX_SMALL_PAYLOAD) -> None:
+        self._sink = stream_sink
+        self._max_small = max_small_payload
+        self._prelude = bytearray(PRELUDE_SIZE)
+        self._part = memoryview(self._prelude)
+        self._got = 0
+        self._state = "prelude"
+        self._kind = 0
+        self._payload_len = 0
+        self._header: Optional[memoryview] = None
+        self._msg: Message = None
+        self._bad: Optional[BadFrame] = None
+        self.broken: Optional[ProtocolError] = None
+
+    @property
+    def streaming(self) -> bool:
+        """True while a streamed payload is arriving into the sink's buffer."""
+        return self._state == "stream"
+
+    @property
+    def payload_received(self) -> int:
+        """Bytes of the current payload received so far."""
+        return self._got if self._state in ("stream", "payload") else 0
+
+    def get_buffer(self) -> memoryview:
+        """Where the next bytes go: exactly the part still missing (never past this frame)."""
+        if self.broken is not None:
+            raise self.broken
+        if self._state == "skip":
+            return self._part[: min(_SKIP_CHUNK, self._payload_len - self._got)]
+        return self._part[self._got:]
+
+    def buffer_updated(self, nbytes: int) -> list[Event]:
+        """Account for ``nbytes`` written into the last buffer; return the frames completed."""
+        self._got += nbytes
+        events: list[Event] = []
+        try:
+            while self._advance(events):
+                pass
+        except RemoteProtocolError as exc:
+            self.broken = exc
+            raise
+        return events
+
+    def feed(self, data: bytes) -> list[Event]:
+        """Convenience for tests and non-buffered transports: copy ``data`` in, part by part."""
+        events: list[Event] = []
+        view = memoryview(data)
+        while view:
+            buf = self.get_buffer()
+            n = min(len(buf), len(view))
+            buf[:n] = view[:n]
+            view = view[n:]
+            events.extend(self.buffer_updated(n))
+        return events
+
+    def _advance(self, events: list[Event]) -> bool:
+        """Move to the next part if the current one is complete; True if it moved."""
+        state = self._state
+        if state == "prelude":
+            if self._got < PRELUDE_SIZE:
+                return False
+            self._on_prelude()
+        elif state == "header":
+            if self._got < len(self._part):
+                return False
+            self._on_header()
+        elif state in ("payload", "stream"):
+            if self._got < self._payload_len:
+                return False
+            payload = self._part if state == "payload" and self._payload_len else None
+            events.append(Frame(self._msg, payload))
+            self._reset()
+        elif state == "skip":
+            if self._got < self._payload_len:
+                return False
+            assert self._bad is not None
+            events.append(self._bad)
+            self._reset()
+        return True
+
+    def _reset(self) -> None:
+        self._state = "prelude"
+        self._part = memoryview(self._prelude)
+        self._got = 0
+        self._msg = None
+        self._bad = None
+
+    def _on_prelude(self) -> None:
+        magic, version, kind, header_len, payload_len = PRELUDE.unpack(self._prelude)
+        if magic != MAGIC:
+            raise RemoteProtocolError("bad frame magic: not a hoplite peer")
+        if version not in SUPPORTED_VERSIONS:
+            raise RemoteProtocolError(f"unsupported frame version {version}")
+        if not 0 < header_len <= MAX_HEADER:
+            raise RemoteProtocolError(f"frame header length {header_len} out of range")
+        if payload_len > MAX_STREAM_PAYLOAD:
+            raise RemoteProtocolError(f"frame payload length {payload_len} out of range")
+        self._kind = kind
+        self._payload_len = payload_len
+        self._state = "header"
+        self._part = memoryview(bytearray(header_len))
+        self._got = 0
+
+    def _on_header(self) -> None:
+        header = self._part
+        self._got = 0
+        try:
+            raw = _unpack_header(header)
+        except Exception as exc:  # msgpack raises many types for garbage
+            self._start_skip(RemoteProtocolError(f"undecodable frame header: {exc}"), None)
+            return
+        rid = raw[0] if isinstance(raw, list) and raw and type(raw[0]) is int else None
+        cls = MESSAGES.get(self._kind)
+        if cls is None:
+            self._start_skip(RemoteProtocolError(f"unknown message kind {self._kind}"), rid)
+            return
+        try:
+            msg = from_wire(cls, raw)
+        except RemoteProtocolError as exc:
+            self._start_skip(exc, rid)
+            return
+        self._msg = msg
+        mode = cls.PAYLOAD
+        n = self._payload_len
+        if mode == "stream" and self._sink is not None:
+            self._part = self._sink(msg, n)
+            if len(self._part) != n:
+                raise RemoteProtocolError("stream sink returned a buffer of the wrong size")
+            self._state = "stream"
+        elif n == 0:
+            self._state = "payload"
+        elif mode == "none":
+            self._start_skip(RemoteProtocolError(f"{cls.__name__} carries no payload"), rid)
+        elif n > self._max_small:
+            raise RemoteProtocolError(f"payload of {n} bytes exceeds the {self._max_small} limit")
+        else:
+            self._state = "payload"
+            self._part = memoryview(bytearray(n))
+
+    def _start_skip(self, error: RemoteProtocolError, rid: Optional[int]) -> None:
+        if self._payload_len > self._max_small:
+            raise error
+        self._bad = BadFrame(error, rid)
+        self._state = "skip"
+        self._part = memoryview(bytearray(min(_SKIP_CHUNK, max(self._payload_len, 1))))
+        self._got = 0

@@ -1,0 +1,78 @@
+"""Typed records on the wire: a dataclass encodes as a msgpack array of its fields in order.
+
+Decoding checks every field against the dataclass's annotations, so a well-formed msgpack
+header with wrong types is rejected exactly like a malformed one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Union
+
+from ..errors import RemoteProtocolError
+from ..ids import OBJECT_ID_SIZE, ObjectID
+
+_HINTS: dict[type, list[tuple[str, Any]]] = {}
+
+
+def record(cls: type) -> type:
+    """Make ``cls`` a frozen slotted dataclass whose fields can be checked when decoded."""
+    dc = dataclasses.dataclass(frozen=True, slots=True)(cls)
+    hints = typing.get_type_hints(dc)
+    _HINTS[dc] = [(f.name, hints[f.name]) for f in dataclasses.fields(dc)]
+    return dc
+
+
+def to_wire(value: Any) -> Any:
+    """The msgpack-ready form of a record, an ObjectID, or a container of them."""
+    if isinstance(value, ObjectID):
+        return value.binary()
+    if type(value) in _HINTS:
+        return [to_wire(getattr(value, name)) for name, _ in _HINTS[type(value)]]
+    if isinstance(value, list):
+        return [to_wire(v) for v in value]
+    return value
+
+
+def from_wire(cls: type, raw: Any) -> Any:
+    """Build a record of type ``cls`` from its decoded msgpack array, checking every field."""
+    fields = _HINTS[cls]
+    if not isinstance(raw, list) or len(raw) != len(fields):
+        raise RemoteProtocolError(f"{cls.__name__}: expected {len(fields)} fields")
+    return cls(*(_check(cls, name, hint, v) for (name, hint), v in zip(fields, raw)))
+
+
+def _check(cls: type, name: str, hint: Any, value: Any) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _check(cls, name, inner, value)
+    if origin is list:
+        (inner,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise RemoteProtocolError(f"{cls.__name__}.{name}: expected a list")
+        return [_check(cls, name, inner, v) for v in value]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise RemoteProtocolError(f"{cls.__name__}.{name}: expected a map")
+        return value
+    if hint is ObjectID:
+        if not isinstance(value, bytes) or len(value) != OBJECT_ID_SIZE:
+            raise RemoteProtocolError(f"{cls.__name__}.{name}: expected a {OBJECT_ID_SIZE}-byte id")
+        return ObjectID(value)
+    if hint in _HINTS:
+        return from_wire(hint, value)
+    if hint is Any:
+        return value
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, bool):
+        raise RemoteProtocolError(f"{cls.__name__}.{name}: expected int")
+    if not isinstance(value, hint):
+        raise RemoteProtocolError(f"{cls.__name__}.{name}: expected {hint.__name__}")
+    return value

@@ -1,0 +1,1 @@
+"""hoplited: the per-host daemon, object store and directory shard of a hoplite cluster."""

@@ -1,0 +1,132 @@
+"""The shared-memory arena: one memfd per daemon, mapped by the daemon and by every client.
+
+Why a memfd passed over the Unix socket rather than files in /dev/shm: the kernel frees it
+when the daemon and its clients are gone, so a SIGKILLed daemon leaves nothing behind, and
+nothing on the filesystem can be opened by another user. Objects are (offset, size) extents,
+page-aligned so a client can map one read-only. Freed extents keep their pages ("warm"):
+faulting fresh shared pages inside recv_into measured 2.6 s/GiB against 0.3 s/GiB for a bulk
+populate, so allocation pre-populates in a worker thread and reuse costs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import ctypes
+import ctypes.util
+import errno
+import logging
+import mmap
+import os
+
+from hoplite_client.errors import CapacityError
+
+log = logging.getLogger("hoplited.arena")
+
+PAGE = mmap.PAGESIZE
+MADV_POPULATE_WRITE = 23  # Linux >= 5.14; older kernels fault pages in on first use
+# Populate in slices so a receiver can start writing the first ones early.
+POPULATE_SLICE = 32 * 1024 * 1024
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+def _round_up(n: int) -> int:
+    return (n + PAGE - 1) // PAGE * PAGE
+
+
+class Arena:
+    """A fixed-capacity memfd with a first-fit extent allocator (extents coalesce on free)."""
+
+    def __init__(self, capacity: int, name: str = "hoplite") -> None:
+        self.capacity = _round_up(max(capacity, PAGE))
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, self.capacity)
+        self.map = mmap.mmap(self.fd, self.capacity)
+        self.view = memoryview(self.map)
+        self._base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        self._free_starts: list[int] = [0]
+        self._free_len: dict[int, int] = {0: self.capacity}
+        self.used = 0
+        self._can_populate = True
+
+    def alloc(self, size: int) -> int:
+        """Reserve ``size`` bytes; returns the page-aligned offset or raises CapacityError."""
+        need = _round_up(max(size, 1))
+        for start in self._free_starts:
+            length = self._free_len[start]
+            if length >= need:
+                self._take(start, length, need)
+                self.used += need
+                return start
+        free = self.capacity - self.used
+        raise CapacityError(f"object store full: {size} bytes requested, {free} of "
+                            f"{self.capacity} free (largest extent {self.largest_free()})",
+                            requested=size, free=free)
+
+    def _take(self, start: int, length: int, need: int) -> None:
+        i = bisect.bisect_left(self._free_starts, start)
+        del self._free_starts[i]
+        del self._free_len[start]
+        if length > need:
+            bisect.insort(self._free_starts, start + need)
+            self._free_len[start + need] = length - need
+
+    def free(self, offset: int, size: int) -> None:
+        """Return an extent; it merges with free neighbours."""
+        length = _round_up(max(size, 1))
+        self.used -= length
+        i = bisect.bisect_left(self._free_starts, offset)
+        if i < len(self._free_starts) and self._free_starts[i] == offset + length:
+            nxt = self._free_starts.pop(i)
+            length += self._free_len.pop(nxt)
+        if i > 0:
+            prev = self._free_starts[i - 1]
+            if prev + self._free_len[prev] == offset:
+                self._free_len[prev] += length
+                return
+        self._free_starts.insert(i, offset)
+        self._free_len[offset] = length
+
+    def largest_free(self) -> int:
+        return max(self._free_len.values(), default=0)
+
+    def buffer(self, offset: int, size: int) -> memoryview:
+        return self.view[offset:offset + size]
+
+    async def populate(self, offset: int, size: int) -> None:
+        """Back an extent with memory and map it, in a worker thread (the loop keeps running).
+
+        Raises CapacityError when the machine has no memory left, instead of the SIGBUS a
+        write into an unbackable shared page would cause.
+        """
+        if not self._can_populate or size == 0:
+            return
+        end = offset + _round_up(size)
+        loop = asyncio.get_running_loop()
+        pos = offset
+        while pos < end:
+            n = min(POPULATE_SLICE, end - pos)
+            err = await loop.run_in_executor(None, self._madvise, pos, n)
+            if err == errno.EINVAL:
+                log.info("MADV_POPULATE_WRITE unsupported; pages will fault in on first use")
+                self._can_populate = False
+                return
+            if err:
+                raise CapacityError(f"no memory to back {size} bytes: {os.strerror(err)}",
+                                    requested=size)
+            pos += n
+
+    def _madvise(self, offset: int, length: int) -> int:
+        if _libc.madvise(self._base + offset, length, MADV_POPULATE_WRITE) != 0:
+            return ctypes.get_errno()
+        return 0
+
+    def close(self) -> None:
+        self.view.release()
+        try:
+            self.map.close()
+        except BufferError:
+            pass  # the ctypes base pointer still exports the mapping; process exit frees it
+        os.close(self.fd)

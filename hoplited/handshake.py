@@ -1,0 +1,105 @@
+"""The versioned, mutually authenticated handshake that opens every TCP connection.
+
+Dialer: Hello(versions, id, nonce, role) → acceptor: Welcome(version, id, nonce, proof) →
+dialer checks the proof, sends Auth(proof) → acceptor checks it, sends Accepted. A wrong
+token, an unknown version or silence past the timeout closes the connection with a typed
+error on both sides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from hoplite_client.connection import FrameProtocol
+from hoplite_client.errors import (AuthenticationError, ConnectionLostError, HopliteError,
+                                   HopliteTimeoutError, RemoteProtocolError,
+                                   VersionMismatchError, error_from_wire)
+from hoplite_client.wire import auth
+from hoplite_client.wire.frames import SUPPORTED_VERSIONS
+from hoplite_client.wire.messages import Accepted, Auth, Error, Hello, Welcome
+
+log = logging.getLogger("hoplited.handshake")
+
+HANDSHAKE_TIMEOUT = 10.0  # generous: a loaded 2-core host may take a while to schedule us
+ROLES = ("peer", "data", "tool")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who we are on the cluster: node id and the shared token (b"" when insecure)."""
+
+    node_id: str
+    token: bytes
+
+
+async def _expect(protocol: FrameProtocol, cls: type, timeout: float):
+    frame = await protocol.next_frame(timeout)
+    if isinstance(frame.msg, Error):
+        raise error_from_wire(frame.msg.code, frame.msg.message, frame.msg.data)
+    if not isinstance(frame.msg, cls):
+        raise RemoteProtocolError(f"expected {cls.__name__}, got {type(frame.msg).__name__}")
+    return frame.msg
+
+
+async def dial(host: str, port: int, role: str, me: Identity,
+               timeout: float = HANDSHAKE_TIMEOUT) -> tuple[FrameProtocol, str]:
+    """Connect and authenticate; returns the protocol (frames queue up) and the peer's id."""
+    loop = asyncio.get_running_loop()
+    try:
+        _, protocol = await asyncio.wait_for(
+            loop.create_connection(lambda: FrameProtocol(name=f"{role}->{host}:{port}"),
+                                   host, port), timeout)
+    except asyncio.TimeoutError:
+        raise HopliteTimeoutError(f"connecting to {host}:{port} timed out") from None
+    except OSError as exc:
+        raise ConnectionLostError(f"cannot connect to {host}:{port}: {exc}") from exc
+    try:
+        nonce = auth.new_nonce()
+        protocol.send(Hello(versions=SUPPORTED_VERSIONS, node_id=me.node_id, nonce=nonce,
+                            role=role))
+        welcome = await _expect(protocol, Welcome, timeout)
+        expected = auth.proof(me.token, b"server", welcome.nonce, nonce, welcome.node_id,
+                              me.node_id)
+        if not auth.verify(expected, welcome.proof):
+            raise AuthenticationError(f"{host}:{port} does not know the cluster token")
+        protocol.send(Auth(proof=auth.proof(me.token, b"client", nonce, welcome.nonce,
+                                            me.node_id, welcome.node_id)))
+        await _expect(protocol, Accepted, timeout)
+    except BaseException:
+        protocol.abort()
+        raise
+    protocol.name = f"{role}->{welcome.node_id}"
+    return protocol, welcome.node_id
+
+
+async def accept(protocol: FrameProtocol, me: Identity,
+                 timeout: float = HANDSHAKE_TIMEOUT) -> tuple[str, str]:
+    """Run the acceptor's side; returns (role, peer id) or raises after telling the peer why."""
+    try:
+        hello = await _expect(protocol, Hello, timeout)
+        common = sorted(set(hello.versions) & set(SUPPORTED_VERSIONS))
+        if not common:
+            raise VersionMismatchError(f"peer speaks versions {hello.versions}, "
+                                       f"we speak {SUPPORTED_VERSIONS}")
+        if hello.role not in ROLES:
+            raise RemoteProtocolError(f"unknown connection role {hello.role!r}")
+        nonce = auth.new_nonce()
+        protocol.send(Welcome(version=common[-1], node_id=me.node_id, nonce=nonce,
+                              proof=auth.proof(me.token, b"server", nonce, hello.nonce,
+                                               me.node_id, hello.node_id)))
+        reply = await _expect(protocol, Auth, timeout)
+        expected = auth.proof(me.token, b"client", hello.nonce, nonce, hello.node_id,
+                              me.node_id)
+        if not auth.verify(expected, reply.proof):
+            raise AuthenticationError(f"peer {hello.node_id!r} does not know the cluster token")
+        protocol.send(Accepted(version=common[-1]))
+    except HopliteError as exc:
+        log.warning("%s: handshake refused: %s", protocol.name, exc)
+        if not protocol.closed.done():
+            protocol.send(Error(rid=0, code=exc.code, message=str(exc), data={}))
+            protocol.close()
+        raise
+    protocol.name = f"{hello.role}<-{hello.node_id}"
+    return hello.role, hello.node_id

@@ -1,0 +1,85 @@
+"""``hoplited``: run one daemon (object store + directory shard) for this host."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from typing import Optional
+
+import click
+import uvloop
+
+from hoplite_client.errors import HopliteError
+
+from .config import DaemonConfig, default_socket, parse_address, parse_size
+from .daemon import Daemon, log_to_stderr
+
+log = logging.getLogger("hoplited")
+
+
+async def run(config: DaemonConfig) -> None:
+    """Start the daemon, print its ready line, serve until SIGTERM/SIGINT, then shut down."""
+    daemon = Daemon(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, daemon.request_stop)
+    try:
+        await daemon.start()
+        print(daemon.ready_line(), flush=True)
+        await daemon.serve_forever()
+    finally:
+        await daemon.stop()
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--listen", default="127.0.0.1:0", show_default=True,
+              help="HOST:PORT for peers (port 0: any free port, printed in the ready line).")
+@click.option("--socket", "socket_path", default=None,
+              help="Unix socket for local clients [default: $HOPLITE_SOCKET or "
+                   "/tmp/hoplite-UID/hoplited.sock].")
+@click.option("--join", multiple=True, metavar="HOST:PORT",
+              help="Any existing member; the full membership is learnt from it. Repeatable.")
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
+              help="File holding the cluster's shared secret.")
+@click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token.")
+@click.option("--capacity", default=None, help="Object store size, e.g. 8GiB [default: half "
+                                                 "of RAM].")
+@click.option("--fanout", default=1, show_default=True, type=int,
+              help="Transfers one holder serves per object at once.")
+@click.option("--advertise", default=None, help="Address peers should use to reach us.")
+@click.option("--heartbeat-interval", default=1.0, show_default=True, type=float)
+@click.option("--heartbeat-timeout", default=5.0, show_default=True, type=float,
+              help="Seconds of silence after which a member is declared dead.")
+@click.option("--stall-timeout", default=30.0, show_default=True, type=float,
+              help="Seconds without a byte after which a transfer switches source.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def main(listen: str, socket_path: Optional[str], join: tuple[str, ...],
+         token_file: Optional[str], insecure: bool, capacity: Optional[str], fanout: int,
+         advertise: Optional[str], heartbeat_interval: float, heartbeat_timeout: float,
+         stall_timeout: float, log_level: str) -> None:
+    """Run the hoplite daemon for this host."""
+    log_to_stderr(log_level)
+    try:
+        host, port = parse_address(listen)
+        config = DaemonConfig(host=host, port=port, socket_path=socket_path or default_socket(),
+                              join=[parse_address(j) for j in join], insecure=insecure,
+                              fanout=fanout, heartbeat_interval=heartbeat_interval,
+                              heartbeat_timeout=heartbeat_timeout, stall_timeout=stall_timeout,
+                              advertise_host=advertise)
+        if capacity is not None:
+            config.capacity = parse_size(capacity)
+        if token_file is not None:
+            with open(token_file, "rb") as f:
+                config.token = f.read().strip()
+            if not config.token:
+                raise click.UsageError(f"{token_file} is empty")
+        uvloop.run(run(config))
+    except HopliteError as exc:
+        click.echo(f"hoplited: {exc}", err=True)
+        sys.exit(2)
+    except OSError as exc:
+        click.echo(f"hoplited: {exc}", err=True)
+        sys.exit(1)

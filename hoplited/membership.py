@@ -1,0 +1,72 @@
+"""Cluster membership and object ownership by rendezvous hashing.
+
+The owner shard of an object is the live member with the highest hash of (object id, node id):
+every node computes the same owner from the same membership, and losing or adding one member
+moves only the entries that member owned or now owns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Callable, Iterable
+
+from hoplite_client.ids import ObjectID
+from hoplite_client.wire.messages import MemberInfo
+
+log = logging.getLogger("hoplited.membership")
+
+
+def _score(oid: ObjectID, node_id: str) -> bytes:
+    return hashlib.blake2b(oid.binary() + node_id.encode(), digest_size=8).digest()
+
+
+def rendezvous_owner(oid: ObjectID, nodes: Iterable[str]) -> str:
+    """The node with the highest (object, node) hash."""
+    return max(nodes, key=lambda n: _score(oid, n))
+
+
+class Membership:
+    """Known members (this node included) and which of them are alive."""
+
+    def __init__(self, me: MemberInfo) -> None:
+        self.me = me
+        self.members: dict[str, MemberInfo] = {me.node_id: me}
+        self.dead: set[str] = set()
+        self.listeners: list[Callable[[list[str]], None]] = []
+        self._alive = [me.node_id]
+
+    def alive_ids(self) -> list[str]:
+        return self._alive
+
+    def is_alive(self, node_id: str) -> bool:
+        return node_id in self.members and node_id not in self.dead
+
+    def owner(self, oid: ObjectID) -> str:
+        return rendezvous_owner(oid, self._alive)
+
+    def add(self, member: MemberInfo) -> bool:
+        """Add (or revive) a member; returns True if the live set changed."""
+        known = self.members.get(member.node_id)
+        if known is not None and member.node_id not in self.dead:
+            return False
+        self.members[member.node_id] = member
+        self.dead.discard(member.node_id)
+        log.info("member %s at %s:%d is up", member.node_id, member.host, member.port)
+        self._changed()
+        return True
+
+    def mark_dead(self, node_id: str) -> bool:
+        """Declare a member dead; returns True if it was alive."""
+        if node_id == self.me.node_id or not self.is_alive(node_id):
+            return False
+        self.dead.add(node_id)
+        log.warning("member %s is dead", node_id)
+        self._changed()
+        return True
+
+    def _changed(self) -> None:
+        previous = self._alive
+        self._alive = sorted(n for n in self.members if n not in self.dead)
+        for listener in self.listeners:
+            listener(previous)

@@ -1,0 +1,110 @@
+"""Outbound control links to the other members, with heartbeats.
+
+Each daemon dials every other member once (role "peer") and sends its requests on that link;
+the member answers on the same link. A heartbeat (Ping) runs on every link: a peer that has
+not answered for ``heartbeat_timeout`` seconds, or that cannot be reconnected to, is declared
+dead, and every request waiting on it fails at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable, Optional
+
+from hoplite_client.connection import Channel
+from hoplite_client.errors import ConnectionLostError, HopliteError, PeerUnavailableError
+from hoplite_client.wire.frames import Frame
+from hoplite_client.wire.messages import REPLY_KINDS, MemberInfo, Ping
+
+from .handshake import Identity, dial
+
+log = logging.getLogger("hoplited.peers")
+
+
+class PeerLink:
+    """Our requests to one member: connect lazily, reconnect on loss, watch its heartbeat."""
+
+    def __init__(self, member: MemberInfo, me: Identity, interval: float, timeout: float,
+                 on_dead: Callable[[str], None]) -> None:
+        self.member = member
+        self.me = me
+        self.interval = interval
+        self.timeout = timeout
+        self.on_dead = on_dead
+        self.channel: Optional[Channel] = None
+        self.last_seen = time.monotonic()
+        self._lock = asyncio.Lock()
+        self._dead = False
+        self._heartbeat: Optional[asyncio.Task[None]] = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def node_id(self) -> str:
+        return self.member.node_id
+
+    def start(self) -> None:
+        self._heartbeat = asyncio.create_task(self._beat(), name=f"heartbeat-{self.node_id}")
+
+    async def _ensure(self) -> Channel:
+        if self._dead:
+            raise PeerUnavailableError(f"member {self.node_id} is dead", node=self.node_id)
+        async with self._lock:
+            if self.channel is None or not self.channel.is_open:
+                protocol, peer_id = await dial(self.member.host, self.member.port, "peer",
+                                               self.me, timeout=self.timeout)
+                if peer_id != self.node_id:
+                    protocol.abort()
+                    raise PeerUnavailableError(f"{self.member.host}:{self.member.port} is now "
+                                               f"{peer_id}, not {self.node_id}", node=self.node_id)
+                self.channel = Channel(protocol, REPLY_KINDS)
+            return self.channel
+
+    async def request(self, make: Callable[[int], Any], payload: Any = None,
+                      timeout: Optional[float] = None) -> Frame:
+        """Send a request to this member and wait for its reply (typed errors re-raised)."""
+        channel = await self._ensure()
+        frame = await channel.request(make, payload, timeout)
+        self.last_seen = time.monotonic()
+        return frame
+
+    def notify(self, msg: Any, payload: Any = None) -> None:
+        """Send a one-way message, connecting first if needed; failures are only logged."""
+        if self.channel is not None and self.channel.is_open:
+            self.channel.notify(msg, payload)
+            return
+        task = asyncio.create_task(self._notify_later(msg, payload))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _notify_later(self, msg: Any, payload: Any) -> None:
+        try:
+            (await self._ensure()).notify(msg, payload)
+        except HopliteError as exc:
+            log.info("could not tell %s %s: %s", self.node_id, type(msg).__name__, exc)
+
+    async def _beat(self) -> None:
+        while not self._dead:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.request(lambda rid: Ping(rid=rid), timeout=self.timeout)
+            except (HopliteError, OSError) as exc:
+                silent = time.monotonic() - self.last_seen
+                if silent >= self.timeout:
+                    log.warning("member %s silent for %.1fs (%s)", self.node_id, silent, exc)
+                    self._dead = True
+                    self.close()
+                    self.on_dead(self.node_id)
+                    return
+                if isinstance(exc, ConnectionLostError):
+                    await asyncio.sleep(min(self.interval, 0.2))
+
+    def close(self) -> None:
+        """Stop the heartbeat and drop the connection (pending requests fail)."""
+        if self._heartbeat is not None and self._heartbeat is not asyncio.current_task():
+            self._heartbeat.cancel()
+        for task in self._tasks:
+            task.cancel()
+        if self.channel is not None:
+            self.channel.protocol.abort()
