@@ -1,0 +1,1 @@
+"""The ``hoplite`` command line: cluster status, a local cluster launcher, benchmarks."""

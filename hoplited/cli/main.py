@@ -1,0 +1,98 @@
+"""``hoplite``: status of a cluster, a local cluster in the foreground, and benchmarks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from typing import Any, Optional
+
+import click
+import uvloop
+
+import hoplite_client
+from hoplite_client.client import default_socket
+from hoplite_client.errors import HopliteError
+
+from ..cluster import LocalCluster
+from .bench import bench
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Efficient, fault-tolerant collective communication for task-based systems."""
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@main.command()
+@click.option("--socket", "socket_path", default=None,
+              help="The local daemon's socket [default: $HOPLITE_SOCKET].")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
+def status(socket_path: Optional[str], as_json: bool) -> None:
+    """Members with their addresses, objects, and bytes in/out per node."""
+
+    async def fetch() -> dict[str, Any]:
+        async with await hoplite_client.connect(socket_path or default_socket()) as client:
+            return await client.status()
+
+    try:
+        info = uvloop.run(fetch())
+    except HopliteError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    alive = {m["node_id"]: m for m in info["local"]["members"]}
+    click.echo(f"cluster seen from node {info['local']['node_id']}: "
+               f"{sum(m['alive'] for m in alive.values())} live member(s)")
+    click.echo(f"{'node':<14}{'address':<24}{'state':<7}{'objects':>8}{'stored':>12}"
+               f"{'in':>12}{'out':>12}")
+    by_id = {n.get("node_id"): n for n in info["nodes"]}
+    for node_id, member in alive.items():
+        n = by_id.get(node_id, {})
+        state = "alive" if member["alive"] else "dead"
+        if "error" in n:
+            click.echo(f"{node_id:<14}{member['address']:<24}{state:<7}  ({n['error']})")
+            continue
+        store = n.get("store", {})
+        click.echo(f"{node_id:<14}{member['address']:<24}{state:<7}"
+                   f"{store.get('objects', 0):>8}{_human(store.get('stored_bytes', 0)):>12}"
+                   f"{_human(n.get('bytes_in', 0)):>12}{_human(n.get('bytes_out', 0)):>12}")
+
+
+@main.command()
+@click.option("--nodes", default=4, show_default=True, type=click.IntRange(1, 64))
+@click.option("--capacity", default="2GiB", show_default=True, help="Per daemon.")
+def cluster(nodes: int, capacity: str) -> None:
+    """Run a local cluster of NODES daemons on loopback until Ctrl-C."""
+
+    async def run() -> None:
+        async with LocalCluster(nodes, capacity=capacity) as c:
+            for n in c.nodes:
+                click.echo(f"node {n.index}: {n.node_id} {n.listen} socket {n.socket} "
+                           f"pid {n.pid}")
+            click.echo(f"export HOPLITE_SOCKET={c.nodes[0].socket}   # Ctrl-C stops the cluster")
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+
+    try:
+        uvloop.run(run())
+    except HopliteError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+main.add_command(bench)
+
+if __name__ == "__main__":
+    sys.exit(main())

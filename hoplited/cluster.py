@@ -1,0 +1,167 @@
+"""Start and stop a cluster of real ``hoplited`` processes on this machine.
+
+Used by ``hoplite cluster``/``hoplite bench`` and by the tests. Each daemon gets its own Unix
+socket and log file in a private temporary directory; the first one is the seed the others
+join. Stopping sends SIGTERM (SIGKILL after a grace period) to exactly the processes started
+here, and removes the directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from hoplite_client.errors import HopliteError, HopliteTimeoutError
+
+READY_TIMEOUT = 60.0  # a daemon start on a loaded 2-core machine can take seconds
+STOP_GRACE = 10.0
+
+
+@dataclass
+class Node:
+    """One daemon process of a local cluster."""
+
+    index: int
+    process: asyncio.subprocess.Process
+    log_path: str
+    socket: str
+    node_id: str = ""
+    listen: str = ""
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def running(self) -> bool:
+        return self.process.returncode is None
+
+
+class LocalCluster:
+    """``async with LocalCluster(4) as cluster:`` — N daemons on loopback sharing a token."""
+
+    def __init__(self, nodes: int = 4, capacity: str = "2GiB", daemon_args: Sequence[str] = (),
+                 log_level: str = "info", workdir: Optional[str] = None,
+                 token: Optional[bytes] = None) -> None:
+        self.size = nodes
+        self.capacity = capacity
+        self.daemon_args = list(daemon_args)
+        self.log_level = log_level
+        self.workdir = workdir or tempfile.mkdtemp(prefix="hoplite-cluster-")
+        self._own_workdir = workdir is None
+        self.token_file = os.path.join(self.workdir, "token")
+        self.nodes: list[Node] = []
+        with open(os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                  "wb") as f:
+            f.write(token or secrets.token_hex(32).encode())
+
+    async def __aenter__(self) -> "LocalCluster":
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def sockets(self) -> list[str]:
+        return [n.socket for n in self.nodes]
+
+    @property
+    def seed(self) -> str:
+        return self.nodes[0].listen
+
+    async def start(self) -> None:
+        """Start the seed, then every other daemon at once, each joining the seed."""
+        self.nodes.append(await self.spawn(0, join=None))
+        rest = await asyncio.gather(*(self.spawn(i, join=self.seed)
+                                      for i in range(1, self.size)), return_exceptions=True)
+        for result in rest:
+            if isinstance(result, Node):
+                self.nodes.append(result)
+        for result in rest:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def spawn(self, index: int, join: Optional[str],
+                    extra_args: Sequence[str] = ()) -> Node:
+        """Start daemon ``index`` and wait for its ready line."""
+        sock = os.path.join(self.workdir, f"node{index}.sock")
+        log_path = os.path.join(self.workdir, f"node{index}.log")
+        args = [sys.executable, "-m", "hoplited", "--listen", "127.0.0.1:0", "--socket", sock,
+                "--capacity", self.capacity, "--token-file", self.token_file,
+                "--log-level", self.log_level, *self.daemon_args, *extra_args]
+        if join:
+            args += ["--join", join]
+        with open(log_path, "ab") as log:
+            process = await asyncio.create_subprocess_exec(
+                *args, stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL)
+        node = Node(index, process, log_path, sock, args=args)
+        try:
+            assert process.stdout is not None
+            line = await asyncio.wait_for(process.stdout.readline(), READY_TIMEOUT)
+        except asyncio.TimeoutError:
+            await self._terminate(node)
+            raise HopliteTimeoutError(f"daemon {index} not ready within {READY_TIMEOUT}s; "
+                                      f"log: {log_path}") from None
+        if not line:
+            await process.wait()
+            raise HopliteError(f"daemon {index} exited with {process.returncode}: "
+                               f"{self.log_tail(node)}")
+        ready = json.loads(line)
+        node.node_id, node.listen = ready["node_id"], ready["listen"]
+        return node
+
+    async def restart(self, index: int) -> Node:
+        """Start daemon ``index`` again (after it was stopped or killed), joining a live one."""
+        old = self.nodes[index]
+        if old.running:
+            await self._terminate(old)
+        seed = next((n.listen for n in self.nodes if n.running and n.index != index), None)
+        node = await self.spawn(index, join=seed)
+        self.nodes[index] = node
+        return node
+
+    def kill(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to daemon ``index`` (SIGKILL, SIGSTOP, SIGCONT...)."""
+        node = self.nodes[index]
+        if node.running:
+            os.kill(node.pid, sig)
+
+    def log_tail(self, node: Node, lines: int = 20) -> str:
+        try:
+            with open(node.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    async def _terminate(self, node: Node) -> None:
+        if node.running:
+            try:
+                node.process.send_signal(signal.SIGCONT)
+                node.process.terminate()
+                await asyncio.wait_for(node.process.wait(), STOP_GRACE)
+            except asyncio.TimeoutError:
+                node.process.kill()
+                await node.process.wait()
+            except ProcessLookupError:
+                pass
+        await node.process.wait()
+
+    async def stop(self) -> None:
+        """Stop every daemon started here and remove the working directory."""
+        await asyncio.gather(*(self._terminate(n) for n in self.nodes))
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
