@@ -126,4 +126,6 @@ def error_from_wire(code: str, message: str, data: dict[str, Any]) -> HopliteErr
     cls = ERRORS_BY_CODE.get(code, HopliteError)
     if cls is ProtocolError:
         cls = RemoteProtocolError
-    return cls(message, **data)
+    error = cls(message)
+    error.data = dict(data)
+    return error

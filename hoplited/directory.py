@@ -80,6 +80,9 @@ class DirectoryShard:
             if entry is not None:
                 if entry.inline is not None:
                     return Source(entry, None)
+                mine = entry.holders.get(requester)
+                if mine is not None and mine.received >= entry.size:
+                    return Source(entry, requester)  # it was put on the requester meanwhile
                 node = self._choose(entry, requester, set(exclude))
                 if node is not None:
                     self._enrol(entry, requester, node, offset)

@@ -60,6 +60,8 @@ async def dial(host: str, port: int, role: str, me: Identity,
         protocol.send(Hello(versions=SUPPORTED_VERSIONS, node_id=me.node_id, nonce=nonce,
                             role=role))
         welcome = await _expect(protocol, Welcome, timeout)
+        if len(welcome.nonce) != auth.NONCE_SIZE:
+            raise RemoteProtocolError("handshake nonce of the wrong size")
         expected = auth.proof(me.token, b"server", welcome.nonce, nonce, welcome.node_id,
                               me.node_id)
         if not auth.verify(expected, welcome.proof):
@@ -83,6 +85,8 @@ async def accept(protocol: FrameProtocol, me: Identity,
         if not common:
             raise VersionMismatchError(f"peer speaks versions {hello.versions}, "
                                        f"we speak {SUPPORTED_VERSIONS}")
+        if len(hello.nonce) != auth.NONCE_SIZE:
+            raise RemoteProtocolError("handshake nonce of the wrong size")
         if hello.role not in ROLES:
             raise RemoteProtocolError(f"unknown connection role {hello.role!r}")
         nonce = auth.new_nonce()

@@ -90,6 +90,8 @@ class Transfers:
                     oid, lambda rid: Locate(rid=rid, oid=oid, timeout=remaining,
                                             exclude=exclude, offset=offset))
                 located: Located = frame.msg
+                if located.source == daemon.node_id or (obj is None and daemon.store.get(oid)):
+                    return await self._local_copy(oid)
                 if located.source is None:
                     return self._store_inline(oid, located, frame.payload)
                 if obj is None:
@@ -122,6 +124,15 @@ class Transfers:
         finally:
             if populate is not None:
                 populate.cancel()
+
+    async def _local_copy(self, oid: ObjectID) -> StoredObject:
+        """The object was put on this node while we were waiting for it."""
+        obj = self.daemon.store.get(oid)
+        if obj is None:
+            raise ObjectNotFoundError(f"object {oid.hex()} vanished from this node",
+                                      oid=oid.hex())
+        await obj.wait_for(obj.size)
+        return obj
 
     def _store_inline(self, oid: ObjectID, located: Located,
                       payload: Optional[memoryview]) -> StoredObject:

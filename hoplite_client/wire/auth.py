@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import struct
 
 NONCE_SIZE = 16  # 128 random bits per side: replay odds are negligible
 
@@ -21,8 +22,8 @@ def new_nonce() -> bytes:
 def proof(token: bytes, role: bytes, own_nonce: bytes, peer_nonce: bytes,
           own_id: str, peer_id: str) -> bytes:
     """HMAC proving the sender (``role`` b"server" or b"client") knows ``token``."""
-    msg = b"|".join([b"hoplite-auth-v1", role, own_nonce, peer_nonce,
-                     own_id.encode(), peer_id.encode()])
+    fields = [b"hoplite-auth-v1", role, own_nonce, peer_nonce, own_id.encode(), peer_id.encode()]
+    msg = b"".join(struct.pack("!I", len(f)) + f for f in fields)  # length-prefixed: unambiguous
     return hmac.new(token, msg, hashlib.sha256).digest()
 
 

@@ -204,8 +204,9 @@ class FrameReader:
         except Exception as exc:  # msgpack raises many types for garbage
             self._start_skip(RemoteProtocolError(f"undecodable frame header: {exc}"), None)
             return
-        rid = raw[0] if isinstance(raw, list) and raw and type(raw[0]) is int else None
         cls = MESSAGES.get(self._kind)
+        has_rid = cls is None or "rid" in getattr(cls, "__dataclass_fields__", {})
+        rid = raw[0] if has_rid and isinstance(raw, list) and raw and type(raw[0]) is int else None
         if cls is None:
             self._start_skip(RemoteProtocolError(f"unknown message kind {self._kind}"), rid)
             return

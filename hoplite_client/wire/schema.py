@@ -58,8 +58,9 @@ def _check(cls: type, name: str, hint: Any, value: Any) -> Any:
             raise RemoteProtocolError(f"{cls.__name__}.{name}: expected a list")
         return [_check(cls, name, inner, v) for v in value]
     if origin is dict:
-        if not isinstance(value, dict):
-            raise RemoteProtocolError(f"{cls.__name__}.{name}: expected a map")
+        if not isinstance(value, dict) or not _plain(value):
+            raise RemoteProtocolError(f"{cls.__name__}.{name}: expected a map of plain values "
+                                      f"with string keys")
         return value
     if hint is ObjectID:
         if not isinstance(value, bytes) or len(value) != OBJECT_ID_SIZE:
@@ -68,6 +69,8 @@ def _check(cls: type, name: str, hint: Any, value: Any) -> Any:
     if hint in _HINTS:
         return from_wire(hint, value)
     if hint is Any:
+        if not _plain(value):
+            raise RemoteProtocolError(f"{cls.__name__}.{name}: not a plain value")
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -76,3 +79,20 @@ def _check(cls: type, name: str, hint: Any, value: Any) -> Any:
     if not isinstance(value, hint):
         raise RemoteProtocolError(f"{cls.__name__}.{name}: expected {hint.__name__}")
     return value
+
+
+_SCALARS = (type(None), bool, int, float, str, bytes)
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """True for msgpack's plain types (maps keyed by str); msgpack decodes its timestamp
+    extension itself, bypassing ``ext_hook``, so this is where such values are refused."""
+    if isinstance(value, _SCALARS):
+        return True
+    if depth > 32:
+        return False
+    if isinstance(value, list):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v, depth + 1) for k, v in value.items())
+    return False

@@ -1,0 +1,47 @@
+"""Fixtures: real hoplited processes on loopback, real clients; everything stopped after."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+import hoplite_client
+from hoplited.cluster import LocalCluster
+
+# Small arenas keep eight daemons cheap; heartbeats fast enough for failure tests, slow
+# enough for a loaded 2-core machine.
+TEST_CAPACITY = "512MiB"
+FAST_HEARTBEAT = ["--heartbeat-interval", "0.5", "--heartbeat-timeout", "4"]
+
+ClusterFactory = Callable[..., Awaitable[LocalCluster]]
+
+
+@pytest.fixture
+async def make_cluster() -> AsyncIterator[ClusterFactory]:
+    """``await make_cluster(n, daemon_args=[...])`` starts n daemons; all stop at teardown."""
+    clusters: list[LocalCluster] = []
+
+    async def make(nodes: int, capacity: str = TEST_CAPACITY, **kwargs: object) -> LocalCluster:
+        cluster = LocalCluster(nodes, capacity=capacity, **kwargs)  # type: ignore[arg-type]
+        clusters.append(cluster)
+        await cluster.start()
+        return cluster
+
+    yield make
+    for cluster in clusters:
+        await cluster.stop()
+    alive = [n.pid for c in clusters for n in c.nodes if n.running]
+    assert not alive, f"daemons still running after stop: {alive}"
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator[Callable[[str], Awaitable[hoplite_client.Client]]]:
+    """``await connect(socket)``: a client closed at teardown."""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def open_client(path: str) -> hoplite_client.Client:
+            return await stack.enter_async_context(await hoplite_client.connect(path))
+
+        yield open_client
