@@ -12,7 +12,7 @@ import asyncio
 import logging
 import math
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -59,6 +59,7 @@ class StoredObject:
         self.pins = 0
         self.deleted = False
         self.error: Optional[HopliteError] = None
+        self.on_fail: list[Callable[[HopliteError], None]] = []
         self._waiters: list[tuple[int, asyncio.Future[int]]] = []
 
     @property
@@ -99,6 +100,8 @@ class StoredObject:
             if not fut.done():
                 fut.set_exception(error)
         self._waiters = []
+        for callback in self.on_fail:
+            callback(error)
 
 
 class ObjectStore:

@@ -84,6 +84,8 @@ class Transfers:
         exclude: list[str] = []
         try:
             for attempt in range(MAX_ATTEMPTS):
+                if obj is not None and obj.error is not None:
+                    raise obj.error
                 remaining = None if deadline is None else max(0.0, deadline - loop.time())
                 offset = obj.received if obj is not None else 0
                 frame = await daemon.call_owner(
@@ -97,6 +99,7 @@ class Transfers:
                 if obj is None:
                     obj = daemon.store.create(oid, located.size, located.dtype, located.shape,
                                               located.version)
+                    daemon.store.pin(obj)  # the kernel writes into it until the pull ends
                     populate = asyncio.create_task(
                         daemon.arena.populate(obj.offset, obj.size))
                 elif obj.version != located.version:
@@ -117,13 +120,15 @@ class Transfers:
             raise PeerUnavailableError(f"gave up on {oid.hex()} after {MAX_ATTEMPTS} sources",
                                        oid=oid.hex())
         except BaseException as exc:
-            if obj is not None:
+            if obj is not None and daemon.store.get(oid) is obj:
                 error = exc if isinstance(exc, HopliteError) else ConnectionLostError(str(exc))
                 daemon.store.remove(oid, error)
             raise
         finally:
             if populate is not None:
                 populate.cancel()
+            if obj is not None:
+                daemon.store.unpin(obj)
 
     async def _local_copy(self, oid: ObjectID) -> StoredObject:
         """The object was put on this node while we were waiting for it."""
@@ -179,13 +184,18 @@ class Transfers:
             if not done.done():
                 done.set_result(frame)
 
+        def on_fail(error: HopliteError) -> None:
+            protocol.abort(error)  # deleted or failed: stop writing into its memory now
+
         protocol.set_stream_sink(sink)
         protocol.on_stream = on_stream
         protocol.handler = on_frame
+        obj.on_fail.append(on_fail)
         try:
             protocol.send(Pull(rid=1, oid=obj.oid, version=obj.version, offset=start))
             frame = await self._watch(protocol, obj, done)
         finally:
+            obj.on_fail.remove(on_fail)
             protocol.close()
             daemon.counters["bytes_in"] += obj.received - start
         if isinstance(frame.msg, Error):
@@ -211,6 +221,12 @@ class Transfers:
 
     async def serve(self, protocol: FrameProtocol) -> None:
         """Answer Pull requests on an accepted data connection until it closes."""
+        try:
+            await self._serve(protocol)
+        finally:
+            protocol.abort()
+
+    async def _serve(self, protocol: FrameProtocol) -> None:
         queue: asyncio.Queue[Frame] = asyncio.Queue()
         protocol.handler = queue.put_nowait
         while True:
@@ -229,7 +245,6 @@ class Transfers:
                 await self._send(protocol, msg)
             except HopliteError as exc:
                 log.info("stopped sending %s: %s", msg.oid.short(), exc)
-                protocol.abort()
                 return
 
     async def _send(self, protocol: FrameProtocol, pull: Pull) -> None:
