@@ -9,7 +9,6 @@ Usage: python bench/loopback_throughput.py --size 1GiB --repeat 3
 from __future__ import annotations
 
 import argparse
-import asyncio
 import multiprocessing as mp
 import socket
 import statistics

@@ -6,7 +6,6 @@ Usage: python bench/small_roundtrip.py --size 1KB --count 1000
 from __future__ import annotations
 
 import argparse
-import asyncio
 import statistics
 import time
 

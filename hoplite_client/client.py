@@ -16,7 +16,7 @@ from .errors import (ConnectionLostError, HopliteError, HopliteTimeoutError,
                      InvalidArgumentError, RemoteProtocolError, error_from_wire)
 from .ids import ObjectID
 from .shm import ArenaMap
-from .wire.frames import PRELUDE, PRELUDE_SIZE, SUPPORTED_VERSIONS, FrameReader, encode_header
+from .wire.frames import PRELUDE_SIZE, SUPPORTED_VERSIONS, FrameReader, encode_header
 from .wire.messages import (REPLY_KINDS, Abort, ClientHello, ClientWelcome, Create, Delete,
                             Error, Found, Get, Put, Release, Seal, Status)
 
@@ -200,7 +200,8 @@ class Client:
                 pass
 
     async def close(self) -> None:
-        """Close the connection; views already returned stay readable."""
+        """Close the connection. Arrays returned by :meth:`get` must not be used afterwards:
+        the daemon no longer keeps their memory for us."""
         self._channel.close()
         try:
             await asyncio.wait_for(asyncio.shield(self._protocol.closed), 5.0)

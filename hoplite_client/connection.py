@@ -30,14 +30,14 @@ FrameHandler = Callable[[Frame], None]
 
 
 class FrameProtocol(asyncio.BufferedProtocol):
-    """Delivers decoded frames to ``handler``; reports streamed-payload progress to ``on_stream``."""
+    """Delivers decoded frames to ``handler``; reports streamed progress to ``on_stream``."""
 
     def __init__(self, handler: Optional[FrameHandler] = None, name: str = "conn",
                  on_made: Optional[Callable[["FrameProtocol"], None]] = None) -> None:
         self.name = name
         self._on_made = on_made
         self.reader = FrameReader()
-        self.handler = handler
+        self._handler = handler
         self.on_stream: Optional[Callable[[int], None]] = None
         self.on_lost: list[Callable[[Optional[BaseException]], None]] = []
         self.transport: Optional[asyncio.BaseTransport] = None
@@ -45,6 +45,17 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._can_write = asyncio.Event()
         self._can_write.set()
         self._inbox: asyncio.Queue[Frame] = asyncio.Queue()
+
+    @property
+    def handler(self) -> Optional[FrameHandler]:
+        return self._handler
+
+    @handler.setter
+    def handler(self, handler: Optional[FrameHandler]) -> None:
+        """Install the frame handler; frames that arrived before it are handed over first."""
+        self._handler = handler
+        while handler is not None and not self._inbox.empty():
+            handler(self._inbox.get_nowait())
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -71,8 +82,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 log.warning("%s: rejected a frame: %s", self.name, event.error)
                 self.send(Error(rid=event.rid or 0, code=event.error.code,
                                 message=str(event.error), data={}))
-            elif self.handler is not None:
-                self.handler(event)
+            elif self._handler is not None:
+                self._handler(event)
             else:
                 self._inbox.put_nowait(event)
         if self.reader.streaming and self.on_stream is not None:

@@ -84,7 +84,7 @@ class ConnectionLostError(HopliteError, ConnectionError):
 
 
 class PeerUnavailableError(HopliteError):
-    """A cluster member is dead or unreachable; ``retriable`` tells whether trying again may help."""
+    """A cluster member is dead or unreachable (``data['node']`` names it when known)."""
 
     code = "unavailable"
 

@@ -45,4 +45,6 @@ class ArenaMap:
         return np.frombuffer(region, dtype=dtype, count=size // dtype.itemsize).reshape(shape)
 
     def close(self) -> None:
+        """Unmap the arena and close its descriptor (views from :meth:`view` are separate)."""
+        self.map.close()
         os.close(self.fd)

@@ -22,7 +22,7 @@ from hoplite_client.connection import Channel, FrameProtocol, remote_error
 from hoplite_client.errors import (HopliteError, InvalidArgumentError, ObjectNotFoundError,
                                    RemoteProtocolError)
 from hoplite_client.ids import ObjectID
-from hoplite_client.wire.frames import PRELUDE_SIZE, Frame, FrameReader, encode_header
+from hoplite_client.wire.frames import Frame, FrameReader, encode_header
 from hoplite_client.wire.messages import (REPLY_KINDS, Abort, ClientHello, ClientWelcome, Create,
                                           Created, Delete, Found, Get, Ok, Put, Release, Seal,
                                           Status, StatusReply, Stats)

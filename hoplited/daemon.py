@@ -38,7 +38,7 @@ from .transfer import Transfers
 
 log = logging.getLogger("hoplited")
 
-OWNER_RETRIES = 6  # membership converges within a few heartbeats; beyond that, give up
+RETRY_PAUSE_MAX = 0.5  # between attempts to reach an object's owner while membership moves
 
 
 def host_id() -> str:
@@ -246,20 +246,23 @@ class Daemon:
                          timeout: Optional[float] = None) -> Frame:
         """Send a request about ``oid`` to its owner shard (ourselves included), following
         ownership changes."""
-        for attempt in range(OWNER_RETRIES):
+        loop = asyncio.get_running_loop()
+        # Long enough for a dead owner to be detected and ownership to move.
+        give_up = loop.time() + self.config.heartbeat_timeout + 2 * self.config.heartbeat_interval
+        attempt = 0
+        while True:
             owner = self.membership.owner(oid)
             try:
                 if owner == self.node_id:
                     reply, out = await self.control.handle(self.node_id, make(0), payload)
                     return Frame(reply, out)
-                link = self.links[owner]
-                return await link.request(make, payload, timeout)
+                return await self.links[owner].request(make, payload, timeout)
             except (NotOwnerError, PeerUnavailableError, ConnectionLostError) as exc:
-                if attempt == OWNER_RETRIES - 1:
+                if loop.time() >= give_up:
                     raise
                 log.info("owner %s of %s unreachable (%s); retrying", owner, oid.short(), exc)
-                await asyncio.sleep(0.05 * 2 ** attempt)
-        raise AssertionError("unreachable")
+                await asyncio.sleep(min(RETRY_PAUSE_MAX, 0.02 * 2 ** attempt))
+                attempt += 1
 
     def notify_owner(self, oid: ObjectID, msg: Any) -> None:
         """One-way message to the owner shard of ``oid``."""

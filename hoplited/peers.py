@@ -2,8 +2,8 @@
 
 Each daemon dials every other member once (role "peer") and sends its requests on that link;
 the member answers on the same link. A heartbeat (Ping) runs on every link: a peer that has
-not answered for ``heartbeat_timeout`` seconds, or that cannot be reconnected to, is declared
-dead, and every request waiting on it fails at once.
+not answered for ``heartbeat_timeout`` seconds, or whose host refuses a reconnection (its
+process is gone), is declared dead, and every request waiting on it fails at once.
 """
 
 from __future__ import annotations
@@ -52,8 +52,13 @@ class PeerLink:
             raise PeerUnavailableError(f"member {self.node_id} is dead", node=self.node_id)
         async with self._lock:
             if self.channel is None or not self.channel.is_open:
-                protocol, peer_id = await dial(self.member.host, self.member.port, "peer",
-                                               self.me, timeout=self.timeout)
+                try:
+                    protocol, peer_id = await dial(self.member.host, self.member.port, "peer",
+                                                   self.me, timeout=self.timeout)
+                except ConnectionLostError as exc:
+                    if isinstance(exc.__cause__, ConnectionRefusedError):
+                        self._declare_dead("refuses connections")  # its process is gone
+                    raise
                 if peer_id != self.node_id:
                     protocol.abort()
                     raise PeerUnavailableError(f"{self.member.host}:{self.member.port} is now "
@@ -92,13 +97,18 @@ class PeerLink:
             except (HopliteError, OSError) as exc:
                 silent = time.monotonic() - self.last_seen
                 if silent >= self.timeout:
-                    log.warning("member %s silent for %.1fs (%s)", self.node_id, silent, exc)
-                    self._dead = True
-                    self.close()
-                    self.on_dead(self.node_id)
+                    self._declare_dead(f"silent for {silent:.1f}s ({exc})")
                     return
                 if isinstance(exc, ConnectionLostError):
                     await asyncio.sleep(min(self.interval, 0.2))
+
+    def _declare_dead(self, reason: str) -> None:
+        if self._dead:
+            return
+        log.warning("member %s is dead: %s", self.node_id, reason)
+        self._dead = True
+        self.close()
+        self.on_dead(self.node_id)
 
     def close(self) -> None:
         """Stop the heartbeat and drop the connection (pending requests fail)."""

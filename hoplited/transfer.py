@@ -83,14 +83,14 @@ class Transfers:
         populate: Optional[asyncio.Task[None]] = None
         exclude: list[str] = []
         try:
-            for attempt in range(MAX_ATTEMPTS):
+            for _ in range(MAX_ATTEMPTS):
                 if obj is not None and obj.error is not None:
                     raise obj.error
                 remaining = None if deadline is None else max(0.0, deadline - loop.time())
                 offset = obj.received if obj is not None else 0
                 frame = await daemon.call_owner(
-                    oid, lambda rid: Locate(rid=rid, oid=oid, timeout=remaining,
-                                            exclude=exclude, offset=offset))
+                    oid, lambda rid, t=remaining, o=offset: Locate(
+                        rid=rid, oid=oid, timeout=t, exclude=list(exclude), offset=o))
                 located: Located = frame.msg
                 if located.source == daemon.node_id or (obj is None and daemon.store.get(oid)):
                     return await self._local_copy(oid)

@@ -18,8 +18,16 @@ FAST_HEARTBEAT = ["--heartbeat-interval", "0.5", "--heartbeat-timeout", "4"]
 ClusterFactory = Callable[..., Awaitable[LocalCluster]]
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    """Keep each phase's report on the test item, so fixtures can tell a failed test."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
 @pytest.fixture
-async def make_cluster() -> AsyncIterator[ClusterFactory]:
+async def make_cluster(request: pytest.FixtureRequest) -> AsyncIterator[ClusterFactory]:
     """``await make_cluster(n, daemon_args=[...])`` starts n daemons; all stop at teardown."""
     clusters: list[LocalCluster] = []
 
@@ -30,6 +38,12 @@ async def make_cluster() -> AsyncIterator[ClusterFactory]:
         return cluster
 
     yield make
+    report = getattr(request.node, "report_call", None)
+    if report is None or report.failed:
+        for cluster in clusters:  # shown under "Captured stdout teardown"
+            for node in cluster.nodes:
+                print(f"--- daemon {node.index} ({node.node_id}) log ---")
+                print(cluster.log_tail(node, lines=60))
     for cluster in clusters:
         await cluster.stop()
     alive = [n.pid for c in clusters for n in c.nodes if n.running]

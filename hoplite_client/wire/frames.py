@@ -60,7 +60,7 @@ Event = Union[Frame, BadFrame]
 
 
 def encode_header(msg: Message, payload_len: int = 0) -> bytes:
-    """Prelude and msgpack header of ``msg``; the caller sends ``payload_len`` raw bytes after it."""
+    """Prelude and msgpack header of ``msg``; ``payload_len`` raw bytes must follow it."""
     kind = getattr(type(msg), "KIND", None)
     if kind is None:
         raise LocalProtocolError(f"{type(msg).__name__} is not a wire message")
