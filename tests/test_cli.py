@@ -1,0 +1,75 @@
+"""The ``hoplite`` and ``hoplited`` commands, run as a user would (subprocesses)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+CLI = [sys.executable, "-m", "hoplited.cli.main"]
+RUN_TIMEOUT = 300.0
+
+
+async def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})})
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_status_lists_every_member(make_cluster) -> None:
+    """``hoplite status`` (socket from $HOPLITE_SOCKET) shows every member alive."""
+    cluster = await make_cluster(3)
+    code, out, err = await run(*CLI, "status", env={"HOPLITE_SOCKET": cluster.sockets[1]})
+    assert code == 0, err
+    for node in cluster.nodes:
+        assert node.node_id in out and node.listen in out
+    assert out.count("alive") == 3
+    code, out, _ = await run(*CLI, "status", "--json", "--socket", cluster.sockets[0])
+    assert code == 0 and len(json.loads(out)["nodes"]) == 3
+
+
+async def test_status_without_a_daemon_is_a_clear_error(tmp_path) -> None:
+    """No daemon at the socket: exit code 1 and a message naming the socket."""
+    sock = str(tmp_path / "nothing.sock")
+    code, _, err = await run(*CLI, "status", "--socket", sock)
+    assert code == 1 and sock in err and "Traceback" not in err
+
+
+async def test_bench_broadcast_on_its_own_cluster(tmp_path) -> None:
+    """The default bench starts its own cluster, checks every copy and writes JSON."""
+    out_file = tmp_path / "result.json"
+    code, out, err = await run(*CLI, "bench", "broadcast", "--nodes", "3", "--size", "4MiB",
+                               "--repeat", "2", "--capacity", "64MiB", "--json", str(out_file))
+    assert code == 0, err
+    assert "bit-exact" in out and "run 2/2" in out
+    result = json.loads(out_file.read_text())
+    assert result["op"] == "broadcast" and result["nodes"] == 3 and len(result["runs"]) == 2
+    assert result["size"] == 4 * 1024 * 1024 and result["median_s"] > 0
+
+
+async def test_bench_broadcast_against_an_existing_cluster(make_cluster) -> None:
+    """``--join`` benchmarks the members of a running cluster that live on this host."""
+    cluster = await make_cluster(3)
+    code, out, err = await run(*CLI, "bench", "broadcast", "--join", cluster.seed,
+                               "--token-file", cluster.token_file, "--nodes", "3",
+                               "--size", "2MiB", "--repeat", "1", "--warmup", "0")
+    assert code == 0, err
+    assert "to 2 receivers" in out and "bit-exact" in out
+
+
+async def test_bench_join_with_a_wrong_token_fails_cleanly(make_cluster, tmp_path) -> None:
+    """A wrong token is reported as an authentication error, not a traceback."""
+    cluster = await make_cluster(2)
+    bad = tmp_path / "token"
+    bad.write_text("not-the-token")
+    code, _, err = await run(*CLI, "bench", "broadcast", "--join", cluster.seed,
+                             "--token-file", str(bad), "--repeat", "1")
+    assert code != 0 and "token" in err and "Traceback" not in err
