@@ -1,0 +1,81 @@
+"""The shape of a reduce: a binary tree whose leaves are chains (DESIGN §4), slots in order.
+
+Chain length k = round(S / (B·L)) with S the object size, B the link bandwidth and L the
+per-hop latency; depth D = min(ceil(log2((n+1)/(k+1))), floor(log2(n+1))), and D ≤ 0 means a
+single chain. Slots are numbered by in-order traversal and the i-th input to become ready
+takes slot i: every slot's left subtree holds only earlier slots, so a new input can start
+pulling its left child at once, and late inputs fill the right side. A chain hangs on the
+left, so in a chain each input pulls from the one that arrived before it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """Parent and children of every slot; ``root`` is the slot whose output is the result."""
+
+    parent: list[Optional[int]]
+    children: list[list[int]]
+    root: int
+
+    @property
+    def size(self) -> int:
+        return len(self.parent)
+
+
+def tree_depth(n: int, size: int, bandwidth: float, latency: float) -> int:
+    """D for ``n`` inputs of ``size`` bytes over links of ``bandwidth`` B/s and ``latency`` s."""
+    if n <= 2:
+        return 0
+    chain = max(0, round(size / max(bandwidth * latency, 1.0)))
+    depth = math.ceil(math.log2((n + 1) / (chain + 1)))
+    return max(0, min(depth, math.floor(math.log2(n + 1))))
+
+
+@dataclass
+class _Node:
+    left: Optional["_Node"]
+    right: Optional["_Node"]
+    slot: int = -1
+
+
+def _build(count: int, depth: int) -> Optional[_Node]:
+    if count == 0:
+        return None
+    if depth <= 0:
+        return _Node(_build(count - 1, 0), None)  # a chain, hanging on the left
+    rest = count - 1
+    left = (rest + 1) // 2
+    return _Node(_build(left, depth - 1), _build(rest - left, depth - 1))
+
+
+def tree_shape(n: int, depth: int) -> TreeShape:
+    """The tree for ``n`` slots at ``depth`` (≤ 0: one chain), numbered in order."""
+    if n < 1:
+        raise ValueError("a reduce needs at least one input")
+    root = _build(n, depth)
+    order: list[_Node] = []
+    stack: list[_Node] = []
+    node = root
+    while stack or node is not None:  # iterative in-order: chains may be long
+        while node is not None:
+            stack.append(node)
+            node = node.left
+        node = stack.pop()
+        node.slot = len(order)
+        order.append(node)
+        node = node.right
+    parent: list[Optional[int]] = [None] * n
+    children: list[list[int]] = [[] for _ in range(n)]
+    for nd in order:
+        for child in (nd.left, nd.right):
+            if child is not None:
+                parent[child.slot] = nd.slot
+                children[nd.slot].append(child.slot)
+    assert root is not None
+    return TreeShape(parent, children, root.slot)
