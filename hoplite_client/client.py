@@ -7,7 +7,7 @@ import logging
 import os
 import socket
 import threading
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from .ids import ObjectID
 from .shm import ArenaMap
 from .wire.frames import PRELUDE_SIZE, SUPPORTED_VERSIONS, FrameReader, encode_header
 from .wire.messages import (REPLY_KINDS, Abort, ClientHello, ClientWelcome, Create, Delete,
-                            Error, Found, Get, Put, Release, Seal, Status)
+                            Error, Found, Get, Put, Reduce, ReducedInputs, Release, Seal, Status)
 
 log = logging.getLogger("hoplite.client")
 
@@ -26,6 +26,8 @@ INLINE_MAX = 64 * 1024  # objects this small travel in the socket, not via share
 CONNECT_TIMEOUT = 10.0
 # After a get's own timeout, how long we still wait for the daemon's verdict on it.
 REPLY_GRACE = 30.0
+# Transfers a gather keeps in flight: enough to fill the local link from many senders.
+GATHER_CONCURRENCY = 8
 # A large copy runs in a worker thread (numpy drops the GIL) so the event loop keeps going.
 THREAD_COPY_MIN = 4 * 1024 * 1024
 
@@ -167,6 +169,39 @@ class Client:
             return np.frombuffer(data, dtype=dtype).reshape(shape)
         return self._arena.view(found.offset, found.size, dtype, shape,
                                 lambda: self._release_later(object_id))
+
+    async def reduce(self, object_ids: Sequence[ObjectID], op: str = "sum",
+                     num_objects: Optional[int] = None, object_id: Optional[ObjectID] = None,
+                     timeout: Optional[float] = None) -> ObjectID:
+        """Start reducing the objects with ``op`` (sum, min, max, prod); returns the result's
+        id at once. The first ``num_objects`` inputs to become ready are used (default: all);
+        ids may name objects not put yet. The result lands on this node; get it like any
+        object. ``timeout`` bounds the wait for the inputs."""
+        ids = list(object_ids)
+        k = len(ids) if num_objects is None else num_objects
+        result = object_id or ObjectID.random()
+        await self._channel.request(lambda rid: Reduce(rid=rid, result=result, inputs=ids, op=op,
+                                                       num_objects=k, timeout=timeout))
+        return result
+
+    async def reduced_inputs(self, result_id: ObjectID,
+                             timeout: Optional[float] = None) -> list[ObjectID]:
+        """Which inputs went into a reduce issued on this node, in the order they were ready."""
+        bound = None if timeout is None else timeout + REPLY_GRACE
+        frame = await self._channel.request(
+            lambda rid: ReducedInputs(rid=rid, result=result_id, timeout=timeout), timeout=bound)
+        return list(frame.msg.inputs)
+
+    async def gather(self, object_ids: Sequence[ObjectID], timeout: Optional[float] = None,
+                     concurrency: int = GATHER_CONCURRENCY) -> list[np.ndarray]:
+        """Get many objects at once (at most ``concurrency`` transfers in flight), in order."""
+        limit = asyncio.Semaphore(concurrency)
+
+        async def one(oid: ObjectID) -> np.ndarray:
+            async with limit:
+                return await self.get(oid, timeout)
+
+        return list(await asyncio.gather(*(one(oid) for oid in object_ids)))
 
     async def delete(self, object_id: ObjectID) -> None:
         """Delete every copy in the cluster (copies in use go when their users are done)."""

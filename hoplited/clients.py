@@ -19,17 +19,19 @@ import socket
 from typing import TYPE_CHECKING, Any, Optional
 
 from hoplite_client.connection import Channel, FrameProtocol, remote_error
-from hoplite_client.errors import (HopliteError, InvalidArgumentError, ObjectNotFoundError,
-                                   RemoteProtocolError)
+from hoplite_client.errors import (HopliteError, InvalidArgumentError, ObjectExistsError,
+                                   ObjectNotFoundError, RemoteProtocolError)
 from hoplite_client.ids import ObjectID
 from hoplite_client.wire.frames import Frame, FrameReader, encode_header
 from hoplite_client.wire.messages import (REPLY_KINDS, Abort, ClientHello, ClientWelcome, Create,
-                                          Created, Delete, Found, Get, Ok, Put, Release, Seal,
-                                          Status, StatusReply, Stats)
+                                          Created, Delete, Found, Get, InputList, Ok, Put, Reduce,
+                                          ReducedInputs, Release, Seal, Status, StatusReply,
+                                          Stats)
 from hoplite_client.wire.frames import SUPPORTED_VERSIONS
 
 from .directory import INLINE_MAX
 from .handshake import HANDSHAKE_TIMEOUT
+from .reduce import OPS, ReduceCoordinator
 from .store import StoredObject
 
 if TYPE_CHECKING:
@@ -229,6 +231,26 @@ class ClientSession:
         if isinstance(msg, Delete):
             await d.delete(msg.oid)
             return Ok(rid=msg.rid), None
+        if isinstance(msg, Reduce):
+            if not msg.inputs or not 1 <= msg.num_objects <= len(msg.inputs):
+                raise InvalidArgumentError(f"num_objects must be between 1 and the "
+                                           f"{len(msg.inputs)} inputs")
+            if msg.op not in OPS:
+                raise InvalidArgumentError(f"unknown reduce op {msg.op!r}; ops: {', '.join(OPS)}")
+            if msg.result in d.reduces or d.store.get(msg.result) is not None:
+                raise ObjectExistsError(f"object {msg.result.hex()} already exists")
+            coordinator = ReduceCoordinator(d, msg.result, msg.inputs, msg.op, msg.num_objects,
+                                            msg.timeout)
+            d.reduces[msg.result] = coordinator
+            coordinator.start()
+            return Ok(rid=msg.rid), None
+        if isinstance(msg, ReducedInputs):
+            coordinator = d.reduces.get(msg.result)
+            if coordinator is None:
+                raise ObjectNotFoundError(f"no reduce into {msg.result.hex()} was issued on "
+                                          f"this node")
+            used = await coordinator.reduced_inputs(msg.timeout)
+            return InputList(rid=msg.rid, inputs=used), None
         if isinstance(msg, Status):
             return StatusReply(rid=msg.rid, info=await self._cluster_status()), None
         raise RemoteProtocolError(f"{type(msg).__name__} is not a client request")

@@ -11,10 +11,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Optional
 
-from hoplite_client.errors import InvalidArgumentError, RemoteProtocolError
-from hoplite_client.wire.messages import (Announce, DeleteEntry, Drop, Join, Located, Locate,
-                                          Members, MemberUp, Ok, Ping, Progress, Publish, Stats,
-                                          StatusReply, TransferDone)
+from hoplite_client.errors import InvalidArgumentError, RemoteProtocolError, error_from_wire
+from hoplite_client.wire.messages import (Announce, DeleteEntry, Drop, FailEntry, Join, Located,
+                                          Locate, Members, MemberUp, ObjectInfo, Ok, Ping,
+                                          Progress, Publish, ReduceChild, ReduceDone,
+                                          ReduceFailed, ReduceTask, Stats, StatusReply,
+                                          TaskStarted, TransferDone, WaitObject)
 
 from .directory import INLINE_MAX
 
@@ -69,6 +71,28 @@ class ControlService:
                     shard.publish(h.oid, peer, h.size, h.dtype, h.shape, h.version, None,
                                   received=h.received)
             return Ok(rid=msg.rid), None
+        if isinstance(msg, WaitObject):
+            entry = await shard.wait_object(msg.oid, msg.timeout)
+            holders = [n for n in entry.complete_holders() if d.membership.is_alive(n)]
+            return ObjectInfo(rid=msg.rid, holders=holders, size=entry.size, dtype=entry.dtype,
+                              shape=entry.shape, version=entry.version), entry.inline
+        if isinstance(msg, FailEntry):
+            shard.fail(msg.oid, error_from_wire(msg.code, msg.message, {}))
+            return Ok(rid=msg.rid), None
+        if isinstance(msg, ReduceTask):
+            version = await d.reducer.start(peer, msg)
+            return TaskStarted(rid=msg.rid, version=version), None
+        if isinstance(msg, ReduceChild):
+            d.reducer.add_child(msg)
+            return Ok(rid=msg.rid), None
+        if isinstance(msg, ReduceFailed):
+            coordinator = d.reduces.get(msg.reduce_id)
+            if coordinator is not None:
+                coordinator.slot_failed(msg)
+            return None, None
+        if isinstance(msg, ReduceDone):
+            d.reducer.done(msg.reduce_id)
+            return None, None
         if isinstance(msg, Ping):
             return Ok(rid=msg.rid), None
         if isinstance(msg, Stats):

@@ -31,8 +31,10 @@ from .config import DaemonConfig
 from .control import TOOL_REQUESTS, ControlService
 from .directory import INLINE_MAX, DirectoryShard
 from .handshake import HANDSHAKE_TIMEOUT, Identity, accept, dial
+from .link_model import LinkModel
 from .membership import Membership, rendezvous_owner
 from .peers import PeerLink
+from .reduce import ReduceCoordinator, ReduceWorker
 from .store import ObjectStore
 from .transfer import Transfers
 
@@ -65,6 +67,9 @@ class Daemon:
         self.clients = ClientService(self)
         self.links: dict[str, PeerLink] = {}
         self.counters: Counter[str] = Counter()
+        self.links_model = LinkModel()
+        self.reducer = ReduceWorker(self)
+        self.reduces: dict[ObjectID, ReduceCoordinator] = {}
         self.membership: Membership
         self.shard: DirectoryShard
         self._server: Optional[asyncio.AbstractServer] = None
@@ -200,7 +205,8 @@ class Daemon:
         if old is not None:
             old.close()
         link = PeerLink(member, self.identity, self.config.heartbeat_interval,
-                        self.config.heartbeat_timeout, self._on_dead)
+                        self.config.heartbeat_timeout, self._on_dead,
+                        self.links_model.observe_rtt)
         self.links[member.node_id] = link
         self.membership.add(member)
         link.start()
@@ -221,7 +227,7 @@ class Daemon:
         """Tell each object's new owner shard what we hold (the directory is soft state)."""
         batches: dict[str, list[Holding]] = {}
         for obj in self.store.objects.values():
-            if obj.error is not None:
+            if obj.error is not None or obj.temporary:
                 continue
             owner = self.membership.owner(obj.oid)
             if previous and rendezvous_owner(obj.oid, previous) == owner:
@@ -253,16 +259,24 @@ class Daemon:
         while True:
             owner = self.membership.owner(oid)
             try:
-                if owner == self.node_id:
-                    reply, out = await self.control.handle(self.node_id, make(0), payload)
-                    return Frame(reply, out)
-                return await self.links[owner].request(make, payload, timeout)
+                return await self.call_node(owner, make, payload, timeout)
             except (NotOwnerError, PeerUnavailableError, ConnectionLostError) as exc:
                 if loop.time() >= give_up:
                     raise
                 log.info("owner %s of %s unreachable (%s); retrying", owner, oid.short(), exc)
                 await asyncio.sleep(min(RETRY_PAUSE_MAX, 0.02 * 2 ** attempt))
                 attempt += 1
+
+    async def call_node(self, node: str, make: Callable[[int], Any], payload: Any = None,
+                        timeout: Optional[float] = None) -> Frame:
+        """Send a control request to ``node`` (ourselves: a direct call) and await its reply."""
+        if node == self.node_id:
+            reply, out = await self.control.handle(self.node_id, make(0), payload)
+            return Frame(reply, out)
+        link = self.links.get(node)
+        if link is None:
+            raise PeerUnavailableError(f"{node} is not a member", node=node)
+        return await link.request(make, payload, timeout)
 
     def notify_owner(self, oid: ObjectID, msg: Any) -> None:
         """One-way message to the owner shard of ``oid``."""
@@ -294,6 +308,7 @@ class Daemon:
             if not local:
                 raise
         self.drop_local(oid)
+        self.reduces.pop(oid, None)
 
     def drop_local(self, oid: ObjectID) -> None:
         if self.store.remove(oid) is not None:
@@ -316,6 +331,8 @@ class Daemon:
             "bytes_in": self.counters["bytes_in"],
             "bytes_out": self.counters["bytes_out"],
             "clients": self.clients.count(),
+            "links": self.links_model.as_dict(),
+            "reduce_tasks": len(self.reducer.tasks),
         }
 
 

@@ -15,8 +15,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from hoplite_client.errors import (HopliteTimeoutError, NotOwnerError, ObjectExistsError,
-                                   ObjectNotFoundError)
+from hoplite_client.errors import (HopliteError, HopliteTimeoutError, NotOwnerError,
+                                   ObjectExistsError, ObjectNotFoundError)
 from hoplite_client.ids import ObjectID
 
 log = logging.getLogger("hoplited.directory")
@@ -66,6 +66,7 @@ class DirectoryShard:
         self.owner_of = owner_of
         self.me = me
         self.entries: dict[ObjectID, Entry] = {}
+        self.failed: dict[ObjectID, HopliteError] = {}  # ids that will never exist, and why
         self._waiters: dict[ObjectID, list[asyncio.Future[None]]] = {}
         self._seq = itertools.count()
 
@@ -76,6 +77,8 @@ class DirectoryShard:
         deadline = None if timeout is None else loop.time() + timeout
         while True:
             self.check_owner(oid)
+            if oid in self.failed:
+                raise self.failed[oid]
             entry = self.entries.get(oid)
             if entry is not None:
                 if entry.inline is not None:
@@ -87,22 +90,48 @@ class DirectoryShard:
                 if node is not None:
                     self._enrol(entry, requester, node, offset)
                     return Source(entry, node)
-            remaining = None if deadline is None else deadline - loop.time()
-            if remaining is not None and remaining <= 0:
-                raise HopliteTimeoutError(f"object {oid.hex()} was not available within "
-                                          f"{timeout}s", oid=oid.hex())
-            fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.setdefault(oid, []).append(fut)
-            try:
-                await asyncio.wait_for(fut, remaining)
-            except asyncio.TimeoutError:
-                pass
-            finally:
-                waiters = self._waiters.get(oid)
-                if waiters is not None and fut in waiters:
-                    waiters.remove(fut)
-                    if not waiters:
-                        del self._waiters[oid]
+            await self._wait_change(oid, deadline, timeout)
+
+    async def wait_object(self, oid: ObjectID, timeout: Optional[float]) -> Entry:
+        """The entry of ``oid`` once a live member holds all of it (or it is inline)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            self.check_owner(oid)
+            if oid in self.failed:
+                raise self.failed[oid]
+            entry = self.entries.get(oid)
+            if entry is not None and (entry.inline is not None or any(
+                    self.is_alive(n) for n in entry.complete_holders())):
+                return entry
+            await self._wait_change(oid, deadline, timeout)
+
+    async def _wait_change(self, oid: ObjectID, deadline: Optional[float],
+                           timeout: Optional[float]) -> None:
+        """Sleep until something about ``oid`` changes, or raise once ``deadline`` passed."""
+        loop = asyncio.get_running_loop()
+        remaining = None if deadline is None else deadline - loop.time()
+        if remaining is not None and remaining <= 0:
+            raise HopliteTimeoutError(f"object {oid.hex()} was not available within "
+                                      f"{timeout}s", oid=oid.hex())
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiters.setdefault(oid, []).append(fut)
+        try:
+            await asyncio.wait_for(fut, remaining)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            waiters = self._waiters.get(oid)
+            if waiters is not None and fut in waiters:
+                waiters.remove(fut)
+                if not waiters:
+                    del self._waiters[oid]
+
+    def fail(self, oid: ObjectID, error: HopliteError) -> None:
+        """``oid`` will never exist (a failed reduce): waiters and later gets get ``error``."""
+        self.check_owner(oid)
+        self.failed[oid] = error
+        self._wake(oid)
 
     def check_owner(self, oid: ObjectID) -> None:
         """Raise NotOwnerError (naming the owner) unless this shard owns ``oid``."""
@@ -149,6 +178,7 @@ class DirectoryShard:
             entry = None  # every copy was lost: this is a re-put
         if entry is None:
             entry = self.entries[oid] = Entry(oid, size, dtype, list(shape), version, inline)
+            self.failed.pop(oid, None)
         elif inline is not None:
             entry.inline = inline
         got = size if received is None else received
@@ -184,6 +214,8 @@ class DirectoryShard:
         """Remove the entry; returns the nodes that must drop their copies."""
         self.check_owner(oid)
         entry = self.entries.pop(oid, None)
+        if entry is None and self.failed.pop(oid, None) is not None:
+            return []
         if entry is None:
             raise ObjectNotFoundError(f"object {oid.hex()} does not exist", oid=oid.hex())
         return list(entry.holders)

@@ -27,12 +27,14 @@ class PeerLink:
     """Our requests to one member: connect lazily, reconnect on loss, watch its heartbeat."""
 
     def __init__(self, member: MemberInfo, me: Identity, interval: float, timeout: float,
-                 on_dead: Callable[[str], None]) -> None:
+                 on_dead: Callable[[str], None],
+                 on_rtt: Callable[[float], None] = lambda rtt: None) -> None:
         self.member = member
         self.me = me
         self.interval = interval
         self.timeout = timeout
         self.on_dead = on_dead
+        self.on_rtt = on_rtt
         self.channel: Optional[Channel] = None
         self.last_seen = time.monotonic()
         self._lock = asyncio.Lock()
@@ -93,7 +95,9 @@ class PeerLink:
         while not self._dead:
             await asyncio.sleep(self.interval)
             try:
+                sent = time.monotonic()
                 await self.request(lambda rid: Ping(rid=rid), timeout=self.timeout)
+                self.on_rtt(time.monotonic() - sent)
             except (HopliteError, OSError) as exc:
                 silent = time.monotonic() - self.last_seen
                 if silent >= self.timeout:

@@ -47,8 +47,9 @@ class StoredObject:
     """One object's extent, metadata and progress; ``received == size`` once complete."""
 
     def __init__(self, oid: ObjectID, offset: int, size: int, dtype: str, shape: list[int],
-                 version: bytes, buffer: memoryview) -> None:
+                 version: bytes, buffer: memoryview, temporary: bool = False) -> None:
         self.oid = oid
+        self.temporary = temporary  # a reduce's partial result: never announced to a shard
         self.offset = offset
         self.size = size
         self.dtype = dtype
@@ -116,7 +117,7 @@ class ObjectStore:
         return self.objects.get(oid)
 
     def create(self, oid: ObjectID, size: int, dtype: str, shape: list[int],
-               version: Optional[bytes] = None) -> StoredObject:
+               version: Optional[bytes] = None, temporary: bool = False) -> StoredObject:
         """Allocate a new, empty object (watermark 0); raises if the id exists or no room."""
         check_meta(dtype, shape, size)
         if oid in self.objects:
@@ -124,7 +125,8 @@ class ObjectStore:
                                     oid=oid.hex())
         offset = self.arena.alloc(size)
         obj = StoredObject(oid, offset, size, dtype, list(shape),
-                           version or os.urandom(VERSION_SIZE), self.arena.buffer(offset, size))
+                           version or os.urandom(VERSION_SIZE), self.arena.buffer(offset, size),
+                           temporary)
         self.objects[oid] = obj
         return obj
 

@@ -40,6 +40,8 @@ log = logging.getLogger("hoplited.transfer")
 SEND_SLICE = 8 * 1024 * 1024
 # How often a receiver tells the directory how far along it is (source choice uses it).
 PROGRESS_INTERVAL = 0.05
+# Transfers at least this big tell the daemon's link model how fast links are.
+BANDWIDTH_SAMPLE_MIN = 1 << 20
 # Sources tried before a get gives up on a transfer.
 MAX_ATTEMPTS = 8
 
@@ -154,6 +156,12 @@ class Transfers:
 
     async def _pull(self, obj: StoredObject, source: str) -> None:
         """Stream ``obj`` from ``source`` starting at its watermark, until complete."""
+        await self.pull_into(obj, source, obj.oid, obj.version, report=True)
+
+    async def pull_into(self, obj: StoredObject, source: str, remote: ObjectID, version: bytes,
+                        report: bool = False) -> None:
+        """Stream ``source``'s object ``remote`` (at ``version``) into ``obj`` from its
+        watermark on; ``report`` tells the directory how far along we are."""
         daemon = self.daemon
         member = daemon.membership.members.get(source)
         if member is None or not daemon.membership.is_alive(source):
@@ -174,7 +182,7 @@ class Transfers:
             nonlocal last_report
             obj.advance(start + got)
             now = time.monotonic()
-            if now - last_report >= PROGRESS_INTERVAL:
+            if report and now - last_report >= PROGRESS_INTERVAL:
                 last_report = now
                 daemon.notify_owner(obj.oid, Progress(oid=obj.oid, received=obj.received))
 
@@ -191,13 +199,17 @@ class Transfers:
         protocol.on_stream = on_stream
         protocol.handler = on_frame
         obj.on_fail.append(on_fail)
+        began = time.monotonic()
         try:
-            protocol.send(Pull(rid=1, oid=obj.oid, version=obj.version, offset=start))
+            protocol.send(Pull(rid=1, oid=remote, version=version, offset=start))
             frame = await self._watch(protocol, obj, done)
         finally:
             obj.on_fail.remove(on_fail)
             protocol.close()
             daemon.counters["bytes_in"] += obj.received - start
+        if obj.received - start >= BANDWIDTH_SAMPLE_MIN:
+            daemon.links_model.observe_bandwidth((obj.received - start)
+                                                 / max(time.monotonic() - began, 1e-6))
         if isinstance(frame.msg, Error):
             raise PeerUnavailableError(f"source {source} refused: {frame.msg.message}",
                                        node=source)

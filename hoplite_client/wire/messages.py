@@ -313,5 +313,112 @@ class DataStream:
     size: int
 
 
+# --- reduce: client to its daemon ---
+@message(31)
+class Reduce:
+    """Reduce the first ``num_objects`` ready inputs with ``op`` into ``result``."""
+
+    rid: int
+    result: ObjectID
+    inputs: list[ObjectID]
+    op: str
+    num_objects: int
+    timeout: Optional[float]
+
+
+@message(32)
+class ReducedInputs:
+    rid: int
+    result: ObjectID
+    timeout: Optional[float]
+
+
+@message(33)
+class InputList:
+    rid: int
+    inputs: list[ObjectID]
+
+
+# --- reduce: coordinator to directory shards and tree nodes ---
+@message(53)
+class WaitObject:
+    """Wait until ``oid`` is complete somewhere; answered by ObjectInfo (small ones inline)."""
+
+    rid: int
+    oid: ObjectID
+    timeout: Optional[float]
+
+
+@message(54, payload="small")
+class ObjectInfo:
+    rid: int
+    holders: list[str]
+    size: int
+    dtype: str
+    shape: list[int]
+    version: bytes
+
+
+@message(55)
+class FailEntry:
+    """Record that ``oid`` will never exist: gets of it fail with this error."""
+
+    rid: int
+    oid: ObjectID
+    code: str
+    message: str
+
+
+@message(56)
+class ReduceTask:
+    """Compute slot ``slot``: ``output`` = ``input`` combined with ``children`` child outputs."""
+
+    rid: int
+    reduce_id: ObjectID
+    slot: int
+    input: ObjectID
+    output: ObjectID
+    op: str
+    dtype: str
+    shape: list[int]
+    children: int
+
+
+@message(57)
+class TaskStarted:
+    rid: int
+    version: bytes
+
+
+@message(58)
+class ReduceChild:
+    """Where slot ``slot``'s next child output is: ``node`` holds ``oid`` at ``version``."""
+
+    rid: int
+    reduce_id: ObjectID
+    slot: int
+    node: str
+    oid: ObjectID
+    version: bytes
+
+
+@message(59)
+class ReduceFailed:
+    """One-way, tree node to coordinator: slot ``slot`` cannot be computed."""
+
+    reduce_id: ObjectID
+    slot: int
+    code: str
+    message: str
+
+
+@message(62)
+class ReduceDone:
+    """One-way, coordinator to tree nodes: drop this reduce's temporary buffers."""
+
+    reduce_id: ObjectID
+
+
 REPLY_KINDS: frozenset[type] = frozenset(
-    {Ok, Error, Created, Found, StatusReply, Members, Located, DataStream})
+    {Ok, Error, Created, Found, StatusReply, Members, Located, DataStream, InputList, ObjectInfo,
+     TaskStarted})
