@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 import click
 import numpy as np
@@ -117,41 +117,163 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
                                                         b.reshape(-1).view(np.uint8)))
 
 
-async def run_broadcast(clients: list[hoplite_client.Client], data: np.ndarray, runs: int,
-                        progress: Progress, label: Callable[[int], str]) -> list[float]:
-    """Put on node 0, get everywhere else at once; returns each run's latency."""
-    latencies = []
-    receivers = clients[1:]
-    for i in range(runs):
-        oid = await clients[0].put(data)
-        done = 0
-        t0 = time.perf_counter()
+Scenario = Callable[["BenchContext", int], Awaitable[float]]
 
-        async def one(client: hoplite_client.Client) -> np.ndarray:
-            nonlocal done
-            arr = await client.get(oid, timeout=GET_TIMEOUT)
-            done += 1
-            progress.update(f"{label(i)}: {done}/{len(receivers)} receivers done, "
+
+@dataclass
+class BenchContext:
+    """What every scenario run needs: clients (node 0 first), per-node data, the settings."""
+
+    clients: list[hoplite_client.Client]
+    size: int
+    interval: float
+    progress: "Progress"
+    label: str = ""
+    _data: dict[int, np.ndarray] = field(default_factory=dict)
+    _expected: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def data(self, node: int) -> np.ndarray:
+        """Node ``node``'s input (generated once, different on every node)."""
+        if node not in self._data:
+            self._data[node] = make_data(self.size, seed=node)
+        return self._data[node]
+
+    def expected_sum(self) -> np.ndarray:
+        if "sum" not in self._expected:
+            total = np.sum([self.data(i).astype(np.float64) for i in range(len(self.clients))],
+                           axis=0)
+            self._expected["sum"] = total.astype(self.data(0).dtype)
+        return self._expected["sum"]
+
+    def check(self, ok: bool, what: str) -> None:
+        if not ok:
+            raise click.ClickException(f"{self.label}: {what}")
+
+
+async def _put_all(ctx: BenchContext, ids: list[hoplite_client.ObjectID]) -> float:
+    """Every node puts its input under ``ids[i]``, at once or ``interval`` apart; returns the
+    time the last put completed (the moment every input exists)."""
+    if ctx.interval <= 0:
+        await asyncio.gather(*(c.put(ctx.data(i), object_id=ids[i])
+                               for i, c in enumerate(ctx.clients)))
+        return time.perf_counter()
+    for i, c in enumerate(ctx.clients):
+        if i:
+            await asyncio.sleep(ctx.interval)
+        await c.put(ctx.data(i), object_id=ids[i])
+        ctx.progress.update(f"{ctx.label}: input {i + 1}/{len(ctx.clients)} put")
+    return time.perf_counter()
+
+
+def _reduced_ok(ctx: BenchContext, result: np.ndarray) -> bool:
+    return result.shape == ctx.data(0).shape and bool(
+        np.allclose(result, ctx.expected_sum(), rtol=1e-4, atol=1e-3))
+
+
+async def run_broadcast(ctx: BenchContext, run: int) -> float:
+    """Put on node 0, get everywhere else at once."""
+    data, receivers = ctx.data(0), ctx.clients[1:]
+    oid = await ctx.clients[0].put(data)
+    done = 0
+    t0 = time.perf_counter()
+
+    async def one(client: hoplite_client.Client) -> np.ndarray:
+        nonlocal done
+        arr = await client.get(oid, timeout=GET_TIMEOUT)
+        done += 1
+        ctx.progress.update(f"{ctx.label}: {done}/{len(receivers)} receivers done, "
                             f"{time.perf_counter() - t0:.2f} s")
-            return arr
+        return arr
 
-        results = await asyncio.gather(*(one(c) for c in receivers))
-        elapsed = time.perf_counter() - t0
-        bad = [k + 1 for k, r in enumerate(results) if not same_bytes(r, data)]
-        del results
-        await clients[0].delete(oid)
-        if bad:
-            raise click.ClickException(f"{label(i)}: nodes {bad} received wrong bytes")
-        latencies.append(elapsed)
-        progress.done(f"{label(i)}: {elapsed:.3f} s  ({data.nbytes / elapsed / 1e6:.1f} MB/s "
-                      f"per receiver)")
+    results = await asyncio.gather(*(one(c) for c in receivers))
+    elapsed = time.perf_counter() - t0
+    bad = [k + 1 for k, r in enumerate(results) if not same_bytes(r, data)]
+    del results
+    await ctx.clients[0].delete(oid)
+    ctx.check(not bad, f"nodes {bad} received wrong bytes")
+    return elapsed
+
+
+async def _reduce(ctx: BenchContext, everyone_gets: bool) -> float:
+    ids = [hoplite_client.ObjectID.random() for _ in ctx.clients]
+    root = ctx.clients[0]
+    if ctx.interval > 0:  # asynchrony: the reduce waits for inputs that arrive one by one
+        result = await root.reduce(ids, "sum", timeout=GET_TIMEOUT)
+        getters = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT))
+                   for c in (ctx.clients if everyone_gets else [root])]
+        start = await _put_all(ctx, ids)
+    else:
+        start = await _put_all(ctx, ids)
+        result = await root.reduce(ids, "sum", timeout=GET_TIMEOUT)
+        getters = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT))
+                   for c in (ctx.clients if everyone_gets else [root])]
+    arrays = await asyncio.gather(*getters)
+    elapsed = time.perf_counter() - start
+    ctx.check(all(_reduced_ok(ctx, a) for a in arrays), "the result differs from numpy's sum")
+    del arrays
+    for oid in [*ids, result]:
+        await root.delete(oid)
+    return elapsed
+
+
+async def run_reduce(ctx: BenchContext, run: int) -> float:
+    """Every node puts an input; node 0 reduces (sum) them and gets the result."""
+    return await _reduce(ctx, everyone_gets=False)
+
+
+async def run_allreduce(ctx: BenchContext, run: int) -> float:
+    """Every node puts an input; node 0 reduces; every node gets the result."""
+    return await _reduce(ctx, everyone_gets=True)
+
+
+async def run_gather(ctx: BenchContext, run: int) -> float:
+    """Every node puts an object; node 0 gets them all."""
+    ids = [hoplite_client.ObjectID.random() for _ in ctx.clients]
+    start = await _put_all(ctx, ids)
+    arrays = await ctx.clients[0].gather(ids, timeout=GET_TIMEOUT)
+    elapsed = time.perf_counter() - start
+    ctx.check(all(same_bytes(a, ctx.data(i)) for i, a in enumerate(arrays)),
+              "gathered bytes differ")
+    del arrays
+    for oid in ids:
+        await ctx.clients[0].delete(oid)
+    return elapsed
+
+
+async def run_roundtrip(ctx: BenchContext, run: int) -> float:
+    """Put on node 0, then get on node 1: the whole round trip."""
+    t0 = time.perf_counter()
+    oid = await ctx.clients[0].put(ctx.data(0))
+    got = await ctx.clients[1].get(oid, timeout=GET_TIMEOUT)
+    elapsed = time.perf_counter() - t0
+    ctx.check(same_bytes(got, ctx.data(0)), "node 1 received wrong bytes")
+    del got
+    await ctx.clients[0].delete(oid)
+    return elapsed
+
+
+SCENARIOS: dict[str, Scenario] = {"broadcast": run_broadcast, "reduce": run_reduce,
+                                  "allreduce": run_allreduce, "gather": run_gather,
+                                  "roundtrip": run_roundtrip}
+
+
+async def run_scenario(op: str, ctx: BenchContext, warmup: int, repeat: int) -> list[float]:
+    """Warm-up runs, then ``repeat`` measured runs of scenario ``op``, printing each."""
+    latencies = []
+    for i in range(warmup + repeat):
+        measured = i >= warmup
+        ctx.label = f"run {i - warmup + 1}/{repeat}" if measured else f"warm-up {i + 1}/{warmup}"
+        elapsed = await SCENARIOS[op](ctx, i)
+        if measured:
+            latencies.append(elapsed)
+        ctx.progress.done(f"{ctx.label}: {elapsed * 1e3:.1f} ms")
     return latencies
 
 
 def common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed([
         click.option("--nodes", default=4, show_default=True, type=click.IntRange(2, 64)),
-        click.option("--size", default="64MiB", show_default=True, help="Object size."),
+        click.option("--size", default=None, help="Object size [default: 64MiB; roundtrip 1KB]."),
         click.option("--repeat", default=5, show_default=True, type=click.IntRange(1)),
         click.option("--warmup", default=1, show_default=True, type=click.IntRange(0)),
         click.option("--json", "json_path", default=None, help="Write results to this file."),
@@ -170,36 +292,51 @@ def bench() -> None:
     """Measure collectives; by default on a local cluster started for the run."""
 
 
-@bench.command()
-@common_options
-def broadcast(nodes: int, size: str, repeat: int, warmup: int, json_path: Optional[str],
-              join: Optional[str], token_file: Optional[str], capacity: str) -> None:
-    """One object put on node 0, fetched by every other node at the same time."""
-    nbytes = parse_size(size)
+DESCRIPTIONS = {
+    "broadcast": "of {size} from node 0 to {n1} receivers",
+    "reduce": "(sum) of {n} inputs of {size} into node 0",
+    "allreduce": "(sum) of {n} inputs of {size}; every node gets the result",
+    "gather": "of {n} objects of {size} into node 0",
+    "roundtrip": "of {size}: put on node 0, get on node 1",
+}
 
-    async def main() -> BenchResult:
-        progress = Progress()
-        progress.update(f"starting {nodes} daemons...")
-        async with bench_clients(nodes, join, token_file, capacity) as clients:
-            data = make_data(nbytes)
-            n = len(clients)
-            click.echo(f"broadcast of {nbytes / 2**20:.1f} MiB from node 0 to {n - 1} receivers "
-                       f"({'local cluster' if join is None else join}, {n} daemons)")
-            result = BenchResult("broadcast", n, nbytes, "local" if join is None else join)
-            await run_broadcast(clients, data, warmup, progress,
-                                lambda i: f"warm-up {i + 1}/{warmup}")
-            result.runs = await run_broadcast(clients, data, repeat, progress,
-                                              lambda i: f"run {i + 1}/{repeat}")
-            return result
 
-    try:
-        result = uvloop.run(main())
-    except HopliteError as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"median {result.median:.3f} s over {len(result.runs)} runs: "
-               f"{nbytes / result.median / 1e6:.1f} MB/s per receiver, "
-               f"{nbytes * (result.nodes - 1) / result.median / 1e9:.2f} GB/s delivered in all; "
-               f"every copy bit-exact")
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(result.as_dict(), f, indent=2)
+def _make_command(op: str) -> click.Command:
+    @common_options
+    @click.option("--arrival-interval", default=0.0, show_default=True, type=float,
+                  help="Seconds between participants' puts (latency then counts from the "
+                       "last one).")
+    def command(nodes: int, size: Optional[str], repeat: int, warmup: int,
+                json_path: Optional[str], join: Optional[str], token_file: Optional[str],
+                capacity: str, arrival_interval: float) -> None:
+        nbytes = parse_size(size or ("1KB" if op == "roundtrip" else "64MiB"))
+
+        async def main() -> BenchResult:
+            progress = Progress()
+            progress.update(f"starting {nodes} daemons...")
+            async with bench_clients(nodes, join, token_file, capacity) as clients:
+                n = len(clients)
+                what = DESCRIPTIONS[op].format(size=f"{nbytes / 2**20:.2f} MiB", n=n, n1=n - 1)
+                click.echo(f"{op} {what} ({'local cluster' if join is None else join}, "
+                           f"{n} daemons)")
+                ctx = BenchContext(clients, nbytes, arrival_interval, progress)
+                result = BenchResult(op, n, nbytes, "local" if join is None else join)
+                result.runs = await run_scenario(op, ctx, warmup, repeat)
+                return result
+
+        try:
+            result = uvloop.run(main())
+        except HopliteError as exc:
+            raise click.ClickException(str(exc)) from exc
+        click.echo(f"median {result.median * 1e3:.1f} ms over {len(result.runs)} runs "
+                   f"({nbytes / result.median / 1e6:.1f} MB/s); every result checked")
+        if json_path:
+            with open(json_path, "w") as f:
+                json.dump(result.as_dict(), f, indent=2)
+
+    command.__doc__ = f"Measure {op}: {SCENARIOS[op].__doc__}"
+    return click.command(op)(command)
+
+
+for _op in SCENARIOS:
+    bench.add_command(_make_command(_op))
