@@ -128,8 +128,11 @@ class DirectoryShard:
                     del self._waiters[oid]
 
     def fail(self, oid: ObjectID, error: HopliteError) -> None:
-        """``oid`` will never exist (a failed reduce): waiters and later gets get ``error``."""
+        """``oid`` will never exist (a failed reduce): waiters and later gets get ``error``.
+        An id that names an existing object is left alone."""
         self.check_owner(oid)
+        if oid in self.entries:
+            return
         self.failed[oid] = error
         self._wake(oid)
 

@@ -42,6 +42,9 @@ OPS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
 NUMERIC_KINDS = "biufc"  # bool, signed, unsigned, float, complex
 # Bytes combined per step: small enough to forward soon, big enough to amortise the call.
 COMPUTE_BLOCK = 4 * 1024 * 1024
+# A coordinator re-asks a shard for an input this often; a wait it abandons (a backup input
+# not needed any more) then ends on the shard within this time.
+LONG_POLL = 30.0
 # Blocks at least this big are combined in a worker thread (numpy drops the GIL meanwhile).
 THREAD_BLOCK = 512 * 1024
 
@@ -138,7 +141,7 @@ class ReduceWorker:
 
     async def _pull_child(self, task: SlotTask, buf: StoredObject, msg: ReduceChild) -> None:
         daemon = self.daemon
-        await daemon.arena.populate(buf.offset, buf.size)
+        daemon.spawn(daemon.arena.populate(buf.offset, buf.size), "populate")
         try:
             await daemon.transfers.pull_into(buf, msg.node, msg.oid, msg.version)
         except HopliteError as exc:
@@ -276,10 +279,17 @@ class ReduceCoordinator:
             self._finish_inline()
 
     async def _wait_ready(self, oid: ObjectID, deadline: Optional[float]) -> Frame:
+        """Wait for ``oid`` in bounded polls, so a shard never keeps a waiter we gave up on."""
         loop = asyncio.get_running_loop()
-        remaining = None if deadline is None else max(0.0, deadline - loop.time())
-        return await self.daemon.call_owner(
-            oid, lambda rid: WaitObject(rid=rid, oid=oid, timeout=remaining))
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            poll = LONG_POLL if remaining is None else min(remaining, LONG_POLL)
+            try:
+                return await self.daemon.call_owner(
+                    oid, lambda rid, t=poll: WaitObject(rid=rid, oid=oid, timeout=t))
+            except HopliteTimeoutError:
+                if remaining is not None and remaining <= LONG_POLL:
+                    raise
 
     async def _place(self, oid: ObjectID, frame: Frame) -> None:
         info: ObjectInfo = frame.msg
