@@ -4,6 +4,12 @@ Used by ``hoplite cluster``/``hoplite bench`` and by the tests. Each daemon gets
 socket and log file in a private temporary directory; the first one is the seed the others
 join. Stopping sends SIGTERM (SIGKILL after a grace period) to exactly the processes started
 here, and removes the directory.
+
+By default every daemon listens on loopback. ``placement`` runs daemon i as
+``prefix_i + [python, -m, hoplited, --listen, host_i:0, ...]`` instead, e.g. inside a network
+namespace of an emulated test bed (``hoplited.testbed``); the prefix must exec the daemon (as
+``ip netns exec`` does), so that the PID we hold is the daemon's. Clients still connect from
+here: Unix sockets are paths, reachable from any network namespace.
 """
 
 from __future__ import annotations
@@ -19,10 +25,14 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from hoplite_client.errors import HopliteError, HopliteTimeoutError
+from hoplite_client.errors import HopliteError, HopliteTimeoutError, InvalidArgumentError
 
 READY_TIMEOUT = 60.0  # a daemon start on a loaded 2-core machine can take seconds
 STOP_GRACE = 10.0
+LOOPBACK = "127.0.0.1"
+
+# Per node: (command prefix, listen host).
+Placement = Sequence[tuple[Sequence[str], str]]
 
 
 @dataclass
@@ -51,7 +61,10 @@ class LocalCluster:
 
     def __init__(self, nodes: int = 4, capacity: str = "2GiB", daemon_args: Sequence[str] = (),
                  log_level: str = "info", workdir: Optional[str] = None,
-                 token: Optional[bytes] = None) -> None:
+                 token: Optional[bytes] = None, placement: Optional[Placement] = None) -> None:
+        if placement is not None and len(placement) < nodes:
+            raise InvalidArgumentError(f"placement names {len(placement)} hosts for {nodes} nodes")
+        self.placement = [(list(p), h) for p, h in placement] if placement is not None else None
         self.size = nodes
         self.capacity = capacity
         self.daemon_args = list(daemon_args)
@@ -100,14 +113,16 @@ class LocalCluster:
         """Start daemon ``index`` and wait for its ready line."""
         sock = os.path.join(self.workdir, f"node{index}.sock")
         log_path = os.path.join(self.workdir, f"node{index}.log")
-        args = [sys.executable, "-m", "hoplited", "--listen", "127.0.0.1:0", "--socket", sock,
+        prefix, host = self.placement[index] if self.placement else ([], LOOPBACK)
+        args = [sys.executable, "-m", "hoplited", "--listen", f"{host}:0", "--socket", sock,
                 "--capacity", self.capacity, "--token-file", self.token_file,
                 "--log-level", self.log_level, *self.daemon_args, *extra_args]
         if join:
             args += ["--join", join]
         with open(log_path, "ab") as log:
             process = await asyncio.create_subprocess_exec(
-                *args, stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL)
+                *prefix, *args, stdout=asyncio.subprocess.PIPE, stderr=log,
+                stdin=asyncio.subprocess.DEVNULL)
         node = Node(index, process, log_path, sock, args=args)
         try:
             assert process.stdout is not None
@@ -122,6 +137,11 @@ class LocalCluster:
                                f"{self.log_tail(node)}")
         ready = json.loads(line)
         node.node_id, node.listen = ready["node_id"], ready["listen"]
+        if ready.get("pid", node.pid) != node.pid:  # the prefix forked instead of exec-ing
+            os.kill(ready["pid"], signal.SIGTERM)
+            await self._terminate(node)
+            raise HopliteError(f"daemon {index} runs as pid {ready['pid']}, not as the started "
+                               f"pid {node.pid}: the command prefix {prefix} must exec it")
         return node
 
     async def restart(self, index: int) -> Node:

@@ -29,8 +29,16 @@ from ..cluster import LocalCluster
 from ..config import parse_address, parse_size
 from ..daemon import host_id
 from ..handshake import Identity, dial
+from ..testbed import emulated_cluster, format_rate, parse_rate
 
 GET_TIMEOUT = 600.0  # per get; a 256 MiB broadcast on a loaded machine takes seconds
+
+
+def optimum(op: str, size: int, nodes: int, rate_bps: int) -> float:
+    """The least time the links allow (DESIGN §7): every link carries the object once for
+    broadcast and reduce, about twice for allreduce; the root's downlink N−1 times for gather."""
+    copies = {"broadcast": 1, "reduce": 1, "allreduce": 2, "gather": nodes - 1, "roundtrip": 1}
+    return copies[op] * size * 8 / rate_bps
 
 
 @dataclass
@@ -39,15 +47,23 @@ class BenchResult:
     nodes: int
     size: int
     cluster: str
+    rate_bps: Optional[int] = None
+    arrival_interval: float = 0.0
     runs: list[float] = field(default_factory=list)
 
     @property
     def median(self) -> float:
         return statistics.median(self.runs)
 
+    @property
+    def optimum(self) -> Optional[float]:
+        return None if self.rate_bps is None else optimum(self.op, self.size, self.nodes,
+                                                          self.rate_bps)
+
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "median_s": self.median,
-                "receiver_throughput_Bps": self.size / self.median}
+        ratio = None if self.optimum is None else self.median / self.optimum
+        return {**asdict(self), "median_s": self.median, "optimum_s": self.optimum,
+                "ratio_to_optimum": ratio}
 
 
 async def members_on_this_host(seed: str, token: bytes) -> list[str]:
@@ -66,10 +82,17 @@ async def members_on_this_host(seed: str, token: bytes) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def bench_clients(nodes: int, join: Optional[str], token_file: Optional[str],
-                        capacity: str) -> AsyncIterator[list[hoplite_client.Client]]:
-    """Clients of ``nodes`` daemons: a fresh local cluster, or members of ``join``'s cluster."""
+                        capacity: str, emulate: Optional[int] = None,
+                        ) -> AsyncIterator[list[hoplite_client.Client]]:
+    """Clients of ``nodes`` daemons: a fresh local cluster (in an emulated test bed with
+    ``emulate`` bit/s links if given), or members of ``join``'s cluster."""
     async with contextlib.AsyncExitStack() as stack:
-        if join is None:
+        if emulate is not None:
+            cluster = await stack.enter_async_context(
+                emulated_cluster(nodes, emulate, capacity=capacity, check=True,
+                                 log_level="warning"))
+            sockets = cluster.sockets
+        elif join is None:
             cluster = await stack.enter_async_context(
                 LocalCluster(nodes, capacity=capacity, log_level="warning"))
             sockets = cluster.sockets
@@ -282,6 +305,9 @@ def common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--token-file", default=None, help="The existing cluster's token."),
         click.option("--capacity", default="4GiB", show_default=True,
                      help="Per daemon of the local cluster."),
+        click.option("--emulate", default=None, metavar="RATE",
+                     help="Run each daemon in its own network namespace with RATE links "
+                          "(e.g. 1Gbit; needs root) and report ratios to the optimum."),
     ]):
         fn = option(fn)
     return fn
@@ -308,19 +334,24 @@ def _make_command(op: str) -> click.Command:
                        "last one).")
     def command(nodes: int, size: Optional[str], repeat: int, warmup: int,
                 json_path: Optional[str], join: Optional[str], token_file: Optional[str],
-                capacity: str, arrival_interval: float) -> None:
+                capacity: str, emulate: Optional[str], arrival_interval: float) -> None:
         nbytes = parse_size(size or ("1KB" if op == "roundtrip" else "64MiB"))
+        if emulate is not None and join is not None:
+            raise click.UsageError("--emulate starts its own cluster; it excludes --join")
+        rate = parse_rate(emulate) if emulate is not None else None
+        where = (f"emulated {format_rate(rate)} links" if rate is not None else
+                 "local cluster" if join is None else join)
 
         async def main() -> BenchResult:
             progress = Progress()
-            progress.update(f"starting {nodes} daemons...")
-            async with bench_clients(nodes, join, token_file, capacity) as clients:
+            progress.update(f"starting {nodes} daemons ({where})...")
+            async with bench_clients(nodes, join, token_file, capacity, rate) as clients:
                 n = len(clients)
                 what = DESCRIPTIONS[op].format(size=f"{nbytes / 2**20:.2f} MiB", n=n, n1=n - 1)
-                click.echo(f"{op} {what} ({'local cluster' if join is None else join}, "
-                           f"{n} daemons)")
+                click.echo(f"{op} {what} ({where}, {n} daemons)")
                 ctx = BenchContext(clients, nbytes, arrival_interval, progress)
-                result = BenchResult(op, n, nbytes, "local" if join is None else join)
+                result = BenchResult(op, n, nbytes, "emulated" if rate else
+                                     "local" if join is None else join, rate, arrival_interval)
                 result.runs = await run_scenario(op, ctx, warmup, repeat)
                 return result
 
@@ -328,8 +359,10 @@ def _make_command(op: str) -> click.Command:
             result = uvloop.run(main())
         except HopliteError as exc:
             raise click.ClickException(str(exc)) from exc
+        ratio = "" if result.optimum is None else (
+            f", {result.median / result.optimum:.2f}x the optimum {result.optimum * 1e3:.1f} ms")
         click.echo(f"median {result.median * 1e3:.1f} ms over {len(result.runs)} runs "
-                   f"({nbytes / result.median / 1e6:.1f} MB/s); every result checked")
+                   f"({nbytes / result.median / 1e6:.1f} MB/s{ratio}); every result checked")
         if json_path:
             with open(json_path, "w") as f:
                 json.dump(result.as_dict(), f, indent=2)

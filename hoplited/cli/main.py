@@ -17,6 +17,7 @@ from hoplite_client.errors import HopliteError
 
 from ..cluster import LocalCluster
 from .bench import bench
+from .testbed import testbed
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -93,6 +94,7 @@ def cluster(nodes: int, capacity: str) -> None:
 
 
 main.add_command(bench)
+main.add_command(testbed)
 
 if __name__ == "__main__":
     sys.exit(main())
