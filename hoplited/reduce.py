@@ -302,12 +302,23 @@ class ReduceCoordinator:
             raise InvalidArgumentError(
                 f"input {oid.hex()} is {info.dtype}{info.shape} but the first input was "
                 f"{self.meta.dtype}{self.meta.shape}", oid=oid.hex())
-        slot = len(self.used)
         self.used.append(oid)
         if info.size <= INLINE_MAX:
             self.inline_parts.append(bytes(frame.payload) if frame.payload is not None else b"")
             return
-        await self._place_slot(slot, oid, info)
+        await self._place_slot(self._next_slot(info), oid, info)
+
+    def _next_slot(self, info: ObjectInfo) -> int:
+        """Slots go in order of readiness, except that an input held on this node takes the
+        root: the result is then computed in place, and this node's link carries no second
+        stream (the root's output) on top of its child's."""
+        assert self.shape is not None
+        root = self.shape.root
+        free = [s for s in range(self.shape.size) if s not in self.placed]
+        if root in free and self.daemon.node_id in info.holders:
+            return root
+        others = [s for s in free if s != root]
+        return others[0] if others else root
 
     async def _open_result(self, info: ObjectInfo) -> None:
         """Create the result here and announce it at once, so gets can chain behind it."""
@@ -326,7 +337,7 @@ class ReduceCoordinator:
         d, shape, me = self.daemon, self.shape, self.daemon.node_id
         assert shape is not None
         alive = [n for n in info.holders if d.membership.is_alive(n)]
-        node = me if me in alive else (alive or info.holders)[0]
+        node = me if me in info.holders else (alive or info.holders)[0]
         n_children = len(shape.children[slot])
         is_root = slot == shape.root
         if n_children == 0 and not (is_root and node == me):
