@@ -1,0 +1,191 @@
+"""Hoplite against every baseline, in the same emulated cluster, in one run.
+
+For each node count: one test bed (network namespaces, RATE links), hoplite's daemons in it,
+then each baseline in the same namespaces; every op at every size; medians and ratios to the
+optimum (DESIGN §7). Writes JSON, the results section of docs/benchmarks.md and a plot.
+Usage: python bench/compare.py --nodes 4 8 --rate 1Gbit --repeat 5 [--plot docs/compare.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import platform
+import statistics
+import sys
+import traceback
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+import uvloop
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import hoplite_client  # noqa: E402
+from hoplited.cli.bench import BenchContext, Progress, optimum, run_scenario  # noqa: E402
+from hoplited.config import parse_size  # noqa: E402
+from hoplited.testbed import emulated_cluster, format_rate, parse_rate  # noqa: E402
+
+# (op, size) pairs measured by default: DESIGN §8 and the issue's list.
+CASES = [("broadcast", "32MiB"), ("broadcast", "256MiB"), ("reduce", "32MiB"),
+         ("allreduce", "32MiB"), ("gather", "32MiB")]
+BASELINES = ["star", "gloo", "mpi", "ray_baseline", "dask_baseline"]
+NAMES = {"star": "naive star", "gloo": "gloo (torch)", "mpi": "OpenMPI (mpi4py)",
+         "ray_baseline": "Ray", "dask_baseline": "Dask"}
+SECTION_START = "<!-- compare:start -->"
+SECTION_END = "<!-- compare:end -->"
+
+
+@dataclass
+class Row:
+    system: str
+    op: str
+    size: int
+    nodes: int
+    runs: list[float]
+    optimum: float
+    note: str = ""
+
+    @property
+    def median(self) -> Optional[float]:
+        return statistics.median(self.runs) if self.runs else None
+
+
+async def run_baseline(name: str, testbed: Any, op: str, size: int, repeat: int) -> list[float]:
+    if name == "star":
+        if op != "broadcast":
+            raise LookupError("broadcast only")
+        module = importlib.import_module("bench.baselines.star")
+        return await module.run_star(testbed, size, repeat)
+    module = importlib.import_module(f"bench.baselines.{name}")
+    return await module.run(testbed, op, size, repeat)
+
+
+async def measure(nodes: int, rate: int, repeat: int, cases: list[tuple[str, int]],
+                  baselines: list[str]) -> list[Row]:
+    rows: list[Row] = []
+    capacity = str(max(s for _, s in cases) * 4 + (256 << 20))
+    async with emulated_cluster(nodes, rate, capacity=capacity, check=True,
+                                log_level="warning") as cluster:
+        clients = [await hoplite_client.connect(s) for s in cluster.sockets]
+        for op, size in cases:
+            ctx = BenchContext(clients, size, 0.0, Progress())
+            print(f"hoplite {op} {size >> 20} MiB on {nodes} nodes", flush=True)
+            runs = await run_scenario(op, ctx, 1, repeat)
+            rows.append(Row("hoplite", op, size, nodes, runs, optimum(op, size, nodes, rate)))
+        for client in clients:
+            await client.close()
+        for name in baselines:
+            for op, size in cases:
+                print(f"{NAMES[name]} {op} {size >> 20} MiB on {nodes} nodes", flush=True)
+                row = Row(NAMES[name], op, size, nodes, [], optimum(op, size, nodes, rate))
+                try:
+                    row.runs = await run_baseline(name, cluster.testbed, op, size, repeat)
+                except LookupError:
+                    continue
+                except Exception as exc:  # a baseline's failure is a result, not a crash
+                    row.note = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
+                    traceback.print_exc()
+                rows.append(row)
+    return rows
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| op | size | N | system | median (s) | × optimum |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        med = "—" if r.median is None else f"{r.median:.3f}"
+        ratio = "—" if r.median is None else f"**{r.median / r.optimum:.2f}**" \
+            if r.system == "hoplite" else f"{r.median / r.optimum:.2f}"
+        note = f" ({r.note})" if r.note else ""
+        lines.append(f"| {r.op} | {r.size >> 20} MiB | {r.nodes} | {r.system}{note} | {med} "
+                     f"| {ratio} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: str) -> None:
+    import matplotlib  # optional extra: pip install '.[plot]'
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = sorted({(r.op, r.size) for r in rows}, key=lambda c: (c[0], c[1]))
+    fig, axes = plt.subplots(1, len(cases), figsize=(4 * len(cases), 3.6), squeeze=False)
+    for ax, (op, size) in zip(axes[0], cases):
+        for system in dict.fromkeys(r.system for r in rows):
+            pts = sorted((r.nodes, r.median / r.optimum) for r in rows
+                         if r.system == system and (r.op, r.size) == (op, size) and r.median)
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=system,
+                        linewidth=2.5 if system == "hoplite" else 1)
+        ax.set_title(f"{op}, {size >> 20} MiB")
+        ax.set_xlabel("nodes")
+        ax.set_ylabel("latency / optimum")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def write_docs(rows: list[Row], path: str, command: str, rate: int,
+               plot_path: Optional[str]) -> None:
+    """Replace (or append) the emulated-cluster section of the benchmarks page."""
+    body = [SECTION_START,
+            f"## Emulated cluster ({datetime.date.today()})", "",
+            f"Every link {format_rate(rate)} both ways (tbf), MTU 65000, one network namespace "
+            f"per node; hoplite and each baseline measured in the same test bed, one after the "
+            f"other. Median of the runs after one warm-up; optimum as DESIGN §7. Machine: "
+            f"{os.cpu_count()} vCPU, {platform.python_implementation()} "
+            f"{platform.python_version()}, Linux {platform.release()}.", "",
+            f"Command: `{command}`", "", table(rows), ""]
+    if plot_path:
+        rel = os.path.relpath(plot_path, os.path.dirname(path))
+        body += [f"![latency / optimum against node count]({rel})", ""]
+    body.append(SECTION_END)
+    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+    if SECTION_START in text:
+        head, rest = text.split(SECTION_START, 1)
+        text = head + "\n".join(body) + rest.split(SECTION_END, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + "\n".join(body) + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--rate", default="1Gbit")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--case", action="append", metavar="OP:SIZE",
+                        help="e.g. broadcast:32MiB (repeatable; default: the standard set)")
+    parser.add_argument("--baselines", nargs="*", default=BASELINES, choices=BASELINES)
+    parser.add_argument("--json", default="bench-results/compare.json")
+    parser.add_argument("--docs", default="docs/benchmarks.md")
+    parser.add_argument("--plot", default="docs/compare.png")
+    args = parser.parse_args()
+    rate = parse_rate(args.rate)
+    cases = [(op, parse_size(sz)) for op, sz in
+             (c.split(":") for c in (args.case or [f"{o}:{s}" for o, s in CASES]))]
+    rows: list[Row] = []
+    for n in args.nodes:
+        rows += uvloop.run(measure(n, rate, args.repeat, cases, args.baselines))
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump([{**asdict(r), "median": r.median} for r in rows], f, indent=2)
+    plot_path = None
+    if args.plot:
+        try:
+            plot(rows, args.plot)
+            plot_path = args.plot
+        except ImportError:
+            print("matplotlib missing (pip install '.[plot]'): no plot", file=sys.stderr)
+    write_docs(rows, args.docs, "python " + " ".join(sys.argv), rate, plot_path)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
