@@ -45,7 +45,7 @@ class ControlService:
             return Located(rid=msg.rid, source=src.node, size=e.size, dtype=e.dtype,
                            shape=e.shape, version=e.version), e.inline
         if isinstance(msg, Publish):
-            inline = bytes(payload) if payload is not None else None
+            inline = bytes(payload) if payload is not None else b"" if msg.size == 0 else None
             if inline is not None and len(inline) != msg.size:
                 raise InvalidArgumentError("inline payload does not match the object's size")
             if inline is None and msg.size <= INLINE_MAX:

@@ -129,10 +129,12 @@ class DirectoryShard:
 
     def fail(self, oid: ObjectID, error: HopliteError) -> None:
         """``oid`` will never exist (a failed reduce): waiters and later gets get ``error``.
-        An id that names an existing object is left alone."""
+        An id that names an existing, complete object is left alone."""
         self.check_owner(oid)
-        if oid in self.entries:
+        entry = self.entries.get(oid)
+        if entry is not None and any(self.is_alive(n) for n in entry.complete_holders()):
             return
+        self.entries.pop(oid, None)
         self.failed[oid] = error
         self._wake(oid)
 
