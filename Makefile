@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench-loopback clean
+.PHONY: install demo test bench-loopback bench-deps bench-compare clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,16 @@ test: install
 
 bench-loopback: install
 	$(BIN)/python bench/loopback_throughput.py --size 1GiB
+
+# Heavy, optional: OpenMPI from Debian, then torch (gloo), mpi4py, Ray, Dask and matplotlib.
+bench-deps: install
+	@if [ "$$(id -u)" != 0 ]; then echo "bench-deps needs root (apt-get, network namespaces)"; exit 1; fi
+	command -v mpirun >/dev/null || (apt-get update -qq && apt-get install -y -qq openmpi-bin libopenmpi-dev)
+	$(BIN)/pip install --quiet -e '.[plot,baselines]'
+
+# Hoplite against every baseline on emulated 1 Gbit links, N = 4 and 8; writes docs/benchmarks.md.
+bench-compare: bench-deps
+	$(BIN)/python bench/compare.py --nodes 4 8 --rate 1Gbit --repeat 5
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
