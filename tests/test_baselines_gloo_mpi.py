@@ -1,0 +1,113 @@
+"""The gloo (torch.distributed) and OpenMPI (mpi4py) baselines in a small emulated test bed.
+
+The test-bed tests need root, iproute2 and the baseline's packages; without them they are
+skipped with the install hint, so the suite passes on a machine without these heavy packages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import shutil
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from bench.baselines import gloo, mpi
+from bench.baselines.common import (BaselineUnavailable, expected_sum, float32_data,
+                                    optimum_seconds, parse_size, sum_matches)
+from hoplited.testbed import Testbed, netns_pids
+
+MBIT = 1_000_000
+NODES = 3
+SIZE = 2 << 20
+REPEAT = 2
+OPS = ("broadcast", "reduce", "allreduce", "gather")
+
+
+def _skip_reason(name: str) -> str | None:
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        return "the emulated test bed needs root and iproute2 (ip, tc)"
+    if name == "gloo" and importlib.util.find_spec("torch") is None:
+        return gloo.INSTALL_HINT
+    if name == "mpi" and (shutil.which("mpirun") is None
+                          or importlib.util.find_spec("mpi4py") is None):
+        return mpi.INSTALL_HINT
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# helpers (no test bed)
+
+
+def test_float32_data_is_deterministic_and_differs_per_rank() -> None:
+    a, b = float32_data(4096, 0), float32_data(4096, 1)
+    assert a.dtype == np.float32 and a.size == 1024
+    assert np.array_equal(a, float32_data(4096, 0)) and not np.array_equal(a, b)
+    assert float(a.min()) >= 0.0 and float(a.max()) < 1.0
+
+
+def test_sum_check_tolerates_rounding_but_not_errors() -> None:
+    nodes, size = 8, 1 << 16
+    expected = expected_sum(size, nodes)
+    as_float32 = np.zeros(size // 4, dtype=np.float32)
+    for rank in reversed(range(nodes)):  # another order, float32 accumulation
+        as_float32 += float32_data(size, rank)
+    assert sum_matches(as_float32, expected, nodes)
+    wrong = as_float32.copy()
+    wrong[123] += 0.01
+    assert not sum_matches(wrong, expected, nodes)
+    assert not sum_matches(as_float32[:-1], expected, nodes)
+
+
+def test_optimum_and_sizes() -> None:
+    assert parse_size("32MiB") == 32 << 20 and parse_size("2MB") == 2_000_000
+    s = 32 << 20
+    assert optimum_seconds("broadcast", s, 8, 1e9) == pytest.approx(s * 8 / 1e9)
+    assert optimum_seconds("allreduce", s, 8, 1e9) == pytest.approx(2 * s * 8 / 1e9)
+    assert optimum_seconds("gather", s, 8, 1e9) == pytest.approx(7 * s * 8 / 1e9)
+
+
+async def test_missing_packages_raise_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = SimpleNamespace(size=NODES)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(BaselineUnavailable, match="pip install torch==2.13.0"):
+        await gloo.run(fake, "broadcast", SIZE, 1)
+    with pytest.raises(BaselineUnavailable, match="apt-get install"):
+        await mpi.run(fake, "broadcast", SIZE, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# in the emulated test bed
+
+
+async def _no_process_left(tb: Testbed) -> None:
+    """Every rank, orted and mpirun has gone from the hosts (zombies aside, briefly)."""
+    deadline = time.monotonic() + 10
+    while True:
+        left = {h.netns: netns_pids(h.netns) for h in tb.hosts}
+        if not any(left.values()):
+            return
+        assert time.monotonic() < deadline, f"processes left in the test bed: {left}"
+        await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("name", ["gloo", "mpi"])
+@pytest.mark.parametrize("op", OPS)
+async def test_baseline_in_testbed(name: str, op: str) -> None:
+    reason = _skip_reason(name)
+    if reason:
+        pytest.skip(reason)
+    baseline = {"gloo": gloo, "mpi": mpi}[name]
+    async with Testbed(NODES, 500 * MBIT) as tb:
+        latencies = await baseline.run(tb, op, SIZE, REPEAT, warmup=1)
+        await _no_process_left(tb)
+    assert len(latencies) == REPEAT
+    assert all(t > 0 for t in latencies)
+    # sanity only (the machine is shared): nothing beats the links by much
+    optimum = optimum_seconds(op, SIZE, NODES, 500 * MBIT)
+    ring = {"allreduce": (NODES - 1) / NODES}.get(op, 1.0)  # ring allreduce: 2(N-1)/N · S
+    assert min(latencies) > 0.5 * ring * optimum
