@@ -47,6 +47,7 @@ class Row:
     nodes: int
     runs: list[float]
     optimum: float
+    rate: int
     note: str = ""
 
     @property
@@ -75,13 +76,14 @@ async def measure(nodes: int, rate: int, repeat: int, cases: list[tuple[str, int
             ctx = BenchContext(clients, size, 0.0, Progress())
             print(f"hoplite {op} {size >> 20} MiB on {nodes} nodes", flush=True)
             runs = await run_scenario(op, ctx, 1, repeat)
-            rows.append(Row("hoplite", op, size, nodes, runs, optimum(op, size, nodes, rate)))
+            rows.append(Row("hoplite", op, size, nodes, runs, optimum(op, size, nodes, rate),
+                            rate))
         for client in clients:
             await client.close()
         for name in baselines:
             for op, size in cases:
                 print(f"{NAMES[name]} {op} {size >> 20} MiB on {nodes} nodes", flush=True)
-                row = Row(NAMES[name], op, size, nodes, [], optimum(op, size, nodes, rate))
+                row = Row(NAMES[name], op, size, nodes, [], optimum(op, size, nodes, rate), rate)
                 try:
                     row.runs = await run_baseline(name, cluster.testbed, op, size, repeat)
                 except LookupError:
@@ -94,15 +96,17 @@ async def measure(nodes: int, rate: int, repeat: int, cases: list[tuple[str, int
 
 
 def table(rows: list[Row]) -> str:
-    lines = ["| op | size | N | system | median (s) | × optimum |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| op | size | N | system | median (s) | × optimum | × S/RATE |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         med = "—" if r.median is None else f"{r.median:.3f}"
-        ratio = "—" if r.median is None else f"**{r.median / r.optimum:.2f}**" \
-            if r.system == "hoplite" else f"{r.median / r.optimum:.2f}"
+        ratio = "—" if r.median is None else f"{r.median / r.optimum:.2f}"
+        per_s = "—" if r.median is None else f"{r.median / (r.size * 8 / r.rate):.2f}"
+        if r.system == "hoplite" and r.median is not None:
+            ratio = f"**{ratio}**"
         note = f" ({r.note})" if r.note else ""
         lines.append(f"| {r.op} | {r.size >> 20} MiB | {r.nodes} | {r.system}{note} | {med} "
-                     f"| {ratio} |")
+                     f"| {ratio} | {per_s} |")
     return "\n".join(lines)
 
 
@@ -137,7 +141,10 @@ def write_docs(rows: list[Row], path: str, command: str, rate: int,
             f"## Emulated cluster ({datetime.date.today()})", "",
             f"Every link {format_rate(rate)} both ways (tbf), MTU 65000, one network namespace "
             f"per node; hoplite and each baseline measured in the same test bed, one after the "
-            f"other. Median of the runs after one warm-up; optimum as DESIGN §7. Machine: "
+            f"other. Median of the runs after one warm-up. Optimum as DESIGN §7: S/RATE for "
+            f"broadcast and reduce, 2·S/RATE for allreduce (a ring needs only 2(N−1)/N·S/RATE, "
+            f"so it can beat it), (N−1)·S/RATE for gather; DESIGN §8 quotes ratios to S/RATE "
+            f"(last column). Machine: "
             f"{os.cpu_count()} vCPU, {platform.python_implementation()} "
             f"{platform.python_version()}, Linux {platform.release()}.", "",
             f"Command: `{command}`", "", table(rows), ""]
