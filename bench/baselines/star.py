@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import json
 import os
-import random
 import socket
 import statistics
 import struct
@@ -56,7 +55,7 @@ async def recv_exact(loop: asyncio.AbstractEventLoop, sock: socket.socket,
 async def root(listen: str, receivers: int, size: int, runs: int) -> dict[str, Any]:
     """Accept ``receivers`` connections, send the object to all of them ``runs`` times."""
     loop = asyncio.get_running_loop()
-    data = memoryview(random.Random(0).randbytes(size))
+    data = memoryview(os.urandom(size))  # randbytes overflows past 2**31 bits
     server = socket.create_server((listen, 0), backlog=receivers)
     server.setblocking(False)
     print(json.dumps({"port": server.getsockname()[1]}), flush=True)
