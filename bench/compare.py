@@ -116,21 +116,24 @@ def plot(rows: list[Row], path: str) -> None:
     import matplotlib.pyplot as plt
 
     cases = sorted({(r.op, r.size) for r in rows}, key=lambda c: (c[0], c[1]))
-    fig, axes = plt.subplots(1, len(cases), figsize=(4 * len(cases), 3.6), squeeze=False)
+    systems = list(dict.fromkeys(r.system for r in rows))
+    colours = {name: plt.get_cmap("tab10")(i) for i, name in enumerate(systems)}
+    fig, axes = plt.subplots(1, len(cases), figsize=(4 * len(cases), 3.8), squeeze=False)
     for ax, (op, size) in zip(axes[0], cases):
-        for system in dict.fromkeys(r.system for r in rows):
+        for system in systems:
             pts = sorted((r.nodes, r.median / r.optimum) for r in rows
                          if r.system == system and (r.op, r.size) == (op, size) and r.median)
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=system,
+                ax.plot(*zip(*pts), marker="o", label=system, color=colours[system],
                         linewidth=2.5 if system == "hoplite" else 1)
         ax.set_title(f"{op}, {size >> 20} MiB")
         ax.set_xlabel("nodes")
         ax.set_ylabel("latency / optimum")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+    handles = [plt.Line2D([], [], color=colours[n], marker="o", label=n) for n in systems]
+    fig.legend(handles=handles, loc="lower center", ncol=len(systems), fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=110)
 
 
@@ -173,16 +176,26 @@ def main() -> None:
     parser.add_argument("--json", default="bench-results/compare.json")
     parser.add_argument("--docs", default="docs/benchmarks.md")
     parser.add_argument("--plot", default="docs/compare.png")
+    parser.add_argument("--from-json", metavar="FILE",
+                        help="Measure nothing: redo the table and plot from a run's JSON.")
     args = parser.parse_args()
-    rate = parse_rate(args.rate)
-    cases = [(op, parse_size(sz)) for op, sz in
-             (c.split(":") for c in (args.case or [f"{o}:{s}" for o, s in CASES]))]
-    rows: list[Row] = []
-    for n in args.nodes:
-        rows += uvloop.run(measure(n, rate, args.repeat, cases, args.baselines))
-    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump([{**asdict(r), "median": r.median} for r in rows], f, indent=2)
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        rows = [Row(**{k: v for k, v in r.items() if k != "median"}) for r in saved["rows"]]
+        rate, command = saved["rate"], saved["command"]
+    else:
+        rate = parse_rate(args.rate)
+        command = "python " + " ".join(sys.argv)
+        cases = [(op, parse_size(sz)) for op, sz in
+                 (c.split(":") for c in (args.case or [f"{o}:{s}" for o, s in CASES]))]
+        rows = []
+        for n in args.nodes:
+            rows += uvloop.run(measure(n, rate, args.repeat, cases, args.baselines))
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"command": command, "rate": rate,
+                       "rows": [{**asdict(r), "median": r.median} for r in rows]}, f, indent=2)
     plot_path = None
     if args.plot:
         try:
@@ -190,7 +203,7 @@ def main() -> None:
             plot_path = args.plot
         except ImportError:
             print("matplotlib missing (pip install '.[plot]'): no plot", file=sys.stderr)
-    write_docs(rows, args.docs, "python " + " ".join(sys.argv), rate, plot_path)
+    write_docs(rows, args.docs, command, rate, plot_path)
     print(table(rows))
 
 
