@@ -16,13 +16,12 @@ from .errors import (ConnectionLostError, HopliteError, HopliteTimeoutError,
                      InvalidArgumentError, RemoteProtocolError, error_from_wire)
 from .ids import ObjectID
 from .shm import ArenaMap
-from .wire.frames import PRELUDE_SIZE, SUPPORTED_VERSIONS, FrameReader, encode_header
+from .wire.frames import INLINE_MAX, PRELUDE_SIZE, SUPPORTED_VERSIONS, FrameReader, encode_header
 from .wire.messages import (REPLY_KINDS, Abort, ClientHello, ClientWelcome, Create, Delete,
                             Error, Found, Get, Put, Reduce, ReducedInputs, Release, Seal, Status)
 
 log = logging.getLogger("hoplite.client")
 
-INLINE_MAX = 64 * 1024  # objects this small travel in the socket, not via shared memory
 CONNECT_TIMEOUT = 10.0
 # After a get's own timeout, how long we still wait for the daemon's verdict on it.
 REPLY_GRACE = 30.0

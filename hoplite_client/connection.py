@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import Any, Awaitable, Callable, Optional
+from typing import Any, Callable, Optional
 
 from .errors import (ConnectionLostError, HopliteError, HopliteTimeoutError, ProtocolError,
                      RemoteProtocolError, error_from_wire)
@@ -224,14 +224,6 @@ class Channel:
 
     def close(self) -> None:
         self.protocol.close()
-
-
-async def bounded(aw: Awaitable[Any], timeout: Optional[float], what: str) -> Any:
-    """Await ``aw`` within ``timeout`` seconds (None: unbounded), raising a typed timeout."""
-    try:
-        return await asyncio.wait_for(aw, timeout)
-    except asyncio.TimeoutError:
-        raise HopliteTimeoutError(f"{what}: no answer within {timeout}s") from None
 
 
 def remote_error(rid: int, exc: Exception) -> Error:

@@ -13,24 +13,19 @@ from __future__ import annotations
 import asyncio
 import bisect
 import ctypes
-import ctypes.util
 import errno
 import logging
 import mmap
 import os
 
 from hoplite_client.errors import CapacityError
+from hoplite_client.shm import populate_write
 
 log = logging.getLogger("hoplited.arena")
 
 PAGE = mmap.PAGESIZE
-MADV_POPULATE_WRITE = 23  # Linux >= 5.14; older kernels fault pages in on first use
 # Populate in slices so a receiver can start writing the first ones early.
 POPULATE_SLICE = 32 * 1024 * 1024
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-
 
 def _round_up(n: int) -> int:
     return (n + PAGE - 1) // PAGE * PAGE
@@ -108,7 +103,7 @@ class Arena:
         pos = offset
         while pos < end:
             n = min(POPULATE_SLICE, end - pos)
-            err = await loop.run_in_executor(None, self._madvise, pos, n)
+            err = await loop.run_in_executor(None, populate_write, self._base + pos, n)
             if err == errno.EINVAL:
                 log.info("MADV_POPULATE_WRITE unsupported; pages will fault in on first use")
                 self._can_populate = False
@@ -117,11 +112,6 @@ class Arena:
                 raise CapacityError(f"no memory to back {size} bytes: {os.strerror(err)}",
                                     requested=size)
             pos += n
-
-    def _madvise(self, offset: int, length: int) -> int:
-        if _libc.madvise(self._base + offset, length, MADV_POPULATE_WRITE) != 0:
-            return ctypes.get_errno()
-        return 0
 
     def close(self) -> None:
         self.view.release()

@@ -29,7 +29,7 @@ from hoplite_client.wire.messages import (REPLY_KINDS, Abort, ClientHello, Clien
                                           Stats)
 from hoplite_client.wire.frames import SUPPORTED_VERSIONS
 
-from .directory import INLINE_MAX
+from hoplite_client.wire.frames import INLINE_MAX
 from .handshake import HANDSHAKE_TIMEOUT
 from .reduce import OPS, ReduceCoordinator
 from .store import StoredObject

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from hoplite_client.client import default_socket
 from hoplite_client.errors import InvalidArgumentError
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2,
@@ -33,10 +34,6 @@ def parse_address(text: str) -> tuple[str, int]:
 def default_capacity() -> int:
     """Half the machine's memory: the arena is sparse, so this costs nothing until used."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-
-
-def default_socket() -> str:
-    return os.environ.get("HOPLITE_SOCKET") or f"/tmp/hoplite-{os.getuid()}/hoplited.sock"
 
 
 @dataclass

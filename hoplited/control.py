@@ -18,7 +18,7 @@ from hoplite_client.wire.messages import (Announce, DeleteEntry, Drop, FailEntry
                                           ReduceFailed, ReduceTask, Stats, StatusReply,
                                           TaskStarted, TransferDone, WaitObject)
 
-from .directory import INLINE_MAX
+from hoplite_client.wire.frames import INLINE_MAX
 
 if TYPE_CHECKING:
     from .daemon import Daemon

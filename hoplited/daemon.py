@@ -21,7 +21,7 @@ from hoplite_client.connection import Channel, FrameProtocol, remote_error
 from hoplite_client.errors import (ConnectionLostError, HopliteError, NotOwnerError,
                                    PeerUnavailableError)
 from hoplite_client.ids import ObjectID
-from hoplite_client.wire.frames import Frame
+from hoplite_client.wire.frames import INLINE_MAX, Frame
 from hoplite_client.wire.messages import (REPLY_KINDS, Announce, DeleteEntry, Holding, Join,
                                           MemberInfo, MemberUp, Publish)
 
@@ -29,7 +29,7 @@ from .arena import Arena
 from .clients import ClientService
 from .config import DaemonConfig
 from .control import TOOL_REQUESTS, ControlService
-from .directory import INLINE_MAX, DirectoryShard
+from .directory import DirectoryShard
 from .handshake import HANDSHAKE_TIMEOUT, Identity, accept, dial
 from .link_model import LinkModel
 from .membership import Membership, rendezvous_owner

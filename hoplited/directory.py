@@ -21,7 +21,6 @@ from hoplite_client.ids import ObjectID
 
 log = logging.getLogger("hoplited.directory")
 
-INLINE_MAX = 64 * 1024  # DESIGN §2: objects this small live in the entry; no data transfer
 
 
 @dataclass
@@ -76,10 +75,7 @@ class DirectoryShard:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
-            self.check_owner(oid)
-            if oid in self.failed:
-                raise self.failed[oid]
-            entry = self.entries.get(oid)
+            entry = self._current(oid)
             if entry is not None:
                 if entry.inline is not None:
                     return Source(entry, None)
@@ -97,14 +93,18 @@ class DirectoryShard:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
-            self.check_owner(oid)
-            if oid in self.failed:
-                raise self.failed[oid]
-            entry = self.entries.get(oid)
+            entry = self._current(oid)
             if entry is not None and (entry.inline is not None or any(
                     self.is_alive(n) for n in entry.complete_holders())):
                 return entry
             await self._wait_change(oid, deadline, timeout)
+
+    def _current(self, oid: ObjectID) -> Optional[Entry]:
+        """The entry of an id we own (None if not put yet); raises if it will never exist."""
+        self.check_owner(oid)
+        if oid in self.failed:
+            raise self.failed[oid]
+        return self.entries.get(oid)
 
     async def _wait_change(self, oid: ObjectID, deadline: Optional[float],
                            timeout: Optional[float]) -> None:

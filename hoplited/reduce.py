@@ -29,7 +29,7 @@ from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.messages import (Announce, FailEntry, Holding, ObjectInfo, ReduceChild,
                                           ReduceDone, ReduceFailed, ReduceTask, WaitObject)
 
-from .directory import INLINE_MAX
+from hoplite_client.wire.frames import INLINE_MAX
 from .reduce_tree import TreeShape, tree_depth, tree_shape
 from .store import StoredObject
 

@@ -30,7 +30,10 @@ PRELUDE = struct.Struct("!2sBBIQ")  # magic, version, kind, header length, paylo
 PRELUDE_SIZE = PRELUDE.size
 # Headers hold ids, offsets and member lists: 256 KiB fits thousands of members.
 MAX_HEADER = 256 * 1024
-# Objects of at most 64 KiB travel inline in control frames (DESIGN §2); 1 MiB leaves room.
+# Objects of at most this size travel inline in control frames and live in their directory
+# entry (DESIGN §2): no shared memory, no data-plane transfer.
+INLINE_MAX = 64 * 1024
+# Small payloads: inline objects plus room to spare.
 MAX_SMALL_PAYLOAD = 1024 * 1024
 # A streamed payload is a whole object; the reader's sink checks it against the directory.
 MAX_STREAM_PAYLOAD = 1 << 48
