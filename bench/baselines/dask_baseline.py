@@ -55,6 +55,7 @@ if __package__ in (None, ""):  # run as a script from a checkout
 
 from bench.baselines.common import (OPS, BaselineUnavailable, expected_sum,  # noqa: E402
                                     float32_data, optimum_seconds, parse_size, sum_matches)
+from bench.baselines.procs import alive, process_tree, signal_procs, tail  # noqa: E402
 
 INSTALL_HINT = ("the Dask baseline needs Dask distributed: "
                 "pip install 'dask[distributed]==2026.8.0'")
@@ -177,56 +178,6 @@ def available() -> None:
         raise BaselineUnavailable(INSTALL_HINT)
 
 
-def _tail(path: str, lines: int = 25) -> str:
-    with contextlib.suppress(OSError), open(path, errors="replace") as f:
-        return "".join(f.readlines()[-lines:])
-    return ""
-
-
-def _proc_stat(pid: int) -> Optional[tuple[int, int, str]]:
-    """(parent PID, start time, state) of ``pid``, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), int(fields[19]), fields[0]
-
-
-def _tree(roots: Sequence[int]) -> dict[int, int]:
-    """{pid: start time} of ``roots`` and all their descendants."""
-    stats = {int(p): st for p in os.listdir("/proc")
-             if p.isdigit() and (st := _proc_stat(int(p))) is not None}
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    found: set[int] = set()
-    todo = [p for p in roots if p in stats]
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, []))
-    found.discard(os.getpid())
-    return {pid: stats[pid][1] for pid in found}
-
-
-def _alive(procs: dict[int, int]) -> dict[int, int]:
-    """Those of (pid, start time) still running as the same process (zombies are gone)."""
-    alive = {}
-    for pid, started in procs.items():
-        st = _proc_stat(pid)
-        if st is not None and st[1] == started and st[2] != "Z":
-            alive[pid] = started
-    return alive
-
-
-def _signal(procs: dict[int, int], sig: int) -> None:
-    for pid in _alive(procs):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-
-
 class DaskCluster:
     """``async with DaskCluster(testbed) as dc: await dc.run(op, size, repeat)``.
 
@@ -293,7 +244,7 @@ class DaskCluster:
             while not os.path.exists(info):
                 if scheduler.returncode is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"dask scheduler failed (exit {scheduler.returncode}):\n"
-                                       f"{_tail(log)}")
+                                       f"{tail(log)}")
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(scheduler.wait(), 0.2)
             for h in self.testbed.hosts:
@@ -311,20 +262,20 @@ class DaskCluster:
     def kill(self) -> None:
         """SIGTERM the workers, then the scheduler (a worker that loses its scheduler first
         may linger trying to reconnect), by PID; SIGKILL what is left after a grace period."""
-        procs = _tree([p.pid for p in self.processes])
+        procs = process_tree([p.pid for p in self.processes])
         first = self.processes[0].pid if self.processes else None  # the scheduler
         scheduler = {p: t for p, t in procs.items() if p == first}
         rest = {p: t for p, t in procs.items() if p not in scheduler}
         for group in (rest, scheduler):
-            _signal(group, signal.SIGTERM)
+            signal_procs(group, signal.SIGTERM)
             deadline = time.monotonic() + KILL_GRACE
-            while _alive(group) and time.monotonic() < deadline:
+            while alive(group) and time.monotonic() < deadline:
                 time.sleep(0.05)
-        _signal(procs, signal.SIGKILL)
+        signal_procs(procs, signal.SIGKILL)
 
     def _logs(self) -> str:
         names = sorted(n for n in os.listdir(self.tmp) if n.endswith(".log")) if self.tmp else []
-        return "".join(f"\n--- {n} ---\n{_tail(os.path.join(self.tmp, n), 10)}" for n in names)
+        return "".join(f"\n--- {n} ---\n{tail(os.path.join(self.tmp, n), 10)}" for n in names)
 
     async def run(self, op: str, size: int, repeat: int, warmup: int = 1,
                   idiom: str = "tasks") -> list[float]:
@@ -351,18 +302,18 @@ class DaskCluster:
         try:
             out, _ = await asyncio.wait_for(process.communicate(), timeout)
         except BaseException as exc:
-            _signal(_tree([process.pid]), signal.SIGKILL)
+            signal_procs(process_tree([process.pid]), signal.SIGKILL)
             await process.wait()
             if isinstance(exc, asyncio.TimeoutError):
                 raise RuntimeError(f"Dask {op}: no result within {timeout:.0f} s:\n"
-                                   f"{_tail(log)}{self._logs()}") from None
+                                   f"{tail(log)}{self._logs()}") from None
             raise
         results = [json.loads(line[len(RESULT_TAG):])
                    for line in out.decode(errors="replace").splitlines()
                    if line.startswith(RESULT_TAG)]
         if process.returncode != 0 or not results:
             raise RuntimeError(f"Dask {op} driver failed (exit {process.returncode}):\n"
-                               f"{_tail(log)}{self._logs()}")
+                               f"{tail(log)}{self._logs()}")
         if results[-1]["errors"]:
             raise RuntimeError(f"Dask {op}: {'; '.join(results[-1]['errors'])}")
         return [float(t) for t in results[-1]["latencies"][warmup:]]

@@ -35,6 +35,7 @@ if __package__ in (None, ""):  # run as a script from a checkout
 
 from bench.baselines.common import (OPS, BaselineUnavailable, cli_parser,  # noqa: E402
                                     expected_sum, float32_data, measure, sum_matches)
+from bench.baselines.procs import tail  # noqa: E402
 
 INSTALL_HINT = ("torch.distributed (gloo) baseline needs torch: "
                 "pip install torch==2.13.0 (the CPU wheel)")
@@ -137,12 +138,6 @@ def available() -> None:
         raise BaselineUnavailable(INSTALL_HINT)
 
 
-def _tail(path: str, lines: int = 20) -> str:
-    with contextlib.suppress(OSError), open(path, errors="replace") as f:
-        return "".join(f.readlines()[-lines:])
-    return ""
-
-
 async def _stop(process: asyncio.subprocess.Process) -> None:
     """Terminate ``process`` (by its PID) if still running, then reap it."""
     if process.returncode is None:
@@ -200,8 +195,8 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
 
         def failure(what: str) -> RuntimeError:
             codes = [p.returncode for p in processes]
-            detail = "".join(f"\n--- rank {r} stderr ---\n{_tail(logs[r])}"
-                             for r in range(len(processes)) if _tail(logs[r]).strip())
+            detail = "".join(f"\n--- rank {r} stderr ---\n{tail(logs[r])}"
+                             for r in range(len(processes)) if tail(logs[r]).strip())
             return RuntimeError(f"gloo {op}: {what} (exit codes {codes}){detail}")
 
         try:

@@ -43,6 +43,7 @@ if __package__ in (None, ""):  # run as a script from a checkout
 
 from bench.baselines.common import (OPS, BaselineUnavailable, cli_parser,  # noqa: E402
                                     expected_sum, float32_data, measure, sum_matches)
+from bench.baselines.procs import tail  # noqa: E402
 
 INSTALL_HINT = ("MPI baseline needs OpenMPI and mpi4py: apt-get install -y openmpi-bin "
                 "libopenmpi-dev && pip install mpi4py")
@@ -299,7 +300,7 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
             stuck = _describe([process.pid, *_descendants(process.pid), *_tagged(token)])
             await _stop(process, token)
             raise RuntimeError(f"mpi {op}: no result within {timeout:.0f} s; processes:\n"
-                               f"{stuck}\nmpirun said:\n{_tail(log)}") from None
+                               f"{stuck}\nmpirun said:\n{tail(log, 60)}") from None
         finally:
             await _stop(process, token)
         results = [json.loads(line[len(RESULT_TAG):])
@@ -308,16 +309,10 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
         if not results or "error" in results[-1] or process.returncode != 0:
             what = results[-1].get("error", "") if results else "no result"
             raise RuntimeError(f"mpi {op} failed (mpirun exit {process.returncode}): {what}\n"
-                               f"{_tail(log)}")
+                               f"{tail(log, 60)}")
         if not results[-1]["ok"]:
-            raise RuntimeError(f"mpi {op}: wrong result\n{_tail(log)}")
+            raise RuntimeError(f"mpi {op}: wrong result\n{tail(log, 60)}")
     return [float(t) for t in results[-1]["latencies"][warmup:]]
-
-
-def _tail(path: str, lines: int = 60) -> str:
-    with contextlib.suppress(OSError), open(path, errors="replace") as f:
-        return "".join(f.readlines()[-lines:])
-    return ""
 
 
 # --------------------------------------------------------------------------------------------

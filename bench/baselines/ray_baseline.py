@@ -41,7 +41,6 @@ import os
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +52,7 @@ if __package__ in (None, ""):  # run as a script from a checkout
 
 from bench.baselines.common import (OPS, BaselineUnavailable, expected_sum,  # noqa: E402
                                     float32_data, optimum_seconds, parse_size, sum_matches)
+from bench.baselines.procs import alive, process_tree, signal_procs, tail  # noqa: E402
 
 INSTALL_HINT = ("the Ray baseline needs Ray: pip install 'ray==2.60.0' "
                 "(or 'ray[default]'; any Ray 2.x for Python 3.11)")
@@ -194,89 +194,6 @@ def available() -> None:
         raise BaselineUnavailable(INSTALL_HINT)
 
 
-def _tail(path: str, lines: int = 25) -> str:
-    with contextlib.suppress(OSError), open(path, errors="replace") as f:
-        return "".join(f.readlines()[-lines:])
-    return ""
-
-
-def _proc_stat(pid: int) -> Optional[tuple[int, int]]:
-    """(parent PID, start time) of ``pid``, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[1]), int(fields[19])
-
-
-def _all_pids() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _netns_pids(netns: str) -> set[int]:
-    try:
-        out = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True,
-                             timeout=30, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return set()
-    return {int(p) for p in out.split() if p.isdigit()}
-
-
-def _tree(roots: Sequence[int], namespaces: Sequence[str], marker: str) -> dict[int, int]:
-    """{pid: start time} of ``roots``, all their descendants, and every process inside
-    ``namespaces`` whose command line names ``marker`` (our private temp dir: a Ray worker
-    whose raylet died is reparented away from the tree)."""
-    stats = {pid: st for pid in _all_pids() if (st := _proc_stat(pid)) is not None}
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    found: set[int] = set()
-    todo = [p for p in roots if p in stats]
-    while todo:
-        pid = todo.pop()
-        if pid not in found:
-            found.add(pid)
-            todo.extend(children.get(pid, []))
-    if marker:
-        for ns in namespaces:
-            found |= {p for p in _netns_pids(ns) if p in stats and marker in _cmdline(p)}
-    found.discard(os.getpid())
-    return {pid: stats[pid][1] for pid in found}
-
-
-def _signal(procs: dict[int, int], sig: int) -> None:
-    """Send ``sig`` to each (pid, start time) that is still that same process."""
-    for pid, started in procs.items():
-        st = _proc_stat(pid)
-        if st is not None and st[1] == started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-
-
-def _alive(procs: dict[int, int]) -> dict[int, int]:
-    alive = {}
-    for pid, started in procs.items():
-        st = _proc_stat(pid)
-        if st is not None and st[1] == started:
-            try:  # a zombie is as good as gone
-                with open(f"/proc/{pid}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        continue
-            except OSError:
-                continue
-            alive[pid] = started
-    return alive
-
-
 class RayCluster:
     """``async with RayCluster(testbed, max_size) as rc: await rc.run(op, size, repeat)``.
 
@@ -365,10 +282,10 @@ class RayCluster:
                 stdout=out, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         self.starters.append(process)
         deadline = time.monotonic() + NODE_START_TIMEOUT
-        while STARTED not in _tail(log, 200):
+        while STARTED not in tail(log, 200):
             if process.returncode is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"ray start in host {rank} failed (exit {process.returncode})"
-                                   f":\n{_tail(log)}")
+                                   f":\n{tail(log)}")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(process.wait(), 0.2)
 
@@ -377,18 +294,18 @@ class RayCluster:
         workers of those), by PID: SIGTERM, then SIGKILL after a grace period."""
         roots = [p.pid for p in self.starters]
         namespaces = [h.netns for h in self.testbed.hosts]
-        procs = _tree(roots, namespaces, self.tmp) if self.tmp else {}
+        procs = process_tree(roots, namespaces, self.tmp) if self.tmp else {}
         # `ray start --block` stops its daemons on SIGTERM; workers end with their raylet
-        _signal({pid: t for pid, t in procs.items() if pid in roots}, signal.SIGTERM)
+        signal_procs({pid: t for pid, t in procs.items() if pid in roots}, signal.SIGTERM)
         deadline = time.monotonic() + KILL_GRACE
-        while _alive(procs) and time.monotonic() < deadline:
+        while alive(procs) and time.monotonic() < deadline:
             time.sleep(0.1)
-        left = _alive(procs)
+        left = alive(procs)
         if self.tmp:  # anything spawned meanwhile
-            left.update(_alive(_tree(list(left), namespaces, self.tmp)))
-        _signal(left, signal.SIGTERM)
+            left.update(alive(process_tree(list(left), namespaces, self.tmp)))
+        signal_procs(left, signal.SIGTERM)
         time.sleep(0.5 if left else 0)
-        _signal(_alive(left), signal.SIGKILL)
+        signal_procs(alive(left), signal.SIGKILL)
 
     async def run(self, op: str, size: int, repeat: int, warmup: int = 1) -> list[float]:
         """Latency in seconds of each of ``repeat`` ``op``s (after ``warmup`` ones)."""
@@ -414,19 +331,19 @@ class RayCluster:
         try:
             out, _ = await asyncio.wait_for(process.communicate(), timeout)
         except BaseException:
-            driver_procs = _tree([process.pid], [], "")
-            _signal(driver_procs, signal.SIGKILL)
+            driver_procs = process_tree([process.pid], [], "")
+            signal_procs(driver_procs, signal.SIGKILL)
             await process.wait()
             if sys.exc_info()[0] is asyncio.TimeoutError:
                 raise RuntimeError(f"Ray {op}: no result within {timeout:.0f} s:\n"
-                                   f"{_tail(log)}") from None
+                                   f"{tail(log)}") from None
             raise
         results = [json.loads(line[len(RESULT_TAG):])
                    for line in out.decode(errors="replace").splitlines()
                    if line.startswith(RESULT_TAG)]
         if process.returncode != 0 or not results:
             raise RuntimeError(f"Ray {op} driver failed (exit {process.returncode}):\n"
-                               f"{_tail(log)}")
+                               f"{tail(log)}")
         if results[-1]["errors"]:
             raise RuntimeError(f"Ray {op}: {'; '.join(results[-1]['errors'])}")
         return [float(t) for t in results[-1]["latencies"][warmup:]]
