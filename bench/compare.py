@@ -25,9 +25,9 @@ import uvloop
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import hoplite_client  # noqa: E402
-from hoplited.cli.bench import BenchContext, Progress, optimum, run_scenario  # noqa: E402
-from hoplited.config import parse_size  # noqa: E402
-from hoplited.testbed import emulated_cluster, format_rate, parse_rate  # noqa: E402
+from hoplite_client.tools.cli.bench import BenchContext, Progress, optimum, run_scenario  # noqa: E402
+from hoplite_client.tools.testbed import emulated_cluster, format_rate, parse_rate  # noqa: E402
+from hoplite_client.wire.units import parse_size  # noqa: E402
 
 # (op, size) pairs measured by default: DESIGN §8 and the list.
 CASES = [("broadcast", "32MiB"), ("broadcast", "256MiB"), ("reduce", "32MiB"),

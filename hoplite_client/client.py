@@ -11,14 +11,43 @@ from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
-from .connection import Channel, FrameProtocol
-from .errors import (ConnectionLostError, HopliteError, HopliteTimeoutError,
-                     InvalidArgumentError, RemoteProtocolError, error_from_wire)
-from .ids import ObjectID
-from .shm import ArenaMap
-from .wire.frames import INLINE_MAX, PRELUDE_SIZE, SUPPORTED_VERSIONS, FrameReader, encode_header
-from .wire.messages import (REPLY_KINDS, Abort, ClientHello, ClientWelcome, Create, Delete,
-                            Error, Found, Get, Put, Reduce, ReducedInputs, Release, Seal, Status)
+from hoplite_client.arena_map import ArenaMap
+from hoplite_client.net.channel import Channel
+from hoplite_client.net.endpoints import default_socket
+from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.wire.errors import (
+    ConnectionLostError,
+    HopliteError,
+    HopliteTimeoutError,
+    InvalidArgumentError,
+    RemoteProtocolError,
+    error_from_wire,
+)
+from hoplite_client.wire.frames import (
+    INLINE_MAX,
+    PRELUDE_SIZE,
+    SUPPORTED_VERSIONS,
+    FrameReader,
+    encode_header,
+)
+from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.messages import (
+    REPLY_KINDS,
+    Abort,
+    ClientHello,
+    ClientWelcome,
+    Create,
+    Delete,
+    Error,
+    Found,
+    Get,
+    Put,
+    Reduce,
+    ReducedInputs,
+    Release,
+    Seal,
+    Status,
+)
 
 log = logging.getLogger("hoplite.client")
 
@@ -31,10 +60,6 @@ GATHER_CONCURRENCY = 8
 THREAD_COPY_MIN = 4 * 1024 * 1024
 
 ArrayLike = Union[np.ndarray, bytes, bytearray, memoryview]
-
-
-def default_socket() -> str:
-    return os.environ.get("HOPLITE_SOCKET") or f"/tmp/hoplite-{os.getuid()}/hoplited.sock"
 
 
 async def connect(socket_path: Optional[str] = None,

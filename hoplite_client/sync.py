@@ -11,8 +11,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .client import ArrayLike, Client, connect
-from .ids import ObjectID
+from hoplite_client.client import ArrayLike, Client, connect
+from hoplite_client.wire.ids import ObjectID
 
 
 class SyncClient:

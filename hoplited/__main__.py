@@ -1,3 +1,3 @@
-from .main import main
+from hoplited.main import main
 
 main()

@@ -11,17 +11,36 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Optional
 
-from hoplite_client.errors import InvalidArgumentError, RemoteProtocolError, error_from_wire
-from hoplite_client.wire.messages import (Announce, DeleteEntry, Drop, FailEntry, Join, Located,
-                                          Locate, Members, MemberUp, ObjectInfo, Ok, Ping,
-                                          Progress, Publish, ReduceChild, ReduceDone,
-                                          ReduceFailed, ReduceTask, Stats, StatusReply,
-                                          TaskStarted, TransferDone, WaitObject)
-
+from hoplite_client.wire.errors import InvalidArgumentError, RemoteProtocolError, error_from_wire
 from hoplite_client.wire.frames import INLINE_MAX
+from hoplite_client.wire.messages import (
+    Announce,
+    DeleteEntry,
+    Drop,
+    FailEntry,
+    Join,
+    Locate,
+    Located,
+    Members,
+    MemberUp,
+    ObjectInfo,
+    Ok,
+    Ping,
+    Progress,
+    Publish,
+    ReduceChild,
+    ReduceDone,
+    ReduceFailed,
+    ReduceTask,
+    Stats,
+    StatusReply,
+    TaskStarted,
+    TransferDone,
+    WaitObject,
+)
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
+    from hoplited.node import Daemon
 
 log = logging.getLogger("hoplited.control")
 

@@ -11,10 +11,11 @@ from typing import Optional
 import click
 import uvloop
 
-from hoplite_client.errors import HopliteError
-
-from .config import DaemonConfig, default_socket, parse_address, parse_size
-from .daemon import Daemon, log_to_stderr
+from hoplite_client.net.endpoints import default_socket, parse_address
+from hoplite_client.wire.errors import HopliteError
+from hoplite_client.wire.units import parse_size
+from hoplited.config import DaemonConfig
+from hoplited.node import Daemon, log_to_stderr
 
 log = logging.getLogger("hoplited")
 

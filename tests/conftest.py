@@ -8,7 +8,7 @@ from typing import AsyncIterator, Awaitable, Callable
 import pytest
 
 import hoplite_client
-from hoplited.cluster import LocalCluster
+from hoplite_client.tools.local_cluster import LocalCluster
 
 # Small arenas keep eight daemons cheap; heartbeats fast enough for failure tests, slow
 # enough for a loaded 2-core machine.

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from hoplite_client.errors import CapacityError
-from hoplited.arena import PAGE, Arena
+from hoplite_client.wire.errors import CapacityError
+from hoplited.memory.arena import PAGE, Arena
 
 
 @pytest.fixture

@@ -17,9 +17,15 @@ import numpy as np
 import pytest
 
 from bench.baselines import gloo, mpi
-from bench.baselines.common import (BaselineUnavailable, expected_sum, float32_data,
-                                    optimum_seconds, parse_size, sum_matches)
-from hoplited.testbed import Testbed, netns_pids
+from bench.baselines.common import (
+    BaselineUnavailable,
+    expected_sum,
+    float32_data,
+    optimum_seconds,
+    parse_size,
+    sum_matches,
+)
+from hoplite_client.tools.testbed import Testbed, netns_pids
 
 MBIT = 1_000_000
 NODES = 3

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-CLI = [sys.executable, "-m", "hoplited.cli.main"]
+CLI = [sys.executable, "-m", "hoplite_client.tools.cli.main"]
 RUN_TIMEOUT = 300.0
 
 

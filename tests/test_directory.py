@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from hoplite_client.errors import HopliteTimeoutError, NotOwnerError, ObjectExistsError
-from hoplite_client.ids import ObjectID
-from hoplited.directory import DirectoryShard
+from hoplite_client.wire.errors import HopliteTimeoutError, NotOwnerError, ObjectExistsError
+from hoplite_client.wire.ids import ObjectID
+from hoplited.directory.shard import DirectoryShard
 
 SIZE = 1 << 20
 

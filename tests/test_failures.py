@@ -8,11 +8,10 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import FAST_HEARTBEAT
 
 import hoplite_client as hc
-from hoplited.testbed import emulated_cluster
-
-from conftest import FAST_HEARTBEAT
+from hoplite_client.tools.testbed import emulated_cluster
 
 # Slow links so that a 64 MiB transfer takes seconds and can be cut in the middle.
 RATE = 200_000_000

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import hoplite_client as hc
-from hoplited.reduce_tree import tree_depth
+from hoplited.collectives.tree import tree_depth
 
 OPS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
 DTYPES = [np.float16, np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.uint64]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hoplited.reduce_tree import tree_depth, tree_shape
+from hoplited.collectives.tree import tree_depth, tree_shape
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 8, 100])

@@ -20,19 +20,37 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
+from conftest import FAST_HEARTBEAT
 
 import hoplite_client
-from hoplite_client.errors import AuthenticationError, HopliteError
-from hoplite_client.ids import ObjectID
+from hoplite_client.net.handshake import Identity, dial
 from hoplite_client.wire import auth
-from hoplite_client.wire.frames import (MAGIC, MAX_HEADER, PRELUDE, PROTOCOL_VERSION,
-                                        SUPPORTED_VERSIONS, Frame, FrameReader, encode_header)
-from hoplite_client.wire.messages import (Accepted, Auth, ClientHello, ClientWelcome, Create,
-                                          Created, Error, Hello, Status, StatusReply, Welcome)
-from hoplited.handshake import Identity, dial
-from hoplited.membership import rendezvous_owner
-
-from conftest import FAST_HEARTBEAT
+from hoplite_client.wire.errors import AuthenticationError, HopliteError
+from hoplite_client.wire.frames import (
+    MAGIC,
+    MAX_HEADER,
+    PRELUDE,
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    Frame,
+    FrameReader,
+    encode_header,
+)
+from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.messages import (
+    Accepted,
+    Auth,
+    ClientHello,
+    ClientWelcome,
+    Create,
+    Created,
+    Error,
+    Hello,
+    Status,
+    StatusReply,
+    Welcome,
+)
+from hoplited.cluster.membership import rendezvous_owner
 
 IO_TIMEOUT = 30.0  # generous: the machine is loaded
 MiB = 1024 * 1024

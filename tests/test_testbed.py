@@ -18,9 +18,17 @@ import pytest
 
 import hoplite_client
 from bench.baselines.star import run_star
-from hoplited.testbed import (STATE_DIR, Testbed, TestbedError, TestbedPermissionError,
-                              cleanup_leftovers, emulated_cluster, netns_list, parse_rate,
-                              tbf_params)
+from hoplite_client.tools.testbed import (
+    STATE_DIR,
+    Testbed,
+    TestbedError,
+    TestbedPermissionError,
+    cleanup_leftovers,
+    emulated_cluster,
+    netns_list,
+    parse_rate,
+    tbf_params,
+)
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
@@ -183,7 +191,7 @@ def _start_time(pid: int) -> int:
 
 HOLD = """
 import asyncio, sys
-from hoplited.testbed import Testbed
+from hoplite_client.tools.testbed import Testbed
 async def main():
     async with Testbed(2, 100_000_000) as tb:
         print(tb.prefix, flush=True)
@@ -250,7 +258,7 @@ async def test_star_baseline_runs_in_the_test_bed() -> None:
 
 @needs_root
 async def test_cli_up_persists_and_down_removes() -> None:
-    cli = [sys.executable, "-m", "hoplited.cli.main", "testbed"]
+    cli = [sys.executable, "-m", "hoplite_client.tools.cli.main", "testbed"]
     up = await asyncio.create_subprocess_exec(*cli, "up", "2", "100Mbit", "--mtu", "9000",
                                               stdout=asyncio.subprocess.PIPE)
     out, _ = await asyncio.wait_for(up.communicate(), SUBPROCESS_TIMEOUT)

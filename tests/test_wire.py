@@ -13,14 +13,30 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hoplite_client.errors import (
-    InvalidArgumentError, LocalProtocolError, ObjectNotFoundError, ProtocolError,
-    RemoteProtocolError, error_from_wire)
-from hoplite_client.ids import OBJECT_ID_SIZE, ObjectID
 from hoplite_client.wire import messages as m
+from hoplite_client.wire.errors import (
+    InvalidArgumentError,
+    LocalProtocolError,
+    ObjectNotFoundError,
+    ProtocolError,
+    RemoteProtocolError,
+    error_from_wire,
+)
 from hoplite_client.wire.frames import (
-    MAGIC, MAX_HEADER, MAX_SMALL_PAYLOAD, MAX_STREAM_PAYLOAD, PRELUDE, PRELUDE_SIZE,
-    PROTOCOL_VERSION, BadFrame, Frame, FrameReader, encode, encode_header)
+    MAGIC,
+    MAX_HEADER,
+    MAX_SMALL_PAYLOAD,
+    MAX_STREAM_PAYLOAD,
+    PRELUDE,
+    PRELUDE_SIZE,
+    PROTOCOL_VERSION,
+    BadFrame,
+    Frame,
+    FrameReader,
+    encode,
+    encode_header,
+)
+from hoplite_client.wire.ids import OBJECT_ID_SIZE, ObjectID
 from hoplite_client.wire.schema import _HINTS, to_wire
 
 UNUSED_KIND = next(k for k in range(255, 0, -1) if k not in m.MESSAGES)

@@ -77,7 +77,7 @@ def parse_size(text: str) -> int:
 async def measure(system: str, run_fn: Callable[..., Awaitable[list[float]]],
                   args: argparse.Namespace) -> list[dict[str, Any]]:
     """Build a test bed, run each of ``args.op`` (comma-separated) and print the results."""
-    from hoplited.testbed import Testbed, parse_rate
+    from hoplite_client.tools.testbed import Testbed, parse_rate
 
     rate = parse_rate(args.rate)
     size = parse_size(args.size)

@@ -53,8 +53,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if __package__ in (None, ""):  # run as a script from a checkout
     sys.path.insert(0, REPO)
 
-from bench.baselines.common import (OPS, BaselineUnavailable, expected_sum,  # noqa: E402
-                                    float32_data, optimum_seconds, parse_size, sum_matches)
+from bench.baselines.common import (  # noqa: E402
+    OPS,
+    BaselineUnavailable,
+    expected_sum,
+    float32_data,
+    optimum_seconds,
+    parse_size,
+    sum_matches,
+)
 from bench.baselines.procs import alive, process_tree, signal_procs, tail  # noqa: E402
 
 INSTALL_HINT = ("the Dask baseline needs Dask distributed: "
@@ -340,7 +347,7 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
 
 async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Build a test bed and one Dask cluster, run each of ``args.op``, print the results."""
-    from hoplited.testbed import Testbed, parse_rate
+    from hoplite_client.tools.testbed import Testbed, parse_rate
 
     rate = parse_rate(args.rate)
     size = parse_size(args.size)

@@ -41,8 +41,15 @@ if __package__ in (None, ""):  # run as a script from a checkout
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
         os.path.abspath(__file__)))))
 
-from bench.baselines.common import (OPS, BaselineUnavailable, cli_parser,  # noqa: E402
-                                    expected_sum, float32_data, measure, sum_matches)
+from bench.baselines.common import (  # noqa: E402
+    OPS,
+    BaselineUnavailable,
+    cli_parser,
+    expected_sum,
+    float32_data,
+    measure,
+    sum_matches,
+)
 from bench.baselines.procs import tail  # noqa: E402
 
 INSTALL_HINT = ("MPI baseline needs OpenMPI and mpi4py: apt-get install -y openmpi-bin "

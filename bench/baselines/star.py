@@ -33,7 +33,7 @@ PAGE = 4096
 START_TIMEOUT = 60.0  # root and receivers up and connected, on a loaded 2-core VM
 MIN_RATE_FOR_TIMEOUT = 10e6  # bytes/s: the run timeout assumes at least this per receiver
 
-# (command prefix, IP) per host, as hoplited.cluster.LocalCluster's placement
+# (command prefix, IP) per host, as hoplite_client.tools.local_cluster.LocalCluster's placement
 Hosts = Sequence[tuple[Sequence[str], str]]
 
 
@@ -123,7 +123,7 @@ async def receive(connect: str, size: int) -> None:
 
 
 def _placement(hosts: Any) -> list[tuple[list[str], str]]:
-    if hasattr(hosts, "placement"):  # a hoplited.testbed.Testbed
+    if hasattr(hosts, "placement"):  # a hoplite_client.tools.testbed.Testbed
         hosts = hosts.placement()
     return [(list(prefix), ip) for prefix, ip in hosts]
 
@@ -147,7 +147,7 @@ async def run_star(testbed_or_hosts: Union[Any, Hosts], size: int, repeat: int =
     """Latency in seconds of each of ``repeat`` star broadcasts of ``size`` bytes (after
     ``warmup`` ones) from host 0 to every other host.
 
-    ``testbed_or_hosts``: a :class:`hoplited.testbed.Testbed`, or (command prefix, IP) per
+    ``testbed_or_hosts``: a :class:`hoplite_client.tools.testbed.Testbed`, or (command prefix, IP) per
     host — ``[([], "127.0.0.1")] * 4`` runs it on loopback. Raises ``RuntimeError`` if a
     process fails or a receiver got wrong bytes.
     """
@@ -193,11 +193,11 @@ def _size(text: str) -> int:
 
 async def _run_emulated(args: argparse.Namespace) -> list[float]:
     try:
-        from hoplited.testbed import Testbed, parse_rate
+        from hoplite_client.tools.testbed import Testbed, parse_rate
     except ImportError:  # run as a script from a checkout
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
             os.path.abspath(__file__)))))
-        from hoplited.testbed import Testbed, parse_rate
+        from hoplite_client.tools.testbed import Testbed, parse_rate
     rate = parse_rate(args.rate)
     async with Testbed(args.nodes, rate, mtu=args.mtu) as tb:
         if args.check:

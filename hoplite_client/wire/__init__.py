@@ -1,6 +1,6 @@
 """The wire protocol: frame codec, message records and handshake proofs (no I/O here)."""
 
-from . import messages
-from .frames import BadFrame, Frame, FrameReader, encode, encode_header
+from hoplite_client.wire import messages
+from hoplite_client.wire.frames import BadFrame, Frame, FrameReader, encode, encode_header
 
 __all__ = ["BadFrame", "Frame", "FrameReader", "encode", "encode_header", "messages"]

@@ -19,9 +19,9 @@ from typing import Any, Callable, Optional, Union
 
 import msgpack
 
-from ..errors import LocalProtocolError, ProtocolError, RemoteProtocolError
-from .messages import MESSAGES
-from .schema import from_wire, to_wire
+from hoplite_client.wire.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from hoplite_client.wire.messages import MESSAGES
+from hoplite_client.wire.schema import from_wire, to_wire
 
 MAGIC = b"HP"
 PROTOCOL_VERSION = 1

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..ids import ObjectID
-from .schema import record
+from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.schema import record
 
 MESSAGES: dict[int, type] = {}
 

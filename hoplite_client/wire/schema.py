@@ -11,8 +11,8 @@ import types
 import typing
 from typing import Any, Union
 
-from ..errors import RemoteProtocolError
-from ..ids import OBJECT_ID_SIZE, ObjectID
+from hoplite_client.wire.errors import RemoteProtocolError
+from hoplite_client.wire.ids import OBJECT_ID_SIZE, ObjectID
 
 _HINTS: dict[type, list[tuple[str, Any]]] = {}
 

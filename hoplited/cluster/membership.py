@@ -11,7 +11,7 @@ import hashlib
 import logging
 from typing import Callable, Iterable
 
-from hoplite_client.ids import ObjectID
+from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import MemberInfo
 
 log = logging.getLogger("hoplited.membership")

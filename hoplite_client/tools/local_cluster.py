@@ -7,7 +7,7 @@ here, and removes the directory.
 
 By default every daemon listens on loopback. ``placement`` runs daemon i as
 ``prefix_i + [python, -m, hoplited, --listen, host_i:0, ...]`` instead, e.g. inside a network
-namespace of an emulated test bed (``hoplited.testbed``); the prefix must exec the daemon (as
+namespace of an emulated test bed (``hoplite_client.tools.testbed``); the prefix must exec the daemon (as
 ``ip netns exec`` does), so that the PID we hold is the daemon's. Clients still connect from
 here: Unix sockets are paths, reachable from any network namespace.
 """
@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from hoplite_client.errors import HopliteError, HopliteTimeoutError, InvalidArgumentError
+from hoplite_client.wire.errors import HopliteError, HopliteTimeoutError, InvalidArgumentError
 
 READY_TIMEOUT = 60.0  # a daemon start on a loaded 2-core machine can take seconds
 STOP_GRACE = 10.0

@@ -18,20 +18,33 @@ import logging
 import time
 from typing import TYPE_CHECKING, Optional
 
-from hoplite_client.connection import FrameProtocol
-from hoplite_client.errors import (ConnectionLostError, HopliteError, HopliteTimeoutError,
-                                   InvalidArgumentError, ObjectNotFoundError,
-                                   PeerUnavailableError, ProtocolError, RemoteProtocolError)
-from hoplite_client.ids import ObjectID
+from hoplite_client.net.handshake import dial
+from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.wire.errors import (
+    ConnectionLostError,
+    HopliteError,
+    HopliteTimeoutError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    PeerUnavailableError,
+    ProtocolError,
+    RemoteProtocolError,
+)
 from hoplite_client.wire.frames import Frame, encode_header
-from hoplite_client.wire.messages import (DataStream, Error, Located, Locate, Progress, Pull,
-                                          TransferDone)
-
-from .handshake import dial
-from .store import StoredObject
+from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.messages import (
+    DataStream,
+    Error,
+    Locate,
+    Located,
+    Progress,
+    Pull,
+    TransferDone,
+)
+from hoplited.memory.store import StoredObject
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
+    from hoplited.node import Daemon
 
 log = logging.getLogger("hoplited.transfer")
 

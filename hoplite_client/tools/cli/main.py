@@ -12,12 +12,11 @@ import click
 import uvloop
 
 import hoplite_client
-from hoplite_client.client import default_socket
-from hoplite_client.errors import HopliteError
-
-from ..cluster import LocalCluster
-from .bench import bench
-from .testbed import testbed
+from hoplite_client.net.endpoints import default_socket
+from hoplite_client.tools.cli.bench import bench
+from hoplite_client.tools.cli.testbed import testbed
+from hoplite_client.tools.local_cluster import LocalCluster
+from hoplite_client.wire.errors import HopliteError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,7 +1,7 @@
 """``hoplite testbed up|down|list``: an emulated cluster that outlives the command (root only).
 
 ``up`` builds the namespaces, records them as persistent and exits; ``down`` removes them.
-Benchmarks that only need a test bed for their own run use ``hoplited.testbed`` directly
+Benchmarks that only need a test bed for their own run use ``hoplite_client.tools.testbed`` directly
 (``hoplite bench ... --emulate RATE``), which removes it when they end.
 """
 
@@ -14,11 +14,20 @@ from typing import Any, Optional
 import click
 import uvloop
 
-from hoplite_client.errors import HopliteError
-
-from ..testbed import (DEFAULT_MTU, PREFIX_RE, STATE_DIR, Testbed, TestbedError,
-                       cleanup_leftovers, format_rate, parse_rate, read_states, remove_recorded,
-                       require_root)
+from hoplite_client.tools.testbed import (
+    DEFAULT_MTU,
+    PREFIX_RE,
+    STATE_DIR,
+    Testbed,
+    TestbedError,
+    cleanup_leftovers,
+    format_rate,
+    parse_rate,
+    read_states,
+    remove_recorded,
+    require_root,
+)
+from hoplite_client.wire.errors import HopliteError
 
 
 def _rate(ctx: click.Context, param: click.Parameter, value: str) -> int:

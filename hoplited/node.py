@@ -17,39 +17,43 @@ import sys
 from collections import Counter
 from typing import Any, Callable, Optional
 
-from hoplite_client.connection import Channel, FrameProtocol, remote_error
-from hoplite_client.errors import (ConnectionLostError, HopliteError, NotOwnerError,
-                                   PeerUnavailableError)
-from hoplite_client.ids import ObjectID
+from hoplite_client.net.channel import Channel, remote_error
+from hoplite_client.net.endpoints import host_id
+from hoplite_client.net.handshake import HANDSHAKE_TIMEOUT, Identity, accept, dial
+from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.wire.errors import (
+    ConnectionLostError,
+    HopliteError,
+    NotOwnerError,
+    PeerUnavailableError,
+)
 from hoplite_client.wire.frames import INLINE_MAX, Frame
-from hoplite_client.wire.messages import (REPLY_KINDS, Announce, DeleteEntry, Holding, Join,
-                                          MemberInfo, MemberUp, Publish)
-
-from .arena import Arena
-from .clients import ClientService
-from .config import DaemonConfig
-from .control import TOOL_REQUESTS, ControlService
-from .directory import DirectoryShard
-from .handshake import HANDSHAKE_TIMEOUT, Identity, accept, dial
-from .link_model import LinkModel
-from .membership import Membership, rendezvous_owner
-from .peers import PeerLink
-from .reduce import ReduceCoordinator, ReduceWorker
-from .store import ObjectStore
-from .transfer import Transfers
+from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.messages import (
+    REPLY_KINDS,
+    Announce,
+    DeleteEntry,
+    Holding,
+    Join,
+    MemberInfo,
+    MemberUp,
+    Publish,
+)
+from hoplited.clients.service import ClientService
+from hoplited.cluster.link_model import LinkModel
+from hoplited.cluster.links import PeerLink
+from hoplited.cluster.membership import Membership, rendezvous_owner
+from hoplited.collectives.reduce import ReduceCoordinator, ReduceWorker
+from hoplited.config import DaemonConfig
+from hoplited.control import TOOL_REQUESTS, ControlService
+from hoplited.directory.shard import DirectoryShard
+from hoplited.memory.arena import Arena
+from hoplited.memory.store import ObjectStore
+from hoplited.transfer.fetcher import Transfers
 
 log = logging.getLogger("hoplited")
 
 RETRY_PAUSE_MAX = 0.5  # between attempts to reach an object's owner while membership moves
-
-
-def host_id() -> str:
-    """Identifies this kernel (shared by every network namespace): same host_id, same machine."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return os.uname().nodename
 
 
 class Daemon:

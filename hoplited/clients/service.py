@@ -18,24 +18,50 @@ import os
 import socket
 from typing import TYPE_CHECKING, Any, Optional
 
-from hoplite_client.connection import Channel, FrameProtocol, remote_error
-from hoplite_client.errors import (HopliteError, InvalidArgumentError, ObjectExistsError,
-                                   ObjectNotFoundError, RemoteProtocolError)
-from hoplite_client.ids import ObjectID
-from hoplite_client.wire.frames import Frame, FrameReader, encode_header
-from hoplite_client.wire.messages import (REPLY_KINDS, Abort, ClientHello, ClientWelcome, Create,
-                                          Created, Delete, Found, Get, InputList, Ok, Put, Reduce,
-                                          ReducedInputs, Release, Seal, Status, StatusReply,
-                                          Stats)
-from hoplite_client.wire.frames import SUPPORTED_VERSIONS
-
-from hoplite_client.wire.frames import INLINE_MAX
-from .handshake import HANDSHAKE_TIMEOUT
-from .reduce import OPS, ReduceCoordinator
-from .store import StoredObject
+from hoplite_client.net.channel import Channel, remote_error
+from hoplite_client.net.handshake import HANDSHAKE_TIMEOUT
+from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.wire.errors import (
+    HopliteError,
+    InvalidArgumentError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    RemoteProtocolError,
+)
+from hoplite_client.wire.frames import (
+    INLINE_MAX,
+    SUPPORTED_VERSIONS,
+    Frame,
+    FrameReader,
+    encode_header,
+)
+from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.messages import (
+    REPLY_KINDS,
+    Abort,
+    ClientHello,
+    ClientWelcome,
+    Create,
+    Created,
+    Delete,
+    Found,
+    Get,
+    InputList,
+    Ok,
+    Put,
+    Reduce,
+    ReducedInputs,
+    Release,
+    Seal,
+    Stats,
+    Status,
+    StatusReply,
+)
+from hoplited.collectives.reduce import OPS, ReduceCoordinator
+from hoplited.memory.store import StoredObject
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
+    from hoplited.node import Daemon
 
 log = logging.getLogger("hoplited.clients")
 

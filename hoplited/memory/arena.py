@@ -18,8 +18,8 @@ import logging
 import mmap
 import os
 
-from hoplite_client.errors import CapacityError
-from hoplite_client.shm import populate_write
+from hoplite_client.arena_map import populate_write
+from hoplite_client.wire.errors import CapacityError
 
 log = logging.getLogger("hoplited.arena")
 

@@ -16,11 +16,14 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from hoplite_client.errors import (HopliteError, InvalidArgumentError, ObjectDeletedError,
-                                   ObjectExistsError)
-from hoplite_client.ids import ObjectID
-
-from .arena import Arena
+from hoplite_client.wire.errors import (
+    HopliteError,
+    InvalidArgumentError,
+    ObjectDeletedError,
+    ObjectExistsError,
+)
+from hoplite_client.wire.ids import ObjectID
+from hoplited.memory.arena import Arena
 
 log = logging.getLogger("hoplited.store")
 

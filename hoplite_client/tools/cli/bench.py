@@ -21,15 +21,14 @@ import numpy as np
 import uvloop
 
 import hoplite_client
-from hoplite_client.connection import Channel
-from hoplite_client.errors import HopliteError
+from hoplite_client.net.channel import Channel
+from hoplite_client.net.endpoints import host_id, parse_address
+from hoplite_client.net.handshake import Identity, dial
+from hoplite_client.tools.local_cluster import LocalCluster
+from hoplite_client.tools.testbed import emulated_cluster, format_rate, parse_rate
+from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.messages import REPLY_KINDS, Stats
-
-from ..cluster import LocalCluster
-from ..config import parse_address, parse_size
-from ..daemon import host_id
-from ..handshake import Identity, dial
-from ..testbed import emulated_cluster, format_rate, parse_rate
+from hoplite_client.wire.units import parse_size
 
 GET_TIMEOUT = 600.0  # per get; a 256 MiB broadcast on a loaded machine takes seconds
 

@@ -39,11 +39,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, Sequence, TypeVar
 
-from hoplite_client.errors import HopliteError, InvalidArgumentError
+from hoplite_client.tools.local_cluster import LocalCluster
+from hoplite_client.wire.errors import HopliteError, InvalidArgumentError
 
-from .cluster import LocalCluster
-
-log = logging.getLogger("hoplited.testbed")
+log = logging.getLogger("hoplite.testbed")
 T = TypeVar("T")
 
 # Where runs record what they created; /run is a tmpfs, so a reboot (which also drops every

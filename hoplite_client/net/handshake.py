@@ -12,15 +12,21 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from hoplite_client.connection import FrameProtocol
-from hoplite_client.errors import (AuthenticationError, ConnectionLostError, HopliteError,
-                                   HopliteTimeoutError, RemoteProtocolError,
-                                   VersionMismatchError, error_from_wire)
+from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire import auth
+from hoplite_client.wire.errors import (
+    AuthenticationError,
+    ConnectionLostError,
+    HopliteError,
+    HopliteTimeoutError,
+    RemoteProtocolError,
+    VersionMismatchError,
+    error_from_wire,
+)
 from hoplite_client.wire.frames import SUPPORTED_VERSIONS
 from hoplite_client.wire.messages import Accepted, Auth, Error, Hello, Welcome
 
-log = logging.getLogger("hoplited.handshake")
+log = logging.getLogger("hoplite.handshake")
 
 HANDSHAKE_TIMEOUT = 10.0  # generous: a loaded 2-core host may take a while to schedule us
 ROLES = ("peer", "data", "tool")

@@ -22,19 +22,31 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from hoplite_client.errors import (HopliteError, HopliteTimeoutError, InvalidArgumentError,
-                                   ObjectNotFoundError, error_from_wire)
-from hoplite_client.ids import ObjectID
-from hoplite_client.wire.frames import Frame
-from hoplite_client.wire.messages import (Announce, FailEntry, Holding, ObjectInfo, ReduceChild,
-                                          ReduceDone, ReduceFailed, ReduceTask, WaitObject)
-
-from hoplite_client.wire.frames import INLINE_MAX
-from .reduce_tree import TreeShape, tree_depth, tree_shape
-from .store import StoredObject
+from hoplite_client.wire.errors import (
+    HopliteError,
+    HopliteTimeoutError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    error_from_wire,
+)
+from hoplite_client.wire.frames import INLINE_MAX, Frame
+from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.messages import (
+    Announce,
+    FailEntry,
+    Holding,
+    ObjectInfo,
+    ReduceChild,
+    ReduceDone,
+    ReduceFailed,
+    ReduceTask,
+    WaitObject,
+)
+from hoplited.collectives.tree import TreeShape, tree_depth, tree_shape
+from hoplited.memory.store import StoredObject
 
 if TYPE_CHECKING:
-    from .daemon import Daemon
+    from hoplited.node import Daemon
 
 log = logging.getLogger("hoplited.reduce")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import InvalidArgumentError
+from hoplite_client.wire.errors import InvalidArgumentError
 
 OBJECT_ID_SIZE = 20  # bytes, as in Ray/Hoplite: 160 random bits make collisions negligible
 

@@ -15,9 +15,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from hoplite_client.errors import (HopliteError, HopliteTimeoutError, NotOwnerError,
-                                   ObjectExistsError, ObjectNotFoundError)
-from hoplite_client.ids import ObjectID
+from hoplite_client.wire.errors import (
+    HopliteError,
+    HopliteTimeoutError,
+    NotOwnerError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+)
+from hoplite_client.wire.ids import ObjectID
 
 log = logging.getLogger("hoplited.directory")
 

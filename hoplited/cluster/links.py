@@ -13,12 +13,11 @@ import logging
 import time
 from typing import Any, Callable, Optional
 
-from hoplite_client.connection import Channel
-from hoplite_client.errors import ConnectionLostError, HopliteError, PeerUnavailableError
+from hoplite_client.net.channel import Channel
+from hoplite_client.net.handshake import Identity, dial
+from hoplite_client.wire.errors import ConnectionLostError, HopliteError, PeerUnavailableError
 from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.messages import REPLY_KINDS, MemberInfo, Ping
-
-from .handshake import Identity, dial
 
 log = logging.getLogger("hoplited.peers")
 

@@ -1,1 +1,0 @@
-"""The ``hoplite`` command line: cluster status, a local cluster launcher, benchmarks."""

@@ -1,0 +1,1 @@
+"""Local clients: the Unix-socket listener and one session per connected process."""

@@ -1,0 +1,1 @@
+"""The cluster: membership, liveness, links to the other members and what they measure."""

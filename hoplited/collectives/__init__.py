@@ -1,0 +1,1 @@
+"""Collectives beyond broadcast: reduce (and allreduce, gather built on it)."""

@@ -1,0 +1,1 @@
+"""The object directory: this node's shard of who holds what."""

@@ -1,0 +1,1 @@
+"""This host's memory: the shared arena and the objects in it."""

@@ -1,0 +1,1 @@
+"""The data plane: pulling objects into the store and streaming them to others."""
