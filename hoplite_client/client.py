@@ -32,14 +32,12 @@ from hoplite_client.wire.frames import (
 )
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
-    REPLY_KINDS,
     Abort,
     ClientHello,
     ClientWelcome,
     Create,
     Delete,
     Error,
-    Found,
     Get,
     Put,
     Reduce,
@@ -136,7 +134,7 @@ class Client:
 
     def __init__(self, protocol: FrameProtocol, arena: ArenaMap, node_id: str) -> None:
         self._protocol = protocol
-        self._channel = Channel(protocol, REPLY_KINDS)
+        self._channel = Channel(protocol)
         self._arena = arena
         self.node_id = node_id
         self._loop = asyncio.get_running_loop()
@@ -157,11 +155,10 @@ class Client:
         dtype, shape, size = arr.dtype.str, list(arr.shape), arr.nbytes
         if size <= INLINE_MAX:
             data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-            await self._channel.request(lambda rid: Put(rid=rid, oid=oid, dtype=dtype,
-                                                        shape=shape), data)
+            await self._channel.request(Put(oid=oid, dtype=dtype, shape=shape), data)
             return oid
-        frame = await self._channel.request(lambda rid: Create(rid=rid, oid=oid, size=size,
-                                                               dtype=dtype, shape=shape))
+        frame = await self._channel.request(Create(oid=oid, size=size, dtype=dtype,
+                                                   shape=shape))
         try:
             dest = self._arena.writable(frame.msg.offset, size).view(arr.dtype).reshape(arr.shape)
             if size >= THREAD_COPY_MIN:
@@ -171,9 +168,9 @@ class Client:
             del dest
         except BaseException:
             if self._channel.is_open:
-                await self._channel.request(lambda rid: Abort(rid=rid, oid=oid))
+                await self._channel.request(Abort(oid=oid))
             raise
-        await self._channel.request(lambda rid: Seal(rid=rid, oid=oid))
+        await self._channel.request(Seal(oid=oid))
         return oid
 
     async def get(self, object_id: ObjectID, timeout: Optional[float] = None) -> np.ndarray:
@@ -183,9 +180,8 @@ class Client:
         every array derived from the result is gone.
         """
         bound = None if timeout is None else timeout + REPLY_GRACE
-        frame = await self._channel.request(
-            lambda rid: Get(rid=rid, oid=object_id, timeout=timeout), timeout=bound)
-        found: Found = frame.msg
+        frame = await self._channel.request(Get(oid=object_id, timeout=timeout), timeout=bound)
+        found = frame.msg
         dtype = np.dtype(found.dtype)
         shape = tuple(found.shape)
         if found.offset is None:
@@ -204,16 +200,16 @@ class Client:
         ids = list(object_ids)
         k = len(ids) if num_objects is None else num_objects
         result = object_id or ObjectID.random()
-        await self._channel.request(lambda rid: Reduce(rid=rid, result=result, inputs=ids, op=op,
-                                                       num_objects=k, timeout=timeout))
+        await self._channel.request(Reduce(result=result, inputs=ids, op=op, num_objects=k,
+                                           timeout=timeout))
         return result
 
     async def reduced_inputs(self, result_id: ObjectID,
                              timeout: Optional[float] = None) -> list[ObjectID]:
         """Which inputs went into a reduce issued on this node, in the order they were ready."""
         bound = None if timeout is None else timeout + REPLY_GRACE
-        frame = await self._channel.request(
-            lambda rid: ReducedInputs(rid=rid, result=result_id, timeout=timeout), timeout=bound)
+        frame = await self._channel.request(ReducedInputs(result=result_id, timeout=timeout),
+                                            timeout=bound)
         return list(frame.msg.inputs)
 
     async def gather(self, object_ids: Sequence[ObjectID], timeout: Optional[float] = None,
@@ -229,11 +225,11 @@ class Client:
 
     async def delete(self, object_id: ObjectID) -> None:
         """Delete every copy in the cluster (copies in use go when their users are done)."""
-        await self._channel.request(lambda rid: Delete(rid=rid, oid=object_id))
+        await self._channel.request(Delete(oid=object_id))
 
     async def status(self) -> dict[str, Any]:
         """This daemon's view of the cluster: members, objects, bytes in and out per node."""
-        frame = await self._channel.request(lambda rid: Status(rid=rid))
+        frame = await self._channel.request(Status())
         return frame.msg.info
 
     def _release_later(self, oid: ObjectID) -> None:

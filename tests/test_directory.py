@@ -1,88 +1,130 @@
-"""The directory shard's source choice: chains, fan-out, no cycles, waits."""
+"""DirectoryShard, the asyncio adapter over DirectoryState: waits, wake-ups and timeouts.
+
+Source choice itself (chains, fan-out, no cycles, tombstones) is tested without a loop in
+tests/unit/test_directory_state.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
-from hoplite_client.wire.errors import HopliteTimeoutError, NotOwnerError, ObjectExistsError
+from hoplite_client.wire.errors import (
+    HopliteTimeoutError,
+    NotOwnerError,
+    ObjectExistsError,
+    PeerUnavailableError,
+)
 from hoplite_client.wire.ids import ObjectID
 from hoplited.directory.shard import DirectoryShard
 
 SIZE = 1 << 20
+SHORT = 0.05  # seconds: a timeout that must expire
 
 
-def shard(fanout: int = 1, dead: frozenset[str] = frozenset()) -> DirectoryShard:
-    return DirectoryShard(fanout, lambda n: n not in dead, lambda oid: "me", "me")
+def shard(fanout: int = 1, owners: dict[ObjectID, str] | None = None) -> DirectoryShard:
+    owned = owners if owners is not None else {}
+    return DirectoryShard(fanout, lambda n: True, lambda oid: owned.get(oid, "me"), "me")
 
 
-def put(s: DirectoryShard, oid: ObjectID, holder: str = "src") -> None:
-    s.publish(oid, holder, SIZE, "<f4", [SIZE // 4], b"v1", None)
+def put(s: DirectoryShard, oid: ObjectID, holder: str = "src", version: bytes = b"v1",
+        received: int | None = None) -> None:
+    s.publish(oid, holder, SIZE, "<f4", [SIZE // 4], version, None, received)
 
 
-async def test_simultaneous_receivers_form_a_chain() -> None:
-    """With fan-out 1, each new receiver is served by the previous one."""
+async def parked(s: DirectoryShard, waiting: asyncio.Future[Any], n: int = 1) -> None:
+    """Let ``waiting`` run until ``n`` requests wait on the shard."""
+    for _ in range(100):
+        if s.stats()["waiting_gets"] == n:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"not waiting: {waiting}")
+
+
+async def test_locate_waits_for_publish() -> None:
+    """A locate before the put is answered by the put."""
     s, oid = shard(), ObjectID.random()
+    waiting = asyncio.ensure_future(s.locate(oid, "r", 5, [], 0))
+    await parked(s, waiting)
     put(s, oid)
-    sources = [(await s.locate(oid, f"r{i}", 1, [], 0)).node for i in range(5)]
-    assert sources == ["src", "r0", "r1", "r2", "r3"]
+    assert (await waiting).node == "src"
+    assert s.stats() == {"entries": 1, "waiting_gets": 0}
 
 
-async def test_fanout_two_builds_a_tree() -> None:
-    """With fan-out 2, every holder serves two receivers before a deeper one is used."""
-    s, oid = shard(fanout=2), ObjectID.random()
-    put(s, oid)
-    sources = [(await s.locate(oid, f"r{i}", 1, [], 0)).node for i in range(6)]
-    assert sources.count("src") == 2 and max(sources.count(x) for x in set(sources)) == 2
-
-
-async def test_complete_holder_preferred_and_slot_freed_when_done() -> None:
-    """A finished transfer frees its source's slot; a complete copy beats a partial one."""
+async def test_locate_times_out_saying_why() -> None:
+    """Without a put a locate times out, naming the reason; nothing is left waiting."""
     s, oid = shard(), ObjectID.random()
+    with pytest.raises(HopliteTimeoutError, match=r"not put yet") as info:
+        await s.locate(oid, "r", SHORT, [], 0)
+    assert info.value.data["oid"] == oid.hex()
+    assert s.stats()["waiting_gets"] == 0
+
+
+async def test_zero_timeout_answers_or_fails_at_once() -> None:
+    """Timeout 0 is one attempt: an answer if there is one, else a timeout."""
+    s, oid = shard(), ObjectID.random()
+    with pytest.raises(HopliteTimeoutError):
+        await s.locate(oid, "r", 0, [], 0)
     put(s, oid)
-    assert (await s.locate(oid, "a", 1, [], 0)).node == "src"
-    s.transfer_done(oid, "src", "a", complete=True)
-    assert (await s.locate(oid, "b", 1, [], 0)).node in ("src", "a")
-    assert s.entries[oid].holders["a"].received == SIZE
+    assert (await s.locate(oid, "r", 0, [], 0)).node == "src"
 
 
-async def test_resume_never_picks_a_later_partial_holder() -> None:
-    """A receiver re-attaching excludes partial holders enrolled after it (no cycles)."""
+async def test_reattach_waits_until_a_complete_copy_appears() -> None:
+    """A re-attach blocked by the no-cycle rule is answered once a later holder completes."""
     s, oid = shard(), ObjectID.random()
     put(s, oid)
     await s.locate(oid, "a", 1, [], 0)           # a <- src
     await s.locate(oid, "b", 1, [], 0)           # b <- a
-    with pytest.raises(HopliteTimeoutError):      # a loses src: b is downstream of a
-        await s.locate(oid, "a", 0.05, ["src"], 100)
+    with pytest.raises(HopliteTimeoutError, match="no eligible source"):
+        await s.locate(oid, "a", SHORT, ["src"], 100)
+    waiting = asyncio.ensure_future(s.locate(oid, "a", 5, ["src"], 100))
+    await parked(s, waiting)
+    s.transfer_done(oid, "a", "b", complete=True)
+    assert (await waiting).node == "b"
 
 
-async def test_dead_holders_are_not_sources() -> None:
-    """Sources on dead members are skipped."""
-    s, oid = shard(dead=frozenset({"src"})), ObjectID.random()
-    put(s, oid)
-    put(s, oid, holder="other")
-    assert (await s.locate(oid, "r", 1, [], 0)).node == "other"
-
-
-async def test_locate_waits_for_publish_and_times_out() -> None:
-    """A locate before the put is answered by the put; without a put it times out."""
+async def test_wait_object_waits_for_a_complete_copy() -> None:
+    """wait_object returns once some live member holds every byte."""
     s, oid = shard(), ObjectID.random()
-    waiting = asyncio.ensure_future(s.locate(oid, "r", 5, [], 0))
-    await asyncio.sleep(0.01)
-    assert not waiting.done()
+    put(s, oid, received=SIZE // 2)
+    waiting = asyncio.ensure_future(s.wait_object(oid, 5))
+    await parked(s, waiting)
+    s.progress(oid, "src", SIZE - 1)
     put(s, oid)
-    assert (await waiting).node == "src"
-    with pytest.raises(HopliteTimeoutError):
-        await s.locate(ObjectID.random(), "r", 0.05, [], 0)
+    entry = await waiting
+    assert entry.complete_holders() == ["src"]
 
 
-def test_second_put_with_another_version_is_refused() -> None:
-    """An id whose copy is alive cannot be put again with different bytes."""
+async def test_fail_wakes_waiters_with_the_error() -> None:
+    """A waiter for an id that will never exist gets the tombstone's error at once."""
     s, oid = shard(), ObjectID.random()
-    put(s, oid)
-    with pytest.raises(ObjectExistsError):
-        s.publish(oid, "x", SIZE, "<f4", [SIZE // 4], b"v2", None)
+    error = PeerUnavailableError("reduce input lost", node="n9")
+    waiting = asyncio.ensure_future(s.wait_object(oid, 5))
+    await parked(s, waiting)
+    s.fail(oid, error)
+    with pytest.raises(PeerUnavailableError):
+        await waiting
+    put(s, oid)  # a put lifts the tombstone
+    assert (await s.wait_object(oid, 0)).version == b"v1"
+
+
+async def test_membership_change_sends_waiters_to_the_new_owner() -> None:
+    """Entries owned elsewhere are dropped and every waiter re-checks its owner."""
+    owners: dict[ObjectID, str] = {}
+    s = shard(owners=owners)
+    kept, moved, pending = ObjectID.random(), ObjectID.random(), ObjectID.random()
+    put(s, kept)
+    put(s, moved)
+    waiting = asyncio.ensure_future(s.locate(pending, "r", 5, [], 0))
+    await parked(s, waiting)
+    owners[moved] = owners[pending] = "other"
+    assert s.membership_changed() == 1
+    with pytest.raises(NotOwnerError) as info:
+        await waiting
+    assert info.value.data["owner"] == "other"
+    assert list(s.entries) == [kept]
 
 
 async def test_requests_for_foreign_ids_name_the_owner() -> None:
@@ -91,3 +133,17 @@ async def test_requests_for_foreign_ids_name_the_owner() -> None:
     with pytest.raises(NotOwnerError) as info:
         await s.locate(ObjectID.random(), "r", 1, [], 0)
     assert info.value.data["owner"] == "elsewhere"
+
+
+def test_adapter_forwards_results() -> None:
+    """delete names the holders, a second version is refused, the story is readable."""
+    s, oid = shard(), ObjectID.random()
+    put(s, oid)
+    with pytest.raises(ObjectExistsError):
+        put(s, oid, holder="x", version=b"v2")
+    s.forget_node("gone")
+    assert s.entries[oid].holders["src"].received == SIZE
+    assert s.delete(oid) == ["src"]
+    assert [outcome for _, outcome in s.story(oid)] == [
+        "new entry", "refused: exists with another version",
+        "holders ['src'] drop their copies"]

@@ -66,7 +66,7 @@ def sample(hint: Any, variant: int = 1) -> Any:
 
 def build(cls: type, variant: int = 1) -> Any:
     """An instance of record ``cls`` with every field filled from its annotation."""
-    return cls(*(sample(hint, variant) for _, hint in _HINTS[cls]))
+    return cls(**{name: sample(hint, variant) for name, hint in _HINTS[cls]})
 
 
 def norm(events: list) -> list:

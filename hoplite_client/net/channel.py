@@ -1,40 +1,41 @@
 """Request/reply over a :class:`FrameProtocol`: request ids, futures, typed error replies.
 
-Every request gets a future keyed by its request id; all of them fail with
-:class:`ConnectionLostError` the moment the connection closes.
+The channel stamps each request with a fresh id and keeps a future for it; the reply with the
+same id completes it. A reply must be of the kind the request declares
+(:mod:`hoplite_client.wire.messages`) or an ``Error``, which is raised as its typed error. All
+pending requests fail with :class:`ConnectionLostError` the moment the connection closes.
+Frames that are not replies (requests and one-ways from the other side) go to ``on_request``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import logging
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
-from hoplite_client.net.protocol import FrameHandler, FrameProtocol
-from hoplite_client.wire.errors import (
-    ConnectionLostError,
-    HopliteError,
-    HopliteTimeoutError,
-    RemoteProtocolError,
-    error_from_wire,
-)
+from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.wire.errors import (ConnectionLostError, HopliteError, HopliteTimeoutError,
+                                        LocalProtocolError, RemoteProtocolError, error_from_wire)
 from hoplite_client.wire.frames import Frame
-from hoplite_client.wire.messages import Error
+from hoplite_client.wire.messages import Error, Request, WireMessage
 
 log = logging.getLogger("hoplite.channel")
+
+R = TypeVar("R", bound=WireMessage)
+RequestHandler = Callable[[Frame[Any]], None]
 
 
 class Channel:
     """Request/reply over a :class:`FrameProtocol`: replies matched to requests by ``rid``."""
 
-    def __init__(self, protocol: FrameProtocol, reply_kinds: frozenset[type],
-                 on_request: Optional[FrameHandler] = None) -> None:
+    def __init__(self, protocol: FrameProtocol,
+                 on_request: Optional[RequestHandler] = None) -> None:
         self.protocol = protocol
-        self._reply_kinds = reply_kinds
         self._on_request = on_request
         self._rids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Frame]] = {}
+        self._pending: dict[int, asyncio.Future[Frame[Any]]] = {}
         self._lost: Optional[HopliteError] = None
         protocol.handler = self._dispatch
         protocol.on_lost.append(self._fail_all)
@@ -43,34 +44,41 @@ class Channel:
     def is_open(self) -> bool:
         return self._lost is None
 
-    async def request(self, make: Callable[[int], Any], payload: Any = None,
-                      timeout: Optional[float] = None) -> Frame:
-        """Send ``make(rid)`` and wait for its reply; an ``Error`` reply raises its typed error."""
+    async def request(self, msg: Request[R], payload: Any = None,
+                      timeout: Optional[float] = None) -> Frame[R]:
+        """Send ``msg`` under a fresh request id and wait for its reply; an ``Error`` reply
+        raises its typed error, a reply of another kind is a protocol error."""
         if self._lost is not None:
             raise self._lost
         rid = next(self._rids)
-        fut: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Frame[Any]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
-            self.protocol.send(make(rid), payload)
+            self.protocol.send(dataclasses.replace(msg, rid=rid), payload)  # type: ignore[type-var]
             frame = await asyncio.wait_for(fut, timeout) if timeout is not None else await fut
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise HopliteTimeoutError(f"{self.protocol.name}: no reply within {timeout}s") from None
         finally:
             self._pending.pop(rid, None)
-        if isinstance(frame.msg, Error):
-            raise error_from_wire(frame.msg.code, frame.msg.message, frame.msg.data)
+        reply = frame.msg
+        if isinstance(reply, Error):
+            raise error_from_wire(reply.code, reply.message, reply.data)
+        if type(reply) is not type(msg).REPLY:
+            raise RemoteProtocolError(f"{self.protocol.name}: {type(msg).__name__} answered by "
+                                      f"{type(reply).__name__}")
         return frame
 
-    def notify(self, msg: Any, payload: Any = None) -> None:
+    def notify(self, msg: WireMessage, payload: Any = None) -> None:
         """Send a one-way message (no reply expected)."""
+        if type(msg).SHAPE != "oneway":
+            raise LocalProtocolError(f"{type(msg).__name__} is not a one-way message")
         if self._lost is not None:
             raise self._lost
         self.protocol.send(msg, payload)
 
-    def _dispatch(self, frame: Frame) -> None:
+    def _dispatch(self, frame: Frame[Any]) -> None:
         msg = frame.msg
-        if type(msg) in self._reply_kinds:
+        if type(msg).SHAPE == "reply":
             fut = self._pending.get(msg.rid)
             if fut is not None and not fut.done():
                 fut.set_result(frame)
@@ -95,8 +103,8 @@ class Channel:
         self.protocol.close()
 
 
-def remote_error(rid: int, exc: Exception) -> Error:
-    """The ``Error`` reply to request ``rid`` for ``exc`` (typed errors keep code and data)."""
+def error_reply(exc: BaseException, rid: int = 0) -> Error:
+    """The ``Error`` reply for ``exc`` (typed errors keep their code and plain data)."""
     if isinstance(exc, HopliteError):
         data = {k: v for k, v in exc.data.items() if isinstance(v, (str, int, float, bool))}
         code = exc.code if not isinstance(exc, RemoteProtocolError) else "protocol"

@@ -1,4 +1,4 @@
-"""The versioned, mutually authenticated handshake that opens every TCP connection.
+"""The handshakes that open every connection: TCP (authenticated) and the Unix socket.
 
 Dialer: Hello(versions, id, nonce, role) → acceptor: Welcome(version, id, nonce, proof) →
 dialer checks the proof, sends Auth(proof) → acceptor checks it, sends Accepted. A wrong
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from dataclasses import dataclass
+from typing import Any
 
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire import auth
@@ -23,7 +25,7 @@ from hoplite_client.wire.errors import (
     VersionMismatchError,
     error_from_wire,
 )
-from hoplite_client.wire.frames import SUPPORTED_VERSIONS
+from hoplite_client.wire.frames import SUPPORTED_VERSIONS, Frame, FrameReader
 from hoplite_client.wire.messages import Accepted, Auth, Error, Hello, Welcome
 
 log = logging.getLogger("hoplite.handshake")
@@ -113,3 +115,18 @@ async def accept(protocol: FrameProtocol, me: Identity,
         raise
     protocol.name = f"{hello.role}<-{hello.node_id}"
     return hello.role, hello.node_id
+
+
+async def read_one_frame(conn: socket.socket) -> Frame[Any]:
+    """Read exactly one frame from a raw non-blocking socket (nothing past it): the Unix
+    socket's hello, before the connection is handed to a :class:`FrameProtocol`."""
+    loop = asyncio.get_running_loop()
+    reader = FrameReader()
+    while True:
+        n = await loop.sock_recv_into(conn, reader.get_buffer())
+        if n == 0:
+            raise ConnectionLostError("the other side closed during the handshake")
+        for event in reader.buffer_updated(n):
+            if isinstance(event, Frame):
+                return event
+            raise event.error

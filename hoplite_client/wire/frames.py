@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Generic, Optional, TypeVar, Union
 
 import msgpack
 
@@ -43,11 +43,14 @@ Message = Any
 StreamSink = Callable[[Message, int], memoryview]
 
 
+M = TypeVar("M")
+
+
 @dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(Generic[M]):
     """A decoded message and its payload (None when it has none, or when it was streamed)."""
 
-    msg: Message
+    msg: M
     payload: Optional[memoryview] = None
 
 

@@ -1,33 +1,110 @@
-"""Every message of the protocol, one record per kind.
+"""Every message of the protocol, one record per kind, sorted by kind.
 
 The prelude's ``kind`` byte selects the record; the msgpack header holds its fields as an
-array; bulk data (object bytes) travels only as the frame's raw payload. Requests carry a
-request id ``rid`` echoed by their reply (``Ok``, ``Error`` or an op-specific reply).
+array; bulk data (object bytes) travels only as the frame's raw payload.
+
+Each kind declares at registration everything the layers above need, so nothing is kept in
+hand-made lists (docs/protocol.md has the table; a test checks it against this module):
+- its **shape**: a *request* (``rid`` first, answered by exactly one reply with the same
+  ``rid``: the declared reply kind, or ``Error``), a *reply*, a *one-way* notice (no ``rid``)
+  or a *handshake* step;
+- for requests, the **reply kind**, given as the type argument of :class:`Request` (so the
+  request API is typed: ``await channel.request(Locate(...))`` returns a ``Located`` frame);
+- for requests and one-ways, the **roles** allowed to send it: ``client`` (a local process on
+  the Unix socket), ``peer`` (another member, control link), ``tool`` (an authenticated tool
+  such as ``hoplite bench --join``) and ``data`` (a data connection);
+- its **payload** mode: none, small (read into memory, at most 1 MiB) or stream (the reader
+  asks a sink for the destination buffer).
+
+Request ids are stamped by the channel that sends a request (:mod:`hoplite_client.net.channel`)
+and by the router that answers it, so a request is built without one (``rid`` defaults to 0).
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import typing
+from typing import Any, ClassVar, Generic, Literal, Optional, TypeVar, dataclass_transform
 
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.schema import record
 
-MESSAGES: dict[int, type] = {}
+Shape = Literal["request", "reply", "oneway", "handshake"]
+PayloadMode = Literal["none", "small", "stream"]
+Role = Literal["client", "peer", "tool", "data"]
+CLIENT: Role = "client"
+PEER: Role = "peer"
+TOOL: Role = "tool"
+DATA: Role = "data"
+
+R = TypeVar("R", bound="WireMessage")
 
 
-def message(kind: int, *, payload: str = "none"):
-    """Register a record as wire message ``kind``; ``payload`` is none|small|stream."""
+class WireMessage:
+    """Base of every registered message; the class attributes are set by :func:`message`."""
 
-    def wrap(cls: type) -> type:
+    __slots__ = ()
+    KIND: ClassVar[int]
+    SHAPE: ClassVar[Shape]
+    PAYLOAD: ClassVar[PayloadMode]
+    ROLES: ClassVar[frozenset[Role]]
+    REPLY: ClassVar[Optional[type[WireMessage]]]
+
+
+class Request(WireMessage, Generic[R]):
+    """A request whose successful reply is of kind ``R``; ``rid`` is its first field."""
+
+    __slots__ = ()
+    rid: int
+
+
+class Reply(WireMessage):
+    """A reply, matched to its request by ``rid``."""
+
+    __slots__ = ()
+    rid: int
+
+
+MESSAGES: dict[int, type[WireMessage]] = {}
+_M = TypeVar("_M", bound=type[WireMessage])
+
+
+@dataclass_transform(frozen_default=True, kw_only_default=True)
+def message(kind: int, *, shape: Shape, roles: tuple[Role, ...] = (),
+            payload: PayloadMode = "none") -> typing.Callable[[_M], _M]:
+    """Register a record as wire message ``kind`` with its shape, senders and payload mode."""
+
+    def wrap(cls: _M) -> _M:
         rec = record(cls)
-        rec.KIND = kind
-        rec.PAYLOAD = payload
         if kind in MESSAGES:
             raise RuntimeError(f"message kind {kind} registered twice")
+        if (shape == "request") != issubclass(rec, Request) or (
+                shape == "reply") != issubclass(rec, Reply):
+            raise RuntimeError(f"{cls.__name__}: shape {shape} disagrees with its base class")
+        if (shape in ("request", "oneway")) != bool(roles):
+            raise RuntimeError(f"{cls.__name__}: requests and one-ways declare their senders")
+        rec.KIND = kind
+        rec.SHAPE = shape
+        rec.PAYLOAD = payload
+        rec.ROLES = frozenset(roles)
+        rec.REPLY = None
         MESSAGES[kind] = rec
         return rec
 
     return wrap
+
+
+def _resolve_replies(namespace: dict[str, Any]) -> None:
+    """Set each request's REPLY from its ``Request[...]`` base (forward references allowed)."""
+    for cls in MESSAGES.values():
+        if cls.SHAPE != "request":
+            continue
+        base = next(b for b in cls.__orig_bases__  # type: ignore[attr-defined]
+                    if typing.get_origin(b) is Request)
+        (arg,) = typing.get_args(base)
+        reply = namespace[arg.__forward_arg__] if isinstance(arg, typing.ForwardRef) else arg
+        if not (isinstance(reply, type) and issubclass(reply, Reply)):
+            raise RuntimeError(f"{cls.__name__}: reply kind {reply!r} is not a reply")
+        cls.REPLY = reply
 
 
 @record
@@ -53,42 +130,42 @@ class Holding:
     received: int
 
 
-# --- handshake on TCP connections (daemon to daemon, tools) ---
-@message(1)
-class Hello:
+# --- 1-4: handshake on TCP connections (daemon to daemon, tools) ---
+@message(1, shape="handshake")
+class Hello(WireMessage):
     versions: list[int]
     node_id: str
     nonce: bytes
     role: str  # "peer" (control), "data" (object streams) or "tool"
 
 
-@message(2)
-class Welcome:
+@message(2, shape="handshake")
+class Welcome(WireMessage):
     version: int
     node_id: str
     nonce: bytes
     proof: bytes
 
 
-@message(3)
-class Auth:
+@message(3, shape="handshake")
+class Auth(WireMessage):
     proof: bytes
 
 
-@message(4)
-class Accepted:
+@message(4, shape="handshake")
+class Accepted(WireMessage):
     version: int
 
 
-# --- handshake on the Unix socket (client to its local daemon) ---
-@message(5)
-class ClientHello:
+# --- 5-6: handshake on the Unix socket (client to its local daemon) ---
+@message(5, shape="handshake")
+class ClientHello(WireMessage):
     versions: list[int]
     pid: int
 
 
-@message(6)
-class ClientWelcome:
+@message(6, shape="handshake")
+class ClientWelcome(WireMessage):
     """Sent with the arena's file descriptor attached (SCM_RIGHTS)."""
 
     version: int
@@ -96,229 +173,109 @@ class ClientWelcome:
     arena_size: int
 
 
-# --- generic replies ---
-@message(10)
-class Ok:
-    rid: int
+# --- 10-11: generic replies ---
+@message(10, shape="reply")
+class Ok(Reply):
+    rid: int = 0
 
 
-@message(11)
-class Error:
-    rid: int
+@message(11, shape="reply")
+class Error(Reply):
+    """The typed error a request ended with (``code`` selects the class, ``data`` its fields)."""
+
+    rid: int = 0
     code: str
     message: str
     data: dict[str, Any]
 
 
-# --- client to local daemon ---
-@message(20, payload="small")
-class Put:
+# --- 20-33: client to its local daemon ---
+@message(20, shape="request", roles=(CLIENT,), payload="small")
+class Put(Request["Ok"]):
     """Put a small object whose bytes ride as the payload."""
 
-    rid: int
+    rid: int = 0
     oid: ObjectID
     dtype: str
     shape: list[int]
 
 
-@message(21)
-class Create:
+@message(21, shape="request", roles=(CLIENT,))
+class Create(Request["Created"]):
     """Reserve room for a large object the client then writes into shared memory."""
 
-    rid: int
+    rid: int = 0
     oid: ObjectID
     size: int
     dtype: str
     shape: list[int]
 
 
-@message(22)
-class Created:
-    rid: int
+@message(22, shape="reply")
+class Created(Reply):
+    rid: int = 0
     offset: int
 
 
-@message(23)
-class Seal:
-    rid: int
+@message(23, shape="request", roles=(CLIENT,))
+class Seal(Request["Ok"]):
+    rid: int = 0
     oid: ObjectID
 
 
-@message(24)
-class Abort:
-    rid: int
+@message(24, shape="request", roles=(CLIENT,))
+class Abort(Request["Ok"]):
+    rid: int = 0
     oid: ObjectID
 
 
-@message(25)
-class Get:
-    rid: int
+@message(25, shape="request", roles=(CLIENT,))
+class Get(Request["Found"]):
+    rid: int = 0
     oid: ObjectID
     timeout: Optional[float]
 
 
-@message(26, payload="small")
-class Found:
+@message(26, shape="reply", payload="small")
+class Found(Reply):
     """Where a complete local copy lives (``offset`` in the arena), or the bytes themselves."""
 
-    rid: int
+    rid: int = 0
     size: int
     dtype: str
     shape: list[int]
     offset: Optional[int]
 
 
-@message(27)
-class Delete:
-    rid: int
+@message(27, shape="request", roles=(CLIENT,))
+class Delete(Request["Ok"]):
+    rid: int = 0
     oid: ObjectID
 
 
-@message(28)
-class Release:
-    """One-way: the client dropped these views (one entry per view)."""
+@message(28, shape="oneway", roles=(CLIENT,))
+class Release(WireMessage):
+    """The client dropped these views (one entry per view)."""
 
     oids: list[ObjectID]
 
 
-@message(29)
-class Status:
-    rid: int
+@message(29, shape="request", roles=(CLIENT,))
+class Status(Request["StatusReply"]):
+    rid: int = 0
 
 
-@message(30)
-class StatusReply:
-    rid: int
+@message(30, shape="reply")
+class StatusReply(Reply):
+    rid: int = 0
     info: dict[str, Any]
 
 
-# --- daemon to daemon: membership and liveness ---
-@message(40)
-class Join:
-    rid: int
-    member: MemberInfo
-
-
-@message(41)
-class Members:
-    rid: int
-    members: list[MemberInfo]
-
-
-@message(42)
-class MemberUp:
-    rid: int
-    member: MemberInfo
-
-
-@message(43)
-class Ping:
-    rid: int
-
-
-# --- daemon to directory shard ---
-@message(44)
-class Locate:
-    """Ask the owner shard for a source of ``oid`` (waiting up to ``timeout`` for a put)."""
-
-    rid: int
-    oid: ObjectID
-    timeout: Optional[float]
-    exclude: list[str]
-    offset: int
-
-
-@message(45, payload="small")
-class Located:
-    """A source to pull from, or (``source`` None) the object's bytes as the payload."""
-
-    rid: int
-    source: Optional[str]
-    size: int
-    dtype: str
-    shape: list[int]
-    version: bytes
-
-
-@message(46, payload="small")
-class Publish:
-    """A store now holds a complete object; small objects carry their bytes."""
-
-    rid: int
-    oid: ObjectID
-    size: int
-    dtype: str
-    shape: list[int]
-    version: bytes
-
-
-@message(47)
-class Progress:
-    """One-way: how many bytes of ``oid`` the sender holds so far."""
-
-    oid: ObjectID
-    received: int
-
-
-@message(48)
-class TransferDone:
-    """One-way: a pull from ``source`` ended; ``complete`` tells whether the sender has it all."""
-
-    oid: ObjectID
-    source: str
-    complete: bool
-
-
-@message(49)
-class DeleteEntry:
-    rid: int
-    oid: ObjectID
-
-
-@message(50)
-class Drop:
-    """One-way: the directory tells a holder to drop its copy of a deleted object."""
-
-    oid: ObjectID
-
-
-@message(51)
-class Stats:
-    rid: int
-
-
-@message(52)
-class Announce:
-    """Soft state: the sender's holdings whose directory shard is the receiver."""
-
-    rid: int
-    holdings: list[Holding]
-
-
-# --- data connections ---
-@message(60)
-class Pull:
-    rid: int
-    oid: ObjectID
-    version: bytes
-    offset: int
-
-
-@message(61, payload="stream")
-class DataStream:
-    """Header of an object stream: the payload is bytes ``offset..size`` of the object."""
-
-    rid: int
-    offset: int
-    size: int
-
-
-# --- reduce: client to its daemon ---
-@message(31)
-class Reduce:
+@message(31, shape="request", roles=(CLIENT,))
+class Reduce(Request["Ok"]):
     """Reduce the first ``num_objects`` ready inputs with ``op`` into ``result``."""
 
-    rid: int
+    rid: int = 0
     result: ObjectID
     inputs: list[ObjectID]
     op: str
@@ -326,32 +283,136 @@ class Reduce:
     timeout: Optional[float]
 
 
-@message(32)
-class ReducedInputs:
-    rid: int
+@message(32, shape="request", roles=(CLIENT,))
+class ReducedInputs(Request["InputList"]):
+    rid: int = 0
     result: ObjectID
     timeout: Optional[float]
 
 
-@message(33)
-class InputList:
-    rid: int
+@message(33, shape="reply")
+class InputList(Reply):
+    rid: int = 0
     inputs: list[ObjectID]
 
 
-# --- reduce: coordinator to directory shards and tree nodes ---
-@message(53)
-class WaitObject:
+# --- 40-43: membership and liveness ---
+@message(40, shape="request", roles=(PEER,))
+class Join(Request["Members"]):
+    rid: int = 0
+    member: MemberInfo
+
+
+@message(41, shape="reply")
+class Members(Reply):
+    rid: int = 0
+    members: list[MemberInfo]
+
+
+@message(42, shape="oneway", roles=(PEER,))
+class MemberUp(WireMessage):
+    """A member joined through the sender: connect to it."""
+
+    member: MemberInfo
+
+
+@message(43, shape="request", roles=(PEER, TOOL))
+class Ping(Request["Ok"]):
+    rid: int = 0
+
+
+# --- 44-52: daemon to directory shard ---
+@message(44, shape="request", roles=(PEER,))
+class Locate(Request["Located"]):
+    """Ask the owner shard for a source of ``oid`` (waiting up to ``timeout`` for a put)."""
+
+    rid: int = 0
+    oid: ObjectID
+    timeout: Optional[float]
+    exclude: list[str]
+    offset: int
+
+
+@message(45, shape="reply", payload="small")
+class Located(Reply):
+    """A source to pull from, or (``source`` None) the object's bytes as the payload."""
+
+    rid: int = 0
+    source: Optional[str]
+    size: int
+    dtype: str
+    shape: list[int]
+    version: bytes
+
+
+@message(46, shape="request", roles=(PEER,), payload="small")
+class Publish(Request["Ok"]):
+    """A store now holds a complete object; small objects carry their bytes."""
+
+    rid: int = 0
+    oid: ObjectID
+    size: int
+    dtype: str
+    shape: list[int]
+    version: bytes
+
+
+@message(47, shape="oneway", roles=(PEER,))
+class Progress(WireMessage):
+    """How many bytes of ``oid`` the sender holds so far."""
+
+    oid: ObjectID
+    received: int
+
+
+@message(48, shape="oneway", roles=(PEER,))
+class TransferDone(WireMessage):
+    """A pull from ``source`` ended; ``complete`` tells whether the sender has it all."""
+
+    oid: ObjectID
+    source: str
+    complete: bool
+
+
+@message(49, shape="request", roles=(PEER,))
+class DeleteEntry(Request["Ok"]):
+    rid: int = 0
+    oid: ObjectID
+
+
+@message(50, shape="oneway", roles=(PEER,))
+class Drop(WireMessage):
+    """The directory tells a holder to drop its copy of a deleted object."""
+
+    oid: ObjectID
+
+
+@message(51, shape="request", roles=(PEER, TOOL))
+class Stats(Request["StatusReply"]):
+    rid: int = 0
+
+
+@message(52, shape="request", roles=(PEER,))
+class Announce(Request["Ok"]):
+    """Soft state: the sender's holdings whose directory shard is the receiver."""
+
+    rid: int = 0
+    holdings: list[Holding]
+
+
+# --- 53-59, 62: reduce, coordinator to directory shards and tree nodes ---
+@message(53, shape="request", roles=(PEER,))
+class WaitObject(Request["ObjectInfo"]):
     """Wait until ``oid`` is complete somewhere; answered by ObjectInfo (small ones inline)."""
 
-    rid: int
+    rid: int = 0
     oid: ObjectID
     timeout: Optional[float]
 
 
-@message(54, payload="small")
-class ObjectInfo:
-    rid: int
+@message(54, shape="reply", payload="small")
+class ObjectInfo(Reply):
+    rid: int = 0
     holders: list[str]
     size: int
     dtype: str
@@ -359,21 +420,21 @@ class ObjectInfo:
     version: bytes
 
 
-@message(55)
-class FailEntry:
+@message(55, shape="request", roles=(PEER,))
+class FailEntry(Request["Ok"]):
     """Record that ``oid`` will never exist: gets of it fail with this error."""
 
-    rid: int
+    rid: int = 0
     oid: ObjectID
     code: str
     message: str
 
 
-@message(56)
-class ReduceTask:
+@message(56, shape="request", roles=(PEER,))
+class ReduceTask(Request["TaskStarted"]):
     """Compute slot ``slot``: ``output`` = ``input`` combined with ``children`` child outputs."""
 
-    rid: int
+    rid: int = 0
     reduce_id: ObjectID
     slot: int
     input: ObjectID
@@ -384,17 +445,17 @@ class ReduceTask:
     children: int
 
 
-@message(57)
-class TaskStarted:
-    rid: int
+@message(57, shape="reply")
+class TaskStarted(Reply):
+    rid: int = 0
     version: bytes
 
 
-@message(58)
-class ReduceChild:
+@message(58, shape="request", roles=(PEER,))
+class ReduceChild(Request["Ok"]):
     """Where slot ``slot``'s next child output is: ``node`` holds ``oid`` at ``version``."""
 
-    rid: int
+    rid: int = 0
     reduce_id: ObjectID
     slot: int
     node: str
@@ -402,9 +463,9 @@ class ReduceChild:
     version: bytes
 
 
-@message(59)
-class ReduceFailed:
-    """One-way, tree node to coordinator: slot ``slot`` cannot be computed."""
+@message(59, shape="oneway", roles=(PEER,))
+class ReduceFailed(WireMessage):
+    """Tree node to coordinator: slot ``slot`` cannot be computed."""
 
     reduce_id: ObjectID
     slot: int
@@ -412,13 +473,34 @@ class ReduceFailed:
     message: str
 
 
-@message(62)
-class ReduceDone:
-    """One-way, coordinator to tree nodes: drop this reduce's temporary buffers."""
+# --- 60-61: data connections ---
+@message(60, shape="request", roles=(DATA,))
+class Pull(Request["DataStream"]):
+    rid: int = 0
+    oid: ObjectID
+    version: bytes
+    offset: int
+
+
+@message(61, shape="reply", payload="stream")
+class DataStream(Reply):
+    """Header of an object stream: the payload is bytes ``offset..size`` of the object."""
+
+    rid: int = 0
+    offset: int
+    size: int
+
+
+@message(62, shape="oneway", roles=(PEER,))
+class ReduceDone(WireMessage):
+    """Coordinator to tree nodes: drop this reduce's temporary buffers."""
 
     reduce_id: ObjectID
 
 
-REPLY_KINDS: frozenset[type] = frozenset(
-    {Ok, Error, Created, Found, StatusReply, Members, Located, DataStream, InputList, ObjectInfo,
-     TaskStarted})
+_resolve_replies(globals())
+
+
+def kinds_for(role: Role) -> list[type[WireMessage]]:
+    """The requests and one-ways ``role`` may send: a server of that role handles each."""
+    return [cls for cls in MESSAGES.values() if role in cls.ROLES]

@@ -9,17 +9,20 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Union
+from typing import Any, TypeVar, Union, dataclass_transform
 
 from hoplite_client.wire.errors import RemoteProtocolError
 from hoplite_client.wire.ids import OBJECT_ID_SIZE, ObjectID
 
 _HINTS: dict[type, list[tuple[str, Any]]] = {}
+_T = TypeVar("_T", bound=type)
 
 
-def record(cls: type) -> type:
-    """Make ``cls`` a frozen slotted dataclass whose fields can be checked when decoded."""
-    dc = dataclasses.dataclass(frozen=True, slots=True)(cls)
+@dataclass_transform(frozen_default=True, kw_only_default=True)
+def record(cls: _T) -> _T:
+    """Make ``cls`` a frozen slotted dataclass with keyword-only fields (so a request id can
+    default to 0 ahead of required fields) whose fields are checked when decoded."""
+    dc: _T = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)(cls)
     hints = typing.get_type_hints(dc)
     _HINTS[dc] = [(f.name, hints[f.name]) for f in dataclasses.fields(dc)]
     return dc
@@ -41,7 +44,7 @@ def from_wire(cls: type, raw: Any) -> Any:
     fields = _HINTS[cls]
     if not isinstance(raw, list) or len(raw) != len(fields):
         raise RemoteProtocolError(f"{cls.__name__}: expected {len(fields)} fields")
-    return cls(*(_check(cls, name, hint, v) for (name, hint), v in zip(fields, raw)))
+    return cls(**{name: _check(cls, name, hint, v) for (name, hint), v in zip(fields, raw)})
 
 
 def _check(cls: type, name: str, hint: Any, value: Any) -> Any:

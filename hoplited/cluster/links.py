@@ -11,15 +11,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 from hoplite_client.net.channel import Channel
 from hoplite_client.net.handshake import Identity, dial
 from hoplite_client.wire.errors import ConnectionLostError, HopliteError, PeerUnavailableError
 from hoplite_client.wire.frames import Frame
-from hoplite_client.wire.messages import REPLY_KINDS, MemberInfo, Ping
+from hoplite_client.wire.messages import MemberInfo, Ping, Request, WireMessage
 
-log = logging.getLogger("hoplited.peers")
+log = logging.getLogger("hoplited.links")
+
+R = TypeVar("R", bound=WireMessage)
 
 
 class PeerLink:
@@ -64,18 +66,18 @@ class PeerLink:
                     protocol.abort()
                     raise PeerUnavailableError(f"{self.member.host}:{self.member.port} is now "
                                                f"{peer_id}, not {self.node_id}", node=self.node_id)
-                self.channel = Channel(protocol, REPLY_KINDS)
+                self.channel = Channel(protocol)
             return self.channel
 
-    async def request(self, make: Callable[[int], Any], payload: Any = None,
-                      timeout: Optional[float] = None) -> Frame:
+    async def request(self, msg: Request[R], payload: Any = None,
+                      timeout: Optional[float] = None) -> Frame[R]:
         """Send a request to this member and wait for its reply (typed errors re-raised)."""
         channel = await self._ensure()
-        frame = await channel.request(make, payload, timeout)
+        frame = await channel.request(msg, payload, timeout)
         self.last_seen = time.monotonic()
         return frame
 
-    def notify(self, msg: Any, payload: Any = None) -> None:
+    def notify(self, msg: WireMessage, payload: Any = None) -> None:
         """Send a one-way message, connecting first if needed; failures are only logged."""
         if self.channel is not None and self.channel.is_open:
             self.channel.notify(msg, payload)
@@ -84,7 +86,7 @@ class PeerLink:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _notify_later(self, msg: Any, payload: Any) -> None:
+    async def _notify_later(self, msg: WireMessage, payload: Any) -> None:
         try:
             (await self._ensure()).notify(msg, payload)
         except HopliteError as exc:
@@ -95,7 +97,7 @@ class PeerLink:
             await asyncio.sleep(self.interval)
             try:
                 sent = time.monotonic()
-                await self.request(lambda rid: Ping(rid=rid), timeout=self.timeout)
+                await self.request(Ping(), timeout=self.timeout)
                 self.on_rtt(time.monotonic() - sent)
             except (HopliteError, OSError) as exc:
                 silent = time.monotonic() - self.last_seen
@@ -121,3 +123,40 @@ class PeerLink:
             task.cancel()
         if self.channel is not None:
             self.channel.protocol.abort()
+
+
+class Links:
+    """Our control link to every other member, by node id."""
+
+    def __init__(self, me: Identity, interval: float, timeout: float,
+                 on_dead: Callable[[str], None], on_rtt: Callable[[float], None]) -> None:
+        self._me = me
+        self._interval = interval
+        self._timeout = timeout
+        self._on_dead = on_dead
+        self._on_rtt = on_rtt
+        self._links: dict[str, PeerLink] = {}
+
+    def get(self, node: str) -> Optional[PeerLink]:
+        return self._links.get(node)
+
+    def others(self) -> list[PeerLink]:
+        return list(self._links.values())
+
+    def open(self, member: MemberInfo, keep_existing: bool) -> None:
+        """Start a link to ``member``; an existing one is kept if ``keep_existing`` (the member
+        is alive and known), else replaced (it came back under the same id)."""
+        old = self._links.pop(member.node_id, None)
+        if old is not None and keep_existing:
+            self._links[member.node_id] = old
+            return
+        if old is not None:
+            old.close()
+        link = PeerLink(member, self._me, self._interval, self._timeout, self._on_dead,
+                        self._on_rtt)
+        self._links[member.node_id] = link
+        link.start()
+
+    def close_all(self) -> None:
+        for link in self._links.values():
+            link.close()

@@ -1,63 +1,36 @@
-"""This daemon's shard of the object directory: who holds what, and who should send to whom.
+"""This daemon's shard of the object directory: the asyncio adapter over ``DirectoryState``.
 
-Entries are soft state rebuilt from stores' announcements. A receiver asking for a source is
-enrolled at once as a partial holder, so receivers that arrive together chain behind each
-other (fan-out per holder is limited) and the chains split into a tree as copies complete.
-A holder may only be given sources enrolled before it (or complete ones), so re-attaching
-after a failure can never form a cycle.
+Every decision (source choice, chains, fan-out, no cycles, tombstones) is made by the pure
+``hoplited.directory.state.DirectoryState``. This module only owns what needs a loop: the
+futures of requests waiting for an object to appear (or for a source to become eligible) and
+their deadlines. A wait asks the state; on ``NotYet`` it sleeps until a mutator's instructions
+wake its id, then asks again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import logging
-from dataclasses import dataclass, field
-from typing import Callable, Optional
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
-from hoplite_client.wire.errors import (
-    HopliteError,
-    HopliteTimeoutError,
-    NotOwnerError,
-    ObjectExistsError,
-    ObjectNotFoundError,
-)
+from hoplite_client.wire.errors import HopliteError, HopliteTimeoutError
 from hoplite_client.wire.ids import ObjectID
+from hoplited.directory.state import (
+    DirectoryState,
+    DropCopy,
+    Entry,
+    Holder,
+    Instruction,
+    Moved,
+    NotYet,
+    Source,
+    Wake,
+    WakeAll,
+)
 
-log = logging.getLogger("hoplited.directory")
+__all__ = ["DirectoryShard", "Entry", "Holder", "Source"]
 
-
-
-@dataclass
-class Holder:
-    """A node holding (part of) an object, as the shard last heard."""
-
-    received: int
-    seq: int  # enrolment order; sources must have a smaller one (no cycles)
-    serving: int = 0  # transfers it is sending to others now
-    source: Optional[str] = None
-
-
-@dataclass
-class Entry:
-    oid: ObjectID
-    size: int
-    dtype: str
-    shape: list[int]
-    version: bytes
-    inline: Optional[bytes] = None
-    holders: dict[str, Holder] = field(default_factory=dict)
-
-    def complete_holders(self) -> list[str]:
-        return [n for n, h in self.holders.items() if h.received >= self.size]
-
-
-@dataclass(frozen=True)
-class Source:
-    """The answer to a locate: a node to pull from, or the inline bytes."""
-
-    entry: Entry
-    node: Optional[str]
+T = TypeVar("T")
 
 
 class DirectoryShard:
@@ -65,65 +38,51 @@ class DirectoryShard:
 
     def __init__(self, fanout: int, is_alive: Callable[[str], bool],
                  owner_of: Callable[[ObjectID], str], me: str) -> None:
-        self.fanout = fanout
-        self.is_alive = is_alive
-        self.owner_of = owner_of
-        self.me = me
-        self.entries: dict[ObjectID, Entry] = {}
-        self.failed: dict[ObjectID, HopliteError] = {}  # ids that will never exist, and why
+        self.state = DirectoryState(fanout, is_alive, owner_of, me)
         self._waiters: dict[ObjectID, list[asyncio.Future[None]]] = {}
-        self._seq = itertools.count()
 
-    async def locate(self, oid: ObjectID, requester: str, timeout: Optional[float],
+    @property
+    def entries(self) -> dict[ObjectID, Entry]:
+        return self.state.entries
+
+    @property
+    def failed(self) -> dict[ObjectID, HopliteError]:
+        return self.state.failed
+
+    # --- waits ---
+    async def locate(self, oid: ObjectID, requester: str, timeout: float | None,
                      exclude: list[str], offset: int) -> Source:
         """Pick a source for ``requester``, waiting up to ``timeout`` for the object to exist."""
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            entry = self._current(oid)
-            if entry is not None:
-                if entry.inline is not None:
-                    return Source(entry, None)
-                mine = entry.holders.get(requester)
-                if mine is not None and mine.received >= entry.size:
-                    return Source(entry, requester)  # it was put on the requester meanwhile
-                node = self._choose(entry, requester, set(exclude))
-                if node is not None:
-                    self._enrol(entry, requester, node, offset)
-                    return Source(entry, node)
-            await self._wait_change(oid, deadline, timeout)
+        return await self._until(
+            oid, timeout, lambda: self.state.try_locate(oid, requester, exclude, offset))
 
-    async def wait_object(self, oid: ObjectID, timeout: Optional[float]) -> Entry:
+    async def wait_object(self, oid: ObjectID, timeout: float | None) -> Entry:
         """The entry of ``oid`` once a live member holds all of it (or it is inline)."""
+        return await self._until(oid, timeout, lambda: self.state.try_wait_object(oid))
+
+    async def _until(self, oid: ObjectID, timeout: float | None,
+                     attempt: Callable[[], T | NotYet]) -> T:
+        """Ask ``attempt`` until it answers, sleeping between changes of ``oid``; raises
+        HopliteTimeoutError once ``timeout`` passed (after one last attempt)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
-            entry = self._current(oid)
-            if entry is not None and (entry.inline is not None or any(
-                    self.is_alive(n) for n in entry.complete_holders())):
-                return entry
-            await self._wait_change(oid, deadline, timeout)
+            answer = attempt()
+            if not isinstance(answer, NotYet):
+                return answer
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                raise HopliteTimeoutError(f"object {oid.hex()} was not available within "
+                                          f"{timeout}s ({answer.reason})", oid=oid.hex())
+            await self._wait_change(oid, remaining)
 
-    def _current(self, oid: ObjectID) -> Optional[Entry]:
-        """The entry of an id we own (None if not put yet); raises if it will never exist."""
-        self.check_owner(oid)
-        if oid in self.failed:
-            raise self.failed[oid]
-        return self.entries.get(oid)
-
-    async def _wait_change(self, oid: ObjectID, deadline: Optional[float],
-                           timeout: Optional[float]) -> None:
-        """Sleep until something about ``oid`` changes, or raise once ``deadline`` passed."""
-        loop = asyncio.get_running_loop()
-        remaining = None if deadline is None else deadline - loop.time()
-        if remaining is not None and remaining <= 0:
-            raise HopliteTimeoutError(f"object {oid.hex()} was not available within "
-                                      f"{timeout}s", oid=oid.hex())
-        fut: asyncio.Future[None] = loop.create_future()
+    async def _wait_change(self, oid: ObjectID, remaining: float | None) -> None:
+        """Sleep until the waiters of ``oid`` are woken, or ``remaining`` seconds passed."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(oid, []).append(fut)
         try:
             await asyncio.wait_for(fut, remaining)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         finally:
             waiters = self._waiters.get(oid)
@@ -132,123 +91,64 @@ class DirectoryShard:
                 if not waiters:
                     del self._waiters[oid]
 
-    def fail(self, oid: ObjectID, error: HopliteError) -> None:
-        """``oid`` will never exist (a failed reduce): waiters and later gets get ``error``.
-        An id that names an existing, complete object is left alone."""
-        self.check_owner(oid)
-        entry = self.entries.get(oid)
-        if entry is not None and any(self.is_alive(n) for n in entry.complete_holders()):
-            return
-        self.entries.pop(oid, None)
-        self.failed[oid] = error
-        self._wake(oid)
-
-    def check_owner(self, oid: ObjectID) -> None:
-        """Raise NotOwnerError (naming the owner) unless this shard owns ``oid``."""
-        owner = self.owner_of(oid)
-        if owner != self.me:
-            raise NotOwnerError(f"object {oid.hex()} belongs to shard {owner}", owner=owner)
-
-    def _choose(self, entry: Entry, requester: str, exclude: set[str]) -> Optional[str]:
-        me = entry.holders.get(requester)
-        candidates = []
-        for node, h in entry.holders.items():
-            if node == requester or node in exclude or not self.is_alive(node):
-                continue
-            complete = h.received >= entry.size
-            if not complete and me is not None and h.seq > me.seq:
-                continue  # it may be downstream of the requester
-            candidates.append((h.serving >= self.fanout, not complete, -h.received,
-                               h.serving, h.seq, node))
-        return min(candidates)[-1] if candidates else None
-
-    def _enrol(self, entry: Entry, requester: str, source: str, offset: int) -> None:
-        me = entry.holders.get(requester)
-        if me is None:
-            me = entry.holders[requester] = Holder(received=offset, seq=next(self._seq))
-        if me.source is not None and me.source in entry.holders:
-            entry.holders[me.source].serving = max(0, entry.holders[me.source].serving - 1)
-        me.source = source
-        me.received = max(me.received, offset)
-        entry.holders[source].serving += 1
+    def _apply(self, instructions: Iterable[Instruction]) -> None:
+        """Carry out the state's wake-ups (other instructions are returned to the caller)."""
+        for ins in instructions:
+            if isinstance(ins, Wake):
+                self._wake(ins.oid)
+            elif isinstance(ins, WakeAll):
+                for oid in list(self._waiters):
+                    self._wake(oid)
 
     def _wake(self, oid: ObjectID) -> None:
         for fut in self._waiters.pop(oid, []):
             if not fut.done():
                 fut.set_result(None)
 
+    # --- events, forwarded to the state ---
+    def check_owner(self, oid: ObjectID) -> None:
+        """Raise NotOwnerError (naming the owner) unless this shard owns ``oid``."""
+        self.state.check_owner(oid)
+
+    def fail(self, oid: ObjectID, error: HopliteError) -> None:
+        """``oid`` will never exist (a failed reduce): waiters and later gets get ``error``.
+        An id that names an existing, complete object is left alone."""
+        self._apply(self.state.fail(oid, error))
+
     def publish(self, oid: ObjectID, holder: str, size: int, dtype: str, shape: list[int],
-                version: bytes, inline: Optional[bytes], received: Optional[int] = None) -> None:
+                version: bytes, inline: bytes | None, received: int | None = None) -> None:
         """Record that ``holder`` has ``received`` bytes (default: all) of the object."""
-        self.check_owner(oid)
-        entry = self.entries.get(oid)
-        if entry is not None and entry.version != version:
-            if any(self.is_alive(n) for n in entry.complete_holders()):
-                raise ObjectExistsError(f"object {oid.hex()} already exists", oid=oid.hex())
-            entry = None  # every copy was lost: this is a re-put
-        if entry is None:
-            entry = self.entries[oid] = Entry(oid, size, dtype, list(shape), version, inline)
-            self.failed.pop(oid, None)
-        elif inline is not None:
-            entry.inline = inline
-        got = size if received is None else received
-        h = entry.holders.get(holder)
-        if h is None:
-            entry.holders[holder] = Holder(received=got, seq=next(self._seq))
-        else:
-            h.received = max(h.received, got)
-        self._wake(oid)
+        self._apply(self.state.publish(oid, holder, size, dtype, shape, version, inline,
+                                       received))
 
     def progress(self, oid: ObjectID, holder: str, received: int) -> None:
-        entry = self.entries.get(oid)
-        if entry is not None and holder in entry.holders:
-            h = entry.holders[holder]
-            h.received = max(h.received, received)
+        """A receiver reports how far along it is."""
+        self._apply(self.state.progress(oid, holder, received))
 
     def transfer_done(self, oid: ObjectID, source: str, receiver: str, complete: bool) -> None:
         """A pull ended: free the source's slot; a completed receiver becomes a full holder."""
-        entry = self.entries.get(oid)
-        if entry is None:
-            return
-        h = entry.holders.get(receiver)
-        if h is not None and h.source == source:
-            h.source = None
-            src = entry.holders.get(source)
-            if src is not None:
-                src.serving = max(0, src.serving - 1)
-        if h is not None and complete:
-            h.received = entry.size
-        self._wake(oid)
+        self._apply(self.state.transfer_done(oid, source, receiver, complete))
 
     def delete(self, oid: ObjectID) -> list[str]:
         """Remove the entry; returns the nodes that must drop their copies."""
-        self.check_owner(oid)
-        entry = self.entries.pop(oid, None)
-        if entry is None and self.failed.pop(oid, None) is not None:
-            return []
-        if entry is None:
-            raise ObjectNotFoundError(f"object {oid.hex()} does not exist", oid=oid.hex())
-        return list(entry.holders)
+        instructions = self.state.delete(oid)
+        self._apply(instructions)
+        return [ins.node for ins in instructions if isinstance(ins, DropCopy)]
 
     def forget_node(self, node: str) -> None:
         """A member died: its copies are gone and the transfers it was sending stop."""
-        for entry in self.entries.values():
-            h = entry.holders.pop(node, None)
-            if h is not None and h.source in entry.holders:
-                src = entry.holders[h.source]
-                src.serving = max(0, src.serving - 1)
-            for other in entry.holders.values():
-                if other.source == node:
-                    other.source = None
+        self._apply(self.state.forget_node(node))
 
     def membership_changed(self) -> int:
-        """Drop entries owned elsewhere now, and wake every waiter to re-check its owner."""
-        gone = [oid for oid in self.entries if self.owner_of(oid) != self.me]
-        for oid in gone:
-            del self.entries[oid]
-        for oid in list(self._waiters):
-            self._wake(oid)
-        return len(gone)
+        """Drop entries owned elsewhere now, and wake every waiter to re-check its owner;
+        returns how many entries moved."""
+        instructions = self.state.membership_changed()
+        self._apply(instructions)
+        return sum(isinstance(ins, Moved) for ins in instructions)
+
+    def story(self, oid: ObjectID) -> list[tuple[str, str]]:
+        """The last (event, outcome) records about ``oid`` (why each source was chosen)."""
+        return self.state.story(oid)
 
     def stats(self) -> dict[str, int]:
         return {"entries": len(self.entries),

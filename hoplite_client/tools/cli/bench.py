@@ -27,7 +27,7 @@ from hoplite_client.net.handshake import Identity, dial
 from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.tools.testbed import emulated_cluster, format_rate, parse_rate
 from hoplite_client.wire.errors import HopliteError
-from hoplite_client.wire.messages import REPLY_KINDS, Stats
+from hoplite_client.wire.messages import Stats
 from hoplite_client.wire.units import parse_size
 
 GET_TIMEOUT = 600.0  # per get; a 256 MiB broadcast on a loaded machine takes seconds
@@ -70,8 +70,7 @@ async def members_on_this_host(seed: str, token: bytes) -> list[str]:
     host, port = parse_address(seed)
     protocol, _ = await dial(host, port, "tool", Identity("bench-tool", token))
     try:
-        frame = await Channel(protocol, REPLY_KINDS).request(lambda rid: Stats(rid=rid),
-                                                             timeout=10)
+        frame = await Channel(protocol).request(Stats(), timeout=10)
     finally:
         protocol.close()
     here = host_id()

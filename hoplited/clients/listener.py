@@ -1,0 +1,131 @@
+"""The Unix-socket listener for local client processes.
+
+Connecting: the client sends ClientHello; the daemon answers ClientWelcome with the arena's
+memfd attached (SCM_RIGHTS), so the client maps the same memory; then a
+:class:`~hoplited.clients.session.ClientSession` serves the connection. The socket file is
+created readable by its owner only.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import errno
+import logging
+import os
+import socket
+from typing import Any, Optional
+
+from hoplite_client.net.handshake import HANDSHAKE_TIMEOUT, read_one_frame
+from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, RemoteProtocolError
+from hoplite_client.wire.frames import SUPPORTED_VERSIONS, encode_header
+from hoplite_client.wire.messages import ClientHello, ClientWelcome
+
+from hoplited.clients.session import ClientSession, SessionDeps
+from hoplited.memory.arena import Arena
+
+log = logging.getLogger("hoplited.clients")
+
+# Pause after a failed accept (EMFILE and the like) before trying again: no busy loop.
+ACCEPT_RETRY = 0.1
+
+
+class ClientListener:
+    """Accepts local clients on the Unix socket; one session per connection."""
+
+    def __init__(self, path: str, node_id: str, arena: Arena, deps: SessionDeps) -> None:
+        self._path = path
+        self._node_id = node_id
+        self._arena = arena
+        self._deps = deps
+        self.sessions: set[ClientSession] = set()
+        self._sock: Optional[socket.socket] = None
+        self._accepting: Optional[asyncio.Task[None]] = None
+
+    def start(self) -> None:
+        self._sock = _bind_unix(self._path)
+        self._accepting = self._deps.tasks.spawn(self._accept_loop(), name="unix-accept")
+
+    def __len__(self) -> int:
+        return len(self.sessions)
+
+    async def _accept_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._sock is not None
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(self._sock)
+            except OSError as exc:
+                log.warning("accept on %s failed: %s", self._path, exc)
+                await asyncio.sleep(ACCEPT_RETRY)
+                continue
+            self._deps.tasks.spawn(self._welcome(conn), name="client-hello")
+
+    async def _welcome(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            hello = (await asyncio.wait_for(read_one_frame(conn), HANDSHAKE_TIMEOUT)).msg
+            if not isinstance(hello, ClientHello):
+                raise RemoteProtocolError(f"expected ClientHello, got {type(hello).__name__}")
+            if not set(hello.versions) & set(SUPPORTED_VERSIONS):
+                raise RemoteProtocolError(f"client speaks versions {hello.versions}")
+            welcome = encode_header(ClientWelcome(version=max(SUPPORTED_VERSIONS),
+                                                  node_id=self._node_id,
+                                                  arena_size=self._arena.capacity))
+            fds = array.array("i", [self._arena.fd])
+            conn.sendmsg([welcome], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        except (HopliteError, OSError, TimeoutError) as exc:
+            log.warning("client handshake failed: %s", exc or type(exc).__name__)
+            conn.close()
+            return
+        protocol: Any
+        _, protocol = await loop.connect_accepted_socket(
+            lambda: FrameProtocol(name=f"client-{hello.pid}"), conn)
+        session = ClientSession(protocol, self._deps)
+        self.sessions.add(session)
+        protocol.on_lost.append(lambda _: self._ended(session))
+
+    def _ended(self, session: ClientSession) -> None:
+        self.sessions.discard(session)
+        session.cleanup()
+
+    def stop(self) -> None:
+        """Stop accepting, remove the socket file, drop every client connection."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+        if self._sock is not None:
+            self._sock.close()
+            try:
+                os.unlink(self._path)
+            except FileNotFoundError:
+                pass
+        for session in list(self.sessions):
+            session.protocol.abort()
+
+
+def _bind_unix(path: str) -> socket.socket:
+    """Bind the socket readable by its owner only; refuse if a live daemon already owns it."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    if os.path.exists(path):
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+                raise
+            os.unlink(path)  # left behind by a daemon that died
+        else:
+            raise InvalidArgumentError(f"a daemon is already serving {path}")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock

@@ -1,0 +1,164 @@
+"""One connected local client: its requests, the views it holds, the objects it is writing.
+
+After the handshake (:mod:`.listener`) the Unix socket carries only small control frames:
+object bytes go through shared memory. Large objects are reported as arena offsets and
+pinned until the client releases its view; small ones (inline size) ride as the reply's
+payload. When the client disconnects its pins are released and the objects it created but
+never sealed are discarded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from hoplite_client.net.channel import Channel
+from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, ObjectNotFoundError
+from hoplite_client.wire.frames import INLINE_MAX
+from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.messages import (CLIENT, Abort, Create, Created, Delete, Found, Get,
+                                          InputList, Ok, Put, Reduce, ReducedInputs, Release,
+                                          Seal, Status, StatusReply)
+
+from hoplited.collectives.coordinator import Reductions
+from hoplited.directory.client import DirectoryClient
+from hoplited.dispatch import Dispatcher
+from hoplited.memory.arena import Arena
+from hoplited.memory.store import ObjectStore, StoredObject
+from hoplited.tasks import Tasks
+from hoplited.transfer.fetcher import Fetcher
+
+log = logging.getLogger("hoplited.clients")
+
+
+@dataclass(frozen=True)
+class SessionDeps:
+    """What serving a client takes: the store, transfers, the directory, reduces, status."""
+
+    store: ObjectStore
+    arena: Arena
+    fetcher: Fetcher
+    directory: DirectoryClient
+    reductions: Reductions
+    cluster_status: Callable[[], Awaitable[dict[str, Any]]]
+    tasks: Tasks
+
+
+class ClientSession:
+    """Serves one client connection; ``cleanup`` runs when it closes."""
+
+    def __init__(self, protocol: FrameProtocol, deps: SessionDeps) -> None:
+        self.protocol = protocol
+        self.d = deps
+        self.pins: dict[ObjectID, list[StoredObject]] = {}
+        self.creating: set[ObjectID] = set()
+        dispatcher = Dispatcher(CLIENT, {
+            Get: self.on_get, Put: self.on_put, Create: self.on_create, Seal: self.on_seal,
+            Abort: self.on_abort, Delete: self.on_delete, Reduce: self.on_reduce,
+            ReducedInputs: self.on_reduced_inputs, Status: self.on_status,
+            Release: self.on_release}, deps.tasks)
+        self.channel = Channel(protocol, on_request=lambda frame: dispatcher.deliver(
+            protocol.name, frame, self._respond))
+
+    def _respond(self, reply: Any, payload: Any) -> None:
+        if not self.protocol.closed.done():
+            self.protocol.send(reply, payload)
+
+    async def on_get(self, me: str, msg: Get, payload: Optional[memoryview]
+                     ) -> tuple[Found, Optional[bytes]]:
+        obj = await self.d.fetcher.fetch(msg.oid, msg.timeout)
+        if obj.size <= INLINE_MAX:
+            return Found(size=obj.size, dtype=obj.dtype, shape=obj.shape, offset=None), \
+                bytes(obj.buffer)
+        self.d.store.pin(obj)
+        self.pins.setdefault(obj.oid, []).append(obj)
+        return Found(size=obj.size, dtype=obj.dtype, shape=obj.shape, offset=obj.offset), None
+
+    async def on_put(self, me: str, msg: Put, payload: Optional[memoryview]) -> Ok:
+        data = payload if payload is not None else memoryview(b"")
+        if len(data) > INLINE_MAX:
+            raise InvalidArgumentError("objects over 64 KiB are written with Create/Seal")
+        obj = self.d.store.create(msg.oid, len(data), msg.dtype, msg.shape)
+        obj.buffer[:] = data
+        obj.advance(obj.size)
+        await self._publish(obj)
+        return Ok()
+
+    async def on_create(self, me: str, msg: Create, payload: Optional[memoryview]) -> Created:
+        obj = self.d.store.create(msg.oid, msg.size, msg.dtype, msg.shape)
+        self.creating.add(msg.oid)
+        try:
+            await self.d.arena.populate(obj.offset, obj.size)
+        except HopliteError:
+            self.creating.discard(msg.oid)
+            self.d.store.remove(msg.oid)
+            raise
+        return Created(offset=obj.offset)
+
+    async def on_seal(self, me: str, msg: Seal, payload: Optional[memoryview]) -> Ok:
+        obj = self.d.store.get(msg.oid)
+        if obj is None or msg.oid not in self.creating:
+            raise ObjectNotFoundError(f"no object {msg.oid.hex()} being created by this client")
+        self.creating.discard(msg.oid)
+        obj.advance(obj.size)
+        await self._publish(obj)
+        return Ok()
+
+    def on_abort(self, me: str, msg: Abort, payload: Optional[memoryview]) -> Ok:
+        if msg.oid in self.creating:
+            self.creating.discard(msg.oid)
+            self.d.store.remove(msg.oid)
+        return Ok()
+
+    async def on_delete(self, me: str, msg: Delete, payload: Optional[memoryview]) -> Ok:
+        """Remove every copy in the cluster and the directory entry."""
+        local = self.d.store.get(msg.oid) is not None
+        try:
+            await self.d.directory.delete(msg.oid)
+        except HopliteError:
+            if not local:
+                raise
+        self.d.store.remove(msg.oid)
+        self.d.reductions.forget(msg.oid)
+        return Ok()
+
+    def on_reduce(self, me: str, msg: Reduce, payload: Optional[memoryview]) -> Ok:
+        self.d.reductions.start(msg.result, msg.inputs, msg.op, msg.num_objects, msg.timeout)
+        return Ok()
+
+    async def on_reduced_inputs(self, me: str, msg: ReducedInputs,
+                                payload: Optional[memoryview]) -> InputList:
+        return InputList(inputs=await self.d.reductions.reduced_inputs(msg.result, msg.timeout))
+
+    async def on_status(self, me: str, msg: Status, payload: Optional[memoryview]) -> StatusReply:
+        return StatusReply(info=await self.d.cluster_status())
+
+    def on_release(self, me: str, msg: Release, payload: Optional[memoryview]) -> None:
+        for oid in msg.oids:
+            held = self.pins.get(oid)
+            if not held:
+                log.warning("client released %s it did not hold", oid.short())
+                continue
+            self.d.store.unpin(held.pop(0))
+            if not held:
+                del self.pins[oid]
+
+    async def _publish(self, obj: StoredObject) -> None:
+        try:
+            await self.d.directory.publish(obj)
+        except BaseException:
+            self.d.store.remove(obj.oid)
+            raise
+
+    def cleanup(self) -> None:
+        """The client is gone: release its views, discard what it never sealed."""
+        for held in self.pins.values():
+            for obj in held:
+                self.d.store.unpin(obj)
+        self.pins.clear()
+        for oid in self.creating:
+            self.d.store.remove(oid)
+        self.creating.clear()

@@ -1,0 +1,75 @@
+"""Joining the cluster and learning of members: Join, MemberUp and Ping.
+
+``--join`` names any member; it answers with the live membership and tells the others
+(MemberUp), so every member dials every other one. A link per member runs the heartbeat
+(:mod:`.links`); a member found dead is marked so in :class:`~.membership.Membership`, whose
+listeners move directory ownership.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from hoplite_client.net.channel import Channel
+from hoplite_client.net.handshake import HANDSHAKE_TIMEOUT, Identity, dial
+from hoplite_client.wire.errors import ConnectionLostError, HopliteError
+from hoplite_client.wire.messages import Join, MemberInfo, Members, MemberUp, Ok, Ping, WireMessage
+
+from hoplited.cluster.links import Links
+from hoplited.cluster.membership import Membership
+from hoplited.dispatch import Handler
+
+log = logging.getLogger("hoplited.cluster")
+
+
+class ClusterService:
+    """This node's membership: joining, adding members, answering their pings."""
+
+    def __init__(self, identity: Identity, membership: Membership, links: Links) -> None:
+        self._identity = identity
+        self._membership = membership
+        self._links = links
+
+    def handlers(self) -> dict[type[WireMessage], Handler]:
+        return {Join: self.on_join, MemberUp: self.on_member_up, Ping: self.on_ping}
+
+    async def join(self, seeds: list[tuple[str, int]]) -> None:
+        """Join through the first seed that answers; learn the whole membership from it."""
+        errors = []
+        for host, port in seeds:
+            try:
+                protocol, _ = await dial(host, port, "peer", self._identity)
+                try:
+                    frame = await Channel(protocol).request(Join(member=self._membership.me),
+                                                            timeout=HANDSHAKE_TIMEOUT)
+                finally:
+                    protocol.close()
+            except HopliteError as exc:
+                errors.append(f"{host}:{port}: {exc}")
+                continue
+            for member in frame.msg.members:
+                self.add_member(member, announce=False)
+            return
+        raise ConnectionLostError("could not join the cluster: " + "; ".join(errors))
+
+    def add_member(self, member: MemberInfo, announce: bool) -> None:
+        """Learn of a member; ``announce`` tells the others (when it joined through us)."""
+        if member.node_id == self._identity.node_id:
+            return
+        if announce:
+            for link in self._links.others():
+                link.notify(MemberUp(member=member))
+        self._links.open(member, keep_existing=self._membership.is_alive(member.node_id))
+        self._membership.add(member)
+
+    def on_join(self, peer: str, msg: Join, payload: Optional[memoryview]) -> Members:
+        self.add_member(msg.member, announce=True)
+        alive = [self._membership.members[n] for n in self._membership.alive_ids()]
+        return Members(members=alive)
+
+    def on_member_up(self, peer: str, msg: MemberUp, payload: Optional[memoryview]) -> None:
+        self.add_member(msg.member, announce=False)
+
+    def on_ping(self, peer: str, msg: Ping, payload: Optional[memoryview]) -> Ok:
+        return Ok()

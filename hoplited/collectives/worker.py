@@ -1,0 +1,161 @@
+"""Reduce tree nodes: the slots this node computes for reduces coordinated elsewhere.
+
+A slot with children runs on the node holding its input: it pulls each child's output stream
+into a buffer of its own and, block by block, combines the prefix every child has delivered
+with its input (in place, :mod:`.ops`), advancing its output's watermark; its parent pulls that
+output while it grows, so the whole tree is pipelined (docs/design.md §4). A failure is reported
+to the coordinator, which decides what happens to the reduce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, ObjectNotFoundError
+from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.messages import (Ok, ReduceChild, ReduceDone, ReduceFailed, ReduceTask,
+                                          TaskStarted, WireMessage)
+
+from hoplited.collectives.ops import combine, derived_id
+from hoplited.dispatch import Handler
+from hoplited.memory.arena import Arena
+from hoplited.memory.store import ObjectStore, StoredObject
+from hoplited.tasks import Tasks
+from hoplited.transfer.fetcher import Fetcher
+
+log = logging.getLogger("hoplited.reduce")
+
+# Bytes combined per step: small enough to forward soon, big enough to amortise the call.
+COMPUTE_BLOCK = 4 * 1024 * 1024
+# Blocks at least this big are combined in a worker thread (numpy drops the GIL meanwhile).
+THREAD_BLOCK = 512 * 1024
+
+Tell = Callable[[str, WireMessage], None]
+
+
+@dataclass
+class SlotTask:
+    """One slot of a reduce being computed on this node."""
+
+    reduce_id: ObjectID
+    slot: int
+    coordinator: str
+    op: str
+    dtype: np.dtype[Any]
+    own: StoredObject
+    out: StoredObject
+    expected: int
+    children: list[StoredObject] = field(default_factory=list)
+    all_children: asyncio.Event = field(default_factory=asyncio.Event)
+    runner: Optional[asyncio.Task[None]] = None
+    pulls: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class ReduceWorker:
+    """Runs the tree-node tasks this node was given."""
+
+    def __init__(self, store: ObjectStore, arena: Arena, fetcher: Fetcher, tell: Tell,
+                 tasks: Tasks) -> None:
+        self._store = store
+        self._arena = arena
+        self._fetcher = fetcher
+        self._tell = tell
+        self._tasks = tasks
+        self.slots: dict[tuple[ObjectID, int], SlotTask] = {}
+
+    def handlers(self) -> dict[type[WireMessage], Handler]:
+        return {ReduceTask: self.on_task, ReduceChild: self.on_child, ReduceDone: self.on_done}
+
+    def on_task(self, coordinator: str, msg: ReduceTask,
+                payload: Optional[memoryview]) -> TaskStarted:
+        """Create the slot's output and start computing it; the reply carries its version."""
+        store = self._store
+        own = store.get(msg.input)
+        if own is None or not own.complete:
+            raise ObjectNotFoundError(f"input {msg.input.hex()} is not complete here")
+        if own.dtype != msg.dtype or own.shape != msg.shape:
+            raise InvalidArgumentError(f"input {msg.input.hex()} is {own.dtype}{own.shape}, "
+                                       f"not {msg.dtype}{msg.shape}")
+        out = store.get(msg.output) if msg.output == msg.reduce_id else None
+        if out is None:
+            out = store.create(msg.output, own.size, own.dtype, own.shape, temporary=True)
+            self._tasks.spawn(self._arena.populate(out.offset, out.size), name="populate")
+        store.pin(own)
+        store.pin(out)
+        task = SlotTask(msg.reduce_id, msg.slot, coordinator, msg.op, np.dtype(msg.dtype), own,
+                        out, msg.children)
+        if msg.children == 0:
+            task.all_children.set()
+        self.slots[(msg.reduce_id, msg.slot)] = task
+        task.runner = self._tasks.spawn(self._run(task), name=f"reduce-{msg.slot}")
+        return TaskStarted(version=out.version)
+
+    def on_child(self, peer: str, msg: ReduceChild, payload: Optional[memoryview]) -> Ok:
+        """A child of one of our slots is placed: pull its output into a buffer of ours."""
+        task = self.slots.get((msg.reduce_id, msg.slot))
+        if task is None:
+            raise ObjectNotFoundError(f"no task for slot {msg.slot} of {msg.reduce_id.hex()}")
+        store = self._store
+        buf = store.create(derived_id(msg.reduce_id, msg.slot, b"in%d" % len(task.children)),
+                           task.own.size, task.own.dtype, task.own.shape, temporary=True)
+        store.pin(buf)
+        task.children.append(buf)
+        task.pulls.append(self._tasks.spawn(self._pull_child(buf, msg), name="reduce-pull"))
+        if len(task.children) == task.expected:
+            task.all_children.set()
+        return Ok()
+
+    async def _pull_child(self, buf: StoredObject, msg: ReduceChild) -> None:
+        self._tasks.spawn(self._arena.populate(buf.offset, buf.size), name="populate")
+        try:
+            await self._fetcher.pull_into(buf, msg.node, msg.oid, msg.version)
+        except HopliteError as exc:
+            buf.fail(exc)
+
+    async def _run(self, task: SlotTask) -> None:
+        try:
+            await task.all_children.wait()
+            await self._compute(task)
+        except HopliteError as exc:
+            log.warning("reduce %s slot %d failed: %s", task.reduce_id.short(), task.slot, exc)
+            task.out.fail(exc)
+            self._tell(task.coordinator, ReduceFailed(
+                reduce_id=task.reduce_id, slot=task.slot, code=exc.code, message=str(exc)))
+
+    async def _compute(self, task: SlotTask) -> None:
+        loop = asyncio.get_running_loop()
+        size, item = task.out.size, task.dtype.itemsize
+        pos = 0
+        while pos < size:
+            ready = size
+            for child in task.children:
+                ready = min(ready, await child.wait_for(min(pos + item, size)))
+            end = min(ready, pos + COMPUTE_BLOCK)
+            end -= (end - pos) % item
+            args = (task.op, task.dtype, task.own.buffer[pos:end],
+                    [c.buffer[pos:end] for c in task.children], task.out.buffer[pos:end])
+            if end - pos >= THREAD_BLOCK:
+                await loop.run_in_executor(None, combine, *args)
+            else:
+                combine(*args)
+            task.out.advance(end)
+            pos = end
+
+    def on_done(self, peer: str, msg: ReduceDone, payload: Optional[memoryview]) -> None:
+        """The reduce ended: stop its tasks here and free their buffers."""
+        store = self._store
+        for key in [k for k in self.slots if k[0] == msg.reduce_id]:
+            task = self.slots.pop(key)
+            for t in [task.runner, *task.pulls]:
+                if t is not None:
+                    t.cancel()
+            store.unpin(task.own)
+            for obj in [task.out, *task.children]:
+                store.unpin(obj)
+                if obj.temporary and store.get(obj.oid) is obj:
+                    store.remove(obj.oid)

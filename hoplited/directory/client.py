@@ -1,0 +1,106 @@
+"""This member's side of the object directory: typed requests to owner shards.
+
+Every message a member sends about an object to the object's owner shard is built here, so
+the rest of the daemon calls ``directory.locate(...)`` instead of assembling wire records. It
+also keeps the directory's soft state true: when membership changes, the store's holdings are
+re-announced to their (new) owners, and a ``Drop`` from a shard removes the local copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from hoplite_client.wire.errors import HopliteError
+from hoplite_client.wire.frames import INLINE_MAX, Frame
+from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.messages import (Announce, DeleteEntry, Drop, FailEntry, Holding,
+                                          Located, Locate, ObjectInfo, Progress, Publish,
+                                          TransferDone, WaitObject, WireMessage)
+
+from hoplited.cluster.membership import Membership, rendezvous_owner
+from hoplited.dispatch import Handler
+from hoplited.memory.store import ObjectStore, StoredObject
+from hoplited.rpc import Rpc
+from hoplited.tasks import Tasks
+
+log = logging.getLogger("hoplited.directory")
+
+
+class DirectoryClient:
+    """Asks and tells owner shards about objects; re-announces holdings on membership change."""
+
+    def __init__(self, rpc: Rpc, store: ObjectStore, membership: Membership,
+                 tasks: Tasks) -> None:
+        self._rpc = rpc
+        self._store = store
+        self._membership = membership
+        self._tasks = tasks
+
+    def handlers(self) -> dict[type[WireMessage], Handler]:
+        return {Drop: self.on_drop}
+
+    async def locate(self, oid: ObjectID, timeout: Optional[float], exclude: list[str],
+                     offset: int) -> Frame[Located]:
+        """A source for ``oid`` (this node is enrolled as a receiver resuming at ``offset``)."""
+        return await self._rpc.call_owner(oid, Locate(oid=oid, timeout=timeout,
+                                                      exclude=list(exclude), offset=offset))
+
+    async def wait_object(self, oid: ObjectID, timeout: Optional[float]) -> Frame[ObjectInfo]:
+        """Holders and metadata of ``oid`` once it is complete somewhere (small ones inline)."""
+        return await self._rpc.call_owner(oid, WaitObject(oid=oid, timeout=timeout))
+
+    async def publish(self, obj: StoredObject) -> None:
+        """Register a complete local object with its owner shard (small ones with their bytes)."""
+        inline = obj.buffer if obj.size <= INLINE_MAX else None
+        await self._rpc.call_owner(obj.oid, Publish(oid=obj.oid, size=obj.size, dtype=obj.dtype,
+                                                    shape=obj.shape, version=obj.version),
+                                   inline)
+
+    async def announce(self, obj: StoredObject) -> None:
+        """Register a local object still being written (its holders may chain behind us)."""
+        await self._rpc.call_owner(obj.oid, Announce(holdings=[_holding(obj)]))
+
+    async def fail(self, oid: ObjectID, error: HopliteError) -> None:
+        """Record at the owner shard that ``oid`` will never exist: its gets fail with
+        ``error``."""
+        await self._rpc.call_owner(oid, FailEntry(oid=oid, code=error.code, message=str(error)))
+
+    async def delete(self, oid: ObjectID) -> None:
+        """Remove the entry; the shard tells every holder to drop its copy."""
+        await self._rpc.call_owner(oid, DeleteEntry(oid=oid))
+
+    def progress(self, oid: ObjectID, received: int) -> None:
+        self._rpc.tell_owner(oid, Progress(oid=oid, received=received))
+
+    def transfer_done(self, oid: ObjectID, source: str, complete: bool) -> None:
+        self._rpc.tell_owner(oid, TransferDone(oid=oid, source=source, complete=complete))
+
+    def on_drop(self, peer: str, msg: Drop, payload: Optional[memoryview]) -> None:
+        if self._store.remove(msg.oid) is not None:
+            log.debug("dropped %s", msg.oid.short())
+
+    def reannounce(self, previous: list[str]) -> None:
+        """Tell each object's new owner shard what we hold (the directory is soft state)."""
+        batches: dict[str, list[Holding]] = {}
+        for obj in self._store.objects.values():
+            if obj.error is not None or obj.temporary:
+                continue
+            owner = self._membership.owner(obj.oid)
+            if previous and rendezvous_owner(obj.oid, previous) == owner:
+                continue
+            if obj.size <= INLINE_MAX:
+                if obj.complete:
+                    self._tasks.spawn(self.publish(obj), name="republish")
+                continue
+            batches.setdefault(owner, []).append(_holding(obj))
+        for owner, holdings in batches.items():
+            self._tasks.spawn(self._announce_to(owner, holdings), name="reannounce")
+
+    async def _announce_to(self, owner: str, holdings: list[Holding]) -> Any:
+        return await self._rpc.call_node(owner, Announce(holdings=holdings))
+
+
+def _holding(obj: StoredObject) -> Holding:
+    return Holding(oid=obj.oid, size=obj.size, dtype=obj.dtype, shape=obj.shape,
+                   version=obj.version, received=obj.received)

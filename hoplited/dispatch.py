@@ -1,0 +1,116 @@
+"""Routing of incoming requests and one-ways to their handlers, one table per role.
+
+A :class:`Dispatcher` is built from ``{message type: handler}`` for one role (client, peer or
+tool). At construction it checks that every kind the role may send has a handler
+(``messages.kinds_for``), so a kind added to the catalogue without a handler fails at start-up,
+not when the first such frame arrives. A kind that the role may not send gets a typed error
+reply. Handlers take ``(origin, message, payload)``; a request handler returns its reply (or
+``(reply, payload)``), whose request id the dispatcher stamps. Synchronous handlers run inline
+(cheap notices such as Progress); coroutine handlers run as owned tasks. Errors become ``Error``
+replies: typed errors as themselves, anything else as "internal" with a traceback in the log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+from collections.abc import Awaitable, Mapping
+from typing import Any, Callable, Optional, Union
+
+from hoplite_client.net.channel import error_reply
+from hoplite_client.wire.errors import HopliteError, RemoteProtocolError
+from hoplite_client.wire.frames import Frame
+from hoplite_client.wire.messages import Reply, Role, WireMessage, kinds_for
+
+from hoplited.tasks import Tasks
+
+log = logging.getLogger("hoplited.dispatch")
+
+Answer = Union[None, Reply, tuple[Reply, Any]]
+Handler = Callable[[str, Any, Optional[memoryview]], Union[Answer, Awaitable[Answer]]]
+Respond = Callable[[WireMessage, Any], None]
+
+
+class Dispatcher:
+    """The handler table of one role, and the code path every request of that role takes."""
+
+    def __init__(self, role: Role, handlers: Mapping[type[WireMessage], Handler],
+                 tasks: Tasks) -> None:
+        self.role = role
+        self._tasks = tasks
+        self._table = {cls: h for cls, h in handlers.items() if role in cls.ROLES}
+        missing = [cls.__name__ for cls in kinds_for(role) if cls not in self._table]
+        if missing:
+            raise RuntimeError(f"no handler for {role} messages: {', '.join(missing)}")
+        self._async = {cls for cls, h in self._table.items() if inspect.iscoroutinefunction(h)}
+
+    def deliver(self, origin: str, frame: Frame[Any], respond: Optional[Respond]) -> None:
+        """Handle one incoming frame; ``respond`` sends the reply (None: nobody listens)."""
+        msg = frame.msg
+        cls = type(msg)
+        handler = self._table.get(cls)
+        if handler is None:
+            error = RemoteProtocolError(f"{cls.__name__} is not accepted from a {self.role}")
+            log.warning("%s: %s", origin, error)
+            if respond is not None:
+                respond(error_reply(error, getattr(msg, "rid", 0)), None)
+            return
+        if cls in self._async:
+            self._tasks.spawn(self._run_async(handler, origin, frame, respond),
+                              name=f"{self.role}-{cls.__name__}")
+            return
+        try:
+            answer = handler(origin, msg, frame.payload)
+        except Exception as exc:  # every failure becomes an Error reply, never a crash
+            self._answer_error(msg, exc, respond)
+            return
+        self._answer(msg, answer, respond)  # type: ignore[arg-type]
+
+    async def _run_async(self, handler: Handler, origin: str, frame: Frame[Any],
+                         respond: Optional[Respond]) -> None:
+        try:
+            answer = await handler(origin, frame.msg, frame.payload)  # type: ignore[misc]
+        except Exception as exc:
+            self._answer_error(frame.msg, exc, respond)
+            return
+        self._answer(frame.msg, answer, respond)
+
+    async def call(self, origin: str, msg: WireMessage,
+                   payload: Optional[memoryview]) -> Frame[Any]:
+        """Handle a request from this node itself: the same handler, typed errors raised."""
+        handler = self._table.get(type(msg))
+        if handler is None:
+            raise RemoteProtocolError(f"{type(msg).__name__} is not accepted from a {self.role}")
+        answer = handler(origin, msg, payload)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        reply, out = _split(answer)  # type: ignore[arg-type]
+        if reply is None:
+            raise RemoteProtocolError(f"{type(msg).__name__} has no reply")
+        return Frame(reply, None if out is None else memoryview(out).cast("B"))
+
+    def _answer(self, msg: WireMessage, answer: Answer, respond: Optional[Respond]) -> None:
+        reply, payload = _split(answer)
+        if msg.SHAPE == "oneway" or respond is None:
+            return
+        if reply is None:
+            log.error("%s handler returned no reply", type(msg).__name__)
+            return
+        respond(dataclasses.replace(reply, rid=msg.rid), payload)  # type: ignore[attr-defined]
+
+    def _answer_error(self, msg: WireMessage, exc: Exception,
+                      respond: Optional[Respond]) -> None:
+        name = type(msg).__name__
+        if isinstance(exc, HopliteError):
+            log.info("%s from a %s failed: %s", name, self.role, exc)
+        else:
+            log.error("%s from a %s crashed", name, self.role, exc_info=exc)
+        if msg.SHAPE == "request" and respond is not None:
+            respond(error_reply(exc, msg.rid), None)  # type: ignore[attr-defined]
+
+
+def _split(answer: Answer) -> tuple[Optional[Reply], Any]:
+    if isinstance(answer, tuple):
+        return answer[0], answer[1]
+    return answer, None

@@ -1,0 +1,143 @@
+"""Talking to other members: requests to a node or to an object's owner shard, one-ways, and
+the accepting side of every TCP connection.
+
+Outbound (:class:`Rpc`): a request to this node itself takes the same handler path as one
+from a peer (the peer :class:`~hoplited.dispatch.Dispatcher`, called directly); to another
+member it goes over our control link to it. ``call_owner`` follows ownership while membership
+moves: a shard that is not (or no longer) the owner, or a dead one, is retried at the new owner
+for as long as it takes to detect a death and move ownership.
+
+Inbound (:meth:`Rpc.accept`): every TCP connection starts with the authenticated handshake;
+its role then decides what it carries: control requests from a member (``peer``) or a tool
+(``tool``), each through its own dispatcher, or object streams (``data``), served by the
+data-plane sender.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import Any, Callable, Optional, TypeVar
+
+from hoplite_client.net.channel import Channel
+from hoplite_client.net.handshake import Identity, accept
+from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.wire.errors import (ConnectionLostError, HopliteError, NotOwnerError,
+                                        PeerUnavailableError)
+from hoplite_client.wire.frames import Frame
+from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.messages import Request, WireMessage
+
+from hoplited.cluster.links import Links
+from hoplited.cluster.membership import Membership
+from hoplited.dispatch import Dispatcher
+from hoplited.tasks import Tasks
+
+log = logging.getLogger("hoplited.rpc")
+
+R = TypeVar("R", bound=WireMessage)
+
+RETRY_PAUSE_MAX = 0.5  # between attempts to reach an object's owner while membership moves
+_OWNER_MOVED = (NotOwnerError, PeerUnavailableError, ConnectionLostError)
+
+DataServer = Callable[[FrameProtocol], Awaitable[None]]
+
+
+class Rpc:
+    """Requests and one-ways to members and owner shards; the accepting side of TCP."""
+
+    def __init__(self, identity: Identity, membership: Membership, links: Links, tasks: Tasks,
+                 retry_window: float) -> None:
+        self.me = identity.node_id
+        self._identity = identity
+        self._membership = membership
+        self._links = links
+        self._tasks = tasks
+        # How long call_owner keeps trying: long enough for a dead owner to be detected and
+        # its ownership to move (heartbeat timeout plus two intervals, from the config).
+        self._retry_window = retry_window
+        self._peer: Optional[Dispatcher] = None
+        self._tool: Optional[Dispatcher] = None
+        self._data: Optional[DataServer] = None
+        self._inbound: set[FrameProtocol] = set()
+
+    def serve(self, peer: Dispatcher, tool: Dispatcher, data: DataServer) -> None:
+        """Install the handlers of each inbound role (and of requests to ourselves)."""
+        self._peer, self._tool, self._data = peer, tool, data
+
+    # --- outbound ---
+    async def call_node(self, node: str, msg: Request[R], payload: Any = None,
+                        timeout: Optional[float] = None) -> Frame[R]:
+        """Send a request to ``node`` (ourselves: a direct call) and await its reply."""
+        if node == self.me:
+            assert self._peer is not None, "Rpc.serve() installs the handlers first"
+            frame: Frame[R] = await self._peer.call(self.me, msg, payload)
+            return frame
+        link = self._links.get(node)
+        if link is None:
+            raise PeerUnavailableError(f"{node} is not a member", node=node)
+        return await link.request(msg, payload, timeout)
+
+    async def call_owner(self, oid: ObjectID, msg: Request[R], payload: Any = None,
+                         timeout: Optional[float] = None) -> Frame[R]:
+        """Send a request about ``oid`` to its owner shard, following ownership changes."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self._retry_window
+        attempt = 0
+        while True:
+            owner = self._membership.owner(oid)
+            try:
+                return await self.call_node(owner, msg, payload, timeout)
+            except _OWNER_MOVED as exc:
+                if loop.time() >= give_up:
+                    raise
+                log.info("owner %s of %s unreachable (%s); retrying", owner, oid.short(), exc)
+                await asyncio.sleep(min(RETRY_PAUSE_MAX, 0.02 * 2 ** attempt))
+                attempt += 1
+
+    def tell(self, node: str, msg: WireMessage, payload: Any = None) -> None:
+        """One-way message to ``node`` (ourselves: handled on the next loop iteration)."""
+        if node == self.me:
+            peer = self._peer
+            assert peer is not None, "Rpc.serve() installs the handlers first"
+            frame = Frame(msg, None if payload is None else memoryview(payload).cast("B"))
+            asyncio.get_running_loop().call_soon(peer.deliver, self.me, frame, None)
+            return
+        link = self._links.get(node)
+        if link is not None:
+            link.notify(msg, payload)
+
+    def tell_owner(self, oid: ObjectID, msg: WireMessage) -> None:
+        """One-way message to the owner shard of ``oid``."""
+        self.tell(self._membership.owner(oid), msg)
+
+    # --- inbound ---
+    def accept(self, protocol: FrameProtocol) -> None:
+        """A TCP connection arrived: authenticate it, then serve its role."""
+        self._inbound.add(protocol)
+        protocol.on_lost.append(lambda _: self._inbound.discard(protocol))
+        self._tasks.spawn(self._serve_inbound(protocol), name="inbound")
+
+    async def _serve_inbound(self, protocol: FrameProtocol) -> None:
+        try:
+            role, peer = await accept(protocol, self._identity)
+        except HopliteError:
+            return
+        if role == "data":
+            assert self._data is not None
+            await self._data(protocol)
+            return
+        dispatcher = self._peer if role == "peer" else self._tool
+        assert dispatcher is not None
+
+        def respond(reply: WireMessage, payload: Any) -> None:
+            if not protocol.closed.done():
+                protocol.send(reply, payload)
+
+        Channel(protocol, on_request=lambda frame: dispatcher.deliver(peer, frame, respond))
+
+    def close_inbound(self) -> None:
+        """Drop every accepted connection (at shutdown)."""
+        for protocol in list(self._inbound):
+            protocol.abort()

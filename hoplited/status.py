@@ -1,0 +1,78 @@
+"""What a daemon reports about itself and, asked by a client, about the whole cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import Counter
+from typing import Any, Callable, Optional
+
+from hoplite_client.wire.errors import HopliteError
+from hoplite_client.wire.messages import Stats, StatusReply, WireMessage
+
+from hoplited.cluster.link_model import LinkModel
+from hoplited.cluster.membership import Membership
+from hoplited.directory.shard import DirectoryShard
+from hoplited.dispatch import Handler
+from hoplited.memory.store import ObjectStore
+from hoplited.rpc import Rpc
+
+# Per member, when a client asks for the cluster's status: a dead member must not hold it up.
+STATUS_TIMEOUT = 2.0
+
+
+class NodeStatus:
+    """Builds the status record of this node; gathers every member's for ``hoplite status``."""
+
+    def __init__(self, membership: Membership, store: ObjectStore, shard: DirectoryShard,
+                 link_model: LinkModel, counters: Counter[str], rpc: Rpc,
+                 gauges: dict[str, Callable[[], int]]) -> None:
+        self._membership = membership
+        self._store = store
+        self._shard = shard
+        self._link_model = link_model
+        self._counters = counters
+        self._rpc = rpc
+        self._gauges = gauges  # e.g. connected clients, reduce slots: read when asked
+
+    def handlers(self) -> dict[type[WireMessage], Handler]:
+        return {Stats: self.on_stats}
+
+    def on_stats(self, peer: str, msg: Stats, payload: Optional[memoryview]) -> StatusReply:
+        return StatusReply(info=self.local())
+
+    def local(self) -> dict[str, Any]:
+        """This node: address, members as it sees them, store, shard, traffic, links."""
+        me = self._membership.me
+        return {
+            "node_id": me.node_id,
+            "address": f"{me.host}:{me.port}",
+            "socket": me.socket,
+            "host_id": me.host_id,
+            "pid": os.getpid(),
+            "members": [{"node_id": m.node_id, "address": f"{m.host}:{m.port}",
+                         "socket": m.socket, "host_id": m.host_id,
+                         "alive": self._membership.is_alive(m.node_id)}
+                        for m in self._membership.members.values()],
+            "store": self._store.stats(),
+            "directory": self._shard.stats(),
+            "bytes_in": self._counters["bytes_in"],
+            "bytes_out": self._counters["bytes_out"],
+            "links": self._link_model.as_dict(),
+            **{name: gauge() for name, gauge in self._gauges.items()},
+        }
+
+    async def cluster(self) -> dict[str, Any]:
+        """This node's record and every other live member's (or the error asking it)."""
+        local = self.local()
+        others = [n for n in self._membership.alive_ids() if n != self._membership.me.node_id]
+
+        async def ask(node: str) -> dict[str, Any]:
+            try:
+                frame = await self._rpc.call_node(node, Stats(), timeout=STATUS_TIMEOUT)
+                return frame.msg.info
+            except HopliteError as exc:
+                return {"node_id": node, "error": str(exc)}
+
+        infos = await asyncio.gather(*(ask(n) for n in others))
+        return {"local": local, "nodes": [local, *infos]}

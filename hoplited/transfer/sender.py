@@ -1,0 +1,92 @@
+"""Sending: serving ``Pull`` requests on accepted data connections.
+
+Write the stream header, then memoryview slices of whatever prefix of the object is valid,
+waiting on its watermark for more (so a node still receiving an object forwards it as it
+lands); honour the transport's write pressure; keep the object pinned until the kernel has
+every byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from typing import Any
+
+from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, ObjectNotFoundError
+from hoplite_client.wire.frames import Frame, encode_header
+from hoplite_client.wire.messages import DataStream, Error, Pull
+
+from hoplited.memory.store import ObjectStore
+
+log = logging.getLogger("hoplited.transfer")
+
+# Largest slice handed to the transport at once: big enough for few syscalls, small enough
+# that a freshly landed prefix is forwarded without waiting for a whole block.
+SEND_SLICE = 8 * 1024 * 1024
+
+
+class Sender:
+    """Streams local objects to the receivers that pull them."""
+
+    def __init__(self, store: ObjectStore, counters: Counter[str]) -> None:
+        self._store = store
+        self._counters = counters
+
+    async def serve(self, protocol: FrameProtocol) -> None:
+        """Answer Pull requests on an accepted data connection until it closes."""
+        try:
+            await self._serve(protocol)
+        finally:
+            protocol.abort()
+
+    async def _serve(self, protocol: FrameProtocol) -> None:
+        queue: asyncio.Queue[Frame[Any]] = asyncio.Queue()
+        protocol.handler = queue.put_nowait
+        while True:
+            get = asyncio.ensure_future(queue.get())
+            await asyncio.wait({get, protocol.closed}, return_when=asyncio.FIRST_COMPLETED)
+            if not get.done():
+                get.cancel()
+                return
+            msg = get.result().msg
+            if not isinstance(msg, Pull):
+                protocol.send(Error(rid=getattr(msg, "rid", 0), code="protocol",
+                                    message=f"data connections take Pull, not "
+                                            f"{type(msg).__name__}", data={}))
+                continue
+            try:
+                await self._send(protocol, msg)
+            except HopliteError as exc:
+                log.info("stopped sending %s: %s", msg.oid.short(), exc)
+                return
+
+    async def _send(self, protocol: FrameProtocol, pull: Pull) -> None:
+        store = self._store
+        obj = store.get(pull.oid)
+        if obj is None or obj.version != pull.version or obj.error is not None:
+            protocol.send(Error(rid=pull.rid, code=ObjectNotFoundError.code,
+                                message=f"no copy of {pull.oid.hex()} (version "
+                                        f"{pull.version.hex()}) here", data={}))
+            return
+        if not 0 <= pull.offset <= obj.size:
+            protocol.send(Error(rid=pull.rid, code=InvalidArgumentError.code,
+                                message=f"offset {pull.offset} outside 0..{obj.size}", data={}))
+            return
+        store.pin(obj)
+        try:
+            protocol.write_raw(memoryview(encode_header(
+                DataStream(rid=pull.rid, offset=pull.offset, size=obj.size),
+                obj.size - pull.offset)))
+            pos = pull.offset
+            while pos < obj.size:
+                valid = await obj.wait_for(pos + 1)
+                end = min(valid, pos + SEND_SLICE)
+                protocol.write_raw(obj.buffer[pos:end])
+                self._counters["bytes_out"] += end - pos
+                pos = end
+                await protocol.drain()
+            await protocol.flush()
+        finally:
+            store.unpin(obj)

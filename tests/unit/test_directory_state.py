@@ -1,0 +1,412 @@
+"""DirectoryState, the directory shard's pure core: tables of events and exact answers."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pytest
+
+import hoplited.directory.state as state_module
+from hoplite_client.wire.errors import (
+    NotOwnerError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    PeerUnavailableError,
+)
+from hoplite_client.wire.ids import ObjectID
+from hoplited.directory.state import (
+    STORY_OIDS,
+    STORY_RECORDS,
+    DirectoryState,
+    DropCopy,
+    Entry,
+    Moved,
+    NotYet,
+    Wake,
+    WakeAll,
+)
+
+pytestmark = pytest.mark.unit
+
+ME = "me"
+SIZE = 1000
+OID = ObjectID(bytes(20))
+OID2 = ObjectID(bytes([2]) * 20)
+WAKE = [Wake(OID)]
+NOT_PUT = NotYet("not put yet")
+NO_SOURCE = NotYet("no eligible source")
+NO_COPY = NotYet("no live complete copy")
+TOMBSTONE = PeerUnavailableError("reduce input lost", node="n9")
+
+
+class World:
+    """A DirectoryState owned by ``ME`` plus the liveness and ownership it is injected with."""
+
+    def __init__(self, fanout: int) -> None:
+        self.dead: set[str] = set()
+        self.owners: dict[ObjectID, str] = {}
+        self.state = DirectoryState(fanout, lambda n: n not in self.dead,
+                                    lambda oid: self.owners.get(oid, ME), ME)
+
+
+Step = Callable[[World], object]
+
+
+# --- steps: each does one thing to the world and returns what a test compares ---
+def put(holder: str, version: bytes = b"v1", received: int | None = None,
+        inline: bytes | None = None, oid: ObjectID = OID) -> Step:
+    return lambda w: w.state.publish(oid, holder, SIZE, "<f4", [SIZE // 4], version, inline,
+                                     received)
+
+
+def locate(requester: str, exclude: Sequence[str] = (), offset: int = 0,
+           oid: ObjectID = OID) -> Step:
+    """The chosen node (None: inline), or the NotYet."""
+    def step(w: World) -> object:
+        answer = w.state.try_locate(oid, requester, list(exclude), offset)
+        return answer if isinstance(answer, NotYet) else answer.node
+    return step
+
+
+def wait(oid: ObjectID = OID) -> Step:
+    def step(w: World) -> object:
+        answer = w.state.try_wait_object(oid)
+        return "ready" if isinstance(answer, Entry) else answer
+    return step
+
+
+def progress(holder: str, received: int, oid: ObjectID = OID) -> Step:
+    return lambda w: w.state.progress(oid, holder, received)
+
+
+def done(source: str, receiver: str, complete: bool, oid: ObjectID = OID) -> Step:
+    return lambda w: w.state.transfer_done(oid, source, receiver, complete)
+
+
+def fail(oid: ObjectID = OID) -> Step:
+    return lambda w: w.state.fail(oid, TOMBSTONE)
+
+
+def delete(oid: ObjectID = OID) -> Step:
+    return lambda w: w.state.delete(oid)
+
+
+def forget(node: str) -> Step:
+    def step(w: World) -> object:
+        w.dead.add(node)
+        return w.state.forget_node(node)
+    return step
+
+
+def die(node: str) -> Step:
+    """The member is dead (``is_alive`` says so) but the shard was not told yet."""
+    return lambda w: w.dead.add(node)
+
+
+def own(oid: ObjectID, owner: str) -> Step:
+    return lambda w: w.owners.__setitem__(oid, owner)
+
+
+def membership() -> Step:
+    return lambda w: w.state.membership_changed()
+
+
+def holders(oid: ObjectID = OID) -> Step:
+    """{node: (received, serving, source)} of the entry, or None if there is none."""
+    def step(w: World) -> object:
+        entry = w.state.entries.get(oid)
+        if entry is None:
+            return None
+        return {n: (h.received, h.serving, h.source) for n, h in entry.holders.items()}
+    return step
+
+
+def version(oid: ObjectID = OID) -> Step:
+    return lambda w: w.state.entries[oid].version
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    steps: list[tuple[Step, object]]
+    fanout: int = 1
+
+
+def full(serving: int = 0, source: str | None = None) -> tuple[int, int, str | None]:
+    return (SIZE, serving, source)
+
+
+CASES = [
+    # --- source choice ---
+    Case("chain-for-receivers-arriving-together", [
+        (put("src"), WAKE),
+        (locate("r0"), "src"), (locate("r1"), "r0"), (locate("r2"), "r1"), (locate("r3"), "r2"),
+        (holders(), {"src": full(1), "r0": (0, 1, "src"), "r1": (0, 1, "r0"),
+                     "r2": (0, 1, "r1"), "r3": (0, 0, "r2")}),
+    ]),
+    Case("fanout-2-each-holder-serves-two", [
+        (put("src"), WAKE),
+        (locate("r0"), "src"), (locate("r1"), "src"), (locate("r2"), "r0"),
+        (locate("r3"), "r1"), (locate("r4"), "r2"), (locate("r5"), "r3"),
+    ], fanout=2),
+    Case("complete-before-partial-while-under-fanout", [
+        (put("src"), WAKE), (locate("a"), "src"), (progress("a", 900), []),
+        (locate("b"), "src"),  # src is busier than a, but complete
+    ], fanout=2),
+    Case("under-fanout-before-complete", [
+        (put("src"), WAKE), (locate("a"), "src"),
+        (locate("b"), "a"),  # src is at its fan-out: the idle partial a is preferred
+    ]),
+    Case("furthest-along-partial", [
+        (put("src"), WAKE), (locate("a"), "src"), (locate("b"), "src"), (locate("c"), "src"),
+        (progress("a", 300), []), (progress("b", 600), []), (progress("c", 100), []),
+        (locate("d"), "b"),
+    ], fanout=3),
+    Case("furthest-along-before-least-busy", [
+        (put("src"), WAKE), (locate("a"), "src"), (locate("b"), "src"), (locate("c"), "src"),
+        (locate("d"), "a"), (progress("a", 600), []), (progress("b", 300), []),
+        (locate("e"), "a"),
+    ], fanout=3),
+    Case("least-busy-then-enrolment-order", [
+        (put("src"), WAKE), (locate("a"), "src"), (locate("b"), "src"), (locate("c"), "src"),
+        (locate("d"), "a"), (locate("e"), "b"), (locate("f"), "c"), (locate("g"), "d"),
+    ], fanout=3),
+    Case("no-cycle-on-reattach", [
+        (put("src"), WAKE), (locate("a"), "src"), (locate("b"), "a"),
+        (locate("a", ["src"], 100), NO_SOURCE),  # b was enrolled after a: maybe downstream
+        (holders(), {"src": full(1), "a": (0, 1, "src"), "b": (0, 0, "a")}),
+        (put("b"), WAKE),  # ... unless it is complete
+        (locate("a", ["src"], 100), "b"),
+        (holders(), {"src": full(0), "a": (100, 1, "b"), "b": full(1, "a")}),
+    ]),
+    Case("exclude-list", [
+        (put("src"), WAKE), (put("other"), WAKE),
+        (locate("r", ["src"]), "other"),
+        (locate("s", ["src", "other"]), "r"),
+        (locate("t", ["src", "other", "r", "s"]), NO_SOURCE),
+    ], fanout=2),
+    Case("dead-holders-are-not-sources", [
+        (put("src"), WAKE), (put("other"), WAKE), (die("src"), None),
+        (locate("r"), "other"),
+    ]),
+    Case("inline-object-needs-no-source", [
+        (put("src", inline=b"x" * SIZE), WAKE),
+        (locate("r"), None), (wait(), "ready"),
+        (holders(), {"src": full()}),  # the requester is not enrolled
+        (die("src"), None), (locate("r"), None), (wait(), "ready"),
+    ]),
+    Case("requester-already-holds-it", [
+        (put("src"), WAKE), (put("r"), WAKE),
+        (locate("r"), "r"),
+        (holders(), {"src": full(), "r": full()}),
+    ]),
+    # --- waiting for a put ---
+    Case("late-put", [
+        (locate("r"), NOT_PUT), (wait(), NOT_PUT),
+        (put("src"), WAKE),
+        (locate("r"), "src"), (wait(), "ready"),
+    ]),
+    Case("wait-needs-a-live-complete-copy", [
+        (put("src", received=500), WAKE), (wait(), NO_COPY),
+        (put("src"), WAKE), (wait(), "ready"),
+        (die("src"), None), (wait(), NO_COPY),
+    ]),
+    Case("announced-partial-never-goes-back", [
+        (put("n", received=400), WAKE), (put("n", received=200), WAKE),
+        (holders(), {"n": (400, 0, None)}),
+        (put("n"), WAKE), (holders(), {"n": full()}),
+    ]),
+    # --- re-put ---
+    Case("second-version-refused-while-a-copy-lives", [
+        (put("src"), WAKE), (put("x", version=b"v2"), ObjectExistsError),
+        (holders(), {"src": full()}), (version(), b"v1"),
+    ]),
+    Case("re-put-after-every-copy-was-lost", [
+        (put("src"), WAKE), (locate("a"), "src"), (die("src"), None),
+        (put("x", version=b"v2"), WAKE),
+        (holders(), {"x": full()}), (version(), b"v2"),
+    ]),
+    Case("same-version-from-another-holder", [
+        (put("src"), WAKE), (put("x"), WAKE),
+        (holders(), {"src": full(), "x": full()}),
+    ]),
+    # --- tombstones ---
+    Case("fail-then-gets-raise-then-put-lifts", [
+        (locate("r"), NOT_PUT),
+        (fail(), WAKE),
+        (locate("r"), PeerUnavailableError), (wait(), PeerUnavailableError),
+        (put("src"), WAKE),
+        (locate("r"), "src"),
+    ]),
+    Case("fail-ignored-while-a-complete-copy-lives", [
+        (put("src"), WAKE), (fail(), []), (locate("r"), "src"),
+    ]),
+    Case("fail-drops-a-partial-entry", [
+        (put("src", received=500), WAKE), (fail(), WAKE),
+        (holders(), None), (locate("r"), PeerUnavailableError),
+    ]),
+    Case("fail-when-every-copy-is-dead", [
+        (put("src"), WAKE), (die("src"), None), (fail(), WAKE), (wait(), PeerUnavailableError),
+    ]),
+    # --- delete ---
+    Case("delete-tells-every-holder", [
+        (put("src"), WAKE), (locate("a"), "src"),
+        (delete(), [DropCopy("src", OID), DropCopy("a", OID)]),
+        (locate("r"), NOT_PUT), (delete(), ObjectNotFoundError),
+    ]),
+    Case("delete-removes-a-tombstone", [
+        (fail(), WAKE), (delete(), []), (locate("r"), NOT_PUT),
+        (delete(), ObjectNotFoundError),
+    ]),
+    # --- node death ---
+    Case("forget-dead-receiver-frees-its-source-slot", [
+        (put("src"), WAKE), (locate("a"), "src"),
+        (forget("a"), []),
+        (holders(), {"src": full()}),
+        (locate("b"), "src"),
+    ]),
+    Case("forget-dead-source-orphans-its-receivers", [
+        (put("src"), WAKE), (locate("a"), "src"), (locate("b"), "a"),
+        (forget("a"), []),
+        (holders(), {"src": full(), "b": (0, 0, None)}),
+        (locate("b"), "src"),
+        (holders(), {"src": full(1), "b": (0, 0, "src")}),
+    ]),
+    Case("forget-unknown-node", [
+        (put("src"), WAKE), (forget("zz"), []), (holders(), {"src": full()}),
+    ]),
+    # --- ownership ---
+    Case("membership-change-drops-entries-owned-elsewhere", [
+        (put("src"), WAKE), (put("src", oid=OID2), [Wake(OID2)]),
+        (own(OID2, "other"), None),
+        (membership(), [Moved(OID2), WakeAll()]),
+        (holders(OID2), None), (locate("r", oid=OID2), NotOwnerError),
+        (locate("r"), "src"),
+        (membership(), [WakeAll()]),
+    ]),
+    Case("requests-for-foreign-ids-are-refused", [
+        (own(OID, "other"), None),
+        (locate("r"), NotOwnerError), (wait(), NotOwnerError), (put("src"), NotOwnerError),
+        (fail(), NotOwnerError), (delete(), NotOwnerError),
+    ]),
+    # --- progress and transfer reports: duplicate, out of order, stale ---
+    Case("progress-never-goes-backwards", [
+        (put("src"), WAKE), (locate("a"), "src"),
+        (progress("a", 500), []), (progress("a", 300), []),  # out of order
+        (holders(), {"src": full(1), "a": (500, 0, "src")}),
+        (progress("a", 500), []),  # duplicate
+        (progress("zz", 900), []), (progress("a", 900, oid=OID2), []),  # unknown: ignored
+        (holders(), {"src": full(1), "a": (500, 0, "src")}),
+        (put("other"), WAKE),
+        (locate("a", ["src"], 100), "other"),  # resuming from an older offset
+        (holders(), {"src": full(0), "a": (500, 0, "other"), "other": full(1)}),
+    ]),
+    Case("transfer-done-frees-the-slot-once", [
+        (put("src"), WAKE), (locate("a"), "src"),
+        (done("src", "a", False), WAKE), (done("src", "a", False), WAKE),
+        (holders(), {"src": full(), "a": (0, 0, None)}),
+    ]),
+    Case("transfer-done-from-a-stale-source", [
+        (put("src"), WAKE), (locate("a"), "src"), (put("other"), WAKE),
+        (locate("a", ["src"], 200), "other"),
+        (done("src", "a", False), WAKE),
+        (holders(), {"src": full(0), "a": (200, 0, "other"), "other": full(1)}),
+        (done("src", "a", True), WAKE),  # its bytes still count
+        (holders(), {"src": full(0), "a": full(0, "other"), "other": full(1)}),
+        (done("other", "a", True), WAKE),
+        (holders(), {"src": full(0), "a": full(), "other": full(0)}),
+    ]),
+    Case("transfer-done-for-unknown-ids-and-receivers", [
+        (done("src", "a", True), []),
+        (put("src"), WAKE), (done("src", "zz", True), WAKE),
+        (holders(), {"src": full()}),
+    ]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_directory_state(case: Case) -> None:
+    w = World(case.fanout)
+    for i, (step, expected) in enumerate(case.steps):
+        if isinstance(expected, type) and issubclass(expected, BaseException):
+            with pytest.raises(BaseException) as info:
+                step(w)
+            assert type(info.value) is expected, f"step {i}"
+        else:
+            assert step(w) == expected, f"step {i}"
+
+
+def test_tombstone_is_the_error_given_to_fail() -> None:
+    w = World(1)
+    w.state.fail(OID, TOMBSTONE)
+    with pytest.raises(PeerUnavailableError) as info:
+        w.state.try_locate(OID, "r", [], 0)
+    assert info.value is TOMBSTONE
+
+
+def test_not_owner_names_the_owner() -> None:
+    w = World(1)
+    w.owners[OID] = "elsewhere"
+    with pytest.raises(NotOwnerError) as info:
+        w.state.try_locate(OID, "r", [], 0)
+    assert info.value.data["owner"] == "elsewhere"
+
+
+def test_story_says_why_each_source_was_chosen() -> None:
+    w = World(1)
+    for step in (locate("r0"), locate("r0"), put("src"), locate("r0"), locate("r1"),
+                 progress("r0", 10), done("src", "r0", True), locate("r2", ["src"]),
+                 forget("r1"), fail(), delete()):
+        step(w)
+    assert w.state.story(OID) == [
+        ("locate by r0 exclude=[] offset=0", "not yet: not put yet"),  # asked twice, kept once
+        ("publish by src 1000/1000 bytes", "new entry"),
+        ("locate by r0 exclude=[] offset=0", "source src: 1000/1000 bytes, serving 0, seq 0"),
+        ("locate by r1 exclude=[] offset=0", "source r0: 0/1000 bytes, serving 0, seq 1"),
+        ("transfer src->r0 done complete=True", "slot freed"),
+        ("locate by r2 exclude=['src'] offset=0",  # r0 is complete but at its fan-out
+         "source r1: 0/1000 bytes, serving 0, seq 2"),
+        ("r1 died", "holder removed, orphaned ['r2']"),
+        ("fail", "ignored: a live complete copy exists"),
+        ("delete", "holders ['r0', 'r2', 'src'] drop their copies"),
+    ]
+    assert w.state.story(OID2) == []
+
+
+def test_story_of_a_re_put_and_a_lifted_tombstone() -> None:
+    w = World(1)
+    for step in (fail(), locate("r"), put("a"), die("a"), put("b", version=b"v2"),
+                 put("c", version=b"v3")):
+        try:
+            step(w)
+        except (PeerUnavailableError, ObjectExistsError):
+            pass
+    assert [outcome for _, outcome in w.state.story(OID)] == [
+        f"tombstone: {TOMBSTONE}", f"failed: {TOMBSTONE}", "new entry, tombstone lifted",
+        "re-put: every copy was lost", "refused: exists with another version"]
+
+
+def test_story_is_bounded_per_oid_and_in_oids() -> None:
+    w = World(1)
+    for i in range(STORY_RECORDS + 10):
+        w.state.publish(OID, f"n{i}", SIZE, "<f4", [SIZE // 4], b"v1", None)
+    story = w.state.story(OID)
+    assert len(story) == STORY_RECORDS
+    assert story[-1] == (f"publish by n{STORY_RECORDS + 9} 1000/1000 bytes", "updated")
+    oids = [ObjectID(i.to_bytes(20, "big")) for i in range(1, STORY_OIDS + 1)]
+    for oid in oids:
+        w.state.try_locate(oid, "r", [], 0)
+    assert w.state.story(OID) == []  # the oldest written is evicted first
+    assert w.state.story(oids[0]) != [] and w.state.story(oids[-1]) != []
+
+
+def test_pure_module_imports_no_io() -> None:
+    tree = ast.parse(inspect.getsource(state_module))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert not imported & {"asyncio", "socket", "time", "logging", "random"}
