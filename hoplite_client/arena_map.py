@@ -11,9 +11,11 @@ import ctypes
 import mmap
 import os
 import weakref
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from hoplite_client.net.shared_memory import populate_write
 
@@ -27,15 +29,15 @@ class ArenaMap:
         self.map = mmap.mmap(fd, size)
         self._base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
 
-    def writable(self, offset: int, size: int) -> np.ndarray:
+    def writable(self, offset: int, size: int) -> NDArray[np.uint8]:
         """A uint8 array over an extent the daemon reserved for us (pre-faulted)."""
         if size:
             populate_write(self._base + offset - offset % mmap.PAGESIZE,
                            size + offset % mmap.PAGESIZE)
         return np.frombuffer(self.map, dtype=np.uint8, count=size, offset=offset)
 
-    def view(self, offset: int, size: int, dtype: np.dtype, shape: tuple[int, ...],
-             on_release: Callable[[], None]) -> np.ndarray:
+    def view(self, offset: int, size: int, dtype: np.dtype[Any], shape: tuple[int, ...],
+             on_release: Callable[[], None]) -> NDArray[Any]:
         """A read-only array over an extent; ``on_release`` runs once no array uses it."""
         region = mmap.mmap(self.fd, size, prot=mmap.PROT_READ, offset=offset)
         weakref.finalize(region, on_release)

@@ -7,9 +7,11 @@ import logging
 import os
 import socket
 import threading
-from typing import Any, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
+from numpy.typing import NDArray
 
 from hoplite_client.arena_map import ArenaMap
 from hoplite_client.net.channel import Channel
@@ -27,6 +29,7 @@ from hoplite_client.wire.frames import (
     INLINE_MAX,
     PRELUDE_SIZE,
     SUPPORTED_VERSIONS,
+    Frame,
     FrameReader,
     encode_header,
 )
@@ -57,11 +60,12 @@ GATHER_CONCURRENCY = 8
 # A large copy runs in a worker thread (numpy drops the GIL) so the event loop keeps going.
 THREAD_COPY_MIN = 4 * 1024 * 1024
 
-ArrayLike = Union[np.ndarray, bytes, bytearray, memoryview]
+# What put stores: an array of a plain dtype, or bytes-like data (stored as uint8).
+ArrayLike: TypeAlias = NDArray[Any] | bytes | bytearray | memoryview
 
 
-async def connect(socket_path: Optional[str] = None,
-                  timeout: float = CONNECT_TIMEOUT) -> "Client":
+async def connect(socket_path: str | None = None,
+                  timeout: float = CONNECT_TIMEOUT) -> Client:
     """Connect to the daemon at ``socket_path`` (default ``$HOPLITE_SOCKET``)."""
     path = socket_path or default_socket()
     loop = asyncio.get_running_loop()
@@ -72,7 +76,7 @@ async def connect(socket_path: Optional[str] = None,
         await loop.sock_sendall(sock, encode_header(ClientHello(versions=SUPPORTED_VERSIONS,
                                                                 pid=os.getpid())))
         welcome, fd = await asyncio.wait_for(_receive_welcome(sock), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         sock.close()
         raise HopliteTimeoutError(f"daemon at {path} did not answer within {timeout}s") from None
     except OSError as exc:
@@ -90,8 +94,13 @@ async def connect(socket_path: Optional[str] = None,
 async def _receive_welcome(sock: socket.socket) -> tuple[ClientWelcome, int]:
     """Read the ClientWelcome frame; the arena fd rides on its first bytes."""
     loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-    loop.add_reader(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(sock.fileno(), wake)
     try:
         await ready
     finally:
@@ -107,7 +116,7 @@ async def _receive_welcome(sock: socket.socket) -> tuple[ClientWelcome, int]:
         if not data:
             raise ConnectionLostError("daemon closed the connection during the handshake")
     frame = events[0]
-    msg = getattr(frame, "msg", None)
+    msg = frame.msg if isinstance(frame, Frame) else None
     if isinstance(msg, Error):
         raise error_from_wire(msg.code, msg.message, msg.data)
     if not isinstance(msg, ClientWelcome) or len(fds) != 1:
@@ -117,7 +126,8 @@ async def _receive_welcome(sock: socket.socket) -> tuple[ClientWelcome, int]:
     return msg, fds[0]
 
 
-def _as_array(value: ArrayLike) -> np.ndarray:
+def _as_array(value: ArrayLike) -> NDArray[Any]:
+    """``value`` as an array of a storable dtype (bytes-like data as uint8)."""
     if isinstance(value, np.ndarray):
         arr = value
     elif isinstance(value, (bytes, bytearray, memoryview)):
@@ -142,13 +152,13 @@ class Client:
         self._release_lock = threading.Lock()
         self._flush_scheduled = False
 
-    async def __aenter__(self) -> "Client":
+    async def __aenter__(self) -> Client:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    async def put(self, value: ArrayLike, object_id: Optional[ObjectID] = None) -> ObjectID:
+    async def put(self, value: ArrayLike, object_id: ObjectID | None = None) -> ObjectID:
         """Store an array (dtype and shape kept) or bytes (as uint8); returns its id."""
         arr = _as_array(value)
         oid = object_id or ObjectID.random()
@@ -173,7 +183,7 @@ class Client:
         await self._channel.request(Seal(oid=oid))
         return oid
 
-    async def get(self, object_id: ObjectID, timeout: Optional[float] = None) -> np.ndarray:
+    async def get(self, object_id: ObjectID, timeout: float | None = None) -> NDArray[Any]:
         """A read-only array of the object, waiting up to ``timeout`` s for it to exist.
 
         Large objects are zero-copy views of shared memory; the daemon keeps the memory until
@@ -191,8 +201,8 @@ class Client:
                                 lambda: self._release_later(object_id))
 
     async def reduce(self, object_ids: Sequence[ObjectID], op: str = "sum",
-                     num_objects: Optional[int] = None, object_id: Optional[ObjectID] = None,
-                     timeout: Optional[float] = None) -> ObjectID:
+                     num_objects: int | None = None, object_id: ObjectID | None = None,
+                     timeout: float | None = None) -> ObjectID:
         """Start reducing the objects with ``op`` (sum, min, max, prod); returns the result's
         id at once. The first ``num_objects`` inputs to become ready are used (default: all);
         ids may name objects not put yet. The result lands on this node; get it like any
@@ -205,19 +215,19 @@ class Client:
         return result
 
     async def reduced_inputs(self, result_id: ObjectID,
-                             timeout: Optional[float] = None) -> list[ObjectID]:
+                             timeout: float | None = None) -> list[ObjectID]:
         """Which inputs went into a reduce issued on this node, in the order they were ready."""
         bound = None if timeout is None else timeout + REPLY_GRACE
         frame = await self._channel.request(ReducedInputs(result=result_id, timeout=timeout),
                                             timeout=bound)
         return list(frame.msg.inputs)
 
-    async def gather(self, object_ids: Sequence[ObjectID], timeout: Optional[float] = None,
-                     concurrency: int = GATHER_CONCURRENCY) -> list[np.ndarray]:
+    async def gather(self, object_ids: Sequence[ObjectID], timeout: float | None = None,
+                     concurrency: int = GATHER_CONCURRENCY) -> list[NDArray[Any]]:
         """Get many objects at once (at most ``concurrency`` transfers in flight), in order."""
         limit = asyncio.Semaphore(concurrency)
 
-        async def one(oid: ObjectID) -> np.ndarray:
+        async def one(oid: ObjectID) -> NDArray[Any]:
             async with limit:
                 return await self.get(oid, timeout)
 
@@ -260,6 +270,6 @@ class Client:
         self._channel.close()
         try:
             await asyncio.wait_for(asyncio.shield(self._protocol.closed), 5.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._protocol.abort()
         self._arena.close()

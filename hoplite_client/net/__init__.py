@@ -1,1 +1,1 @@
-"""Connections (layer 2): asyncio adapters over the wire codec, shared by the daemon and the client."""
+"""Connections (layer 2): asyncio adapters over the wire codec, shared by daemon and client."""

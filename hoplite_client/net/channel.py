@@ -13,30 +13,37 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-from typing import Any, Callable, Optional, TypeVar
+from collections.abc import Callable
+from typing import TypeVar, cast
 
 from hoplite_client.net.protocol import FrameProtocol
-from hoplite_client.wire.errors import (ConnectionLostError, HopliteError, HopliteTimeoutError,
-                                        LocalProtocolError, RemoteProtocolError, error_from_wire)
-from hoplite_client.wire.frames import Frame
-from hoplite_client.wire.messages import Error, Request, WireMessage
+from hoplite_client.wire.errors import (
+    ConnectionLostError,
+    HopliteError,
+    HopliteTimeoutError,
+    LocalProtocolError,
+    RemoteProtocolError,
+    error_from_wire,
+)
+from hoplite_client.wire.frames import Frame, Payload
+from hoplite_client.wire.messages import Error, Reply, Request, WireMessage
 
 log = logging.getLogger("hoplite.channel")
 
 R = TypeVar("R", bound=WireMessage)
-RequestHandler = Callable[[Frame[Any]], None]
+RequestHandler = Callable[[Frame[WireMessage]], None]
 
 
 class Channel:
     """Request/reply over a :class:`FrameProtocol`: replies matched to requests by ``rid``."""
 
     def __init__(self, protocol: FrameProtocol,
-                 on_request: Optional[RequestHandler] = None) -> None:
+                 on_request: RequestHandler | None = None) -> None:
         self.protocol = protocol
         self._on_request = on_request
         self._rids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Frame[Any]]] = {}
-        self._lost: Optional[HopliteError] = None
+        self._pending: dict[int, asyncio.Future[Frame[WireMessage]]] = {}
+        self._lost: HopliteError | None = None
         protocol.handler = self._dispatch
         protocol.on_lost.append(self._fail_all)
 
@@ -44,17 +51,17 @@ class Channel:
     def is_open(self) -> bool:
         return self._lost is None
 
-    async def request(self, msg: Request[R], payload: Any = None,
-                      timeout: Optional[float] = None) -> Frame[R]:
+    async def request(self, msg: Request[R], payload: Payload | None = None,
+                      timeout: float | None = None) -> Frame[R]:
         """Send ``msg`` under a fresh request id and wait for its reply; an ``Error`` reply
         raises its typed error, a reply of another kind is a protocol error."""
         if self._lost is not None:
             raise self._lost
         rid = next(self._rids)
-        fut: asyncio.Future[Frame[Any]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[Frame[WireMessage]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
-            self.protocol.send(dataclasses.replace(msg, rid=rid), payload)  # type: ignore[type-var]
+            self.protocol.send(dataclasses.replace(msg, rid=rid), payload)
             frame = await asyncio.wait_for(fut, timeout) if timeout is not None else await fut
         except TimeoutError:
             raise HopliteTimeoutError(f"{self.protocol.name}: no reply within {timeout}s") from None
@@ -66,9 +73,9 @@ class Channel:
         if type(reply) is not type(msg).REPLY:
             raise RemoteProtocolError(f"{self.protocol.name}: {type(msg).__name__} answered by "
                                       f"{type(reply).__name__}")
-        return frame
+        return cast(Frame[R], frame)  # its kind was checked against the request's REPLY above
 
-    def notify(self, msg: WireMessage, payload: Any = None) -> None:
+    def notify(self, msg: WireMessage, payload: Payload | None = None) -> None:
         """Send a one-way message (no reply expected)."""
         if type(msg).SHAPE != "oneway":
             raise LocalProtocolError(f"{type(msg).__name__} is not a one-way message")
@@ -76,9 +83,9 @@ class Channel:
             raise self._lost
         self.protocol.send(msg, payload)
 
-    def _dispatch(self, frame: Frame[Any]) -> None:
+    def _dispatch(self, frame: Frame[WireMessage]) -> None:
         msg = frame.msg
-        if type(msg).SHAPE == "reply":
+        if isinstance(msg, Reply):  # registration ties shape "reply" to the Reply base
             fut = self._pending.get(msg.rid)
             if fut is not None and not fut.done():
                 fut.set_result(frame)
@@ -91,7 +98,7 @@ class Channel:
             self.protocol.send(Error(rid=getattr(msg, "rid", 0), code="protocol",
                                      message=f"unexpected {type(msg).__name__}", data={}))
 
-    def _fail_all(self, exc: Optional[BaseException]) -> None:
+    def _fail_all(self, exc: BaseException | None) -> None:
         self._lost = ConnectionLostError(f"{self.protocol.name}: connection lost"
                                          + (f" ({exc})" if exc else ""))
         for fut in self._pending.values():

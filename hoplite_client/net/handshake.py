@@ -12,7 +12,7 @@ import asyncio
 import logging
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeVar
 
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire import auth
@@ -26,12 +26,14 @@ from hoplite_client.wire.errors import (
     error_from_wire,
 )
 from hoplite_client.wire.frames import SUPPORTED_VERSIONS, Frame, FrameReader
-from hoplite_client.wire.messages import Accepted, Auth, Error, Hello, Welcome
+from hoplite_client.wire.messages import Accepted, Auth, Error, Hello, Welcome, WireMessage
 
 log = logging.getLogger("hoplite.handshake")
 
 HANDSHAKE_TIMEOUT = 10.0  # generous: a loaded 2-core host may take a while to schedule us
 ROLES = ("peer", "data", "tool")
+
+_M = TypeVar("_M", bound=WireMessage)
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,8 @@ class Identity:
     token: bytes
 
 
-async def _expect(protocol: FrameProtocol, cls: type, timeout: float):
+async def _expect(protocol: FrameProtocol, cls: type[_M], timeout: float) -> _M:
+    """The next handshake message, which must be a ``cls``; an ``Error`` raises its error."""
     frame = await protocol.next_frame(timeout)
     if isinstance(frame.msg, Error):
         raise error_from_wire(frame.msg.code, frame.msg.message, frame.msg.data)
@@ -59,7 +62,7 @@ async def dial(host: str, port: int, role: str, me: Identity,
         _, protocol = await asyncio.wait_for(
             loop.create_connection(lambda: FrameProtocol(name=f"{role}->{host}:{port}"),
                                    host, port), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise HopliteTimeoutError(f"connecting to {host}:{port} timed out") from None
     except OSError as exc:
         raise ConnectionLostError(f"cannot connect to {host}:{port}: {exc}") from exc
@@ -117,7 +120,7 @@ async def accept(protocol: FrameProtocol, me: Identity,
     return hello.role, hello.node_id
 
 
-async def read_one_frame(conn: socket.socket) -> Frame[Any]:
+async def read_one_frame(conn: socket.socket) -> Frame[WireMessage]:
     """Read exactly one frame from a raw non-blocking socket (nothing past it): the Unix
     socket's hello, before the connection is handed to a :class:`FrameProtocol`."""
     loop = asyncio.get_running_loop()

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any, cast
 
 from hoplite_client.wire.errors import ConnectionLostError, HopliteTimeoutError, ProtocolError
-from hoplite_client.wire.frames import BadFrame, Frame, FrameReader, StreamSink, encode
-from hoplite_client.wire.messages import Error
+from hoplite_client.wire.frames import BadFrame, Frame, FrameReader, Payload, StreamSink, encode
+from hoplite_client.wire.messages import Error, WireMessage
 
 log = logging.getLogger("hoplite.protocol")
 
@@ -22,44 +23,49 @@ log = logging.getLogger("hoplite.protocol")
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1024 * 1024
 
-FrameHandler = Callable[[Frame], None]
+# Takes every frame of the connection. The frame is typed ``Frame[Any]`` on purpose: whoever
+# installs the handler knows which kinds its connection carries (a fetcher's handler takes
+# ``Frame[DataStream | Error]``), and a parameter typed ``Frame[WireMessage]`` would refuse it.
+FrameHandler = Callable[[Frame[Any]], None]
 
 
 class FrameProtocol(asyncio.BufferedProtocol):
     """Delivers decoded frames to ``handler``; reports streamed progress to ``on_stream``."""
 
-    def __init__(self, handler: Optional[FrameHandler] = None, name: str = "conn",
-                 on_made: Optional[Callable[["FrameProtocol"], None]] = None) -> None:
+    def __init__(self, handler: FrameHandler | None = None, name: str = "conn",
+                 on_made: Callable[[FrameProtocol], None] | None = None) -> None:
         self.name = name
         self._on_made = on_made
         self.reader = FrameReader()
         self._handler = handler
-        self.on_stream: Optional[Callable[[int], None]] = None
-        self.on_lost: list[Callable[[Optional[BaseException]], None]] = []
-        self.transport: Optional[asyncio.BaseTransport] = None
+        self.on_stream: Callable[[int], None] | None = None
+        self.on_lost: list[Callable[[BaseException | None], None]] = []
+        self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._can_write = asyncio.Event()
         self._can_write.set()
-        self._inbox: asyncio.Queue[Frame] = asyncio.Queue()
+        self._inbox: asyncio.Queue[Frame[WireMessage]] = asyncio.Queue()
 
     @property
-    def handler(self) -> Optional[FrameHandler]:
+    def handler(self) -> FrameHandler | None:
         return self._handler
 
     @handler.setter
-    def handler(self, handler: Optional[FrameHandler]) -> None:
+    def handler(self, handler: FrameHandler | None) -> None:
         """Install the frame handler; frames that arrived before it are handed over first."""
         self._handler = handler
         while handler is not None and not self._inbox.empty():
             handler(self._inbox.get_nowait())
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-        transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)  # type: ignore[attr-defined]
+        # A stream connection's transport is a read-write one. A cast, not an isinstance check:
+        # uvloop's transports do not derive from asyncio.Transport.
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
         if self._on_made is not None:
             self._on_made(self)
 
-    def set_stream_sink(self, sink: Optional[StreamSink]) -> None:
+    def set_stream_sink(self, sink: StreamSink | None) -> None:
         self.reader._sink = sink
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -85,10 +91,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self.reader.streaming and self.on_stream is not None:
             self.on_stream(self.reader.payload_received)
 
-    async def next_frame(self, timeout: float) -> Frame:
+    async def next_frame(self, timeout: float) -> Frame[WireMessage]:
         """The next frame while no handler is installed (handshakes); bounded by ``timeout``."""
         get = asyncio.ensure_future(self._inbox.get())
-        done, _ = await asyncio.wait({get, self.closed}, timeout=timeout,
+        waiters: set[asyncio.Future[Any]] = {get, self.closed}
+        done, _ = await asyncio.wait(waiters, timeout=timeout,
                                      return_when=asyncio.FIRST_COMPLETED)
         if get in done:
             return get.result()
@@ -97,31 +104,31 @@ class FrameProtocol(asyncio.BufferedProtocol):
             raise ConnectionLostError(f"{self.name}: connection closed during handshake")
         raise HopliteTimeoutError(f"{self.name}: no answer within {timeout}s")
 
-    def send(self, msg: Any, payload: Any = None) -> None:
+    def send(self, msg: WireMessage, payload: Payload | None = None) -> None:
         """Queue one frame; the payload is sent from its own memory (vectored write, no join)."""
         if self.transport is None or self.transport.is_closing():
             raise ConnectionLostError(f"{self.name}: connection is closed")
-        self.transport.writelines(encode(msg, payload))  # type: ignore[attr-defined]
+        self.transport.writelines(encode(msg, payload))
 
     def write_raw(self, data: memoryview) -> None:
         """Queue raw stream bytes (a streamed payload's next slice)."""
         if self.transport is None or self.transport.is_closing():
             raise ConnectionLostError(f"{self.name}: connection is closed")
-        self.transport.write(data)  # type: ignore[attr-defined]
+        self.transport.write(data)
 
     async def flush(self) -> None:
         """Wait until every queued byte was handed to the kernel (buffers may then be reused)."""
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.set_write_buffer_limits(0, 0)  # type: ignore[attr-defined]
+            self.transport.set_write_buffer_limits(0, 0)
             await self.drain()
-            self.transport.set_write_buffer_limits(WRITE_HIGH_WATER,  # type: ignore[attr-defined]
-                                                   WRITE_LOW_WATER)
+            self.transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
 
     async def drain(self) -> None:
         """Wait until the transport's queue is below its high-water mark."""
         if not self._can_write.is_set():
             waiter = asyncio.ensure_future(self._can_write.wait())
-            await asyncio.wait({waiter, self.closed}, return_when=asyncio.FIRST_COMPLETED)
+            waiters: set[asyncio.Future[Any]] = {waiter, self.closed}
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             waiter.cancel()
         if self.closed.done():
             raise ConnectionLostError(f"{self.name}: connection closed")
@@ -132,10 +139,10 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def resume_writing(self) -> None:
         self._can_write.set()
 
-    def abort(self, exc: Optional[BaseException] = None) -> None:
+    def abort(self, exc: BaseException | None = None) -> None:
         """Close now (queued data is dropped): used after an error mid-message."""
         if self.transport is not None:
-            self.transport.abort()  # type: ignore[attr-defined]
+            self.transport.abort()
         self.connection_lost(exc)
 
     def close(self) -> None:
@@ -143,7 +150,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.close()
 
-    def connection_lost(self, exc: Optional[BaseException]) -> None:
+    def connection_lost(self, exc: BaseException | None) -> None:
         if self.closed.done():
             return
         self.closed.set_result(None)

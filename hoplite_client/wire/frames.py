@@ -14,14 +14,21 @@ length raises :class:`RemoteProtocolError` and the reader stays broken (it canno
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Generic, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeAlias, TypeVar, cast
 
-import msgpack
+# msgpack ships neither inline types nor a py.typed marker, and typeshed has no stubs for it;
+# its two calls here are wrapped in typed functions.
+import msgpack  # type: ignore[import-untyped]
 
 from hoplite_client.wire.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
-from hoplite_client.wire.messages import MESSAGES
+from hoplite_client.wire.messages import MESSAGES, WireMessage
 from hoplite_client.wire.schema import from_wire, to_wire
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+    from numpy.typing import NDArray
 
 MAGIC = b"HP"
 PROTOCOL_VERSION = 1
@@ -39,19 +46,23 @@ MAX_SMALL_PAYLOAD = 1024 * 1024
 MAX_STREAM_PAYLOAD = 1 << 48
 _SKIP_CHUNK = 64 * 1024
 
-Message = Any
-StreamSink = Callable[[Message, int], memoryview]
+# A payload to send: any C-contiguous object with the buffer protocol. numpy arrays are named
+# apart because numpy's stubs declare ``__buffer__`` only for Python >= 3.12.
+Payload: TypeAlias = "ReadableBuffer | NDArray[Any]"
+# Where a streamed payload goes, given its message's header and length. The message is typed
+# ``Any`` on purpose: the sink's owner knows which stream kind its connection carries (today
+# only DataStream), and a parameter typed ``WireMessage`` would refuse such a sink.
+StreamSink = Callable[[Any, int], memoryview]
 
-
-M = TypeVar("M")
+M_co = TypeVar("M_co", bound=WireMessage, covariant=True)
 
 
 @dataclass(frozen=True, slots=True)
-class Frame(Generic[M]):
+class Frame(Generic[M_co]):
     """A decoded message and its payload (None when it has none, or when it was streamed)."""
 
-    msg: M
-    payload: Optional[memoryview] = None
+    msg: M_co
+    payload: memoryview | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,30 +70,30 @@ class BadFrame:
     """A well-delimited frame we could not accept; ``rid`` is its request id if readable."""
 
     error: ProtocolError
-    rid: Optional[int]
+    rid: int | None
 
 
-Event = Union[Frame, BadFrame]
+Event: TypeAlias = Frame[WireMessage] | BadFrame
 
 
-def encode_header(msg: Message, payload_len: int = 0) -> bytes:
+def encode_header(msg: WireMessage, payload_len: int = 0) -> bytes:
     """Prelude and msgpack header of ``msg``; ``payload_len`` raw bytes must follow it."""
-    kind = getattr(type(msg), "KIND", None)
+    kind: int | None = getattr(type(msg), "KIND", None)
     if kind is None:
         raise LocalProtocolError(f"{type(msg).__name__} is not a wire message")
     if payload_len and type(msg).PAYLOAD == "none":
         raise LocalProtocolError(f"{type(msg).__name__} carries no payload")
-    header = msgpack.packb(to_wire(msg), use_bin_type=True)
+    header: bytes = msgpack.packb(to_wire(msg), use_bin_type=True)
     if len(header) > MAX_HEADER:
         raise LocalProtocolError(f"{type(msg).__name__} header of {len(header)} bytes is too large")
     return PRELUDE.pack(MAGIC, PROTOCOL_VERSION, kind, len(header), payload_len) + header
 
 
-def encode(msg: Message, payload: Optional[Any] = None) -> list:
+def encode(msg: WireMessage, payload: Payload | None = None) -> list[bytes | memoryview]:
     """Buffers for ``transport.writelines``: header bytes, then the payload as a memoryview."""
     if payload is None:
         return [encode_header(msg)]
-    view = memoryview(payload).cast("B")
+    view = memoryview(cast("ReadableBuffer", payload)).cast("B")  # arrays too: see Payload
     return [encode_header(msg, view.nbytes), view]
 
 
@@ -90,14 +101,14 @@ def _unpack_header(data: memoryview) -> Any:
     return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True, ext_hook=_no_ext)
 
 
-def _no_ext(code: int, data: bytes) -> Any:
+def _no_ext(code: int, data: bytes) -> NoReturn:
     raise ValueError("msgpack extension types are not part of the protocol")
 
 
 class FrameReader:
     """Incremental frame decoder fed through :meth:`get_buffer` / :meth:`buffer_updated`."""
 
-    def __init__(self, stream_sink: Optional[StreamSink] = None,
+    def __init__(self, stream_sink: StreamSink | None = None,
                  max_small_payload: int = MAX_SMALL_PAYLOAD) -> None:
         self._sink = stream_sink
         self._max_small = max_small_payload
@@ -107,10 +118,10 @@ class FrameReader:
         self._state = "prelude"
         self._kind = 0
         self._payload_len = 0
-        self._header: Optional[memoryview] = None
-        self._msg: Message = None
-        self._bad: Optional[BadFrame] = None
-        self.broken: Optional[ProtocolError] = None
+        self._header: memoryview | None = None
+        self._msg: WireMessage | None = None
+        self._bad: BadFrame | None = None
+        self.broken: ProtocolError | None = None
 
     @property
     def streaming(self) -> bool:
@@ -169,6 +180,7 @@ class FrameReader:
             if self._got < self._payload_len:
                 return False
             payload = self._part if state == "payload" and self._payload_len else None
+            assert self._msg is not None  # set by _on_header before these states
             events.append(Frame(self._msg, payload))
             self._reset()
         elif state == "skip":
@@ -239,7 +251,7 @@ class FrameReader:
             self._state = "payload"
             self._part = memoryview(bytearray(n))
 
-    def _start_skip(self, error: RemoteProtocolError, rid: Optional[int]) -> None:
+    def _start_skip(self, error: RemoteProtocolError, rid: int | None) -> None:
         if self._payload_len > self._max_small:
             raise error
         self._bad = BadFrame(error, rid)

@@ -20,12 +20,12 @@ class ObjectID:
         self._b = bytes(binary)
 
     @classmethod
-    def random(cls) -> "ObjectID":
+    def random(cls) -> ObjectID:
         """A fresh id from the OS's CSPRNG."""
         return cls(os.urandom(OBJECT_ID_SIZE))
 
     @classmethod
-    def from_hex(cls, text: str) -> "ObjectID":
+    def from_hex(cls, text: str) -> ObjectID:
         """Parse the 40-hex-digit form produced by :meth:`hex`."""
         try:
             return cls(bytes.fromhex(text))
@@ -44,7 +44,7 @@ class ObjectID:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ObjectID) and other._b == self._b
 
-    def __lt__(self, other: "ObjectID") -> bool:
+    def __lt__(self, other: ObjectID) -> bool:
         return self._b < other._b
 
     def __hash__(self) -> int:

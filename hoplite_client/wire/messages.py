@@ -22,8 +22,9 @@ and by the router that answers it, so a request is built without one (``rid`` de
 
 from __future__ import annotations
 
+import dataclasses
 import typing
-from typing import Any, ClassVar, Generic, Literal, Optional, TypeVar, dataclass_transform
+from typing import Any, ClassVar, Generic, Literal, TypeVar, dataclass_transform
 
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.schema import record
@@ -43,11 +44,14 @@ class WireMessage:
     """Base of every registered message; the class attributes are set by :func:`message`."""
 
     __slots__ = ()
+    # Every registered message is a dataclass (``message`` applies ``record``); declaring it
+    # here lets ``dataclasses.replace`` type-check on a ``Request[R]``.
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
     KIND: ClassVar[int]
     SHAPE: ClassVar[Shape]
     PAYLOAD: ClassVar[PayloadMode]
     ROLES: ClassVar[frozenset[Role]]
-    REPLY: ClassVar[Optional[type[WireMessage]]]
+    REPLY: ClassVar[type[WireMessage] | None]
 
 
 class Request(WireMessage, Generic[R]):
@@ -65,15 +69,15 @@ class Reply(WireMessage):
 
 
 MESSAGES: dict[int, type[WireMessage]] = {}
-_M = TypeVar("_M", bound=type[WireMessage])
+_W = TypeVar("_W", bound=WireMessage)
 
 
 @dataclass_transform(frozen_default=True, kw_only_default=True)
 def message(kind: int, *, shape: Shape, roles: tuple[Role, ...] = (),
-            payload: PayloadMode = "none") -> typing.Callable[[_M], _M]:
+            payload: PayloadMode = "none") -> typing.Callable[[type[_W]], type[_W]]:
     """Register a record as wire message ``kind`` with its shape, senders and payload mode."""
 
-    def wrap(cls: _M) -> _M:
+    def wrap(cls: type[_W]) -> type[_W]:
         rec = record(cls)
         if kind in MESSAGES:
             raise RuntimeError(f"message kind {kind} registered twice")
@@ -98,8 +102,8 @@ def _resolve_replies(namespace: dict[str, Any]) -> None:
     for cls in MESSAGES.values():
         if cls.SHAPE != "request":
             continue
-        base = next(b for b in cls.__orig_bases__  # type: ignore[attr-defined]
-                    if typing.get_origin(b) is Request)
+        bases: tuple[Any, ...] = getattr(cls, "__orig_bases__", ())  # set by Generic
+        base = next(b for b in bases if typing.get_origin(b) is Request)
         (arg,) = typing.get_args(base)
         reply = namespace[arg.__forward_arg__] if isinstance(arg, typing.ForwardRef) else arg
         if not (isinstance(reply, type) and issubclass(reply, Reply)):
@@ -233,7 +237,7 @@ class Abort(Request["Ok"]):
 class Get(Request["Found"]):
     rid: int = 0
     oid: ObjectID
-    timeout: Optional[float]
+    timeout: float | None
 
 
 @message(26, shape="reply", payload="small")
@@ -244,7 +248,7 @@ class Found(Reply):
     size: int
     dtype: str
     shape: list[int]
-    offset: Optional[int]
+    offset: int | None
 
 
 @message(27, shape="request", roles=(CLIENT,))
@@ -280,14 +284,14 @@ class Reduce(Request["Ok"]):
     inputs: list[ObjectID]
     op: str
     num_objects: int
-    timeout: Optional[float]
+    timeout: float | None
 
 
 @message(32, shape="request", roles=(CLIENT,))
 class ReducedInputs(Request["InputList"]):
     rid: int = 0
     result: ObjectID
-    timeout: Optional[float]
+    timeout: float | None
 
 
 @message(33, shape="reply")
@@ -328,7 +332,7 @@ class Locate(Request["Located"]):
 
     rid: int = 0
     oid: ObjectID
-    timeout: Optional[float]
+    timeout: float | None
     exclude: list[str]
     offset: int
 
@@ -338,7 +342,7 @@ class Located(Reply):
     """A source to pull from, or (``source`` None) the object's bytes as the payload."""
 
     rid: int = 0
-    source: Optional[str]
+    source: str | None
     size: int
     dtype: str
     shape: list[int]
@@ -407,7 +411,7 @@ class WaitObject(Request["ObjectInfo"]):
 
     rid: int = 0
     oid: ObjectID
-    timeout: Optional[float]
+    timeout: float | None
 
 
 @message(54, shape="reply", payload="small")

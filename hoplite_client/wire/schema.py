@@ -9,26 +9,30 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, TypeVar, Union, dataclass_transform
+from typing import TYPE_CHECKING, Any, TypeVar, Union, cast, dataclass_transform
 
 from hoplite_client.wire.errors import RemoteProtocolError
 from hoplite_client.wire.ids import OBJECT_ID_SIZE, ObjectID
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 _HINTS: dict[type, list[tuple[str, Any]]] = {}
-_T = TypeVar("_T", bound=type)
+_C = TypeVar("_C")
 
 
 @dataclass_transform(frozen_default=True, kw_only_default=True)
-def record(cls: _T) -> _T:
+def record(cls: type[_C]) -> type[_C]:
     """Make ``cls`` a frozen slotted dataclass with keyword-only fields (so a request id can
     default to 0 ahead of required fields) whose fields are checked when decoded."""
-    dc: _T = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)(cls)
+    dc = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)(cls)
     hints = typing.get_type_hints(dc)
-    _HINTS[dc] = [(f.name, hints[f.name]) for f in dataclasses.fields(dc)]
+    fields = dataclasses.fields(cast("type[DataclassInstance]", dc))  # a dataclass now
+    _HINTS[dc] = [(f.name, hints[f.name]) for f in fields]
     return dc
 
 
-def to_wire(value: Any) -> Any:
+def to_wire(value: object) -> Any:
     """The msgpack-ready form of a record, an ObjectID, or a container of them."""
     if isinstance(value, ObjectID):
         return value.binary()
@@ -39,7 +43,7 @@ def to_wire(value: Any) -> Any:
     return value
 
 
-def from_wire(cls: type, raw: Any) -> Any:
+def from_wire(cls: type[_C], raw: Any) -> _C:
     """Build a record of type ``cls`` from its decoded msgpack array, checking every field."""
     fields = _HINTS[cls]
     if not isinstance(raw, list) or len(raw) != len(fields):
