@@ -31,7 +31,7 @@ bench-deps: install
 
 # Hoplite against every baseline on emulated 1 Gbit links, N = 4 and 8; writes docs/benchmarks.md.
 bench-compare: bench-deps
-	$(BIN)/python bench/compare.py --nodes 4 8 --rate 1Gbit --repeat 5
+	$(BIN)/python -m bench.compare --nodes 4 8 --rate 1Gbit --repeat 5
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -3,7 +3,8 @@
 For each node count: one test bed (network namespaces, RATE links), hoplite's daemons in it,
 then each baseline in the same namespaces; every op at every size; medians and ratios to the
 optimum (DESIGN §7). Writes JSON, the results section of docs/benchmarks.md and a plot.
-Usage: python bench/compare.py --nodes 4 8 --rate 1Gbit --repeat 5 [--plot docs/compare.png]
+Usage (from the repository root, as root):
+    python -m bench.compare --nodes 4 8 --rate 1Gbit --repeat 5 [--plot docs/compare.png]
 """
 
 from __future__ import annotations
@@ -18,16 +19,14 @@ import statistics
 import sys
 import traceback
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any
 
 import uvloop
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import hoplite_client  # noqa: E402
-from hoplite_client.tools.cli.bench import BenchContext, Progress, optimum, run_scenario  # noqa: E402
-from hoplite_client.tools.testbed import emulated_cluster, format_rate, parse_rate  # noqa: E402
-from hoplite_client.wire.units import parse_size  # noqa: E402
+import hoplite_client
+from hoplite_client.tools.scenarios import BenchContext, Progress, optimum, run_scenario
+from hoplite_client.tools.testbed import emulated_cluster, format_rate, parse_rate
+from hoplite_client.wire.units import parse_size
 
 # (op, size) pairs measured by default: DESIGN §8 and the issue's list.
 CASES = [("broadcast", "32MiB"), ("broadcast", "256MiB"), ("reduce", "32MiB"),
@@ -41,6 +40,8 @@ SECTION_END = "<!-- compare:end -->"
 
 @dataclass
 class Row:
+    """One system's runs of one (op, size) at one node count: a line of the table."""
+
     system: str
     op: str
     size: int
@@ -51,22 +52,28 @@ class Row:
     note: str = ""
 
     @property
-    def median(self) -> Optional[float]:
+    def median(self) -> float | None:
+        """Median latency in seconds (None if the system did not run: see ``note``)."""
         return statistics.median(self.runs) if self.runs else None
 
 
 async def run_baseline(name: str, testbed: Any, op: str, size: int, repeat: int) -> list[float]:
+    """Latencies of baseline ``name`` (a module of bench.baselines) for ``op``; LookupError if
+    it does not implement ``op``."""
     if name == "star":
         if op != "broadcast":
             raise LookupError("broadcast only")
         module = importlib.import_module("bench.baselines.star")
-        return await module.run_star(testbed, size, repeat)
-    module = importlib.import_module(f"bench.baselines.{name}")
-    return await module.run(testbed, op, size, repeat)
+        latencies: list[float] = await module.run_star(testbed, size, repeat)
+    else:
+        module = importlib.import_module(f"bench.baselines.{name}")
+        latencies = await module.run(testbed, op, size, repeat)
+    return latencies
 
 
 async def measure(nodes: int, rate: int, repeat: int, cases: list[tuple[str, int]],
                   baselines: list[str]) -> list[Row]:
+    """Every case on hoplite, then on each baseline, in one emulated cluster of ``nodes``."""
     rows: list[Row] = []
     capacity = str(max(s for _, s in cases) * 4 + (256 << 20))
     async with emulated_cluster(nodes, rate, capacity=capacity, check=True,
@@ -96,6 +103,7 @@ async def measure(nodes: int, rate: int, repeat: int, cases: list[tuple[str, int
 
 
 def table(rows: list[Row]) -> str:
+    """The results as a Markdown table (hoplite's ratios in bold)."""
     lines = ["| op | size | N | system | median (s) | × optimum | × S/RATE |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -111,6 +119,7 @@ def table(rows: list[Row]) -> str:
 
 
 def plot(rows: list[Row], path: str) -> None:
+    """Latency / optimum against node count, one panel per case (needs matplotlib)."""
     import matplotlib  # optional extra: pip install '.[plot]'
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -138,7 +147,7 @@ def plot(rows: list[Row], path: str) -> None:
 
 
 def write_docs(rows: list[Row], path: str, command: str, rate: int,
-               plot_path: Optional[str]) -> None:
+               plot_path: str | None) -> None:
     """Replace (or append) the emulated-cluster section of the benchmarks page."""
     body = [SECTION_START,
             f"## Emulated cluster ({datetime.date.today()})", "",
@@ -155,7 +164,10 @@ def write_docs(rows: list[Row], path: str, command: str, rate: int,
         rel = os.path.relpath(plot_path, os.path.dirname(path))
         body += [f"![latency / optimum against node count]({rel})", ""]
     body.append(SECTION_END)
-    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+    text = "# Benchmarks\n"
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
     if SECTION_START in text:
         head, rest = text.split(SECTION_START, 1)
         text = head + "\n".join(body) + rest.split(SECTION_END, 1)[1]
@@ -166,6 +178,7 @@ def write_docs(rows: list[Row], path: str, command: str, rate: int,
 
 
 def main() -> None:
+    """Measure (or reload a run's JSON), then write the JSON, the docs section and the plot."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--rate", default="1Gbit")
@@ -186,7 +199,7 @@ def main() -> None:
         rate, command = saved["rate"], saved["command"]
     else:
         rate = parse_rate(args.rate)
-        command = "python " + " ".join(sys.argv)
+        command = " ".join(["python -m bench.compare", *sys.argv[1:]])
         cases = [(op, parse_size(sz)) for op, sz in
                  (c.split(":") for c in (args.case or [f"{o}:{s}" for o, s in CASES]))]
         rows = []

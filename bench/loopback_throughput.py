@@ -24,7 +24,7 @@ from hoplite_client.wire.units import parse_size
 CHUNK = 16 * 1024 * 1024
 
 
-def _raw_receiver(port_queue: "mp.Queue[int]", size: int, result: "mp.Queue[float]") -> None:
+def _raw_receiver(port_queue: mp.Queue[int], size: int, result: mp.Queue[float]) -> None:
     buf = bytearray(size)
     view = memoryview(buf)
     view[::4096] = b"\0" * len(view[::4096])  # fault the pages in before timing
@@ -42,8 +42,8 @@ def _raw_receiver(port_queue: "mp.Queue[int]", size: int, result: "mp.Queue[floa
 
 def raw_tcp(size: int) -> float:
     """Seconds to move ``size`` bytes over one loopback TCP stream between two processes."""
-    ports: "mp.Queue[int]" = mp.Queue()
-    result: "mp.Queue[float]" = mp.Queue()
+    ports: mp.Queue[int] = mp.Queue()
+    result: mp.Queue[float] = mp.Queue()
     receiver = mp.Process(target=_raw_receiver, args=(ports, size, result))
     receiver.start()
     data = memoryview(np.random.default_rng(0).bytes(size))

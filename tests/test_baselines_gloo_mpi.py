@@ -17,15 +17,10 @@ import numpy as np
 import pytest
 
 from bench.baselines import gloo, mpi
-from bench.baselines.common import (
-    BaselineUnavailable,
-    expected_sum,
-    float32_data,
-    optimum_seconds,
-    parse_size,
-    sum_matches,
-)
+from bench.baselines.common import BaselineUnavailable, expected_sum, float32_data, sum_matches
+from hoplite_client.tools.scenarios import optimum
 from hoplite_client.tools.testbed import Testbed, netns_pids
+from hoplite_client.wire.units import parse_size
 
 MBIT = 1_000_000
 NODES = 3
@@ -70,11 +65,13 @@ def test_sum_check_tolerates_rounding_but_not_errors() -> None:
 
 
 def test_optimum_and_sizes() -> None:
+    """The baselines' command lines share hoplite's parse_size and optimum (DESIGN §7)."""
     assert parse_size("32MiB") == 32 << 20 and parse_size("2MB") == 2_000_000
     s = 32 << 20
-    assert optimum_seconds("broadcast", s, 8, 1e9) == pytest.approx(s * 8 / 1e9)
-    assert optimum_seconds("allreduce", s, 8, 1e9) == pytest.approx(2 * s * 8 / 1e9)
-    assert optimum_seconds("gather", s, 8, 1e9) == pytest.approx(7 * s * 8 / 1e9)
+    assert optimum("broadcast", s, 8, 1e9) == pytest.approx(s * 8 / 1e9)
+    assert optimum("reduce", s, 8, 1e9) == pytest.approx(s * 8 / 1e9)
+    assert optimum("allreduce", s, 8, 1e9) == pytest.approx(2 * s * 8 / 1e9)
+    assert optimum("gather", s, 8, 1e9) == pytest.approx(7 * s * 8 / 1e9)
 
 
 async def test_missing_packages_raise_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,6 +111,6 @@ async def test_baseline_in_testbed(name: str, op: str) -> None:
     assert len(latencies) == REPEAT
     assert all(t > 0 for t in latencies)
     # sanity only (the machine is shared): nothing beats the links by much
-    optimum = optimum_seconds(op, SIZE, NODES, 500 * MBIT)
+    best = optimum(op, SIZE, NODES, 500 * MBIT)
     ring = {"allreduce": (NODES - 1) / NODES}.get(op, 1.0)  # ring allreduce: 2(N-1)/N · S
-    assert min(latencies) > 0.5 * ring * optimum
+    assert min(latencies) > 0.5 * ring * best

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio

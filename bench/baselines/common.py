@@ -7,18 +7,48 @@ Interface of a baseline module ``bench/baselines/<name>.py``::
 ``op`` is one of :data:`OPS`; ``size`` is bytes of float32 data (``size // 4`` elements), rank
 ``i`` (host ``i``) contributing :func:`float32_data` ``(size, i)``; root = rank 0. It returns
 the latency in seconds of each measured run and raises :class:`BaselineUnavailable` when the
-system it needs is not installed.
+system it needs is not installed. Its command line runs from the repository root as
+``python -m bench.baselines.<name>``, and so does every process it starts (see below).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
+import os
 import statistics
-from typing import Any, Awaitable, Callable
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
+
+# How a baseline's processes import this package, without editing sys.path or PYTHONPATH.
+# ``bench`` is not installed (only ``hoplited`` and ``hoplite_client`` are), so it is found the
+# standard way for a checkout: every process a baseline starts -- a gloo rank, an MPI rank, a
+# Ray or Dask driver, a star end -- runs ``python -m bench.baselines.<name>`` (see
+# :func:`module_command`) with the repository root as its working directory, and ``python -m``
+# puts the working directory first on sys.path. What those processes start in turn finds
+# ``bench`` the same way when it unpickles a task that refers to this module: orted runs MPI
+# ranks in the root (``mpirun --wdir``); the Dask scheduler and workers start in it
+# (``python -m distributed.cli...``); Ray adds its driver's working directory to every
+# worker's sys.path. The alternative, moving these helpers into the installed package,
+# would ship baseline code (process trees, rank checks) inside hoplite itself.
+#
+# The baselines stay independent of the system under test where it matters: a rank, actor or
+# task imports numpy and this module only. The command-line side (:func:`measure`) imports
+# the installed tools -- the test bed, ``parse_size`` and the optimum every system is held to
+# (``hoplite_client.tools.scenarios.optimum``) -- so that hoplite and the baselines share one
+# definition of each.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def module_command(module: str) -> list[str]:
+    """``[python, -m, module]`` with this interpreter: start it with ``cwd=REPO_ROOT`` so that
+    ``bench`` is importable (see the comment above)."""
+    return [sys.executable, "-m", module]
+
 
 OPS = ("broadcast", "reduce", "allreduce", "gather")
 
@@ -27,7 +57,7 @@ class BaselineUnavailable(Exception):
     """The baseline's package or tool is missing; the message says how to install it."""
 
 
-def float32_data(size: int, seed: int) -> np.ndarray:
+def float32_data(size: int, seed: int) -> NDArray[np.float32]:
     """``size // 4`` float32 values in [0, 1), the same for the same (size, seed).
 
     Rank ``i`` of a baseline uses ``seed = i``, so every rank's input differs.
@@ -37,7 +67,7 @@ def float32_data(size: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).random(size // 4, dtype=np.float32)
 
 
-def expected_sum(size: int, nodes: int) -> np.ndarray:
+def expected_sum(size: int, nodes: int) -> NDArray[np.float64]:
     """The sum over ranks of their :func:`float32_data` (accumulated in float64)."""
     total = np.zeros(size // 4, dtype=np.float64)
     for rank in range(nodes):
@@ -45,29 +75,12 @@ def expected_sum(size: int, nodes: int) -> np.ndarray:
     return total
 
 
-def sum_matches(result: np.ndarray, expected: np.ndarray, nodes: int) -> bool:
+def sum_matches(result: NDArray[Any], expected: NDArray[np.float64], nodes: int) -> bool:
     """Does a float32 reduce result match :func:`expected_sum` up to rounding (any order)?"""
     # n float32 values in [0, 1): each addition rounds by at most ulp(n)/2 ~ n * 2**-24.
     tolerance = nodes * nodes * 2.0**-23 + 1e-6
     return result.shape == expected.shape and bool(
         np.all(np.abs(result.astype(np.float64) - expected) <= tolerance))
-
-
-def optimum_seconds(op: str, size: int, nodes: int, rate_bps: float) -> float:
-    """DESIGN.md §7's lower bound: S/RATE (broadcast, reduce), 2·S/RATE (allreduce),
-    (N−1)·S/RATE (gather, the root's downlink)."""
-    factor = {"broadcast": 1, "reduce": 1, "allreduce": 2, "gather": nodes - 1}[op]
-    return factor * size * 8 / rate_bps
-
-
-def parse_size(text: str) -> int:
-    """'32MiB' → 33554432, '2MB' → 2000000, '4096' → 4096."""
-    units = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 1 << 10, "m": 10**6, "mb": 10**6,
-             "mib": 1 << 20, "g": 10**9, "gb": 10**9, "gib": 1 << 30}
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in units:
-        raise ValueError(f"not a size: {text!r} (try 32MiB, 2MB, 4096)")
-    return int(float(m.group(1)) * units[m.group(2).lower()])
 
 
 # ------------------------------------------------------------------------------------------
@@ -77,7 +90,10 @@ def parse_size(text: str) -> int:
 async def measure(system: str, run_fn: Callable[..., Awaitable[list[float]]],
                   args: argparse.Namespace) -> list[dict[str, Any]]:
     """Build a test bed, run each of ``args.op`` (comma-separated) and print the results."""
+    # the command line's side only: a rank never imports hoplite_client
+    from hoplite_client.tools.scenarios import optimum
     from hoplite_client.tools.testbed import Testbed, parse_rate
+    from hoplite_client.wire.units import parse_size
 
     rate = parse_rate(args.rate)
     size = parse_size(args.size)
@@ -89,14 +105,14 @@ async def measure(system: str, run_fn: Callable[..., Awaitable[list[float]]],
         for op in args.op.split(","):
             latencies = await run_fn(tb, op, size, args.repeat, args.warmup)
             median = statistics.median(latencies)
-            optimum = optimum_seconds(op, size, args.nodes, rate)
+            best = optimum(op, size, args.nodes, rate)
             print(f"{system} {op} of {size / 2**20:.1f} MiB, {args.nodes} nodes, {args.rate} "
-                  f"links: median {median:.3f} s = {median / optimum:.2f} × optimum "
-                  f"({optimum:.3f} s) (runs: {', '.join(f'{t:.3f}' for t in latencies)})",
+                  f"links: median {median:.3f} s = {median / best:.2f} × optimum "
+                  f"({best:.3f} s) (runs: {', '.join(f'{t:.3f}' for t in latencies)})",
                   flush=True)
             report.append({"op": op, "system": system, "nodes": args.nodes, "size": size,
                            "rate_bps": rate, "runs": latencies, "median_s": median,
-                           "ratio_to_optimum": median / optimum})
+                           "ratio_to_optimum": median / best})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
@@ -104,6 +120,7 @@ async def measure(system: str, run_fn: Callable[..., Awaitable[list[float]]],
 
 
 def cli_parser(description: str) -> argparse.ArgumentParser:
+    """The options of a baseline's command line (what :func:`measure` reads)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--rate", default="1Gbit")

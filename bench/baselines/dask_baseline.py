@@ -26,7 +26,7 @@ the latest stamp (for ``scatter``: when it returns, every worker then holding th
 Stamps are collected, and after the last run every holder checks its result (broadcast and
 gather exactly, sums within float32 rounding), by further untimed tasks.
 
-Usage (root):  python bench/baselines/dask_baseline.py --nodes 8 --rate 1Gbit --op broadcast \\
+Usage (root):  python -m bench.baselines.dask_baseline --nodes 8 --rate 1Gbit --op broadcast \\
                    --size 32MiB --repeat 5
 From Python:   latencies = await run(testbed, "broadcast", size, repeat)
                async with DaskCluster(testbed) as dask_cluster:          # several ops, one
@@ -47,22 +47,19 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if __package__ in (None, ""):  # run as a script from a checkout
-    sys.path.insert(0, REPO)
-
-from bench.baselines.common import (  # noqa: E402
+from bench.baselines.common import (
     OPS,
+    REPO_ROOT,
     BaselineUnavailable,
     expected_sum,
     float32_data,
-    optimum_seconds,
-    parse_size,
+    module_command,
     sum_matches,
 )
-from bench.baselines.procs import alive, process_tree, signal_procs, tail  # noqa: E402
+from bench.baselines.procs import alive, process_tree, signal_procs, tail
 
 INSTALL_HINT = ("the Dask baseline needs Dask distributed: "
                 "pip install 'dask[distributed]==2026.8.0'")
@@ -203,21 +200,23 @@ class DaskCluster:
         self.address = f"tcp://{testbed.hosts[0].ip}:{SCHEDULER_PORT}"
 
     def env(self) -> dict[str, str]:
-        path = os.environ.get("PYTHONPATH", "")
-        return dict(os.environ, PYTHONPATH=REPO + (os.pathsep + path if path else ""),
-                    PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+        """The environment of every process this cluster starts (its own temp dir, one
+        OpenMP/BLAS thread)."""
+        return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                     OPENBLAS_NUM_THREADS="1", DASK_TEMPORARY_DIRECTORY=self.tmp)
 
     async def _spawn(self, rank: int, argv: list[str], log: str) -> asyncio.subprocess.Process:
+        """``python ARGV`` in host ``rank``, from the repository root: ``python -m`` puts it
+        on sys.path, so a worker can import ``bench`` when it unpickles a task."""
         with open(log, "wb") as out:
             process = await asyncio.create_subprocess_exec(
                 *self.testbed.exec_prefix(rank), sys.executable, *argv, env=self.env(),
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True)
+                cwd=REPO_ROOT, stdin=asyncio.subprocess.DEVNULL, stdout=out,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         self.processes.append(process)
         return process
 
-    async def __aenter__(self) -> "DaskCluster":
+    async def __aenter__(self) -> DaskCluster:
         await self.start()
         return self
 
@@ -230,7 +229,7 @@ class DaskCluster:
             await asyncio.to_thread(self.kill)
         finally:
             for process in self.processes:
-                with contextlib.suppress(asyncio.TimeoutError):
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(process.wait(), KILL_GRACE)
             self.processes = []
             if self.tmp:
@@ -252,7 +251,7 @@ class DaskCluster:
                 if scheduler.returncode is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"dask scheduler failed (exit {scheduler.returncode}):\n"
                                        f"{tail(log)}")
-                with contextlib.suppress(asyncio.TimeoutError):
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(scheduler.wait(), 0.2)
             for h in self.testbed.hosts:
                 await self._spawn(h.index, [
@@ -299,19 +298,20 @@ class DaskCluster:
         timeout = START_TIMEOUT + runs * copies * size / MIN_RATE_FOR_TIMEOUT
         log = os.path.join(self.tmp, f"driver-{op}-{time.monotonic_ns()}.out")
         argv = self.testbed.exec_prefix(0) + [
-            sys.executable, os.path.abspath(__file__), "--driver", "--address", self.address,
+            *module_command("bench.baselines.dask_baseline"), "--driver",
+            "--address", self.address,
             "--op", op, "--size", str(size), "--runs", str(runs),
             "--idiom", idiom, "--ips", ",".join(h.ip for h in self.testbed.hosts)]
         with open(log, "wb") as err:
             process = await asyncio.create_subprocess_exec(
-                *argv, env=self.env(), stdin=asyncio.subprocess.DEVNULL,
+                *argv, env=self.env(), cwd=REPO_ROOT, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=err, start_new_session=True)
         try:
             out, _ = await asyncio.wait_for(process.communicate(), timeout)
         except BaseException as exc:
             signal_procs(process_tree([process.pid]), signal.SIGKILL)
             await process.wait()
-            if isinstance(exc, asyncio.TimeoutError):
+            if isinstance(exc, TimeoutError):
                 raise RuntimeError(f"Dask {op}: no result within {timeout:.0f} s:\n"
                                    f"{tail(log)}{self._logs()}") from None
             raise
@@ -347,7 +347,10 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
 
 async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Build a test bed and one Dask cluster, run each of ``args.op``, print the results."""
+    # the command line's side only: the driver and the tasks never import hoplite_client
+    from hoplite_client.tools.scenarios import optimum
     from hoplite_client.tools.testbed import Testbed, parse_rate
+    from hoplite_client.wire.units import parse_size
 
     rate = parse_rate(args.rate)
     size = parse_size(args.size)
@@ -364,15 +367,15 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             for op in ops:
                 latencies = await cluster.run(op, size, args.repeat, args.warmup, args.idiom)
                 median = statistics.median(latencies)
-                optimum = optimum_seconds(op, size, args.nodes, rate)
+                best = optimum(op, size, args.nodes, rate)
                 how = f" ({args.idiom})" if op == "broadcast" else ""
                 print(f"dask {op}{how} of {size / 2**20:.1f} MiB, {args.nodes} nodes, "
-                      f"{args.rate} links: median {median:.3f} s = {median / optimum:.2f} × "
-                      f"optimum ({optimum:.3f} s) "
+                      f"{args.rate} links: median {median:.3f} s = {median / best:.2f} × "
+                      f"optimum ({best:.3f} s) "
                       f"(runs: {', '.join(f'{t:.3f}' for t in latencies)})", flush=True)
                 report.append({"op": op, "system": "dask", "nodes": args.nodes, "size": size,
                                "rate_bps": rate, "runs": latencies, "median_s": median,
-                               "ratio_to_optimum": median / optimum,
+                               "ratio_to_optimum": median / best,
                                **({"idiom": args.idiom} if op == "broadcast" else {})})
     if args.json:
         with open(args.json, "w") as f:
@@ -380,7 +383,8 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     return report
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: measure in a fresh test bed, or (``--driver``) be the client."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--driver"]:  # internal: the client, inside host 0's namespace
         p = argparse.ArgumentParser()

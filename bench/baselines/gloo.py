@@ -12,7 +12,7 @@ Every run's result is checked (broadcast and gather exactly, sums within float32
 Collectives: ``dist.broadcast``, ``dist.reduce`` (SUM to rank 0), ``dist.all_reduce`` (SUM)
 and ``dist.gather`` to rank 0 — gloo implements gather itself, no all_gather is needed.
 
-Usage (root):  python bench/baselines/gloo.py --nodes 8 --rate 1Gbit --op broadcast --size 32MiB
+Usage (root):  python -m bench.baselines.gloo --nodes 8 --rate 1Gbit --op broadcast --size 32MiB
 From Python:   latencies = await run(testbed, "broadcast", size, repeat)
 """
 
@@ -27,22 +27,21 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-if __package__ in (None, ""):  # run as a script from a checkout
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))))
-
-from bench.baselines.common import (  # noqa: E402
+from bench.baselines.common import (
     OPS,
+    REPO_ROOT,
     BaselineUnavailable,
     cli_parser,
     expected_sum,
     float32_data,
     measure,
+    module_command,
     sum_matches,
 )
-from bench.baselines.procs import tail  # noqa: E402
+from bench.baselines.procs import tail
 
 INSTALL_HINT = ("torch.distributed (gloo) baseline needs torch: "
                 "pip install torch==2.13.0 (the CPU wheel)")
@@ -81,7 +80,7 @@ def worker(rank: int, world: int, master: str, port: int, op: str, size: int,
     gathered = [torch.empty(n, dtype=torch.float32) for _ in range(world)] if rank == 0 else None
     # what this rank checks after every run
     if op == "broadcast":
-        expected = float32_data(size, 0) if rank else None
+        expected: Any = float32_data(size, 0) if rank else None
     elif op == "reduce":
         expected = expected_sum(size, world) if rank == 0 else None
     elif op == "allreduce":
@@ -118,7 +117,8 @@ def worker(rank: int, world: int, master: str, port: int, op: str, size: int,
             good = sum_matches(buf_np, expected, world)
         else:
             assert gathered is not None
-            good = all(np.array_equal(g.numpy(), e) for g, e in zip(gathered, expected, strict=True))
+            good = all(np.array_equal(g.numpy(), e)
+                       for g, e in zip(gathered, expected, strict=True))
         if not good:
             print(f"gloo rank {rank}: wrong {op} result", file=sys.stderr, flush=True)
         ok = ok and good
@@ -152,7 +152,7 @@ async def _stop(process: asyncio.subprocess.Process) -> None:
             process.terminate()
         try:
             await asyncio.wait_for(process.wait(), KILL_GRACE)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
     await process.wait()
@@ -175,13 +175,13 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
     op_timeout = RUN_SLACK + world * size / MIN_RATE_FOR_TIMEOUT
     total_timeout = START_TIMEOUT + runs * op_timeout
     master = testbed.hosts[0].ip
-    me = [sys.executable, os.path.abspath(__file__), "--worker"]
+    me = module_command("bench.baselines.gloo") + ["--worker"]
 
     def argv(rank: int, port: int) -> list[str]:
-        return testbed.exec_prefix(rank) + me + [
-            "--rank", str(rank), "--world", str(world), "--master", master, "--port", str(port),
-            "--op", op, "--size", str(size), "--runs", str(runs),
-            "--op-timeout", str(op_timeout)]
+        return [*testbed.exec_prefix(rank), *me,
+                "--rank", str(rank), "--world", str(world), "--master", master,
+                "--port", str(port), "--op", op, "--size", str(size), "--runs", str(runs),
+                "--op-timeout", str(op_timeout)]
 
     def env(rank: int) -> dict[str, str]:
         return dict(os.environ, GLOO_SOCKET_IFNAME=testbed.hosts[rank].ifname,
@@ -194,7 +194,8 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
         async def start(rank: int, port: int) -> asyncio.subprocess.Process:
             with open(logs[rank], "wb") as err:
                 process = await asyncio.create_subprocess_exec(
-                    *argv(rank, port), env=env(rank), stdin=asyncio.subprocess.DEVNULL,
+                    *argv(rank, port), env=env(rank), cwd=REPO_ROOT,
+                    stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE if rank == 0 else asyncio.subprocess.DEVNULL,
                     stderr=err)
             processes.append(process)
@@ -212,7 +213,7 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
             try:
                 line = await asyncio.wait_for(root.stdout.readline(), START_TIMEOUT)
                 port = int(json.loads(line)["port"])
-            except (asyncio.TimeoutError, ValueError, KeyError, TypeError):
+            except (TimeoutError, ValueError, KeyError, TypeError):
                 await _stop(root)
                 raise failure("rank 0 did not start its TCPStore") from None
             for rank in range(1, world):
@@ -220,7 +221,7 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
             try:
                 out, _ = await asyncio.wait_for(root.communicate(), total_timeout)
                 codes = [await asyncio.wait_for(p.wait(), START_TIMEOUT) for p in processes]
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise failure(f"no result within {total_timeout:.0f} s") from None
             results = [json.loads(line[len(RESULT_TAG):])
                        for line in out.decode(errors="replace").splitlines()
@@ -239,7 +240,8 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
 # command line
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: measure in a fresh test bed, or (``--worker``) be one rank."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--worker"]:  # internal: one rank
         p = argparse.ArgumentParser()

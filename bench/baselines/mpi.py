@@ -17,7 +17,7 @@ collective from its own barrier exit to its own completion; the run's latency is
 over the ranks, collected after all runs with an untimed ``Allreduce(MAX)``. Every run's
 result is checked (Bcast and Gather exactly, sums within float32 rounding).
 
-Usage (root):  python bench/baselines/mpi.py --nodes 8 --rate 1Gbit --op broadcast --size 32MiB
+Usage (root):  python -m bench.baselines.mpi --nodes 8 --rate 1Gbit --op broadcast --size 32MiB
 From Python:   latencies = await run(testbed, "broadcast", size, repeat)
 """
 
@@ -35,22 +35,21 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-if __package__ in (None, ""):  # run as a script from a checkout
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__)))))
-
-from bench.baselines.common import (  # noqa: E402
+from bench.baselines.common import (
     OPS,
+    REPO_ROOT,
     BaselineUnavailable,
     cli_parser,
     expected_sum,
     float32_data,
     measure,
+    module_command,
     sum_matches,
 )
-from bench.baselines.procs import tail  # noqa: E402
+from bench.baselines.procs import tail
 
 INSTALL_HINT = ("MPI baseline needs OpenMPI and mpi4py: apt-get install -y openmpi-bin "
                 "libopenmpi-dev && pip install mpi4py")
@@ -59,7 +58,6 @@ MIN_RATE_FOR_TIMEOUT = 10e6  # bytes/s: the run timeout assumes at least this pe
 RUN_SLACK = 20.0  # seconds per run on top of that (barrier, checks, a loaded machine)
 KILL_GRACE = 10.0  # mpirun gets this long after SIGTERM to take its job down
 RESULT_TAG = "MPI-RESULT "
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,9 +176,9 @@ def _children() -> dict[int, list[int]]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        with (contextlib.suppress(OSError, IndexError, ValueError),
+              open(f"/proc/{entry}/stat") as f):
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
             tree.setdefault(ppid, []).append(int(entry))
     return tree
 
@@ -201,10 +199,9 @@ def _tagged(token: str) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if token.encode() in f.read():
-                    found.append(int(entry))
+        with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline", "rb") as f:
+            if token.encode() in f.read():
+                found.append(int(entry))
     return found
 
 
@@ -218,7 +215,7 @@ async def _stop(process: asyncio.subprocess.Process, token: str) -> None:
             process.send_signal(signal.SIGTERM)  # mpirun forwards it and stops its job
         try:
             await asyncio.wait_for(process.wait(), KILL_GRACE)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
         _signal_all(family, signal.SIGKILL)  # whatever it did not take down
@@ -292,9 +289,9 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
             mpirun, "--allow-run-as-root", "-np", str(world), "--hostfile", hostfile,
             "--map-by", "node", "--bind-to", "none", "--leave-session-attached",
             *(x for key, value in mca.items() for x in ("--mca", key, value)),
-            "-x", "OMP_NUM_THREADS=1", "-x", f"PYTHONPATH={REPO_ROOT}",
-            "-x", "PYTHONUNBUFFERED=1",
-            sys.executable, os.path.abspath(__file__), "--worker",
+            "-x", "OMP_NUM_THREADS=1", "-x", "PYTHONUNBUFFERED=1",
+            "--wdir", REPO_ROOT,  # ranks run `python -m bench...` from the repository root
+            *module_command("bench.baselines.mpi"), "--worker",
             "--hosts", ",".join(ips), "--op", op, "--size", str(size), "--runs", str(runs),
             "--tag", token]
         with open(log, "wb") as err:
@@ -303,7 +300,7 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
                 stderr=err, cwd=tmp, start_new_session=True)
         try:
             out, _ = await asyncio.wait_for(process.communicate(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             stuck = _describe([process.pid, *_descendants(process.pid), *_tagged(token)])
             await _stop(process, token)
             raise RuntimeError(f"mpi {op}: no result within {timeout:.0f} s; processes:\n"
@@ -326,7 +323,8 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
 # command line
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: measure in a fresh test bed, or (``--worker``) be one rank."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--worker"]:  # internal: one rank, started by mpirun
         import argparse

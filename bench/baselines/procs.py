@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 
 def tail(path: str, lines: int = 20) -> str:
@@ -19,7 +19,7 @@ def tail(path: str, lines: int = 20) -> str:
     return ""
 
 
-def proc_stat(pid: int) -> Optional[tuple[int, int, str]]:
+def proc_stat(pid: int) -> tuple[int, int, str] | None:
     """(parent PID, start time, state) of ``pid``, or None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:

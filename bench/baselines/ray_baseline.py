@@ -23,7 +23,7 @@ latest moment a participant holds its result, as that participant stamps it. Aft
 run each participant checks what it holds (broadcast and gather exactly, sums within float32
 rounding), untimed.
 
-Usage (root):  python bench/baselines/ray_baseline.py --nodes 8 --rate 1Gbit --op broadcast \\
+Usage (root):  python -m bench.baselines.ray_baseline --nodes 8 --rate 1Gbit --op broadcast \\
                    --size 32MiB --repeat 5
 From Python:   latencies = await run(testbed, "broadcast", size, repeat)
                async with RayCluster(testbed, max_size) as ray_cluster:   # several ops, one
@@ -44,22 +44,19 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if __package__ in (None, ""):  # run as a script from a checkout
-    sys.path.insert(0, REPO)
-
-from bench.baselines.common import (  # noqa: E402
+from bench.baselines.common import (
     OPS,
+    REPO_ROOT,
     BaselineUnavailable,
     expected_sum,
     float32_data,
-    optimum_seconds,
-    parse_size,
+    module_command,
     sum_matches,
 )
-from bench.baselines.procs import alive, process_tree, signal_procs, tail  # noqa: E402
+from bench.baselines.procs import alive, process_tree, signal_procs, tail
 
 INSTALL_HINT = ("the Ray baseline needs Ray: pip install 'ray==2.60.0' "
                 "(or 'ray[default]'; any Ray 2.x for Python 3.11)")
@@ -93,9 +90,10 @@ class Participant:
         self.held: Any = None  # what this rank received / computed in the current run
 
     def ready(self) -> str:
+        """The id of the Ray node this actor runs on (the driver checks the placement)."""
         import ray
 
-        return ray.get_runtime_context().get_node_id()
+        return str(ray.get_runtime_context().get_node_id())
 
     def reset(self) -> bool:
         """Drop the previous run's objects (the barrier before a run)."""
@@ -119,7 +117,7 @@ class Participant:
         import ray
 
         refs = [w[0] for w in ray.get(wrapped_refs)]  # the puts' results: [ref] each
-        return ray.get(refs)
+        return list(ray.get(refs))
 
     def reduce(self, wrapped_refs: list[Any], share: bool) -> tuple[float, list[Any]]:
         """Root: get every other rank's array, sum with its own; ``share``: put the sum."""
@@ -137,7 +135,7 @@ class Participant:
         self.held = [self.input] + list(self._get_all(wrapped_refs))
         return time.monotonic()
 
-    def check(self, op: str) -> Optional[str]:
+    def check(self, op: str) -> str | None:
         """None if what this rank holds after ``op`` is right, else what is wrong."""
         np = self.np
         if op == "broadcast" and self.rank:
@@ -180,7 +178,7 @@ def driver(address: str, node_ip: str, nodes: int, op: str, size: int, runs: int
             ends = [end] + (ray.get([a.fetch.remote(shared) for a in others]) if shared else [])
         else:
             ends = [ray.get(root.gather.remote([a.put.remote() for a in others]))]
-        return max(ends) - t0
+        return float(max(ends) - t0)
 
     latencies = [one_run() for _ in range(runs)]
     errors = [e for e in ray.get([a.check.remote(op) for a in actors]) if e]
@@ -228,14 +226,14 @@ class RayCluster:
         return max(MIN_STORE, copies * self.max_size + STORE_SLACK)
 
     def env(self) -> dict[str, str]:
-        path = os.environ.get("PYTHONPATH", "")
-        return dict(os.environ, PYTHONPATH=REPO + (os.pathsep + path if path else ""),
-                    RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=self.tmp, PYTHONUNBUFFERED="1",
-                    OMP_NUM_THREADS="1")
+        """The environment of every process this cluster starts (its own temp dir, no usage
+        stats, one OpenMP thread)."""
+        return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=self.tmp,
+                    PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
 
     def _start_argv(self, rank: int) -> list[str]:
         host = self.testbed.hosts[rank]
-        argv = self.testbed.exec_prefix(rank) + [
+        argv: list[str] = self.testbed.exec_prefix(rank) + [
             sys.executable, "-c", RAY_CLI, "start", "--block",
             "--node-ip-address", host.ip, "--num-cpus", "1", "--num-gpus", "0",
             "--resources", json.dumps({f"host{rank}": 1}),
@@ -249,7 +247,7 @@ class RayCluster:
             argv += ["--address", self.address]
         return argv
 
-    async def __aenter__(self) -> "RayCluster":
+    async def __aenter__(self) -> RayCluster:
         await self.start()
         return self
 
@@ -262,7 +260,7 @@ class RayCluster:
             await asyncio.to_thread(self.kill)
         finally:
             for process in self.starters:
-                with contextlib.suppress(asyncio.TimeoutError):
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(process.wait(), KILL_GRACE)
             self.starters = []
             if self.tmp:
@@ -285,7 +283,8 @@ class RayCluster:
         self.logs.append(log)
         with open(log, "wb") as out:
             process = await asyncio.create_subprocess_exec(
-                *self._start_argv(rank), env=self.env(), stdin=asyncio.subprocess.DEVNULL,
+                *self._start_argv(rank), env=self.env(), cwd=REPO_ROOT,
+                stdin=asyncio.subprocess.DEVNULL,
                 stdout=out, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         self.starters.append(process)
         deadline = time.monotonic() + NODE_START_TIMEOUT
@@ -293,7 +292,7 @@ class RayCluster:
             if process.returncode is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"ray start in host {rank} failed (exit {process.returncode})"
                                    f":\n{tail(log)}")
-            with contextlib.suppress(asyncio.TimeoutError):
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(process.wait(), 0.2)
 
     def kill(self) -> None:
@@ -328,12 +327,13 @@ class RayCluster:
         timeout = DRIVER_START_TIMEOUT + runs * copies * size / MIN_RATE_FOR_TIMEOUT
         log = os.path.join(self.tmp, f"driver-{op}-{time.monotonic_ns()}.log")
         argv = self.testbed.exec_prefix(0) + [
-            sys.executable, os.path.abspath(__file__), "--driver", "--address", self.address,
+            *module_command("bench.baselines.ray_baseline"), "--driver", "--address", self.address,
             "--node-ip", self.testbed.hosts[0].ip, "--nodes", str(self.nodes), "--op", op,
             "--size", str(size), "--runs", str(runs)]
         with open(log, "wb") as err:
+            # the driver's working directory is on its workers' sys.path (Ray adds it)
             process = await asyncio.create_subprocess_exec(
-                *argv, env=self.env(), stdin=asyncio.subprocess.DEVNULL,
+                *argv, env=self.env(), cwd=REPO_ROOT, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=err, start_new_session=True)
         try:
             out, _ = await asyncio.wait_for(process.communicate(), timeout)
@@ -341,7 +341,7 @@ class RayCluster:
             driver_procs = process_tree([process.pid], [], "")
             signal_procs(driver_procs, signal.SIGKILL)
             await process.wait()
-            if sys.exc_info()[0] is asyncio.TimeoutError:
+            if sys.exc_info()[0] is TimeoutError:
                 raise RuntimeError(f"Ray {op}: no result within {timeout:.0f} s:\n"
                                    f"{tail(log)}") from None
             raise
@@ -377,7 +377,10 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
 
 async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Build a test bed and one Ray cluster, run each of ``args.op``, print the results."""
+    # the command line's side only: the driver and the actors never import hoplite_client
+    from hoplite_client.tools.scenarios import optimum
     from hoplite_client.tools.testbed import Testbed, parse_rate
+    from hoplite_client.wire.units import parse_size
 
     rate = parse_rate(args.rate)
     size = parse_size(args.size)
@@ -394,21 +397,22 @@ async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
             for op in ops:
                 latencies = await cluster.run(op, size, args.repeat, args.warmup)
                 median = statistics.median(latencies)
-                optimum = optimum_seconds(op, size, args.nodes, rate)
+                best = optimum(op, size, args.nodes, rate)
                 print(f"ray {op} of {size / 2**20:.1f} MiB, {args.nodes} nodes, {args.rate} "
-                      f"links: median {median:.3f} s = {median / optimum:.2f} × optimum "
-                      f"({optimum:.3f} s) (runs: {', '.join(f'{t:.3f}' for t in latencies)})",
+                      f"links: median {median:.3f} s = {median / best:.2f} × optimum "
+                      f"({best:.3f} s) (runs: {', '.join(f'{t:.3f}' for t in latencies)})",
                       flush=True)
                 report.append({"op": op, "system": "ray", "nodes": args.nodes, "size": size,
                                "rate_bps": rate, "runs": latencies, "median_s": median,
-                               "ratio_to_optimum": median / optimum})
+                               "ratio_to_optimum": median / best})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
     return report
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: measure in a fresh test bed, or (``--driver``) be the driver."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--driver"]:  # internal: the driver, inside host 0's namespace
         p = argparse.ArgumentParser()

@@ -7,7 +7,7 @@ with one byte back over the same connection. A run's latency goes from the root 
 send until the last receiver's report; the next run starts after it. After the last run every
 receiver returns the CRC-32 of what it got, checked against the root's.
 
-Usage (root):  python bench/baselines/star.py run --nodes 8 --rate 1Gbit --size 32MiB
+Usage (root):  python -m bench.baselines.star run --nodes 8 --rate 1Gbit --size 32MiB
 From Python:   latencies = await run_star(testbed, size, repeat)
 """
 
@@ -21,10 +21,12 @@ import os
 import socket
 import statistics
 import struct
-import sys
 import time
 import zlib
-from typing import Any, AsyncIterator, Optional, Sequence, Union
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from bench.baselines.common import REPO_ROOT, module_command
 
 HEADER = struct.Struct("!Q")  # per run: the object size; 0 asks for the CRC and ends
 CRC = struct.Struct("!I")
@@ -130,9 +132,10 @@ def _placement(hosts: Any) -> list[tuple[list[str], str]]:
 
 @contextlib.asynccontextmanager
 async def _process(argv: Sequence[str]) -> AsyncIterator[asyncio.subprocess.Process]:
-    """A helper process, killed by its PID if still running when the block ends."""
+    """A helper process (started in the repository root, see bench.baselines.common), killed
+    by its PID if still running when the block ends."""
     process = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE)
+        *argv, cwd=REPO_ROOT, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE)
     try:
         yield process
     finally:
@@ -142,19 +145,19 @@ async def _process(argv: Sequence[str]) -> AsyncIterator[asyncio.subprocess.Proc
         await process.wait()
 
 
-async def run_star(testbed_or_hosts: Union[Any, Hosts], size: int, repeat: int = 5,
+async def run_star(testbed_or_hosts: Any | Hosts, size: int, repeat: int = 5,
                    warmup: int = 1) -> list[float]:
     """Latency in seconds of each of ``repeat`` star broadcasts of ``size`` bytes (after
     ``warmup`` ones) from host 0 to every other host.
 
-    ``testbed_or_hosts``: a :class:`hoplite_client.tools.testbed.Testbed`, or (command prefix, IP) per
-    host — ``[([], "127.0.0.1")] * 4`` runs it on loopback. Raises ``RuntimeError`` if a
+    ``testbed_or_hosts``: a :class:`hoplite_client.tools.testbed.Testbed`, or (command prefix,
+    IP) per host — ``[([], "127.0.0.1")] * 4`` runs it on loopback. Raises ``RuntimeError`` if a
     process fails or a receiver got wrong bytes.
     """
     hosts = _placement(testbed_or_hosts)
     if len(hosts) < 2 or size < 1 or repeat < 1:
         raise ValueError("a star needs at least 2 hosts, size >= 1 and repeat >= 1")
-    me = [sys.executable, os.path.abspath(__file__)]
+    me = module_command("bench.baselines.star")
     runs = warmup + repeat
     timeout = START_TIMEOUT + runs * (len(hosts) - 1) * size / MIN_RATE_FOR_TIMEOUT
     async with contextlib.AsyncExitStack() as stack:
@@ -184,47 +187,42 @@ async def run_star(testbed_or_hosts: Union[Any, Hosts], size: int, repeat: int =
 # command line
 
 
-def _size(text: str) -> int:
-    units = {"": 1, "k": 1000, "kib": 1 << 10, "m": 1000**2, "mib": 1 << 20, "g": 1000**3,
-             "gib": 1 << 30, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "b": 1}
-    number = text.rstrip("bBiIkKmMgG")
-    return int(float(number) * units[text[len(number):].lower()])
-
-
 async def _run_emulated(args: argparse.Namespace) -> list[float]:
-    try:
-        from hoplite_client.tools.testbed import Testbed, parse_rate
-    except ImportError:  # run as a script from a checkout
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
-            os.path.abspath(__file__)))))
-        from hoplite_client.tools.testbed import Testbed, parse_rate
+    # the command line's side only: the root and the receivers never import hoplite_client
+    from hoplite_client.tools.scenarios import optimum
+    from hoplite_client.tools.testbed import Testbed, parse_rate
+    from hoplite_client.wire.units import parse_size
+
     rate = parse_rate(args.rate)
+    size = parse_size(args.size)
     async with Testbed(args.nodes, rate, mtu=args.mtu) as tb:
         if args.check:
             for m in await tb.check_links():
                 print(f"link h{m.src} → h{m.dst}: {m.bps / 1e6:.0f} Mbit/s")
-        latencies = await run_star(tb, args.size, args.repeat, args.warmup)
-    optimum = args.size * 8 / rate
+        latencies = await run_star(tb, size, args.repeat, args.warmup)
+    best = optimum("broadcast", size, args.nodes, rate)  # S/RATE
     median = statistics.median(latencies)
-    print(f"star broadcast of {args.size / 2**20:.1f} MiB to {args.nodes - 1} receivers over "
-          f"{args.rate} links: median {median:.3f} s = {median / optimum:.2f} × S/RATE "
+    print(f"star broadcast of {size / 2**20:.1f} MiB to {args.nodes - 1} receivers over "
+          f"{args.rate} links: median {median:.3f} s = {median / best:.2f} × S/RATE "
           f"(runs: {', '.join(f'{t:.3f}' for t in latencies)})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"op": "broadcast", "system": "star", "nodes": args.nodes,
-                       "size": args.size, "rate_bps": rate, "runs": latencies,
-                       "median_s": median, "ratio_to_optimum": median / optimum}, f, indent=2)
+                       "size": size, "rate_bps": rate, "runs": latencies,
+                       "median_s": median, "ratio_to_optimum": median / best}, f, indent=2)
     return latencies
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    """The command line: ``run`` measures in a fresh test bed; ``root`` and ``receive`` are
+    the two ends it starts."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="build an emulated test bed and measure (root only)")
     run.add_argument("--nodes", type=int, default=8)
     run.add_argument("--rate", default="1Gbit")
     run.add_argument("--mtu", type=int, default=65000)
-    run.add_argument("--size", type=_size, default=32 << 20)
+    run.add_argument("--size", default="32MiB", help="e.g. 32MiB, 2MB, 4096")
     run.add_argument("--repeat", type=int, default=5)
     run.add_argument("--warmup", type=int, default=1)
     run.add_argument("--check", action="store_true", help="measure the links first")

@@ -1,1 +1,2 @@
-"""Developer tools: the `hoplite` CLI, local clusters and the emulated test bed (never imported by the daemon)."""
+"""Developer tools: the `hoplite` CLI, local clusters, the emulated test bed and the benchmark
+scenarios (never imported by the daemon)."""

@@ -7,9 +7,9 @@ here, and removes the directory.
 
 By default every daemon listens on loopback. ``placement`` runs daemon i as
 ``prefix_i + [python, -m, hoplited, --listen, host_i:0, ...]`` instead, e.g. inside a network
-namespace of an emulated test bed (``hoplite_client.tools.testbed``); the prefix must exec the daemon (as
-``ip netns exec`` does), so that the PID we hold is the daemon's. Clients still connect from
-here: Unix sockets are paths, reachable from any network namespace.
+namespace of an emulated test bed (``hoplite_client.tools.testbed``); the prefix must exec the
+daemon (as ``ip netns exec`` does), so that the PID we hold is the daemon's. Clients still
+connect from here: Unix sockets are paths, reachable from any network namespace.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 from hoplite_client.wire.errors import HopliteError, HopliteTimeoutError, InvalidArgumentError
 
@@ -49,10 +49,12 @@ class Node:
 
     @property
     def pid(self) -> int:
+        """The daemon's PID (the command prefix execs it, so it is the daemon's own)."""
         return self.process.pid
 
     @property
     def running(self) -> bool:
+        """Has the daemon process not exited (yet)? A stopped (SIGSTOP) one still runs."""
         return self.process.returncode is None
 
 
@@ -60,8 +62,8 @@ class LocalCluster:
     """``async with LocalCluster(4) as cluster:`` — N daemons on loopback sharing a token."""
 
     def __init__(self, nodes: int = 4, capacity: str = "2GiB", daemon_args: Sequence[str] = (),
-                 log_level: str = "info", workdir: Optional[str] = None,
-                 token: Optional[bytes] = None, placement: Optional[Placement] = None) -> None:
+                 log_level: str = "info", workdir: str | None = None,
+                 token: bytes | None = None, placement: Placement | None = None) -> None:
         if placement is not None and len(placement) < nodes:
             raise InvalidArgumentError(f"placement names {len(placement)} hosts for {nodes} nodes")
         self.placement = [(list(p), h) for p, h in placement] if placement is not None else None
@@ -77,7 +79,7 @@ class LocalCluster:
                   "wb") as f:
             f.write(token or secrets.token_hex(32).encode())
 
-    async def __aenter__(self) -> "LocalCluster":
+    async def __aenter__(self) -> LocalCluster:
         try:
             await self.start()
         except BaseException:
@@ -90,10 +92,12 @@ class LocalCluster:
 
     @property
     def sockets(self) -> list[str]:
+        """Each daemon's Unix socket, node 0 first: what clients connect to."""
         return [n.socket for n in self.nodes]
 
     @property
     def seed(self) -> str:
+        """Node 0's HOST:PORT, the address the other daemons joined (``--join`` for more)."""
         return self.nodes[0].listen
 
     async def start(self) -> None:
@@ -108,7 +112,7 @@ class LocalCluster:
             if isinstance(result, BaseException):
                 raise result
 
-    async def spawn(self, index: int, join: Optional[str],
+    async def spawn(self, index: int, join: str | None,
                     extra_args: Sequence[str] = ()) -> Node:
         """Start daemon ``index`` and wait for its ready line."""
         sock = os.path.join(self.workdir, f"node{index}.sock")
@@ -127,7 +131,7 @@ class LocalCluster:
         try:
             assert process.stdout is not None
             line = await asyncio.wait_for(process.stdout.readline(), READY_TIMEOUT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self._terminate(node)
             raise HopliteTimeoutError(f"daemon {index} not ready within {READY_TIMEOUT}s; "
                                       f"log: {log_path}") from None
@@ -161,6 +165,7 @@ class LocalCluster:
             os.kill(node.pid, sig)
 
     def log_tail(self, node: Node, lines: int = 20) -> str:
+        """The last ``lines`` lines of ``node``'s log ("" if unreadable), for error messages."""
         try:
             with open(node.log_path, errors="replace") as f:
                 return "".join(f.readlines()[-lines:])
@@ -173,7 +178,7 @@ class LocalCluster:
                 node.process.send_signal(signal.SIGCONT)
                 node.process.terminate()
                 await asyncio.wait_for(node.process.wait(), STOP_GRACE)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 node.process.kill()
                 await node.process.wait()
             except ProcessLookupError:

@@ -36,8 +36,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, AsyncIterator, Awaitable, Iterator, Optional, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError
@@ -239,7 +240,7 @@ def delete_namespaces(namespaces: Sequence[str]) -> None:
 # state files
 
 
-def _proc_start_time(pid: int) -> Optional[int]:
+def _proc_start_time(pid: int) -> int | None:
     """The start time of ``pid`` (clock ticks since boot), or None if it does not exist; with
     the PID it names one process even after PIDs wrap around."""
     try:
@@ -358,6 +359,7 @@ class LinkMeasurement:
 
     @property
     def bps(self) -> float:
+        """The stream's throughput in bit/s (0 if it took no time)."""
         return self.bytes * 8 / self.seconds if self.seconds > 0 else 0.0
 
 
@@ -393,13 +395,14 @@ class Testbed:
         self.hosts: list[Host] = []
         self.state_path = ""
         self._up = False
-        self._sigterm_task: Optional[asyncio.Task[Any]] = None
+        self._sigterm_task: asyncio.Task[Any] | None = None
         self._got_sigterm = False
 
     # -- names
 
     @property
     def bridge_netns(self) -> str:
+        """The namespace holding the bridge (the bridge device has the same name)."""
         return f"{self.prefix}br"
 
     @property
@@ -426,12 +429,12 @@ class Testbed:
 
     # -- lifecycle
 
-    async def __aenter__(self) -> "Testbed":
+    async def __aenter__(self) -> Testbed:
         await self.up()
         self._catch_sigterm()
         return self
 
-    async def __aexit__(self, exc_type: Optional[type[BaseException]], *exc: object) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         terminated = self._release_sigterm()
         self.down()
         if terminated and exc_type is asyncio.CancelledError:
@@ -555,7 +558,7 @@ class Testbed:
 
     # -- link check
 
-    async def check_links(self, pairs: Optional[Sequence[tuple[int, int]]] = None,
+    async def check_links(self, pairs: Sequence[tuple[int, int]] | None = None,
                           seconds: float = CHECK_SECONDS,
                           min_ratio: float = CHECK_MIN_RATIO) -> list[LinkMeasurement]:
         """Measure with plain TCP that links carry about RATE; return one result per stream.

@@ -6,7 +6,7 @@ import asyncio
 import json
 import signal
 import sys
-from typing import Any, Optional
+from typing import Any
 
 import click
 import uvloop
@@ -36,7 +36,7 @@ def _human(n: float) -> str:
 @click.option("--socket", "socket_path", default=None,
               help="The local daemon's socket [default: $HOPLITE_SOCKET].")
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
-def status(socket_path: Optional[str], as_json: bool) -> None:
+def status(socket_path: str | None, as_json: bool) -> None:
     """Members with their addresses, objects, and bytes in/out per node."""
 
     async def fetch() -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Optional
+from typing import Any
 
 import click
 import uvloop
@@ -91,7 +91,7 @@ def up(nodes: int, rate: int, mtu: int, check: bool) -> None:
 @click.argument("prefix", required=False)
 @click.option("--all", "everything", is_flag=True,
               help="Also test beds of runs that are still going (a running benchmark's).")
-def down(prefix: Optional[str], everything: bool) -> None:
+def down(prefix: str | None, everything: bool) -> None:
     """Remove test beds made by `up` (or only PREFIX) and those left by crashed runs."""
     try:
         require_root()

@@ -1,0 +1,302 @@
+"""Benchmark scenarios: one collective on a list of clients, timed the paper's way, checked.
+
+Latency follows the paper: from the moment every input exists until the last participant
+holds its result. :func:`run_scenario` runs ``warmup`` unmeasured runs, then ``repeat``
+measured ones, and returns their latencies; every result is checked against the data that
+was put (a wrong result raises :class:`BenchError`). :func:`optimum` is the yardstick: the
+least time the links allow (DESIGN §7).
+
+Two front ends share this module: the ``hoplite bench`` commands
+(:mod:`hoplite_client.tools.cli.bench`) and ``bench/compare.py``, which measures hoplite and
+the baselines in the same emulated test bed; the baselines' command lines use :func:`optimum`
+too, so every system is held to the same bound. Nothing here knows about click.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+import hoplite_client
+from hoplite_client.net.channel import Channel
+from hoplite_client.net.endpoints import host_id, parse_address
+from hoplite_client.net.handshake import Identity, dial
+from hoplite_client.tools.local_cluster import LocalCluster
+from hoplite_client.tools.testbed import emulated_cluster
+from hoplite_client.wire.errors import HopliteError
+from hoplite_client.wire.messages import Stats
+
+GET_TIMEOUT = 600.0  # per get; a 256 MiB broadcast on a loaded machine takes seconds
+STATS_TIMEOUT = 10.0  # one Stats request to an existing cluster's seed
+
+
+
+class BenchError(HopliteError):
+    """A benchmark could not run (too few daemons) or a collective returned wrong data."""
+
+    code = "bench"
+
+
+def optimum(op: str, size: int, nodes: int, rate_bps: float) -> float:
+    """The least time in seconds the links allow for ``op`` of ``size`` bytes on ``nodes``
+    hosts with ``rate_bps`` links (DESIGN §7); results are reported as ratios to it."""
+    # how often the busiest link carries the object: every link once for broadcast and
+    # reduce, about twice for allreduce, the root's downlink N−1 times for gather
+    copies = {"broadcast": 1, "reduce": 1, "allreduce": 2, "gather": nodes - 1, "roundtrip": 1}
+    return copies[op] * size * 8 / rate_bps
+
+
+# --------------------------------------------------------------------------------------------
+# clients to measure with
+
+
+async def members_on_this_host(seed: str, token: bytes) -> list[str]:
+    """Unix sockets of an existing cluster's live members that run on this machine (a client
+    can only reach its own host's daemon)."""
+    host, port = parse_address(seed)
+    protocol, _ = await dial(host, port, "tool", Identity("bench-tool", token))
+    try:
+        frame = await Channel(protocol).request(Stats(), timeout=STATS_TIMEOUT)
+    finally:
+        protocol.close()
+    here = host_id()
+    return [str(m["socket"]) for m in frame.msg.info["members"]
+            if m["alive"] and m["host_id"] == here]
+
+
+@contextlib.asynccontextmanager
+async def bench_clients(nodes: int, join: str | None, token_file: str | None,
+                        capacity: str, emulate: int | None = None,
+                        ) -> AsyncIterator[list[hoplite_client.Client]]:
+    """Clients of ``nodes`` daemons: a fresh local cluster (in an emulated test bed with
+    ``emulate`` bit/s links if given), or members of ``join``'s cluster; closed on exit."""
+    async with contextlib.AsyncExitStack() as stack:
+        if emulate is not None:
+            cluster: LocalCluster = await stack.enter_async_context(
+                emulated_cluster(nodes, emulate, capacity=capacity, check=True,
+                                 log_level="warning"))
+            sockets = cluster.sockets
+        elif join is None:
+            cluster = await stack.enter_async_context(
+                LocalCluster(nodes, capacity=capacity, log_level="warning"))
+            sockets = cluster.sockets
+        else:
+            token = b""
+            if token_file:
+                with open(token_file, "rb") as f:
+                    token = f.read().strip()
+            sockets = (await members_on_this_host(join, token))[:nodes]
+            if len(sockets) < 2:
+                raise BenchError(f"the cluster at {join} has {len(sockets)} member(s) "
+                                 f"on this host; a benchmark needs at least 2")
+        clients = [await stack.enter_async_context(await hoplite_client.connect(s))
+                   for s in sockets]
+        yield clients
+
+
+# --------------------------------------------------------------------------------------------
+# data, progress and the context a scenario runs in
+
+
+class Progress:
+    """One status line, rewritten in place on a terminal (stderr); one line per finished run
+    on stdout, so a log of the benchmark shows every run."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+
+    def update(self, text: str) -> None:
+        """Replace the status line (nothing unless stderr is a terminal)."""
+        if self.tty:
+            sys.stderr.write(f"\r\033[K{text}")
+            sys.stderr.flush()
+
+    def done(self, text: str) -> None:
+        """Clear the status line and print ``text`` for good."""
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+        print(text, flush=True)
+
+
+def make_data(size: int, seed: int = 0) -> NDArray[Any]:
+    """``size`` bytes of random float32 (the paper's payload), or uint8 if 4 does not divide
+    it; the same for the same (size, seed)."""
+    rng = np.random.default_rng(seed)
+    if size % 4 == 0:
+        return rng.random(size // 4, dtype=np.float32)
+    return np.frombuffer(rng.bytes(size), dtype=np.uint8)
+
+
+def same_bytes(a: NDArray[Any], b: NDArray[Any]) -> bool:
+    """Bit-exact equality (NaN payloads included), whatever the dtypes: a copy must be exact."""
+    return a.nbytes == b.nbytes and bool(np.array_equal(a.reshape(-1).view(np.uint8),
+                                                        b.reshape(-1).view(np.uint8)))
+
+
+@dataclass
+class BenchContext:
+    """What every scenario run needs: clients (node 0 first), per-node data, the settings."""
+
+    clients: list[hoplite_client.Client]
+    size: int
+    interval: float
+    progress: Progress
+    label: str = ""
+    _data: dict[int, NDArray[Any]] = field(default_factory=dict)
+    _expected: dict[str, NDArray[Any]] = field(default_factory=dict)
+
+    def data(self, node: int) -> NDArray[Any]:
+        """Node ``node``'s input (generated once, different on every node)."""
+        if node not in self._data:
+            self._data[node] = make_data(self.size, seed=node)
+        return self._data[node]
+
+    def expected_sum(self) -> NDArray[Any]:
+        """The sum of every node's input (accumulated in float64), in the inputs' dtype."""
+        if "sum" not in self._expected:
+            total: NDArray[np.float64] = np.sum(
+                [self.data(i).astype(np.float64) for i in range(len(self.clients))], axis=0)
+            self._expected["sum"] = total.astype(self.data(0).dtype)
+        return self._expected["sum"]
+
+    def check(self, ok: bool, what: str) -> None:
+        """Raise :class:`BenchError` (naming the run) unless ``ok``."""
+        if not ok:
+            raise BenchError(f"{self.label}: {what}")
+
+
+Scenario = Callable[[BenchContext, int], Awaitable[float]]
+
+
+# --------------------------------------------------------------------------------------------
+# the scenarios
+
+
+async def _put_all(ctx: BenchContext, ids: list[hoplite_client.ObjectID]) -> float:
+    """Every node puts its input under ``ids[i]``, at once or ``interval`` apart; returns the
+    time the last put completed (the moment every input exists)."""
+    if ctx.interval <= 0:
+        await asyncio.gather(*(c.put(ctx.data(i), object_id=ids[i])
+                               for i, c in enumerate(ctx.clients)))
+        return time.perf_counter()
+    for i, c in enumerate(ctx.clients):
+        if i:
+            await asyncio.sleep(ctx.interval)
+        await c.put(ctx.data(i), object_id=ids[i])
+        ctx.progress.update(f"{ctx.label}: input {i + 1}/{len(ctx.clients)} put")
+    return time.perf_counter()
+
+
+def _reduced_ok(ctx: BenchContext, result: NDArray[Any]) -> bool:
+    return result.shape == ctx.data(0).shape and bool(
+        np.allclose(result, ctx.expected_sum(), rtol=1e-4, atol=1e-3))
+
+
+async def run_broadcast(ctx: BenchContext, run: int) -> float:
+    """Put on node 0, get everywhere else at once."""
+    data, receivers = ctx.data(0), ctx.clients[1:]
+    oid = await ctx.clients[0].put(data)
+    done = 0
+    t0 = time.perf_counter()
+
+    async def one(client: hoplite_client.Client) -> NDArray[Any]:
+        nonlocal done
+        arr = await client.get(oid, timeout=GET_TIMEOUT)
+        done += 1
+        ctx.progress.update(f"{ctx.label}: {done}/{len(receivers)} receivers done, "
+                            f"{time.perf_counter() - t0:.2f} s")
+        return arr
+
+    results = await asyncio.gather(*(one(c) for c in receivers))
+    elapsed = time.perf_counter() - t0
+    bad = [k + 1 for k, r in enumerate(results) if not same_bytes(r, data)]
+    del results
+    await ctx.clients[0].delete(oid)
+    ctx.check(not bad, f"nodes {bad} received wrong bytes")
+    return elapsed
+
+
+async def _reduce(ctx: BenchContext, everyone_gets: bool) -> float:
+    ids = [hoplite_client.ObjectID.random() for _ in ctx.clients]
+    root = ctx.clients[0]
+    if ctx.interval > 0:  # asynchrony: the reduce waits for inputs that arrive one by one
+        result = await root.reduce(ids, "sum", timeout=GET_TIMEOUT)
+        getters = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT))
+                   for c in (ctx.clients if everyone_gets else [root])]
+        start = await _put_all(ctx, ids)
+    else:
+        start = await _put_all(ctx, ids)
+        result = await root.reduce(ids, "sum", timeout=GET_TIMEOUT)
+        getters = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT))
+                   for c in (ctx.clients if everyone_gets else [root])]
+    arrays = await asyncio.gather(*getters)
+    elapsed = time.perf_counter() - start
+    ctx.check(all(_reduced_ok(ctx, a) for a in arrays), "the result differs from numpy's sum")
+    del arrays
+    for oid in [*ids, result]:
+        await root.delete(oid)
+    return elapsed
+
+
+async def run_reduce(ctx: BenchContext, run: int) -> float:
+    """Every node puts an input; node 0 reduces (sum) them and gets the result."""
+    return await _reduce(ctx, everyone_gets=False)
+
+
+async def run_allreduce(ctx: BenchContext, run: int) -> float:
+    """Every node puts an input; node 0 reduces; every node gets the result."""
+    return await _reduce(ctx, everyone_gets=True)
+
+
+async def run_gather(ctx: BenchContext, run: int) -> float:
+    """Every node puts an object; node 0 gets them all."""
+    ids = [hoplite_client.ObjectID.random() for _ in ctx.clients]
+    start = await _put_all(ctx, ids)
+    arrays = await ctx.clients[0].gather(ids, timeout=GET_TIMEOUT)
+    elapsed = time.perf_counter() - start
+    ctx.check(all(same_bytes(a, ctx.data(i)) for i, a in enumerate(arrays)),
+              "gathered bytes differ")
+    del arrays
+    for oid in ids:
+        await ctx.clients[0].delete(oid)
+    return elapsed
+
+
+async def run_roundtrip(ctx: BenchContext, run: int) -> float:
+    """Put on node 0, then get on node 1: the whole round trip."""
+    t0 = time.perf_counter()
+    oid = await ctx.clients[0].put(ctx.data(0))
+    got = await ctx.clients[1].get(oid, timeout=GET_TIMEOUT)
+    elapsed = time.perf_counter() - t0
+    ctx.check(same_bytes(got, ctx.data(0)), "node 1 received wrong bytes")
+    del got
+    await ctx.clients[0].delete(oid)
+    return elapsed
+
+
+SCENARIOS: dict[str, Scenario] = {"broadcast": run_broadcast, "reduce": run_reduce,
+                                  "allreduce": run_allreduce, "gather": run_gather,
+                                  "roundtrip": run_roundtrip}
+
+
+async def run_scenario(op: str, ctx: BenchContext, warmup: int, repeat: int) -> list[float]:
+    """Warm-up runs, then ``repeat`` measured runs of scenario ``op``, printing each; returns
+    the measured latencies in seconds."""
+    latencies = []
+    for i in range(warmup + repeat):
+        measured = i >= warmup
+        ctx.label = f"run {i - warmup + 1}/{repeat}" if measured else f"warm-up {i + 1}/{warmup}"
+        elapsed = await SCENARIOS[op](ctx, i)
+        if measured:
+            latencies.append(elapsed)
+        ctx.progress.done(f"{ctx.label}: {elapsed * 1e3:.1f} ms")
+    return latencies
