@@ -1,0 +1,218 @@
+"""Peer liveness as a pure core: when to ping a member, and when to declare it dead.
+
+Theory of operation. Every link runs a heartbeat: ``interval`` seconds after the last attempt
+ended, a Ping is sent with its own timeout. A sign of life is an answered Ping or any other
+reply on the link (``Seen``); it moves ``last_seen`` forward, never back, so a late or
+duplicated answer cannot make a peer look more silent than it is. A peer is declared dead
+
+- when an attempt fails (timeout, lost connection, any error) while it has been silent for at
+  least ``timeout`` (the rule links.py has always applied);
+- at once when it refuses a reconnection: nothing listens on its port, its process is gone;
+- at the latest at the *deadline* ``last_seen + timeout + interval``, whatever is in flight.
+
+The deadline is the part that used to be implicit. Today's loop checks the silence only when an
+attempt fails, and a failure can come early: a reply seen while a Ping was in flight (the peer
+answered an older request, then was SIGSTOPped) makes the Ping's timeout end before
+``timeout`` of silence, so the verdict waited a whole further interval plus timeout (up to
+``2 x timeout + interval``, more when a reconnection's three handshake steps each took their own
+timeout). Here every Ping's timeout is cut so that it ends by the deadline, and after a failed
+attempt the driver is woken at the deadline at the latest. On the ordinary schedule (a Ping
+``interval`` after the last answer) the cut is exactly ``timeout``, so a healthy or plainly
+silent peer is treated exactly as before: a SIGSTOPped peer is dead ``timeout + interval``
+after its last answer.
+
+Nothing here waits or reads a clock: time arrives in the events, and ``handle`` returns the
+instructions to carry out. A driver is a short loop: feed ``Tick(now)``; on ``WaitUntil(t)``
+sleep until ``t`` and feed ``Tick``; on ``SendPing(timeout)`` run one Ping (connecting first if
+needed) bounded by ``timeout`` as a whole and feed ``Answered`` or ``Failed``; on ``ReportRtt``
+tell the link model; on ``DeclareDead`` declare it and stop. Replies to other requests are fed
+as ``Seen`` and a refused dial from any request as ``Failed(now, "refused")``. The deadline
+holds only while the driver runs: if our own process stalls past it, the overdue Ping is still
+sent with a full ``timeout`` rather than condemning a peer we never asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from hoplite_client.wire.errors import InvalidArgumentError
+
+# After a lost connection the next attempt waits this much (at most one interval) more than
+# the interval: PeerLink._beat's ``min(interval, 0.2)``, a short pause before redialling.
+LOST_PAUSE = 0.2
+
+FailureKind: TypeAlias = Literal["timeout", "lost", "refused"]
+FAILURE_KINDS: tuple[FailureKind, ...] = ("timeout", "lost", "refused")
+
+
+# --- events ---
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The driver woke up (at a ``WaitUntil`` time, or whenever it likes)."""
+
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """Our Ping was answered, ``rtt`` seconds after it was sent."""
+
+    now: float
+    rtt: float
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """Our Ping failed: ``timeout`` (no answer in time, or any other error), ``lost`` (the
+    connection broke) or ``refused`` (a dial, from any request, was refused)."""
+
+    now: float
+    kind: FailureKind
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAILURE_KINDS:
+            raise InvalidArgumentError(f"unknown failure kind {self.kind!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """Some other request on the link got a reply: a sign of life."""
+
+    now: float
+
+
+Event: TypeAlias = Tick | Answered | Failed | Seen
+
+
+# --- instructions ---
+@dataclass(frozen=True, slots=True)
+class SendPing:
+    """Send one Ping now (dialling first if needed); give up on all of it after ``timeout``."""
+
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class WaitUntil:
+    """Feed the next ``Tick`` at time ``t`` (an outcome of a Ping may come first)."""
+
+    t: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReportRtt:
+    """A round-trip time measured by a Ping, for the link model."""
+
+    rtt: float
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareDead:
+    """The peer is dead; fail everything waiting on it. Nothing follows this."""
+
+    reason: str
+
+
+Instruction: TypeAlias = SendPing | WaitUntil | ReportRtt | DeclareDead
+
+
+class Liveness:
+    """The heartbeat of one peer: events in, instructions out (see the module docstring)."""
+
+    def __init__(self, interval: float, timeout: float, now: float) -> None:
+        if not 0 < interval < timeout:
+            raise InvalidArgumentError("liveness needs 0 < interval < timeout")
+        self.interval = interval
+        self.timeout = timeout
+        self._now = now  # the latest time any event carried: our clock never runs backwards
+        self._last_seen = now  # a new link counts as a sign of life, as PeerLink always did
+        self._next_ping = now + interval
+        self._failing = False  # the latest attempt failed (cleared by an answer)
+        self._expires: float | None = None  # when the Ping in flight times out, if any
+        self._dead = False
+
+    @property
+    def last_seen(self) -> float:
+        """The latest sign of life."""
+        return self._last_seen
+
+    @property
+    def deadline(self) -> float:
+        """The time by which the peer is declared dead unless it shows a sign of life."""
+        return self._last_seen + self.timeout + self.interval
+
+    @property
+    def dead(self) -> bool:
+        return self._dead
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a Ping has been sent and its outcome not yet fed."""
+        return self._expires is not None
+
+    def handle(self, event: Event) -> list[Instruction]:
+        """Apply one event; returns what the driver must do next (nothing once dead)."""
+        if self._dead:
+            return []
+        self._now = max(self._now, event.now)
+        if isinstance(event, Seen):
+            self._saw(event.now)
+            return []  # deadlines only move later: the driver's current wait stays valid
+        if isinstance(event, Answered):
+            return self._answered(event)
+        if isinstance(event, Failed):
+            return self._failed(event.kind)
+        return self._tick()
+
+    def _saw(self, when: float) -> None:
+        self._last_seen = max(self._last_seen, when)
+
+    def _answered(self, event: Answered) -> list[Instruction]:
+        self._saw(event.now)
+        if self._expires is None:
+            return []  # a duplicate, or the answer to a Ping already given up: life, no RTT
+        self._expires = None
+        self._failing = False
+        self._next_ping = self._now + self.interval
+        return [ReportRtt(event.rtt), WaitUntil(self._next_ping)]
+
+    def _failed(self, kind: FailureKind) -> list[Instruction]:
+        if kind == "refused":
+            return self._die("refuses connections")  # its process is gone
+        if self._expires is None:
+            return []  # not our Ping's outcome (or already timed out on a Tick)
+        self._expires = None
+        return self._attempt_failed(kind)
+
+    def _attempt_failed(self, kind: FailureKind) -> list[Instruction]:
+        silent = self._now - self._last_seen
+        if silent >= self.timeout:
+            return self._die(f"silent for {silent:.1f}s (ping: {kind})")
+        self._failing = True
+        pause = min(self.interval, LOST_PAUSE) if kind == "lost" else 0.0
+        self._next_ping = self._now + pause + self.interval
+        return [WaitUntil(min(self._next_ping, self.deadline))]
+
+    def _tick(self) -> list[Instruction]:
+        if self._expires is not None:
+            if self._now < self._expires:
+                return [WaitUntil(self._expires)]
+            self._expires = None  # the driver did not bound its Ping: count it as timed out
+            return self._attempt_failed("timeout")
+        if self._failing and self._now >= self.deadline:
+            silent = self._now - self._last_seen
+            return self._die(f"silent for {silent:.1f}s (no answer by the deadline)")
+        if self._now < self._next_ping:
+            wake = min(self._next_ping, self.deadline) if self._failing else self._next_ping
+            return [WaitUntil(wake)]
+        budget = self.timeout
+        if self._failing:  # > 0, or the deadline check above would have fired
+            budget = min(budget, self.deadline - self._now)
+        self._expires = self._now + budget
+        return [SendPing(budget)]
+
+    def _die(self, reason: str) -> list[Instruction]:
+        self._dead = True
+        self._expires = None
+        return [DeclareDead(reason)]

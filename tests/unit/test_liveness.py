@@ -1,0 +1,269 @@
+"""Liveness, the heartbeat's pure core: tables of timed events and the exact instructions."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+import hoplited.cluster.liveness as liveness_module
+from hoplite_client.wire.errors import InvalidArgumentError
+from hoplited.cluster.liveness import (
+    LOST_PAUSE,
+    Answered,
+    DeclareDead,
+    Event,
+    Failed,
+    Instruction,
+    Liveness,
+    ReportRtt,
+    Seen,
+    SendPing,
+    Tick,
+    WaitUntil,
+)
+
+pytestmark = pytest.mark.unit
+
+I = 1.0  # heartbeat interval of most cases (the daemon's default)  # noqa: E741
+T = 5.0  # heartbeat timeout of most cases (the daemon's default)
+P = LOST_PAUSE  # the extra pause after a lost connection (min(I, LOST_PAUSE) with I = 1)
+
+Step = tuple[Event, list[Instruction]]
+
+
+@dataclass
+class Case:
+    """A Liveness created at time 0, the events fed in order, and what each must return."""
+
+    id: str
+    steps: list[Step]
+    last_seen: float
+    dead: bool = False
+    interval: float = I
+    timeout: float = T
+
+
+CASES = [
+    Case("healthy peer: a Ping every interval after the last answer, full timeout each", [
+        (Tick(0.0), [WaitUntil(1.0)]),
+        (Tick(0.5), [WaitUntil(1.0)]),  # an early tick changes nothing
+        (Tick(1.0), [SendPing(T)]),
+        (Answered(1.25, 0.25), [ReportRtt(0.25), WaitUntil(2.25)]),
+        (Tick(2.25), [SendPing(T)]),
+        (Seen(2.5), []),  # another request's reply: life, no new instruction
+        (Answered(2.75, 0.5), [ReportRtt(0.5), WaitUntil(3.75)]),
+    ], last_seen=2.75),
+    Case("one lost ping, a shorter retry within the deadline, then recovery", [
+        (Tick(0.0), [WaitUntil(1.0)]),
+        (Tick(1.0), [SendPing(T)]),
+        (Failed(1.5, "lost"), [WaitUntil(1.5 + P + I)]),
+        (Tick(1.5 + P + I), [SendPing(6.0 - (1.5 + P + I))]),  # ends by the deadline 0+T+I
+        (Answered(3.0, 0.25), [ReportRtt(0.25), WaitUntil(4.0)]),
+        (Tick(4.0), [SendPing(T)]),  # recovered: a full timeout again
+    ], last_seen=3.0),
+    Case("lost pause is at most one interval", [
+        (Tick(0.0), [WaitUntil(0.125)]),
+        (Tick(0.125), [SendPing(1.0)]),
+        (Failed(0.25, "lost"), [WaitUntil(0.25 + 0.125 + 0.125)]),
+    ], last_seen=0.0, interval=0.125, timeout=1.0),
+    Case("a reply seen mid-Ping saves a timed-out Ping; the next one is answered", [
+        (Tick(1.0), [SendPing(T)]),
+        (Seen(1.5), []),
+        (Failed(6.0, "timeout"), [WaitUntil(7.0)]),  # silent 4.5 < T
+        (Tick(7.0), [SendPing(0.5)]),  # the deadline is 1.5+T+I = 7.5
+        (Answered(7.25, 0.25), [ReportRtt(0.25), WaitUntil(8.25)]),
+    ], last_seen=7.25),
+    Case("SIGSTOP: Pings hang, dead timeout + interval after the last answer (as today)", [
+        (Tick(1.0), [SendPing(T)]),
+        (Answered(1.5, 0.5), [ReportRtt(0.5), WaitUntil(2.5)]),
+        (Tick(2.5), [SendPing(T)]),
+        (Failed(7.5, "timeout"), [DeclareDead("silent for 6.0s (ping: timeout)")]),
+    ], last_seen=1.5, dead=True),
+    Case("SIGSTOP just after a reply mid-Ping: still dead by timeout + interval", [
+        # Today's loop pinged again with a full timeout and condemned it at 13.5.
+        (Tick(1.0), [SendPing(T)]),
+        (Answered(1.5, 0.5), [ReportRtt(0.5), WaitUntil(2.5)]),
+        (Tick(2.5), [SendPing(T)]),
+        (Seen(3.0), []),
+        (Failed(7.5, "timeout"), [WaitUntil(8.5)]),  # silent 4.5 < T
+        (Tick(8.5), [SendPing(0.5)]),  # cut to end at the deadline 3+T+I = 9
+        (Failed(9.0, "timeout"), [DeclareDead("silent for 6.0s (ping: timeout)")]),
+    ], last_seen=3.0, dead=True),
+    Case("a failure after timeout of silence is fatal, however early in the Ping", [
+        (Tick(1.0), [SendPing(T)]),
+        (Failed(5.0, "lost"), [DeclareDead("silent for 5.0s (ping: lost)")]),
+    ], last_seen=0.0, dead=True),
+    Case("not earlier: a failure just under timeout of silence is not fatal", [
+        (Tick(1.0), [SendPing(T)]),
+        (Failed(4.75, "timeout"), [WaitUntil(5.75)]),
+    ], last_seen=0.0),
+    Case("a lost connection whose retry would pass the deadline: dead at the deadline", [
+        (Tick(1.0), [SendPing(T)]),
+        (Failed(4.875, "lost"), [WaitUntil(6.0)]),  # the retry would be at 4.875 + P + I
+        (Tick(5.5), [WaitUntil(6.0)]),
+        (Tick(6.0), [DeclareDead("silent for 6.0s (no answer by the deadline)")]),
+    ], last_seen=0.0, dead=True),
+    Case("refused reconnection (from any request): dead at once", [
+        (Tick(0.0), [WaitUntil(1.0)]),
+        (Failed(0.5, "refused"), [DeclareDead("refuses connections")]),
+    ], last_seen=0.0, dead=True),
+    Case("refused while our Ping is in flight: dead at once", [
+        (Tick(1.0), [SendPing(T)]),
+        (Failed(1.5, "refused"), [DeclareDead("refuses connections")]),
+    ], last_seen=0.0, dead=True),
+    Case("out of order: an answer stamped before a reply already seen", [
+        (Tick(1.0), [SendPing(T)]),
+        (Seen(2.0), []),
+        (Answered(1.5, 0.5), [ReportRtt(0.5), WaitUntil(3.0)]),  # scheduled from time 2.0
+    ], last_seen=2.0),
+    Case("duplicate answer: life only, no second RTT, no new schedule", [
+        (Tick(1.0), [SendPing(T)]),
+        (Answered(1.5, 0.5), [ReportRtt(0.5), WaitUntil(2.5)]),
+        (Answered(1.5, 0.5), []),
+        (Answered(1.25, 0.25), []),  # older still: last_seen does not move back
+    ], last_seen=1.5),
+    Case("stale failures without a Ping in flight are not evidence", [
+        (Tick(0.0), [WaitUntil(1.0)]),
+        (Failed(0.5, "timeout"), []),
+        (Failed(0.75, "lost"), []),
+        (Tick(1.0), [SendPing(T)]),  # still the ordinary schedule, full timeout
+    ], last_seen=0.0),
+    Case("a driver that ticks during the Ping: the core enforces the Ping's timeout", [
+        (Tick(1.0), [SendPing(T)]),
+        (Tick(3.0), [WaitUntil(6.0)]),
+        (Tick(6.0), [DeclareDead("silent for 6.0s (ping: timeout)")]),
+    ], last_seen=0.0, dead=True),
+    Case("a Ping given up on a tick: its late outcome is life (answer) or ignored (failure)", [
+        (Tick(1.0), [SendPing(T)]),
+        (Seen(2.0), []),
+        (Tick(6.0), [WaitUntil(7.0)]),  # timed out, silent 4 < T
+        (Failed(6.0, "timeout"), []),
+        (Answered(6.5, 5.5), []),  # no RTT from a Ping already given up
+        (Tick(7.0), [SendPing(T)]),  # the deadline moved to 6.5+T+I: budget not cut
+    ], last_seen=6.5),
+    Case("our own stall past the deadline: the overdue Ping still gets a full timeout", [
+        (Tick(0.0), [WaitUntil(1.0)]),
+        (Tick(10.0), [SendPing(T)]),
+        (Answered(10.25, 0.25), [ReportRtt(0.25), WaitUntil(11.25)]),
+    ], last_seen=10.25),
+    Case("events after death are ignored", [
+        (Failed(0.5, "refused"), [DeclareDead("refuses connections")]),
+        (Tick(1.0), []),
+        (Seen(1.5), []),
+        (Answered(2.0, 0.1), []),
+        (Failed(2.5, "refused"), []),  # declared once only
+        (Failed(3.0, "timeout"), []),
+    ], last_seen=0.0, dead=True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_liveness_table(case: Case) -> None:
+    live = Liveness(case.interval, case.timeout, now=0.0)
+    got = [(event, live.handle(event)) for event, _ in case.steps]
+    assert got == case.steps
+    assert (live.last_seen, live.dead) == (case.last_seen, case.dead)
+
+
+# --- the deadline, checked over many silences with a simulated driver ---
+@dataclass
+class Peer:
+    """A simulated peer: answers Pings after ``rtt`` until it stops at ``stop``; then its Pings
+    hang (``fail_after`` None) or break after ``fail_after`` seconds."""
+
+    stop: float
+    rtt: float
+    fail_after: float | None
+    seen: list[float] = field(default_factory=list)  # replies to other requests (< stop)
+
+
+def drive(live: Liveness, peer: Peer) -> tuple[float, list[float]]:
+    """The short loop a driver is: returns the time of death and the times Pings were sent."""
+    seen = sorted(peer.seen)
+    sends: list[float] = []
+    event: Event = Tick(0.0)
+    for _ in range(10_000):  # a bounded loop: a plan that stops making progress fails
+        while seen and seen[0] <= event.now:  # replies that arrived before this event
+            assert live.handle(Seen(seen.pop(0))) == []
+        todo = live.handle(event)
+        if todo and isinstance(todo[-1], DeclareDead):
+            assert len(todo) == 1 and live.dead
+            return event.now, sends
+        last = todo[-1]
+        if isinstance(last, WaitUntil):
+            assert last.t > event.now or isinstance(event, (Answered, Failed)), "no progress"
+            event = Tick(last.t)
+        else:
+            assert isinstance(last, SendPing) and 0 < last.timeout <= live.timeout
+            now = event.now
+            sends.append(now)
+            if now + peer.rtt <= peer.stop:
+                event = Answered(now + peer.rtt, peer.rtt)
+            elif peer.fail_after is None or peer.fail_after >= last.timeout:
+                event = Failed(now + last.timeout, "timeout")
+            else:
+                event = Failed(now + peer.fail_after, "lost")
+    raise AssertionError("never declared dead")
+
+
+def random_peer(rng: random.Random) -> tuple[float, float, Peer]:
+    interval = rng.choice([0.25, 0.5, 1.0])
+    timeout = interval * rng.choice([2, 4, 5, 8])
+    stop = rng.uniform(0.0, 20.0)
+    fail_after = rng.choice([None, None, rng.uniform(0.0, timeout), rng.uniform(0.0, 0.05)])
+    seen = [rng.uniform(0.0, stop) for _ in range(rng.randrange(0, 6))]
+    if rng.random() < 0.5:  # a reply just before the stop: the case today's loop overshoots
+        seen.append(max(0.0, stop - rng.uniform(0.0, 0.01)))
+    return interval, timeout, Peer(stop, rng.choice([0.0, 0.001, 0.01]), fail_after, seen)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_silent_peer_dead_within_timeout_plus_interval(seed: int) -> None:
+    interval, timeout, peer = random_peer(random.Random(seed))
+    live = Liveness(interval, timeout, now=0.0)
+    died, sends = drive(live, peer)
+    silent = died - live.last_seen
+    assert timeout <= silent <= timeout + interval + 1e-9, (silent, peer)
+    assert all(b - a >= interval - 1e-9 for a, b in zip(sends, sends[1:]))  # never faster
+
+
+def test_healthy_peer_never_dies_and_pings_every_interval() -> None:
+    live = Liveness(I, T, now=0.0)
+    now, pings = 0.0, []
+    todo = live.handle(Tick(now))
+    while now < 100.0:
+        if isinstance(todo[-1], WaitUntil):
+            now = todo[-1].t
+            todo = live.handle(Tick(now))
+        else:
+            assert todo == [SendPing(T)]
+            pings.append(now)
+            now += 0.01
+            todo = live.handle(Answered(now, 0.01))
+            assert todo == [ReportRtt(0.01), WaitUntil(now + I)]
+    assert len(pings) == 99 and not live.dead
+    assert all(b - a == pytest.approx(I + 0.01) for a, b in zip(pings, pings[1:]))
+
+
+@pytest.mark.parametrize(("interval", "timeout"), [(1.0, 1.0), (2.0, 1.0), (0.0, 1.0)])
+def test_rejects_an_interval_not_below_the_timeout(interval: float, timeout: float) -> None:
+    with pytest.raises(InvalidArgumentError):
+        Liveness(interval, timeout, now=0.0)
+
+
+def test_rejects_an_unknown_failure_kind() -> None:
+    with pytest.raises(InvalidArgumentError):
+        Failed(0.0, "gone")  # type: ignore[arg-type]
+
+
+def test_pure_module_imports_no_io() -> None:
+    tree = ast.parse(inspect.getsource(liveness_module))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert not imported & {"asyncio", "socket", "time", "logging", "random"}

@@ -1,0 +1,181 @@
+"""Membership and rendezvous ownership: tables of joins and deaths, and ownership movement."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.messages import MemberInfo
+from hoplited.cluster.membership import Membership, rendezvous_owner
+
+pytestmark = pytest.mark.unit
+
+ME = "b"
+
+
+def member(node_id: str, port: int = 7000) -> MemberInfo:
+    return MemberInfo(node_id=node_id, host="10.0.0.1", port=port, socket=f"/tmp/{node_id}",
+                      host_id=f"host-{node_id}")
+
+
+Op = Callable[[Membership], bool]
+
+
+def add(node_id: str, port: int = 7000) -> Op:
+    return lambda m: m.add(member(node_id, port))
+
+
+def mark_dead(node_id: str) -> Op:
+    return lambda m: m.mark_dead(node_id)
+
+
+@dataclass
+class Step:
+    """One operation, what it returns, the live list after it, and the listener's argument
+    (the previous live list) if the live set changed."""
+
+    op: Op
+    returns: bool
+    alive: list[str]
+    notified: list[str] | None = None
+
+
+@dataclass
+class Case:
+    id: str
+    steps: list[Step]
+    dead: set[str]
+    ports: dict[str, int]  # the address each member is known by at the end
+
+
+CASES = [
+    Case("add a new member", [
+        Step(add("a"), True, ["a", "b"], notified=["b"]),
+    ], dead=set(), ports={"a": 7000, "b": 7000}),
+    Case("add a known live member again: no change, its old address is kept", [
+        Step(add("a"), True, ["a", "b"], notified=["b"]),
+        Step(add("a"), False, ["a", "b"]),
+        Step(add("a", port=7001), False, ["a", "b"]),
+    ], dead=set(), ports={"a": 7000, "b": 7000}),
+    Case("mark a member dead once; again, unknown and self are refused", [
+        Step(add("a"), True, ["a", "b"], notified=["b"]),
+        Step(mark_dead("a"), True, ["b"], notified=["a", "b"]),
+        Step(mark_dead("a"), False, ["b"]),
+        Step(mark_dead("zz"), False, ["b"]),
+        Step(mark_dead(ME), False, ["b"]),
+    ], dead={"a"}, ports={"a": 7000, "b": 7000}),
+    Case("self cannot be marked dead even when alone", [
+        Step(mark_dead(ME), False, ["b"]),
+    ], dead=set(), ports={"b": 7000}),
+    Case("revive a dead member, at its new address", [
+        Step(add("a"), True, ["a", "b"], notified=["b"]),
+        Step(mark_dead("a"), True, ["b"], notified=["a", "b"]),
+        Step(add("a", port=7001), True, ["a", "b"], notified=["b"]),
+        Step(mark_dead("a"), True, ["b"], notified=["a", "b"]),
+    ], dead={"a"}, ports={"a": 7001, "b": 7000}),
+    Case("alive ids stay sorted whatever the order of joins and deaths", [
+        Step(add("d"), True, ["b", "d"], notified=["b"]),
+        Step(add("a"), True, ["a", "b", "d"], notified=["b", "d"]),
+        Step(add("c"), True, ["a", "b", "c", "d"], notified=["a", "b", "d"]),
+        Step(mark_dead("b"), False, ["a", "b", "c", "d"]),
+        Step(mark_dead("c"), True, ["a", "b", "d"], notified=["a", "b", "c", "d"]),
+        Step(add("c"), True, ["a", "b", "c", "d"], notified=["a", "b", "d"]),
+        Step(mark_dead("a"), True, ["b", "c", "d"], notified=["a", "b", "c", "d"]),
+    ], dead={"a"}, ports={"a": 7000, "b": 7000, "c": 7000, "d": 7000}),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_membership_table(case: Case) -> None:
+    m = Membership(member(ME))
+    calls: list[list[str]] = []
+    seen_by_second: list[tuple[list[str], list[str]]] = []
+    m.listeners.append(calls.append)
+    m.listeners.append(lambda previous: seen_by_second.append((previous, m.alive_ids())))
+    kept: list[tuple[list[str], list[str]]] = []  # (object passed, its value at the call)
+    for step in case.steps:
+        before = len(calls)
+        assert step.op(m) is step.returns
+        assert m.alive_ids() == step.alive
+        expected = [] if step.notified is None else [step.notified]
+        assert calls[before:] == expected
+        if step.notified is not None:
+            kept.append((calls[-1], list(calls[-1])))
+            # every listener runs, after the live list has changed
+            assert seen_by_second[-1] == (step.notified, step.alive)
+        assert all(m.is_alive(n) for n in step.alive)
+    assert len(seen_by_second) == len(calls)
+    assert all(obj == value for obj, value in kept)  # no listener's list mutated afterwards
+    assert m.dead == case.dead
+    assert {n: i.port for n, i in m.members.items()} == case.ports
+    assert not any(m.is_alive(n) for n in case.dead | {"never-added"})
+
+
+def test_owner_is_a_live_member() -> None:
+    m = Membership(member(ME))
+    for n in "acd":
+        m.add(member(n))
+    m.mark_dead("c")
+    owners = {m.owner(oid) for oid in random_ids(500, seed=1)}
+    assert owners == {"a", "b", "d"}
+
+
+# --- rendezvous ownership ---
+def random_ids(n: int, seed: int) -> list[ObjectID]:
+    rng = random.Random(seed)
+    return [ObjectID(rng.randbytes(20)) for _ in range(n)]
+
+
+IDS = random_ids(4000, seed=7)
+NODES = [f"node-{i}" for i in range(6)]
+
+
+def owners(nodes: list[str]) -> dict[ObjectID, str]:
+    return {oid: rendezvous_owner(oid, nodes) for oid in IDS}
+
+
+def test_rendezvous_is_deterministic_and_order_free() -> None:
+    first = owners(NODES)
+    assert owners(list(reversed(NODES))) == first
+    assert owners(random.Random(3).sample(NODES, len(NODES))) == first
+    assert rendezvous_owner(ObjectID(bytes(20)), ["x"]) == "x"
+    # a fixed answer, so a change of hash (which would move every id of a running cluster
+    # between versions) cannot pass unnoticed
+    golden = ["node-5", "node-0", "node-5", "node-1", "node-1", "node-2", "node-4", "node-1"]
+    assert [rendezvous_owner(ObjectID(bytes([i]) * 20), NODES) for i in range(8)] == golden
+
+
+def test_rendezvous_spreads_ids_over_nodes() -> None:
+    counts = {n: 0 for n in NODES}
+    for owner in owners(NODES).values():
+        counts[owner] += 1
+    share = len(IDS) / len(NODES)
+    assert all(0.8 * share < c < 1.2 * share for c in counts.values()), counts
+
+
+@pytest.mark.parametrize("gone", NODES)
+def test_removing_a_node_moves_only_the_ids_it_owned(gone: str) -> None:
+    before = owners(NODES)
+    after = owners([n for n in NODES if n != gone])
+    moved = {oid for oid in IDS if before[oid] != after[oid]}
+    assert moved == {oid for oid in IDS if before[oid] == gone}
+    assert moved  # each node owned some
+    assert gone not in after.values()
+
+
+@pytest.mark.parametrize("new", ["node-6", "late-joiner", "a"])
+def test_adding_a_node_moves_only_the_ids_it_now_owns(new: str) -> None:
+    before = owners(NODES)
+    after = owners([*NODES, new])
+    moved = {oid for oid in IDS if before[oid] != after[oid]}
+    assert moved == {oid for oid in IDS if after[oid] == new}
+    assert 0.5 * len(IDS) / 7 < len(moved) < 1.5 * len(IDS) / 7
+
+
+def test_rendezvous_of_no_nodes_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        rendezvous_owner(ObjectID(bytes(20)), [])
