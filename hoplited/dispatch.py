@@ -16,7 +16,7 @@ import dataclasses
 import inspect
 import logging
 from collections.abc import Awaitable, Mapping
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union, cast
 
 from hoplite_client.net.channel import error_reply
 from hoplite_client.wire.errors import HopliteError, RemoteProtocolError
@@ -85,7 +85,7 @@ class Dispatcher:
         answer = handler(origin, msg, payload)
         if inspect.isawaitable(answer):
             answer = await answer
-        reply, out = _split(answer)  # type: ignore[arg-type]
+        reply, out = _split(answer)
         if reply is None:
             raise RemoteProtocolError(f"{type(msg).__name__} has no reply")
         return Frame(reply, None if out is None else memoryview(out).cast("B"))
@@ -97,7 +97,7 @@ class Dispatcher:
         if reply is None:
             log.error("%s handler returned no reply", type(msg).__name__)
             return
-        respond(dataclasses.replace(reply, rid=msg.rid), payload)  # type: ignore[attr-defined]
+        respond(dataclasses.replace(cast(Any, reply), rid=cast(Any, msg).rid), payload)
 
     def _answer_error(self, msg: WireMessage, exc: Exception,
                       respond: Optional[Respond]) -> None:
@@ -107,7 +107,7 @@ class Dispatcher:
         else:
             log.error("%s from a %s crashed", name, self.role, exc_info=exc)
         if msg.SHAPE == "request" and respond is not None:
-            respond(error_reply(exc, msg.rid), None)  # type: ignore[attr-defined]
+            respond(error_reply(exc, cast(Any, msg).rid), None)
 
 
 def _split(answer: Answer) -> tuple[Optional[Reply], Any]:

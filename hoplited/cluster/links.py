@@ -28,7 +28,7 @@ class PeerLink:
     """Our requests to one member: connect lazily, reconnect on loss, watch its heartbeat."""
 
     def __init__(self, member: MemberInfo, me: Identity, interval: float, timeout: float,
-                 on_dead: Callable[[str], None],
+                 on_dead: Callable[[str], object],
                  on_rtt: Callable[[float], None] = lambda rtt: None) -> None:
         self.member = member
         self.me = me
@@ -129,7 +129,7 @@ class Links:
     """Our control link to every other member, by node id."""
 
     def __init__(self, me: Identity, interval: float, timeout: float,
-                 on_dead: Callable[[str], None], on_rtt: Callable[[float], None]) -> None:
+                 on_dead: Callable[[str], object], on_rtt: Callable[[float], None]) -> None:
         self._me = me
         self._interval = interval
         self._timeout = timeout

@@ -18,7 +18,7 @@ import logging
 import mmap
 import os
 
-from hoplite_client.arena_map import populate_write
+from hoplite_client.net.shared_memory import populate_write
 from hoplite_client.wire.errors import CapacityError
 
 log = logging.getLogger("hoplited.arena")

@@ -14,7 +14,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from typing import Optional
+from typing import Any, Optional
 
 from hoplite_client.net.handshake import Identity, dial
 from hoplite_client.net.protocol import FrameProtocol
@@ -219,7 +219,8 @@ class Fetcher:
         stall = self._stall_timeout
         seen = obj.received
         while True:
-            finished, _ = await asyncio.wait({done, protocol.closed}, timeout=stall,
+            waiters: set[asyncio.Future[Any]] = {done, protocol.closed}
+            finished, _ = await asyncio.wait(waiters, timeout=stall,
                                              return_when=asyncio.FIRST_COMPLETED)
             if done in finished:
                 return done.result()

@@ -46,7 +46,8 @@ class Sender:
         protocol.handler = queue.put_nowait
         while True:
             get = asyncio.ensure_future(queue.get())
-            await asyncio.wait({get, protocol.closed}, return_when=asyncio.FIRST_COMPLETED)
+            waiters: set[asyncio.Future[Any]] = {get, protocol.closed}
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             if not get.done():
                 get.cancel()
                 return
