@@ -105,6 +105,7 @@ class Daemon:
         def membership_changed(previous: list[str]) -> None:
             for node in set(previous) - set(membership.alive_ids()):
                 shard.forget_node(node)
+                reductions.node_died(node)
             moved = shard.membership_changed()
             if moved:
                 log.info("%d directory entries moved to other shards", moved)

@@ -1,11 +1,12 @@
-"""Reduce coordination: one coordinator per reduce, on the node of the caller.
+"""Reduce coordination: the driver that carries out a :class:`~.plan.ReducePlan`.
 
-The coordinator waits for the inputs (bounded long polls at their shards); the i-th to become
-ready takes slot i of the tree (:mod:`.tree`); it starts a task on each slot's node
-(:mod:`.worker`), tells parents where their children's outputs are, and pulls the root's output
-into the result object, which it announces as soon as its size is known, so gets of the result
-(allreduce) chain behind the reduce before it ends. Inputs of at most 64 KiB come inline from
-their shards and are combined here (docs/design.md §4).
+One coordinator per reduce runs on the caller's node. The plan decides (which inputs, which
+slot and node each takes, which edges exist, when to publish, what a failure means); the
+coordinator does the I/O: it waits for the inputs at their shards (bounded long polls), sends
+``ReduceTask`` and ``ReduceChild`` to the tree nodes (independent ones concurrently), creates,
+announces, pulls and publishes the result, and feeds every outcome back to the plan as an
+event. Events are queued and handled one at a time, so an instruction that completes at once
+(an inline combine) never re-enters the plan (docs/design.md §4).
 """
 
 from __future__ import annotations
@@ -13,21 +14,24 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
-from hoplite_client.wire.errors import (HopliteError, HopliteTimeoutError, InvalidArgumentError,
-                                        ObjectExistsError, ObjectNotFoundError, error_from_wire)
-from hoplite_client.wire.frames import INLINE_MAX, Frame
+from hoplite_client.wire.errors import (HopliteError, HopliteTimeoutError, ObjectExistsError,
+                                        ObjectNotFoundError, error_from_wire)
+from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
-from hoplite_client.wire.messages import (ObjectInfo, ReduceChild, ReduceDone, ReduceFailed,
-                                          ReduceTask, WireMessage)
+from hoplite_client.wire.messages import (ReduceChild, ReduceDone, ReduceFailed, ReduceTask,
+                                          WireMessage)
 
 from hoplited.cluster.link_model import LinkModel
-from hoplited.collectives.ops import OPS, check_op, check_reducible, derived_id
-from hoplited.collectives.tree import TreeShape, tree_depth, tree_shape
+from hoplited.collectives import plan as p
+from hoplited.collectives.ops import OPS
+from hoplited.collectives.tree import tree_depth
 from hoplited.directory.client import DirectoryClient
 from hoplited.dispatch import Handler
 from hoplited.memory.arena import Arena
@@ -74,13 +78,12 @@ class Reductions:
     def start(self, result: ObjectID, inputs: list[ObjectID], op: str, k: int,
               timeout: Optional[float]) -> None:
         """Validate and start a reduce into ``result``; it runs in the background."""
-        if not inputs or not 1 <= k <= len(inputs):
-            raise InvalidArgumentError(f"num_objects must be between 1 and the "
-                                       f"{len(inputs)} inputs")
-        check_op(op)
+        model = self._deps.link_model
+        plan = p.ReducePlan(result, inputs, k, op, self._deps.me, depth=lambda n, size: (
+            tree_depth(n, size, model.bandwidth, model.latency)))
         if result in self._running or self._deps.store.get(result) is not None:
             raise ObjectExistsError(f"object {result.hex()} already exists")
-        coordinator = ReduceCoordinator(self._deps, result, inputs, op, k, timeout)
+        coordinator = ReduceCoordinator(self._deps, plan, inputs, timeout)
         self._running[result] = coordinator
         coordinator.start()
 
@@ -95,214 +98,204 @@ class Reductions:
         """The result was deleted: nothing about this reduce is kept any more."""
         self._running.pop(result, None)
 
+    def node_died(self, node: str) -> None:
+        """A member died: every running reduce learns it at once."""
+        for coordinator in list(self._running.values()):
+            coordinator.feed(p.NodeDied(node))
+
     def on_slot_failed(self, peer: str, msg: ReduceFailed,
                        payload: Optional[memoryview]) -> None:
         coordinator = self._running.get(msg.reduce_id)
         if coordinator is not None:
-            coordinator.slot_failed(msg)
-
-
-@dataclass
-class Placed:
-    node: str
-    output: ObjectID
-    version: bytes
+            error = error_from_wire(msg.code, f"slot {msg.slot}: {msg.message}", {})
+            coordinator.feed(p.SlotFailed(msg.slot, error))
 
 
 class ReduceCoordinator:
-    """Drives one reduce from the caller's node: slots, tasks, edges, the result."""
+    """Carries out one reduce's plan: waits, tasks, edges, the result."""
 
-    def __init__(self, deps: CoordinatorDeps, result: ObjectID, inputs: list[ObjectID],
-                 op: str, k: int, timeout: Optional[float]) -> None:
+    def __init__(self, deps: CoordinatorDeps, plan: p.ReducePlan, inputs: list[ObjectID],
+                 timeout: Optional[float]) -> None:
         self.d = deps
-        self.result = result
-        self.inputs = inputs
-        self.op = op
-        self.k = k
-        self.timeout = timeout
-        self.used: list[ObjectID] = []
+        self.plan = plan
+        self.result = plan.result
+        self._inputs = list(dict.fromkeys(inputs))
+        self._timeout = timeout
         self.chosen = asyncio.Event()
-        self.error: Optional[HopliteError] = None
-        self.shape: Optional[TreeShape] = None
-        self.meta: Optional[ObjectInfo] = None
-        self.placed: dict[int, Placed] = {}
-        self.task_nodes: set[str] = set()
         self.out: Optional[StoredObject] = None
-        self.inline_parts: list[bytes] = []
-        self.runner: Optional[asyncio.Task[None]] = None
+        self._inline: dict[ObjectID, bytes] = {}
+        self._waits: dict[ObjectID, asyncio.Task[None]] = {}
+        self._root_pull: Optional[asyncio.Task[None]] = None
+        self._events: deque[p.Event] = deque()
+        self._draining = False
+        self._ended = False
 
     def start(self) -> None:
-        self.runner = self.d.tasks.spawn(self._run(), name=f"reduce-{self.result.short()}")
+        loop = asyncio.get_running_loop()
+        deadline = None if self._timeout is None else loop.time() + self._timeout
+        for oid in self._inputs:
+            self._waits[oid] = self.d.tasks.spawn(self._wait_ready(oid, deadline),
+                                                  name=f"reduce-wait-{oid.short()}")
 
     async def reduced_inputs(self, timeout: Optional[float]) -> list[ObjectID]:
         """The inputs in the result, in the order they became ready (once all are chosen)."""
         try:
             await asyncio.wait_for(self.chosen.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise HopliteTimeoutError(f"reduce {self.result.hex()} has not chosen its inputs "
                                       f"within {timeout}s") from None
-        if self.error is not None:
-            raise self.error
-        return list(self.used)
+        if self.plan.error is not None:
+            raise self.plan.error
+        return list(self.plan.used)
 
-    def slot_failed(self, msg: ReduceFailed) -> None:
-        """A tree node reported that its slot cannot be computed."""
-        self._fail(error_from_wire(msg.code, f"slot {msg.slot}: {msg.message}", {}))
-
-    async def _run(self) -> None:
+    # --- events in ---
+    def feed(self, event: p.Event) -> None:
+        """Hand ``event`` to the plan and carry out what it says (queued: never re-entered)."""
+        self._events.append(event)
+        if self._draining:
+            return
+        self._draining = True
         try:
-            await self._collect()
-            if self.out is not None:
-                await self.out.wait_for(self.out.size)
-                await self.d.directory.publish(self.out)
-        except HopliteError as exc:
-            self._fail(exc)
-        except asyncio.CancelledError:
-            self._fail(HopliteError("the daemon is shutting down"))
-            raise
+            while self._events:
+                for instruction in self.plan.handle(self._events.popleft()):
+                    self._execute(instruction)
         finally:
-            if self.out is not None:
-                self.d.store.unpin(self.out)
-            for node in self.task_nodes:
-                self.d.rpc.tell(node, ReduceDone(reduce_id=self.result))
+            self._draining = False
+        if (self.plan.error is not None or self.plan.published) and not self._ended:
+            self._end()
 
-    async def _collect(self) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = None if self.timeout is None else loop.time() + self.timeout
-        pending = {asyncio.ensure_future(self._wait_ready(oid, deadline)): oid
-                   for oid in self.inputs}
-        try:
-            while len(self.used) < self.k:
-                if not pending:
-                    raise ObjectNotFoundError("fewer inputs became ready than the reduce needs")
-                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for fut in done:
-                    oid = pending.pop(fut)
-                    frame = fut.result()
-                    if len(self.used) < self.k:
-                        await self._place(oid, frame)
-        finally:
-            for fut in pending:
-                fut.cancel()
-        self.chosen.set()
-        if self.inline_parts:
-            self._finish_inline()
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str,
+               on_error: Callable[[HopliteError], p.Event]) -> asyncio.Task[None]:
+        """Run ``coro``; a failure comes back to the plan as ``on_error(error)``."""
+        async def guarded() -> None:
+            try:
+                await coro
+            except HopliteError as exc:
+                self.feed(on_error(exc))
+            except Exception as exc:  # a bug must still end the reduce, with a typed error
+                log.exception("reduce %s: %s crashed", self.result.short(), name)
+                self.feed(on_error(HopliteError(f"{name}: {type(exc).__name__}: {exc}")))
+        return self.d.tasks.spawn(guarded(), name=name)
 
-    async def _wait_ready(self, oid: ObjectID,
-                          deadline: Optional[float]) -> Frame[ObjectInfo]:
+    async def _wait_ready(self, oid: ObjectID, deadline: Optional[float]) -> None:
         """Wait for ``oid`` in bounded polls, so a shard never keeps a waiter we gave up on."""
         loop = asyncio.get_running_loop()
         while True:
             remaining = None if deadline is None else max(0.0, deadline - loop.time())
             poll = LONG_POLL if remaining is None else min(remaining, LONG_POLL)
             try:
-                return await self.d.directory.wait_object(oid, poll)
-            except HopliteTimeoutError:
+                frame = await self.d.directory.wait_object(oid, poll)
+                break
+            except HopliteTimeoutError as exc:
                 if remaining is not None and remaining <= LONG_POLL:
-                    raise
-
-    async def _place(self, oid: ObjectID, frame: Frame[ObjectInfo]) -> None:
-        info: ObjectInfo = frame.msg
-        if self.meta is None:
-            check_reducible(self.op, info.dtype)
-            self.meta = info
-            if info.size > INLINE_MAX:
-                await self._open_result(info)
-        elif (info.dtype, info.shape) != (self.meta.dtype, self.meta.shape):
-            raise InvalidArgumentError(
-                f"input {oid.hex()} is {info.dtype}{info.shape} but the first input was "
-                f"{self.meta.dtype}{self.meta.shape}", oid=oid.hex())
-        self.used.append(oid)
+                    self.feed(p.InputFailed(oid, exc))
+                    return
+            except HopliteError as exc:
+                self.feed(p.InputFailed(oid, exc))
+                return
+        info = frame.msg
         if info.size <= INLINE_MAX:
-            self.inline_parts.append(bytes(frame.payload) if frame.payload is not None else b"")
-            return
-        await self._place_slot(self._next_slot(info), oid, info)
+            self._inline[oid] = bytes(frame.payload) if frame.payload is not None else b""
+        self.feed(p.InputReady(oid, tuple(info.holders),
+                               tuple(n for n in info.holders if self.d.is_alive(n)),
+                               info.size, info.dtype, tuple(info.shape), info.version))
 
-    def _next_slot(self, info: ObjectInfo) -> int:
-        """Slots go in order of readiness, except that an input held on this node takes the
-        root: the result is then computed in place, and this node's link carries no second
-        stream (the root's output) on top of its child's."""
-        assert self.shape is not None
-        root = self.shape.root
-        free = [s for s in range(self.shape.size) if s not in self.placed]
-        if root in free and self.d.me in info.holders:
-            return root
-        others = [s for s in free if s != root]
-        return others[0] if others else root
+    # --- instructions out ---
+    def _execute(self, ins: p.Instruction) -> None:
+        d = self.d
+        if isinstance(ins, p.OpenResult):
+            self._open_result(ins)
+        elif isinstance(ins, p.StartTask):
+            self._spawn(self._start_task(ins), f"reduce-task-{ins.slot}",
+                        functools.partial(p.SlotFailed, ins.slot))
+        elif isinstance(ins, p.Connect):
+            self._spawn(self._connect(ins), f"reduce-connect-{ins.parent_slot}",
+                        functools.partial(p.SlotFailed, ins.parent_slot))
+        elif isinstance(ins, p.PullRoot):
+            assert self.out is not None
+            self._root_pull = self._spawn(
+                d.fetcher.pull_into(self.out, ins.node, ins.output, ins.version),
+                "reduce-root", p.ResultFailed)
+        elif isinstance(ins, p.CancelWaits):
+            for oid in ins.oids:
+                wait = self._waits.get(oid)
+                if wait is not None:
+                    wait.cancel()
+        elif isinstance(ins, p.InputsChosen):
+            self.chosen.set()
+        elif isinstance(ins, p.CombineInline):
+            self._combine_inline(ins)
+        elif isinstance(ins, p.Publish):
+            assert self.out is not None
+            self._spawn(self._publish(self.out), "reduce-publish", p.ResultFailed)
+        elif isinstance(ins, p.Fail):
+            self._fail(ins.error)
+        elif isinstance(ins, p.Release):
+            for node in ins.nodes:
+                d.rpc.tell(node, ReduceDone(reduce_id=self.result))
 
-    async def _open_result(self, info: ObjectInfo) -> None:
+    def _open_result(self, ins: p.OpenResult) -> None:
         """Create the result here and announce it at once, so gets can chain behind it."""
         d = self.d
-        self.out = d.store.create(self.result, info.size, info.dtype, info.shape)
-        d.store.pin(self.out)
-        d.tasks.spawn(d.arena.populate(self.out.offset, self.out.size), name="populate")
-        model = d.link_model
-        self.shape = tree_shape(self.k, tree_depth(self.k, info.size, model.bandwidth,
-                                                   model.latency))
-        await d.directory.announce(self.out)
+        self.out = out = d.store.create(self.result, ins.size, ins.dtype, list(ins.shape))
+        d.store.pin(out)
+        d.tasks.spawn(d.arena.populate(out.offset, out.size), name="populate")
+        self._spawn(d.directory.announce(out), "reduce-announce", p.ResultFailed)
+        self._spawn(self._until_complete(out), "reduce-result", p.ResultFailed)
 
-    async def _place_slot(self, slot: int, oid: ObjectID, info: ObjectInfo) -> None:
-        d, shape, me = self.d, self.shape, self.d.me
-        assert shape is not None
-        alive = [n for n in info.holders if d.is_alive(n)]
-        node = me if me in info.holders else (alive or info.holders)[0]
-        n_children = len(shape.children[slot])
-        is_root = slot == shape.root
-        if n_children == 0 and not (is_root and node == me):
-            placed = Placed(node, oid, info.version)  # a leaf's output is its input
-        else:
-            output = self.result if is_root and node == me else derived_id(self.result, slot,
-                                                                            b"out")
-            frame = await d.rpc.call_node(node, ReduceTask(
-                reduce_id=self.result, slot=slot, input=oid, output=output, op=self.op,
-                dtype=info.dtype, shape=info.shape, children=n_children))
-            self.task_nodes.add(node)
-            placed = Placed(node, output, frame.msg.version)
-        self.placed[slot] = placed
-        parent = shape.parent[slot]
-        if parent is not None and parent in self.placed:
-            await self._connect(parent, slot)
-        for child in shape.children[slot]:
-            if child in self.placed:
-                await self._connect(slot, child)
-        if is_root and placed.output != self.result:
-            assert self.out is not None
-            d.tasks.spawn(self._pull_root(placed), name="reduce-root")
+    async def _until_complete(self, out: StoredObject) -> None:
+        await out.wait_for(out.size)
+        self.feed(p.ResultComplete())
 
-    async def _connect(self, parent: int, child: int) -> None:
-        p, c = self.placed[parent], self.placed[child]
-        await self.d.rpc.call_node(p.node, ReduceChild(
-            reduce_id=self.result, slot=parent, node=c.node, oid=c.output, version=c.version))
+    async def _start_task(self, ins: p.StartTask) -> None:
+        frame = await self.d.rpc.call_node(ins.node, ReduceTask(
+            reduce_id=self.result, slot=ins.slot, input=ins.input, output=ins.output,
+            op=ins.op, dtype=ins.dtype, shape=list(ins.shape), children=ins.children))
+        self.feed(p.TaskStarted(ins.slot, frame.msg.version))
 
-    async def _pull_root(self, root: Placed) -> None:
-        assert self.out is not None
-        try:
-            await self.d.fetcher.pull_into(self.out, root.node, root.output, root.version)
-        except HopliteError as exc:
-            self._fail(exc)
+    async def _connect(self, ins: p.Connect) -> None:
+        await self.d.rpc.call_node(ins.parent_node, ReduceChild(
+            reduce_id=self.result, slot=ins.parent_slot, node=ins.child_node,
+            oid=ins.child_output, version=ins.child_version))
 
-    def _finish_inline(self) -> None:
-        """Combine small inputs here; ``_run`` then publishes the result with its bytes."""
-        assert self.meta is not None
-        dt = np.dtype(self.meta.dtype)
-        arrays = [np.frombuffer(b, dtype=dt) for b in self.inline_parts]
-        total = functools.reduce(lambda a, b: OPS[self.op](a, b), arrays[1:], arrays[0].copy())
-        obj = self.d.store.create(self.result, self.meta.size, self.meta.dtype,
-                                       self.meta.shape)
-        obj.buffer[:] = np.ascontiguousarray(total, dtype=dt).view(np.uint8)
-        obj.advance(obj.size)
-        self.d.store.pin(obj)
-        self.out = obj
+    async def _publish(self, out: StoredObject) -> None:
+        await self.d.directory.publish(out)
+        self.feed(p.Published())
+
+    def _combine_inline(self, ins: p.CombineInline) -> None:
+        """Combine small inputs here; the result is then published with its bytes."""
+        missing = [oid for oid in ins.parts if oid not in self._inline]
+        if missing:
+            self.feed(p.ResultFailed(HopliteError(f"input {missing[0].hex()} came without "
+                                                  f"its bytes")))
+            return
+        dt = np.dtype(ins.dtype)
+        arrays = [np.frombuffer(self._inline[oid], dtype=dt) for oid in ins.parts]
+        total = functools.reduce(lambda a, b: OPS[ins.op](a, b), arrays[1:], arrays[0].copy())
+        store = self.d.store
+        self.out = out = store.create(self.result, ins.size, ins.dtype, list(ins.shape))
+        store.pin(out)
+        np.frombuffer(out.buffer, dtype=np.uint8)[:] = np.ascontiguousarray(total, dtype=dt).view(
+            np.uint8).reshape(-1)
+        out.advance(out.size)
+        self.feed(p.ResultComplete())
 
     def _fail(self, error: HopliteError) -> None:
-        if self.error is not None:
-            return
-        self.error = error
-        self.chosen.set()
+        """Drop the result here, stop pulling it, and record the failure at its shard."""
         log.warning("reduce %s failed: %s", self.result.short(), error)
-        if self.runner is not None and self.runner is not asyncio.current_task():
-            self.runner.cancel()
+        self.chosen.set()
+        if self._root_pull is not None:
+            self._root_pull.cancel()
         d = self.d
-        if d.store.get(self.result) is self.out and self.out is not None:
+        if self.out is not None and d.store.get(self.result) is self.out:
             d.store.remove(self.result, error)
         d.tasks.spawn(d.directory.fail(self.result, error), name="reduce-fail")
+
+    def _end(self) -> None:
+        """The reduce is over (published or failed): unpin the result, drop the waits."""
+        self._ended = True
+        for wait in self._waits.values():
+            wait.cancel()
+        self._inline.clear()
+        if self.out is not None:
+            self.d.store.unpin(self.out)

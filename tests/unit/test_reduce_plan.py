@@ -1,0 +1,497 @@
+"""ReducePlan, the reduce coordinator's pure core: tables of events and exact instructions."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import itertools
+from dataclasses import dataclass
+
+import pytest
+
+import hoplited.collectives.plan as plan_module
+from hoplite_client.wire.errors import (
+    HopliteError,
+    HopliteTimeoutError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    PeerUnavailableError,
+)
+from hoplite_client.wire.frames import INLINE_MAX
+from hoplite_client.wire.ids import ObjectID
+from hoplited.collectives.ops import derived_id
+from hoplited.collectives.plan import (
+    HISTORY_MAX,
+    CancelWaits,
+    CombineInline,
+    Connect,
+    Event,
+    Fail,
+    InputFailed,
+    InputReady,
+    InputsChosen,
+    Instruction,
+    NodeDied,
+    OpenResult,
+    Publish,
+    Published,
+    PullRoot,
+    ReducePlan,
+    Release,
+    ResultComplete,
+    ResultFailed,
+    SlotFailed,
+    StartTask,
+    TaskStarted,
+    redo_path,
+)
+from hoplited.collectives.tree import tree_shape
+
+pytestmark = pytest.mark.unit
+
+ME = "me"
+R = ObjectID(b"\xee" * 20)
+I = [ObjectID(bytes([i + 1]) * 20) for i in range(8)]  # noqa: E741 - inputs by index
+BIG = 1 << 20
+DT = "<f4"
+SHAPE = (BIG // 4,)
+SMALL = 64
+OPEN = OpenResult(BIG, DT, SHAPE)
+TIMEOUT = HopliteTimeoutError("input wait timed out")
+GONE = ObjectNotFoundError("input deleted")
+BROKEN = PeerUnavailableError("stream broke", node="n1")
+
+
+def v(i: int) -> bytes:
+    """The version of input ``i``."""
+    return b"v%d" % i
+
+
+def t(slot: int) -> bytes:
+    """The version of slot ``slot``'s task output."""
+    return b"t%d" % slot
+
+
+def out(slot: int) -> ObjectID:
+    return derived_id(R, slot, b"out")
+
+
+def ready(i: int, *holders: str, alive: tuple[str, ...] | None = None, size: int = BIG,
+          dtype: str = DT, shape: tuple[int, ...] = SHAPE) -> InputReady:
+    return InputReady(I[i], holders, holders if alive is None else alive, size, dtype, shape,
+                      v(i))
+
+
+def task(slot: int, node: str, i: int, output: ObjectID, children: int) -> StartTask:
+    return StartTask(slot, node, I[i], output, "sum", DT, SHAPE, children)
+
+
+def conn(parent: int, parent_node: str, child_node: str, child_output: ObjectID,
+         version: bytes) -> Connect:
+    return Connect(parent, parent_node, child_node, child_output, version)
+
+
+def chosen(*idx: int) -> InputsChosen:
+    return InputsChosen(tuple(I[i] for i in idx))
+
+
+def cancel(*idx: int) -> CancelWaits:
+    return CancelWaits(tuple(I[i] for i in idx))
+
+
+def started(slot: int) -> TaskStarted:
+    return TaskStarted(slot, t(slot))
+
+
+def lost(node: str, slot: int, redo: list[int]) -> Fail:
+    return Fail(PeerUnavailableError(f"node {node} died holding slot {slot} of reduce {R.hex()}",
+                                     node=node, slot=slot, redo=redo))
+
+
+def mismatch(i: int, got: str, first: str) -> Fail:
+    return Fail(InvalidArgumentError(f"input {I[i].hex()} is {got} but the first input was "
+                                     f"{first}", oid=I[i].hex()))
+
+
+def norm(instructions: list[Instruction]) -> list[object]:
+    """Errors compare by identity: compare a Fail by its error's class, message and data."""
+    return [("Fail", type(x.error).__name__, str(x.error), x.error.data)
+            if isinstance(x, Fail) else x for x in instructions]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    k: int
+    steps: list[tuple[Event, list[Instruction]]]
+    n: int = 0  # inputs I[0..n-1]; 0: k of them
+    depth: int = 0
+    inputs: tuple[int, ...] = ()  # explicit input indices (overrides n)
+
+
+DONE: tuple[Event, list[Instruction]] = (ResultComplete(), [Publish()])
+
+CASES = [
+    # --- choosing inputs and slots ---
+    Case("k3-of-5-arrival-4-1-2-local-2-takes-root", k=3, n=5, depth=1, steps=[
+        (ready(4, "n4"), [OPEN]),  # slot 0, a leaf: no task
+        (ready(1, "n1", "n9", alive=("n9",)), []),  # slot 2, a leaf on its live holder
+        (ready(2, "n2", ME), [task(1, ME, 2, R, 2), cancel(0, 3), chosen(4, 1, 2)]),
+        (started(1), [conn(1, ME, "n4", I[4], v(4)), conn(1, ME, "n9", I[1], v(1))]),
+        DONE,
+        (Published(), [Release((ME,))]),
+        (NodeDied("n4"), []),
+    ]),
+    Case("chain-no-local-input", k=3, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
+        (started(2), [PullRoot("n2", out(2), t(2))]),
+        (started(1), [conn(2, "n2", "n1", out(1), t(1)), conn(1, "n1", "n0", I[0], v(0))]),
+        (started(1), []),  # duplicate
+        DONE,
+        (ResultComplete(), []),
+        (Published(), [Release(("n1", "n2"))]),
+    ]),
+    Case("chain-local-first-takes-root", k=3, steps=[
+        (ready(0, ME, "n0"), [OPEN, task(2, ME, 0, R, 1)]),
+        (ready(1, "n1"), []),
+        (started(2), []),  # its child is not placed yet; the result is computed in place
+        (ready(2, "n2"), [task(1, "n2", 2, out(1), 1), chosen(0, 1, 2)]),
+        (started(1), [conn(2, ME, "n2", out(1), t(1)), conn(1, "n2", "n1", I[1], v(1))]),
+        DONE,
+        (Published(), [Release((ME, "n2"))]),
+    ]),
+    Case("tree-local-input-arriving-late-takes-root", k=3, n=4, depth=1, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), []),
+        (ready(3, "n3", ME), [task(1, ME, 3, R, 2), cancel(2), chosen(0, 1, 3)]),
+        (ready(2, ME), []),  # a backup, even though local
+        (started(1), [conn(1, ME, "n0", I[0], v(0)), conn(1, ME, "n1", I[1], v(1))]),
+    ]),
+    Case("second-local-input-is-a-leaf-on-me", k=3, depth=1, steps=[
+        (ready(0, ME), [OPEN, task(1, ME, 0, R, 2)]),
+        (ready(1, ME, "n1"), []),
+        (started(1), [conn(1, ME, ME, I[1], v(1))]),
+        (ready(2, "n2"), [conn(1, ME, "n2", I[2], v(2)), chosen(0, 1, 2)]),
+    ]),
+    Case("k1-leaf-root-is-pulled", k=1, n=2, steps=[
+        (ready(1, "n1"), [OPEN, PullRoot("n1", I[1], v(1)), cancel(0), chosen(1)]),
+        DONE,
+        (Published(), []),
+    ]),
+    Case("k1-local-input-copied-in-place", k=1, steps=[
+        (ready(0, ME), [OPEN, task(0, ME, 0, R, 0), chosen(0)]),
+        (started(0), []),
+        DONE,
+        (Published(), [Release((ME,))]),
+    ]),
+    Case("dead-and-not-alive-holders-are-skipped", k=2, steps=[
+        (NodeDied("nx"), []),
+        (ready(0, "nx", "n0"), [OPEN]),  # the plan heard nx died
+        (ready(1, "nd", "n1", alive=("n1",)), [task(1, "n1", 1, out(1), 1), chosen(0, 1)]),
+        (started(1), [conn(1, "n1", "n0", I[0], v(0)), PullRoot("n1", out(1), t(1))]),
+    ]),
+    Case("no-live-holder-first-holder", k=1, steps=[
+        (ready(0, "n5", "n6", alive=()), [OPEN, PullRoot("n5", I[0], v(0)), chosen(0)]),
+    ]),
+    Case("duplicate-ready-and-backups-ignored", k=2, n=3, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(0, "n0"), []),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1), cancel(2), chosen(0, 1)]),
+        (ready(2, "n2"), []),
+        (InputFailed(I[2], TIMEOUT), []),  # a cancelled backup's wait ending late
+        (ready(7, "n7"), []),  # not an input
+    ]),
+    Case("input-listed-twice-used-twice", k=2, inputs=(0, 0, 1), steps=[
+        (ready(0, "n0"), [OPEN, task(1, "n0", 0, out(1), 1), cancel(1), chosen(0, 0)]),
+        (ready(0, "n0"), []),
+        (started(1), [conn(1, "n0", "n0", I[0], v(0)), PullRoot("n0", out(1), t(1))]),
+    ]),
+    Case("child-started-before-parent-placed", k=5, depth=1, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (started(1), [conn(1, "n1", "n0", I[0], v(0))]),
+        (ready(2, "n2"), []),  # slot 3
+        (ready(3, "n3"), [task(4, "n3", 3, out(4), 1)]),
+        (ready(4, "n4"), [task(2, "n4", 4, out(2), 2), chosen(0, 1, 2, 3, 4)]),
+        (started(4), [conn(4, "n3", "n2", I[2], v(2))]),
+        (started(2), [conn(2, "n4", "n1", out(1), t(1)), conn(2, "n4", "n3", out(4), t(4)),
+                      PullRoot("n4", out(2), t(2))]),
+    ]),
+    Case("tree-7-out-of-order-task-versions", k=7, depth=2, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 2)]),
+        (ready(2, "n2"), []),
+        (ready(3, "n3"), []),  # slot 4
+        (ready(4, "n4"), [task(5, "n4", 4, out(5), 2)]),
+        (ready(5, "n5"), []),  # slot 6
+        (ready(6, "n6"), [task(3, "n6", 6, out(3), 2), chosen(0, 1, 2, 3, 4, 5, 6)]),
+        (started(3), [PullRoot("n6", out(3), t(3))]),
+        (started(5), [conn(3, "n6", "n4", out(5), t(5)), conn(5, "n4", "n3", I[3], v(3)),
+                      conn(5, "n4", "n5", I[5], v(5))]),
+        (started(1), [conn(3, "n6", "n1", out(1), t(1)), conn(1, "n1", "n0", I[0], v(0)),
+                      conn(1, "n1", "n2", I[2], v(2))]),
+        (started(1), []),
+        (started(3), []),
+        (TaskStarted(0, b"x"), []),  # a leaf has no task
+        (TaskStarted(9, b"x"), []),
+        DONE,
+        (Published(), [Release(("n1", "n4", "n6"))]),
+    ]),
+    # --- inline inputs ---
+    Case("inline-only", k=2, n=3, steps=[
+        (ready(2, "n2", size=SMALL), []),
+        (ready(0, "n0", size=SMALL), [cancel(1), chosen(2, 0),
+                                      CombineInline((I[2], I[0]), "sum", SMALL, DT, SHAPE)]),
+        (NodeDied("n2"), []),
+        DONE,
+        (Published(), []),
+    ]),
+    Case("inline-boundary", k=1, steps=[
+        (ready(0, "n0", size=INLINE_MAX),
+         [chosen(0), CombineInline((I[0],), "sum", INLINE_MAX, DT, SHAPE)]),
+    ]),
+    Case("just-above-inline-opens-the-result", k=1, steps=[
+        (ready(0, "n0", size=INLINE_MAX + 1),
+         [OpenResult(INLINE_MAX + 1, DT, SHAPE), PullRoot("n0", I[0], v(0)), chosen(0)]),
+    ]),
+    Case("inline-combine-fails", k=1, steps=[
+        (ready(0, "n0", size=SMALL), [chosen(0), CombineInline((I[0],), "sum", SMALL, DT,
+                                                               SHAPE)]),
+        (ResultFailed(GONE), [Fail(GONE)]),
+        (ResultComplete(), []),
+    ]),
+    # --- bad inputs ---
+    Case("dtype-mismatch", k=3, n=4, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (ready(2, "n2", dtype="<i4"),
+         [cancel(3), mismatch(2, "<i4[262144]", "<f4[262144]"), Release(("n1",))]),
+        (started(1), []),
+        (ready(3, "n3"), []),
+    ]),
+    Case("shape-mismatch", k=2, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1", shape=(2, BIG // 8)), [mismatch(1, "<f4[2, 131072]", "<f4[262144]")]),
+    ]),
+    Case("not-numeric-dtype", k=1, n=2, steps=[
+        (ready(0, "n0", dtype="<U4"),
+         [cancel(1), Fail(InvalidArgumentError("cannot reduce dtype <U4: numeric types only"))]),
+    ]),
+    Case("unknown-dtype", k=1, steps=[
+        (ready(0, "n0", dtype="nonsense"),
+         [Fail(InvalidArgumentError("cannot reduce dtype nonsense"))]),
+    ]),
+    Case("no-holder", k=1, steps=[
+        (ready(0), [Fail(PeerUnavailableError(f"input {I[0].hex()} has no holder",
+                                              oid=I[0].hex()))]),
+    ]),
+    # --- failures ---
+    Case("input-wait-fails-before-k", k=2, n=3, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (InputFailed(I[1], TIMEOUT), [cancel(2), Fail(TIMEOUT)]),
+        (ready(2, "n2"), []),
+        (InputFailed(I[2], GONE), []),
+    ]),
+    Case("input-wait-fails-with-a-task-running", k=3, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (InputFailed(I[2], GONE), [Fail(GONE), Release(("n1",))]),
+    ]),
+    Case("slot-fails", k=3, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
+        (started(2), [PullRoot("n2", out(2), t(2))]),
+        (SlotFailed(1, BROKEN), [Fail(BROKEN), Release(("n1", "n2"))]),
+        (started(1), []),
+        (SlotFailed(2, GONE), []),
+        (ResultComplete(), []),
+    ]),
+    Case("slot-failure-after-complete-ignored", k=2, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1), chosen(0, 1)]),
+        DONE,
+        (SlotFailed(1, BROKEN), []),
+        (Published(), [Release(("n1",))]),
+    ]),
+    Case("root-pull-fails", k=1, steps=[
+        (ready(0, "n0"), [OPEN, PullRoot("n0", I[0], v(0)), chosen(0)]),
+        (ResultFailed(BROKEN), [Fail(BROKEN)]),
+    ]),
+    Case("publish-fails", k=2, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1), chosen(0, 1)]),
+        DONE,
+        (ResultFailed(GONE), [Fail(GONE), Release(("n1",))]),
+        (Published(), []),
+    ]),
+    # --- node deaths ---
+    Case("task-node-dies", k=3, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
+        (NodeDied("n1"), [lost("n1", 1, [1, 2]), Release(("n2",))]),
+        (SlotFailed(1, BROKEN), []),  # the broken stream, reported afterwards
+    ]),
+    Case("task-node-dies-before-its-task-started", k=3, n=4, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (NodeDied("n1"), [cancel(2, 3), lost("n1", 1, [1, 2])]),
+    ]),
+    Case("leaf-holder-dies", k=3, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
+        (NodeDied("n0"), [lost("n0", 0, [0, 1, 2]), Release(("n1", "n2"))]),
+    ]),
+    Case("node-with-two-leaves-dies", k=3, depth=1, steps=[
+        (ready(0, "n1"), [OPEN]),
+        (ready(1, "n1"), []),
+        (ready(2, "n2"), [task(1, "n2", 2, out(1), 2), chosen(0, 1, 2)]),
+        (NodeDied("n1"), [lost("n1", 0, [0, 1, 2]), Release(("n2",))]),
+    ]),
+    Case("unused-node-dies", k=2, n=3, steps=[
+        (ready(0, "n0", "n5"), [OPEN]),
+        (NodeDied("n5"), []),  # another holder of a placed input
+        (NodeDied("n9"), []),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1), cancel(2), chosen(0, 1)]),
+        (NodeDied("n2"), []),  # would have held the backup
+    ]),
+    Case("node-dies-after-complete", k=3, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
+        DONE,
+        (NodeDied("n1"), []),
+        (Published(), [Release(("n2",))]),  # a dead node is not told
+    ]),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_plan(case: Case) -> None:
+    idx = case.inputs or tuple(range(case.n or case.k))
+    plan = ReducePlan(R, [I[i] for i in idx], case.k, "sum", ME,
+                      depth=lambda k, size: case.depth)
+    for i, (event, expected) in enumerate(case.steps):
+        assert norm(plan.handle(event)) == norm(expected), f"step {i}: {event}"
+
+
+def drive(k: int, depth: int, arrival: tuple[int, ...],
+          local: int | None) -> tuple[ReducePlan, list[Instruction]]:
+    """Feed inputs in ``arrival`` order, answering all but the newest started task after each,
+    the rest newest first at the end; returns the plan and every instruction."""
+    plan = ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: depth)
+    seen: list[Instruction] = []
+    pending: list[int] = []
+    for i in arrival:
+        holders = (ME,) if i == local else (f"n{i}",)
+        seen += plan.handle(ready(i, *holders))
+        pending += [x.slot for x in seen if isinstance(x, StartTask) and x.slot not in pending]
+        while len(pending) > 1:
+            seen += plan.handle(started(pending.pop(0)))
+    for slot in reversed(pending):
+        seen += plan.handle(started(slot))
+    return plan, seen
+
+
+SHAPES = [(3, 0), (4, 0), (3, 1), (5, 1), (5, 2), (6, 2)]
+
+
+@pytest.mark.parametrize(("k", "depth"), SHAPES, ids=[f"k{k}-d{d}" for k, d in SHAPES])
+def test_every_edge_once_whatever_the_order(k: int, depth: int) -> None:
+    shape = tree_shape(k, depth)
+    edges = sorted((p, c) for c, p in enumerate(shape.parent) if p is not None)
+    for arrival in itertools.permutations(range(k)):
+        for local in (None, arrival[0], arrival[-1]):
+            plan, seen = drive(k, depth, arrival, local)
+            slot_of = {s.output: slot for slot, s in plan.slots.items()}
+            connects = [x for x in seen if isinstance(x, Connect)]
+            assert sorted((x.parent_slot, slot_of[x.child_output]) for x in connects) == edges
+            for x in connects:
+                child = plan.slots[slot_of[x.child_output]]
+                assert (x.parent_node, x.child_node, x.child_version) == (
+                    plan.slots[x.parent_slot].node, child.node, child.version)
+            pulls = [x for x in seen if isinstance(x, PullRoot)]
+            in_place = local is not None and plan.slots[shape.root].node == ME
+            assert len(pulls) == (0 if in_place else 1), (arrival, local)
+            assert [x for x in seen if isinstance(x, InputsChosen)] == [
+                InputsChosen(tuple(I[i] for i in arrival))]
+
+
+REDO = [
+    ("k1", 1, 0, 0, [0]),
+    ("chain-leaf", 4, 0, 0, [0, 1, 2, 3]),
+    ("chain-middle", 4, 0, 2, [2, 3]),
+    ("chain-root", 4, 0, 3, [3]),
+    ("tree7-left-leaf", 7, 2, 0, [0, 1, 3]),
+    ("tree7-right-leaf", 7, 2, 6, [6, 5, 3]),
+    ("tree7-inner", 7, 2, 5, [5, 3]),
+    ("tree7-root", 7, 2, 3, [3]),
+    ("tree5-d1-right-chain", 5, 1, 3, [3, 4, 2]),
+]
+
+
+@pytest.mark.parametrize(("k", "depth", "slot", "path"), [r[1:] for r in REDO],
+                         ids=[r[0] for r in REDO])
+def test_redo_path(k: int, depth: int, slot: int, path: list[int]) -> None:
+    assert redo_path(tree_shape(k, depth), slot) == path
+
+
+@pytest.mark.parametrize(("inputs", "k", "op"), [
+    ([], 1, "sum"), (I[:2], 0, "sum"), (I[:2], 3, "sum"), (I[:2], 2, "avg"),
+], ids=["no-inputs", "k0", "k-above-n", "unknown-op"])
+def test_constructor_refuses(inputs: list[ObjectID], k: int, op: str) -> None:
+    with pytest.raises(InvalidArgumentError):
+        ReducePlan(R, inputs, k, op, ME, depth=lambda n, size: 0)
+
+
+def test_depth_is_asked_for_k_and_the_size() -> None:
+    asked: list[tuple[int, int]] = []
+
+    def depth(n: int, size: int) -> int:
+        asked.append((n, size))
+        return 1
+
+    plan = ReducePlan(R, I[:4], 3, "max", ME, depth=depth)
+    plan.handle(ready(0, "n0"))
+    plan.handle(ready(1, "n1"))
+    assert asked == [(3, BIG)]
+    assert plan.shape == tree_shape(3, 1)
+
+
+def test_used_and_chosen() -> None:
+    plan = ReducePlan(R, I[:3], 2, "sum", ME, depth=lambda n, size: 0)
+    plan.handle(ready(2, "n2"))
+    assert (plan.used, plan.chosen) == ([I[2]], False)
+    plan.handle(ready(0, "n0"))
+    assert (plan.used, plan.chosen) == ([I[2], I[0]], True)
+
+
+def test_history_is_bounded_and_records_outcomes() -> None:
+    plan = ReducePlan(R, I[:2], 2, "sum", ME, depth=lambda n, size: 0)
+    first = ready(0, "n0")
+    plan.handle(first)
+    assert list(plan.history) == [(first, (OPEN,))]
+    for _ in range(HISTORY_MAX + 5):
+        plan.handle(NodeDied("n9"))
+    assert len(plan.history) == HISTORY_MAX
+    assert plan.history[-1] == (NodeDied("n9"), ())
+
+
+def test_fail_carries_the_reported_error() -> None:
+    plan = ReducePlan(R, I[:2], 2, "sum", ME, depth=lambda n, size: 0)
+    [fail] = [x for x in plan.handle(InputFailed(I[0], TIMEOUT)) if isinstance(x, Fail)]
+    assert fail.error is TIMEOUT and plan.error is TIMEOUT
+    assert isinstance(plan.error, HopliteError)
+
+
+def test_pure_module_imports_no_io() -> None:
+    tree = ast.parse(inspect.getsource(plan_module))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    assert not imported & {"asyncio", "socket", "time", "logging", "random"}
