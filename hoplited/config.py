@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional
 
 from hoplite_client.net.endpoints import default_socket
 from hoplite_client.wire.errors import InvalidArgumentError
@@ -32,7 +31,7 @@ class DaemonConfig:
     heartbeat_timeout: float = 5.0
     # A pull that receives nothing for this long is abandoned and resumed from another source.
     stall_timeout: float = 30.0
-    advertise_host: Optional[str] = None
+    advertise_host: str | None = None
 
     def check(self) -> None:
         """Refuse settings that would be unsafe or meaningless."""

@@ -15,20 +15,19 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-from collections.abc import Awaitable, Mapping
-from typing import Any, Callable, Optional, Union, cast
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, cast
 
 from hoplite_client.net.channel import error_reply
 from hoplite_client.wire.errors import HopliteError, RemoteProtocolError
 from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.messages import Reply, Role, WireMessage, kinds_for
-
 from hoplited.tasks import Tasks
 
 log = logging.getLogger("hoplited.dispatch")
 
-Answer = Union[None, Reply, tuple[Reply, Any]]
-Handler = Callable[[str, Any, Optional[memoryview]], Union[Answer, Awaitable[Answer]]]
+Answer = Reply | tuple[Reply, Any] | None
+Handler = Callable[[str, Any, memoryview | None], Answer | Awaitable[Answer]]
 Respond = Callable[[WireMessage, Any], None]
 
 
@@ -45,7 +44,7 @@ class Dispatcher:
             raise RuntimeError(f"no handler for {role} messages: {', '.join(missing)}")
         self._async = {cls for cls, h in self._table.items() if inspect.iscoroutinefunction(h)}
 
-    def deliver(self, origin: str, frame: Frame[Any], respond: Optional[Respond]) -> None:
+    def deliver(self, origin: str, frame: Frame[Any], respond: Respond | None) -> None:
         """Handle one incoming frame; ``respond`` sends the reply (None: nobody listens)."""
         msg = frame.msg
         cls = type(msg)
@@ -68,7 +67,7 @@ class Dispatcher:
         self._answer(msg, answer, respond)  # type: ignore[arg-type]
 
     async def _run_async(self, handler: Handler, origin: str, frame: Frame[Any],
-                         respond: Optional[Respond]) -> None:
+                         respond: Respond | None) -> None:
         try:
             answer = await handler(origin, frame.msg, frame.payload)  # type: ignore[misc]
         except Exception as exc:
@@ -77,7 +76,7 @@ class Dispatcher:
         self._answer(frame.msg, answer, respond)
 
     async def call(self, origin: str, msg: WireMessage,
-                   payload: Optional[memoryview]) -> Frame[Any]:
+                   payload: memoryview | None) -> Frame[Any]:
         """Handle a request from this node itself: the same handler, typed errors raised."""
         handler = self._table.get(type(msg))
         if handler is None:
@@ -90,7 +89,7 @@ class Dispatcher:
             raise RemoteProtocolError(f"{type(msg).__name__} has no reply")
         return Frame(reply, None if out is None else memoryview(out).cast("B"))
 
-    def _answer(self, msg: WireMessage, answer: Answer, respond: Optional[Respond]) -> None:
+    def _answer(self, msg: WireMessage, answer: Answer, respond: Respond | None) -> None:
         reply, payload = _split(answer)
         if msg.SHAPE == "oneway" or respond is None:
             return
@@ -100,7 +99,7 @@ class Dispatcher:
         respond(dataclasses.replace(cast(Any, reply), rid=cast(Any, msg).rid), payload)
 
     def _answer_error(self, msg: WireMessage, exc: Exception,
-                      respond: Optional[Respond]) -> None:
+                      respond: Respond | None) -> None:
         name = type(msg).__name__
         if isinstance(exc, HopliteError):
             log.info("%s from a %s failed: %s", name, self.role, exc)
@@ -110,7 +109,7 @@ class Dispatcher:
             respond(error_reply(exc, cast(Any, msg).rid), None)
 
 
-def _split(answer: Answer) -> tuple[Optional[Reply], Any]:
+def _split(answer: Answer) -> tuple[Reply | None, Any]:
     if isinstance(answer, tuple):
         return answer[0], answer[1]
     return answer, None

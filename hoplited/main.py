@@ -6,7 +6,6 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import Optional
 
 import click
 import uvloop
@@ -57,9 +56,9 @@ async def run(config: DaemonConfig) -> None:
               help="Seconds without a byte after which a transfer switches source.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def main(listen: str, socket_path: Optional[str], join: tuple[str, ...],
-         token_file: Optional[str], insecure: bool, capacity: Optional[str], fanout: int,
-         advertise: Optional[str], heartbeat_interval: float, heartbeat_timeout: float,
+def main(listen: str, socket_path: str | None, join: tuple[str, ...],
+         token_file: str | None, insecure: bool, capacity: str | None, fanout: int,
+         advertise: str | None, heartbeat_interval: float, heartbeat_timeout: float,
          stall_timeout: float, log_level: str) -> None:
     """Run the hoplite daemon for this host."""
     log_to_stderr(log_level)

@@ -15,13 +15,11 @@ import secrets
 import socket
 import sys
 from collections import Counter
-from typing import Optional
 
 from hoplite_client.net.endpoints import host_id
 from hoplite_client.net.handshake import Identity
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.messages import PEER, TOOL, MemberInfo
-
 from hoplited.clients.listener import ClientListener
 from hoplited.clients.session import SessionDeps
 from hoplited.cluster.link_model import LinkModel
@@ -59,10 +57,10 @@ class Daemon:
         self.arena = Arena(config.capacity, name=f"hoplite-{self.node_id}")
         self.store = ObjectStore(self.arena)
         self.tasks = Tasks()
-        self._server: Optional[asyncio.AbstractServer] = None
-        self._listener: Optional[ClientListener] = None
-        self._links: Optional[Links] = None
-        self._rpc: Optional[Rpc] = None
+        self._server: asyncio.AbstractServer | None = None
+        self._listener: ClientListener | None = None
+        self._links: Links | None = None
+        self._rpc: Rpc | None = None
         self._stopped = asyncio.Event()
         self.membership: Membership
 
@@ -97,7 +95,7 @@ class Daemon:
                                                                reductions, status.cluster, tasks))
         handlers = {**cluster.handlers(), **status.handlers(), **directory.handlers(),
                     **DirectoryService(shard, self.node_id, membership.owner,
-                                       membership.is_alive, rpc.tell).handlers(),
+                                       membership.is_alive, rpc).handlers(),
                     **worker.handlers(), **reductions.handlers()}
         rpc.serve(peer=Dispatcher(PEER, handlers, tasks), tool=Dispatcher(TOOL, handlers, tasks),
                   data=Sender(store, counters).serve)

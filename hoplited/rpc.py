@@ -17,18 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
-from typing import Any, Callable, Optional, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from hoplite_client.net.channel import Channel
 from hoplite_client.net.handshake import Identity, accept
 from hoplite_client.net.protocol import FrameProtocol
-from hoplite_client.wire.errors import (ConnectionLostError, HopliteError, NotOwnerError,
-                                        PeerUnavailableError)
+from hoplite_client.wire.errors import (
+    ConnectionLostError,
+    HopliteError,
+    NotOwnerError,
+    PeerUnavailableError,
+)
 from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import Request, WireMessage
-
 from hoplited.cluster.links import Links
 from hoplited.cluster.membership import Membership
 from hoplited.dispatch import Dispatcher
@@ -57,9 +60,9 @@ class Rpc:
         # How long call_owner keeps trying: long enough for a dead owner to be detected and
         # its ownership to move (heartbeat timeout plus two intervals, from the config).
         self._retry_window = retry_window
-        self._peer: Optional[Dispatcher] = None
-        self._tool: Optional[Dispatcher] = None
-        self._data: Optional[DataServer] = None
+        self._peer: Dispatcher | None = None
+        self._tool: Dispatcher | None = None
+        self._data: DataServer | None = None
         self._inbound: set[FrameProtocol] = set()
 
     def serve(self, peer: Dispatcher, tool: Dispatcher, data: DataServer) -> None:
@@ -68,7 +71,7 @@ class Rpc:
 
     # --- outbound ---
     async def call_node(self, node: str, msg: Request[R], payload: Any = None,
-                        timeout: Optional[float] = None) -> Frame[R]:
+                        timeout: float | None = None) -> Frame[R]:
         """Send a request to ``node`` (ourselves: a direct call) and await its reply."""
         if node == self.me:
             assert self._peer is not None, "Rpc.serve() installs the handlers first"
@@ -80,7 +83,7 @@ class Rpc:
         return await link.request(msg, payload, timeout)
 
     async def call_owner(self, oid: ObjectID, msg: Request[R], payload: Any = None,
-                         timeout: Optional[float] = None) -> Frame[R]:
+                         timeout: float | None = None) -> Frame[R]:
         """Send a request about ``oid`` to its owner shard, following ownership changes."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self._retry_window

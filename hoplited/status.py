@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.messages import Stats, StatusReply, WireMessage
-
 from hoplited.cluster.link_model import LinkModel
 from hoplited.cluster.membership import Membership
 from hoplited.directory.shard import DirectoryShard
@@ -38,7 +38,7 @@ class NodeStatus:
     def handlers(self) -> dict[type[WireMessage], Handler]:
         return {Stats: self.on_stats}
 
-    def on_stats(self, peer: str, msg: Stats, payload: Optional[memoryview]) -> StatusReply:
+    def on_stats(self, peer: str, msg: Stats, payload: memoryview | None) -> StatusReply:
         return StatusReply(info=self.local())
 
     def local(self) -> dict[str, Any]:

@@ -102,11 +102,11 @@ class RawConn:
         self.events: list[Any] = []
 
     @classmethod
-    def tcp(cls, listen: str) -> "RawConn":
+    def tcp(cls, listen: str) -> RawConn:
         return cls(socket.create_connection(address(listen), timeout=IO_TIMEOUT))
 
     @classmethod
-    def unix(cls, path: str) -> "RawConn":
+    def unix(cls, path: str) -> RawConn:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(IO_TIMEOUT)
@@ -409,7 +409,7 @@ async def test_public_address_requires_token_or_insecure():
                 proc.terminate()
             try:
                 await asyncio.wait_for(proc.communicate(), 20)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 proc.kill()
                 await proc.communicate()
         assert proc.returncode == 0

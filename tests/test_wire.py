@@ -6,7 +6,7 @@ import struct
 import tracemalloc
 import types
 import typing
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 import msgpack
 import pytest
@@ -80,14 +80,14 @@ def norm(events: list) -> list:
     return out
 
 
-def wire(msg: Any, payload: Optional[bytes] = None) -> bytes:
+def wire(msg: Any, payload: bytes | None = None) -> bytes:
     """The bytes ``encode`` would put on the wire."""
     return b"".join(bytes(b) for b in encode(msg, payload))
 
 
 def raw_frame(kind: int, header: bytes, payload: bytes = b"", *, magic: bytes = MAGIC,
-              version: int = PROTOCOL_VERSION, header_len: Optional[int] = None,
-              payload_len: Optional[int] = None) -> bytes:
+              version: int = PROTOCOL_VERSION, header_len: int | None = None,
+              payload_len: int | None = None) -> bytes:
     """A hand-made frame, with every prelude field overridable."""
     hl = len(header) if header_len is None else header_len
     pl = len(payload) if payload_len is None else payload_len
@@ -115,7 +115,7 @@ OK = m.Ok(rid=99)
 def test_round_trip_without_payload(kind, cls, variant):
     """Every registered kind decodes back to an equal message, with no payload."""
     msg = build(cls, variant)
-    assert type(msg).KIND == kind
+    assert kind == type(msg).KIND
     (ev,) = FrameReader().feed(wire(msg))
     assert ev == Frame(msg, None)
 
@@ -134,7 +134,7 @@ def test_registry_is_consistent():
     """Each registered record knows its own kind and a valid payload mode."""
     assert KINDS
     for kind, cls in KINDS:
-        assert cls.KIND == kind and cls.PAYLOAD in ("none", "small", "stream")
+        assert kind == cls.KIND and cls.PAYLOAD in ("none", "small", "stream")
         assert 0 < kind < 256
 
 

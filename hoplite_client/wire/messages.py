@@ -384,10 +384,12 @@ class DeleteEntry(Request["Ok"]):
     oid: ObjectID
 
 
-@message(50, shape="oneway", roles=(PEER,))
-class Drop(WireMessage):
-    """The directory tells a holder to drop its copy of a deleted object."""
+@message(50, shape="request", roles=(PEER,))
+class Drop(Request["Ok"]):
+    """The directory tells a holder to drop its copy of a deleted object (the delete returns
+    once every live holder confirmed, so a get right after it cannot find a stale copy)."""
 
+    rid: int = 0
     oid: ObjectID
 
 

@@ -14,14 +14,13 @@ import errno
 import logging
 import os
 import socket
-from typing import Any, Optional
+from typing import Any
 
 from hoplite_client.net.handshake import HANDSHAKE_TIMEOUT, read_one_frame
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, RemoteProtocolError
 from hoplite_client.wire.frames import SUPPORTED_VERSIONS, encode_header
 from hoplite_client.wire.messages import ClientHello, ClientWelcome
-
 from hoplited.clients.session import ClientSession, SessionDeps
 from hoplited.memory.arena import Arena
 
@@ -40,8 +39,8 @@ class ClientListener:
         self._arena = arena
         self._deps = deps
         self.sessions: set[ClientSession] = set()
-        self._sock: Optional[socket.socket] = None
-        self._accepting: Optional[asyncio.Task[None]] = None
+        self._sock: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._sock = _bind_unix(self._path)

@@ -10,19 +10,33 @@ never sealed are discarded.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from hoplite_client.net.channel import Channel
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, ObjectNotFoundError
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
-from hoplite_client.wire.messages import (CLIENT, Abort, Create, Created, Delete, Found, Get,
-                                          InputList, Ok, Put, Reduce, ReducedInputs, Release,
-                                          Seal, Status, StatusReply)
-
+from hoplite_client.wire.messages import (
+    CLIENT,
+    Abort,
+    Create,
+    Created,
+    Delete,
+    Found,
+    Get,
+    InputList,
+    Ok,
+    Put,
+    Reduce,
+    ReducedInputs,
+    Release,
+    Seal,
+    Status,
+    StatusReply,
+)
 from hoplited.collectives.coordinator import Reductions
 from hoplited.directory.client import DirectoryClient
 from hoplited.dispatch import Dispatcher
@@ -67,8 +81,8 @@ class ClientSession:
         if not self.protocol.closed.done():
             self.protocol.send(reply, payload)
 
-    async def on_get(self, me: str, msg: Get, payload: Optional[memoryview]
-                     ) -> tuple[Found, Optional[bytes]]:
+    async def on_get(self, me: str, msg: Get, payload: memoryview | None
+                     ) -> tuple[Found, bytes | None]:
         obj = await self.d.fetcher.fetch(msg.oid, msg.timeout)
         if obj.size <= INLINE_MAX:
             return Found(size=obj.size, dtype=obj.dtype, shape=obj.shape, offset=None), \
@@ -77,7 +91,7 @@ class ClientSession:
         self.pins.setdefault(obj.oid, []).append(obj)
         return Found(size=obj.size, dtype=obj.dtype, shape=obj.shape, offset=obj.offset), None
 
-    async def on_put(self, me: str, msg: Put, payload: Optional[memoryview]) -> Ok:
+    async def on_put(self, me: str, msg: Put, payload: memoryview | None) -> Ok:
         data = payload if payload is not None else memoryview(b"")
         if len(data) > INLINE_MAX:
             raise InvalidArgumentError("objects over 64 KiB are written with Create/Seal")
@@ -87,7 +101,7 @@ class ClientSession:
         await self._publish(obj)
         return Ok()
 
-    async def on_create(self, me: str, msg: Create, payload: Optional[memoryview]) -> Created:
+    async def on_create(self, me: str, msg: Create, payload: memoryview | None) -> Created:
         obj = self.d.store.create(msg.oid, msg.size, msg.dtype, msg.shape)
         self.creating.add(msg.oid)
         try:
@@ -98,7 +112,7 @@ class ClientSession:
             raise
         return Created(offset=obj.offset)
 
-    async def on_seal(self, me: str, msg: Seal, payload: Optional[memoryview]) -> Ok:
+    async def on_seal(self, me: str, msg: Seal, payload: memoryview | None) -> Ok:
         obj = self.d.store.get(msg.oid)
         if obj is None or msg.oid not in self.creating:
             raise ObjectNotFoundError(f"no object {msg.oid.hex()} being created by this client")
@@ -107,13 +121,13 @@ class ClientSession:
         await self._publish(obj)
         return Ok()
 
-    def on_abort(self, me: str, msg: Abort, payload: Optional[memoryview]) -> Ok:
+    def on_abort(self, me: str, msg: Abort, payload: memoryview | None) -> Ok:
         if msg.oid in self.creating:
             self.creating.discard(msg.oid)
             self.d.store.remove(msg.oid)
         return Ok()
 
-    async def on_delete(self, me: str, msg: Delete, payload: Optional[memoryview]) -> Ok:
+    async def on_delete(self, me: str, msg: Delete, payload: memoryview | None) -> Ok:
         """Remove every copy in the cluster and the directory entry."""
         local = self.d.store.get(msg.oid) is not None
         try:
@@ -125,18 +139,18 @@ class ClientSession:
         self.d.reductions.forget(msg.oid)
         return Ok()
 
-    def on_reduce(self, me: str, msg: Reduce, payload: Optional[memoryview]) -> Ok:
+    def on_reduce(self, me: str, msg: Reduce, payload: memoryview | None) -> Ok:
         self.d.reductions.start(msg.result, msg.inputs, msg.op, msg.num_objects, msg.timeout)
         return Ok()
 
     async def on_reduced_inputs(self, me: str, msg: ReducedInputs,
-                                payload: Optional[memoryview]) -> InputList:
+                                payload: memoryview | None) -> InputList:
         return InputList(inputs=await self.d.reductions.reduced_inputs(msg.result, msg.timeout))
 
-    async def on_status(self, me: str, msg: Status, payload: Optional[memoryview]) -> StatusReply:
+    async def on_status(self, me: str, msg: Status, payload: memoryview | None) -> StatusReply:
         return StatusReply(info=await self.d.cluster_status())
 
-    def on_release(self, me: str, msg: Release, payload: Optional[memoryview]) -> None:
+    def on_release(self, me: str, msg: Release, payload: memoryview | None) -> None:
         for oid in msg.oids:
             held = self.pins.get(oid)
             if not held:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import MemberInfo

@@ -9,13 +9,11 @@ listeners move directory ownership.
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 from hoplite_client.net.channel import Channel
 from hoplite_client.net.handshake import HANDSHAKE_TIMEOUT, Identity, dial
 from hoplite_client.wire.errors import ConnectionLostError, HopliteError
 from hoplite_client.wire.messages import Join, MemberInfo, Members, MemberUp, Ok, Ping, WireMessage
-
 from hoplited.cluster.links import Links
 from hoplited.cluster.membership import Membership
 from hoplited.dispatch import Handler
@@ -63,13 +61,13 @@ class ClusterService:
         self._links.open(member, keep_existing=self._membership.is_alive(member.node_id))
         self._membership.add(member)
 
-    def on_join(self, peer: str, msg: Join, payload: Optional[memoryview]) -> Members:
+    def on_join(self, peer: str, msg: Join, payload: memoryview | None) -> Members:
         self.add_member(msg.member, announce=True)
         alive = [self._membership.members[n] for n in self._membership.alive_ids()]
         return Members(members=alive)
 
-    def on_member_up(self, peer: str, msg: MemberUp, payload: Optional[memoryview]) -> None:
+    def on_member_up(self, peer: str, msg: MemberUp, payload: memoryview | None) -> None:
         self.add_member(msg.member, announce=False)
 
-    def on_ping(self, peer: str, msg: Ping, payload: Optional[memoryview]) -> Ok:
+    def on_ping(self, peer: str, msg: Ping, payload: memoryview | None) -> Ok:
         return Ok()

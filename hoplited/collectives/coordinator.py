@@ -15,19 +15,28 @@ import asyncio
 import functools
 import logging
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
-from hoplite_client.wire.errors import (HopliteError, HopliteTimeoutError, ObjectExistsError,
-                                        ObjectNotFoundError, error_from_wire)
+from hoplite_client.wire.errors import (
+    HopliteError,
+    HopliteTimeoutError,
+    ObjectExistsError,
+    ObjectNotFoundError,
+    error_from_wire,
+)
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
-from hoplite_client.wire.messages import (ReduceChild, ReduceDone, ReduceFailed, ReduceTask,
-                                          WireMessage)
-
+from hoplite_client.wire.messages import (
+    ReduceChild,
+    ReduceDone,
+    ReduceFailed,
+    ReduceTask,
+    WireMessage,
+)
 from hoplited.cluster.link_model import LinkModel
 from hoplited.collectives import plan as p
 from hoplited.collectives.ops import OPS
@@ -76,7 +85,7 @@ class Reductions:
         return len(self._running)
 
     def start(self, result: ObjectID, inputs: list[ObjectID], op: str, k: int,
-              timeout: Optional[float]) -> None:
+              timeout: float | None) -> None:
         """Validate and start a reduce into ``result``; it runs in the background."""
         model = self._deps.link_model
         plan = p.ReducePlan(result, inputs, k, op, self._deps.me, depth=lambda n, size: (
@@ -87,7 +96,7 @@ class Reductions:
         self._running[result] = coordinator
         coordinator.start()
 
-    async def reduced_inputs(self, result: ObjectID, timeout: Optional[float]) -> list[ObjectID]:
+    async def reduced_inputs(self, result: ObjectID, timeout: float | None) -> list[ObjectID]:
         """Which inputs the reduce into ``result`` used, once it has chosen them."""
         coordinator = self._running.get(result)
         if coordinator is None:
@@ -104,7 +113,7 @@ class Reductions:
             coordinator.feed(p.NodeDied(node))
 
     def on_slot_failed(self, peer: str, msg: ReduceFailed,
-                       payload: Optional[memoryview]) -> None:
+                       payload: memoryview | None) -> None:
         coordinator = self._running.get(msg.reduce_id)
         if coordinator is not None:
             error = error_from_wire(msg.code, f"slot {msg.slot}: {msg.message}", {})
@@ -115,17 +124,17 @@ class ReduceCoordinator:
     """Carries out one reduce's plan: waits, tasks, edges, the result."""
 
     def __init__(self, deps: CoordinatorDeps, plan: p.ReducePlan, inputs: list[ObjectID],
-                 timeout: Optional[float]) -> None:
+                 timeout: float | None) -> None:
         self.d = deps
         self.plan = plan
         self.result = plan.result
         self._inputs = list(dict.fromkeys(inputs))
         self._timeout = timeout
         self.chosen = asyncio.Event()
-        self.out: Optional[StoredObject] = None
+        self.out: StoredObject | None = None
         self._inline: dict[ObjectID, bytes] = {}
         self._waits: dict[ObjectID, asyncio.Task[None]] = {}
-        self._root_pull: Optional[asyncio.Task[None]] = None
+        self._root_pull: asyncio.Task[None] | None = None
         self._events: deque[p.Event] = deque()
         self._draining = False
         self._ended = False
@@ -137,7 +146,7 @@ class ReduceCoordinator:
             self._waits[oid] = self.d.tasks.spawn(self._wait_ready(oid, deadline),
                                                   name=f"reduce-wait-{oid.short()}")
 
-    async def reduced_inputs(self, timeout: Optional[float]) -> list[ObjectID]:
+    async def reduced_inputs(self, timeout: float | None) -> list[ObjectID]:
         """The inputs in the result, in the order they became ready (once all are chosen)."""
         try:
             await asyncio.wait_for(self.chosen.wait(), timeout)
@@ -177,7 +186,7 @@ class ReduceCoordinator:
                 self.feed(on_error(HopliteError(f"{name}: {type(exc).__name__}: {exc}")))
         return self.d.tasks.spawn(guarded(), name=name)
 
-    async def _wait_ready(self, oid: ObjectID, deadline: Optional[float]) -> None:
+    async def _wait_ready(self, oid: ObjectID, deadline: float | None) -> None:
         """Wait for ``oid`` in bounded polls, so a shard never keeps a waiter we gave up on."""
         loop = asyncio.get_running_loop()
         while True:

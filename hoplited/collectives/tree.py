@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 
 @dataclass(frozen=True)
 class TreeShape:
     """Parent and children of every slot; ``root`` is the slot whose output is the result."""
 
-    parent: list[Optional[int]]
+    parent: list[int | None]
     children: list[list[int]]
     root: int
 
@@ -39,12 +38,12 @@ def tree_depth(n: int, size: int, bandwidth: float, latency: float) -> int:
 
 @dataclass
 class _Node:
-    left: Optional["_Node"]
-    right: Optional["_Node"]
+    left: _Node | None
+    right: _Node | None
     slot: int = -1
 
 
-def _build(count: int, depth: int) -> Optional[_Node]:
+def _build(count: int, depth: int) -> _Node | None:
     if count == 0:
         return None
     if depth <= 0:
@@ -70,7 +69,7 @@ def tree_shape(n: int, depth: int) -> TreeShape:
         node.slot = len(order)
         order.append(node)
         node = node.right
-    parent: list[Optional[int]] = [None] * n
+    parent: list[int | None] = [None] * n
     children: list[list[int]] = [[] for _ in range(n)]
     for nd in order:
         for child in (nd.left, nd.right):

@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, ObjectNotFoundError
 from hoplite_client.wire.ids import ObjectID
-from hoplite_client.wire.messages import (Ok, ReduceChild, ReduceDone, ReduceFailed, ReduceTask,
-                                          TaskStarted, WireMessage)
-
+from hoplite_client.wire.messages import (
+    Ok,
+    ReduceChild,
+    ReduceDone,
+    ReduceFailed,
+    ReduceTask,
+    TaskStarted,
+    WireMessage,
+)
 from hoplited.collectives.ops import combine, derived_id
 from hoplited.dispatch import Handler
 from hoplited.memory.arena import Arena
@@ -52,7 +59,7 @@ class SlotTask:
     expected: int
     children: list[StoredObject] = field(default_factory=list)
     all_children: asyncio.Event = field(default_factory=asyncio.Event)
-    runner: Optional[asyncio.Task[None]] = None
+    runner: asyncio.Task[None] | None = None
     pulls: list[asyncio.Task[None]] = field(default_factory=list)
 
 
@@ -72,7 +79,7 @@ class ReduceWorker:
         return {ReduceTask: self.on_task, ReduceChild: self.on_child, ReduceDone: self.on_done}
 
     def on_task(self, coordinator: str, msg: ReduceTask,
-                payload: Optional[memoryview]) -> TaskStarted:
+                payload: memoryview | None) -> TaskStarted:
         """Create the slot's output and start computing it; the reply carries its version."""
         store = self._store
         own = store.get(msg.input)
@@ -95,7 +102,7 @@ class ReduceWorker:
         task.runner = self._tasks.spawn(self._run(task), name=f"reduce-{msg.slot}")
         return TaskStarted(version=out.version)
 
-    def on_child(self, peer: str, msg: ReduceChild, payload: Optional[memoryview]) -> Ok:
+    def on_child(self, peer: str, msg: ReduceChild, payload: memoryview | None) -> Ok:
         """A child of one of our slots is placed: pull its output into a buffer of ours."""
         task = self.slots.get((msg.reduce_id, msg.slot))
         if task is None:
@@ -146,7 +153,7 @@ class ReduceWorker:
             task.out.advance(end)
             pos = end
 
-    def on_done(self, peer: str, msg: ReduceDone, payload: Optional[memoryview]) -> None:
+    def on_done(self, peer: str, msg: ReduceDone, payload: memoryview | None) -> None:
         """The reduce ended: stop its tasks here and free their buffers."""
         store = self._store
         for key in [k for k in self.slots if k[0] == msg.reduce_id]:

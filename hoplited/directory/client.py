@@ -9,15 +9,27 @@ re-announced to their (new) owners, and a ``Drop`` from a shard removes the loca
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any
 
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.frames import INLINE_MAX, Frame
 from hoplite_client.wire.ids import ObjectID
-from hoplite_client.wire.messages import (Announce, DeleteEntry, Drop, FailEntry, Holding,
-                                          Located, Locate, ObjectInfo, Progress, Publish,
-                                          TransferDone, WaitObject, WireMessage)
-
+from hoplite_client.wire.messages import (
+    Announce,
+    DeleteEntry,
+    Drop,
+    FailEntry,
+    Holding,
+    Locate,
+    Located,
+    ObjectInfo,
+    Ok,
+    Progress,
+    Publish,
+    TransferDone,
+    WaitObject,
+    WireMessage,
+)
 from hoplited.cluster.membership import Membership, rendezvous_owner
 from hoplited.dispatch import Handler
 from hoplited.memory.store import ObjectStore, StoredObject
@@ -40,13 +52,13 @@ class DirectoryClient:
     def handlers(self) -> dict[type[WireMessage], Handler]:
         return {Drop: self.on_drop}
 
-    async def locate(self, oid: ObjectID, timeout: Optional[float], exclude: list[str],
+    async def locate(self, oid: ObjectID, timeout: float | None, exclude: list[str],
                      offset: int) -> Frame[Located]:
         """A source for ``oid`` (this node is enrolled as a receiver resuming at ``offset``)."""
         return await self._rpc.call_owner(oid, Locate(oid=oid, timeout=timeout,
                                                       exclude=list(exclude), offset=offset))
 
-    async def wait_object(self, oid: ObjectID, timeout: Optional[float]) -> Frame[ObjectInfo]:
+    async def wait_object(self, oid: ObjectID, timeout: float | None) -> Frame[ObjectInfo]:
         """Holders and metadata of ``oid`` once it is complete somewhere (small ones inline)."""
         return await self._rpc.call_owner(oid, WaitObject(oid=oid, timeout=timeout))
 
@@ -76,9 +88,10 @@ class DirectoryClient:
     def transfer_done(self, oid: ObjectID, source: str, complete: bool) -> None:
         self._rpc.tell_owner(oid, TransferDone(oid=oid, source=source, complete=complete))
 
-    def on_drop(self, peer: str, msg: Drop, payload: Optional[memoryview]) -> None:
+    def on_drop(self, peer: str, msg: Drop, payload: memoryview | None) -> Ok:
         if self._store.remove(msg.oid) is not None:
             log.debug("dropped %s", msg.oid.short())
+        return Ok()
 
     def reannounce(self, previous: list[str]) -> None:
         """Tell each object's new owner shard what we hold (the directory is soft state)."""

@@ -6,31 +6,50 @@ and, for requests, builds the reply. The shard owns the decisions; this module o
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
 
 from hoplite_client.wire.errors import InvalidArgumentError, error_from_wire
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
-from hoplite_client.wire.messages import (Announce, DeleteEntry, Drop, FailEntry, Located, Locate,
-                                          ObjectInfo, Ok, Progress, Publish, TransferDone,
-                                          WaitObject, WireMessage)
-
+from hoplite_client.wire.messages import (
+    Announce,
+    DeleteEntry,
+    Drop,
+    FailEntry,
+    Locate,
+    Located,
+    ObjectInfo,
+    Ok,
+    Progress,
+    Publish,
+    TransferDone,
+    WaitObject,
+    WireMessage,
+)
 from hoplited.directory.shard import DirectoryShard
 from hoplited.dispatch import Handler
+from hoplited.rpc import Rpc
 
-Tell = Callable[[str, WireMessage], None]
+log = logging.getLogger("hoplited.directory")
+
+# How long a delete waits for a holder to confirm its Drop: a live member answers in
+# milliseconds; a dead or silent one must not hold the delete up (its copy dies with it).
+DROP_TIMEOUT = 5.0
 
 
 class DirectoryService:
     """Serves this node's shard: Locate, WaitObject, Publish, Announce, progress, deletes."""
 
     def __init__(self, shard: DirectoryShard, me: str, owner_of: Callable[[ObjectID], str],
-                 is_alive: Callable[[str], bool], tell: Tell) -> None:
+                 is_alive: Callable[[str], bool], rpc: Rpc) -> None:
         self.shard = shard
         self._me = me
         self._owner_of = owner_of
         self._is_alive = is_alive
-        self._tell = tell
+        self._rpc = rpc
 
     def handlers(self) -> dict[type[WireMessage], Handler]:
         return {Locate: self.on_locate, Publish: self.on_publish, Progress: self.on_progress,
@@ -39,13 +58,13 @@ class DirectoryService:
                 FailEntry: self.on_fail_entry}
 
     async def on_locate(self, peer: str, msg: Locate,
-                        payload: Optional[memoryview]) -> tuple[Located, Optional[bytes]]:
+                        payload: memoryview | None) -> tuple[Located, bytes | None]:
         src = await self.shard.locate(msg.oid, peer, msg.timeout, msg.exclude, msg.offset)
         e = src.entry
         return Located(source=src.node, size=e.size, dtype=e.dtype, shape=e.shape,
                        version=e.version), e.inline
 
-    def on_publish(self, peer: str, msg: Publish, payload: Optional[memoryview]) -> Ok:
+    def on_publish(self, peer: str, msg: Publish, payload: memoryview | None) -> Ok:
         inline = bytes(payload) if payload is not None else b"" if msg.size == 0 else None
         if inline is not None and len(inline) != msg.size:
             raise InvalidArgumentError("inline payload does not match the object's size")
@@ -54,19 +73,26 @@ class DirectoryService:
         self.shard.publish(msg.oid, peer, msg.size, msg.dtype, msg.shape, msg.version, inline)
         return Ok()
 
-    def on_progress(self, peer: str, msg: Progress, payload: Optional[memoryview]) -> None:
+    def on_progress(self, peer: str, msg: Progress, payload: memoryview | None) -> None:
         self.shard.progress(msg.oid, peer, msg.received)
 
     def on_transfer_done(self, peer: str, msg: TransferDone,
-                         payload: Optional[memoryview]) -> None:
+                         payload: memoryview | None) -> None:
         self.shard.transfer_done(msg.oid, msg.source, peer, msg.complete)
 
-    def on_delete_entry(self, peer: str, msg: DeleteEntry, payload: Optional[memoryview]) -> Ok:
-        for holder in self.shard.delete(msg.oid):
-            self._tell(holder, Drop(oid=msg.oid))
+    async def on_delete_entry(self, peer: str, msg: DeleteEntry,
+                              payload: memoryview | None) -> Ok:
+        """Remove the entry and have every live holder drop its copy before answering."""
+        holders = [n for n in self.shard.delete(msg.oid) if self._is_alive(n)]
+        results = await asyncio.gather(*(self._rpc.call_node(n, Drop(oid=msg.oid),
+                                                              timeout=DROP_TIMEOUT)
+                                         for n in holders), return_exceptions=True)
+        for node, result in zip(holders, results):
+            if isinstance(result, BaseException):
+                log.info("%s did not confirm dropping %s: %s", node, msg.oid.short(), result)
         return Ok()
 
-    def on_announce(self, peer: str, msg: Announce, payload: Optional[memoryview]) -> Ok:
+    def on_announce(self, peer: str, msg: Announce, payload: memoryview | None) -> Ok:
         for h in msg.holdings:
             if self._owner_of(h.oid) == self._me:
                 self.shard.publish(h.oid, peer, h.size, h.dtype, h.shape, h.version, None,
@@ -74,12 +100,12 @@ class DirectoryService:
         return Ok()
 
     async def on_wait_object(self, peer: str, msg: WaitObject,
-                             payload: Optional[memoryview]) -> tuple[ObjectInfo, Any]:
+                             payload: memoryview | None) -> tuple[ObjectInfo, Any]:
         entry = await self.shard.wait_object(msg.oid, msg.timeout)
         holders = [n for n in entry.complete_holders() if self._is_alive(n)]
         return ObjectInfo(holders=holders, size=entry.size, dtype=entry.dtype,
                           shape=entry.shape, version=entry.version), entry.inline
 
-    def on_fail_entry(self, peer: str, msg: FailEntry, payload: Optional[memoryview]) -> Ok:
+    def on_fail_entry(self, peer: str, msg: FailEntry, payload: memoryview | None) -> Ok:
         self.shard.fail(msg.oid, error_from_wire(msg.code, msg.message, {}))
         return Ok()

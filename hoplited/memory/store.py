@@ -12,7 +12,7 @@ import asyncio
 import logging
 import math
 import os
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -62,7 +62,7 @@ class StoredObject:
         self.received = 0
         self.pins = 0
         self.deleted = False
-        self.error: Optional[HopliteError] = None
+        self.error: HopliteError | None = None
         self.on_fail: list[Callable[[HopliteError], None]] = []
         self._waiters: list[tuple[int, asyncio.Future[int]]] = []
 
@@ -116,11 +116,11 @@ class ObjectStore:
         self.objects: dict[ObjectID, StoredObject] = {}
         self._doomed: dict[int, StoredObject] = {}  # deleted but pinned, by offset
 
-    def get(self, oid: ObjectID) -> Optional[StoredObject]:
+    def get(self, oid: ObjectID) -> StoredObject | None:
         return self.objects.get(oid)
 
     def create(self, oid: ObjectID, size: int, dtype: str, shape: list[int],
-               version: Optional[bytes] = None, temporary: bool = False) -> StoredObject:
+               version: bytes | None = None, temporary: bool = False) -> StoredObject:
         """Allocate a new, empty object (watermark 0); raises if the id exists or no room."""
         check_meta(dtype, shape, size)
         if oid in self.objects:
@@ -141,7 +141,7 @@ class ObjectStore:
         if obj.pins <= 0 and obj.deleted:
             self._free(obj)
 
-    def remove(self, oid: ObjectID, error: Optional[HopliteError] = None) -> Optional[StoredObject]:
+    def remove(self, oid: ObjectID, error: HopliteError | None = None) -> StoredObject | None:
         """Forget an object; its memory goes when the last pin does."""
         obj = self.objects.pop(oid, None)
         if obj is None:

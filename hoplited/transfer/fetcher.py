@@ -14,17 +14,22 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from typing import Any, Optional
+from typing import Any
 
 from hoplite_client.net.handshake import Identity, dial
 from hoplite_client.net.protocol import FrameProtocol
-from hoplite_client.wire.errors import (ConnectionLostError, HopliteError, HopliteTimeoutError,
-                                        ObjectNotFoundError, PeerUnavailableError, ProtocolError,
-                                        RemoteProtocolError)
+from hoplite_client.wire.errors import (
+    ConnectionLostError,
+    HopliteError,
+    HopliteTimeoutError,
+    ObjectNotFoundError,
+    PeerUnavailableError,
+    ProtocolError,
+    RemoteProtocolError,
+)
 from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import DataStream, Error, Located, Pull
-
 from hoplited.cluster.link_model import LinkModel
 from hoplited.cluster.membership import Membership
 from hoplited.directory.client import DirectoryClient
@@ -63,7 +68,7 @@ class Fetcher:
         self._stall_timeout = stall_timeout
         self._fetches: dict[ObjectID, asyncio.Task[StoredObject]] = {}
 
-    async def fetch(self, oid: ObjectID, timeout: Optional[float]) -> StoredObject:
+    async def fetch(self, oid: ObjectID, timeout: float | None) -> StoredObject:
         """The complete local copy of ``oid``, pulling it from the cluster if needed."""
         obj = self._store.get(oid)
         if obj is None:
@@ -84,12 +89,12 @@ class Fetcher:
                                       oid=oid.hex()) from None
         return obj
 
-    async def _fetch(self, oid: ObjectID, timeout: Optional[float]) -> StoredObject:
+    async def _fetch(self, oid: ObjectID, timeout: float | None) -> StoredObject:
         store = self._store
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        obj: Optional[StoredObject] = None
-        populate: Optional[asyncio.Task[None]] = None
+        obj: StoredObject | None = None
+        populate: asyncio.Task[None] | None = None
         exclude: list[str] = []
         try:
             for _ in range(MAX_ATTEMPTS):
@@ -145,7 +150,7 @@ class Fetcher:
         return obj
 
     def _store_inline(self, oid: ObjectID, located: Located,
-                      payload: Optional[memoryview]) -> StoredObject:
+                      payload: memoryview | None) -> StoredObject:
         data = payload if payload is not None else memoryview(b"")
         if len(data) != located.size:
             raise RemoteProtocolError(f"inline object of {len(data)} bytes, expected "

@@ -17,7 +17,6 @@ from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, ObjectNotFoundError
 from hoplite_client.wire.frames import Frame, encode_header
 from hoplite_client.wire.messages import DataStream, Error, Pull
-
 from hoplited.memory.store import ObjectStore
 
 log = logging.getLogger("hoplited.transfer")
