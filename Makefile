@@ -1,15 +1,16 @@
-# make demo: install into .venv and broadcast on a local 4-node cluster; make test: the suite.
+# make demo: install into .venv and broadcast on a local 4-node cluster; make test: every test
+# tier this machine allows; make test-unit: the pure cores and codecs in seconds; make lint.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench-loopback bench-deps bench-compare clean
+.PHONY: install demo test test-unit lint bench-loopback bench-deps bench-compare clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,lint]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -17,8 +18,17 @@ install: $(STAMP)
 demo: install
 	$(BIN)/hoplite bench broadcast --nodes 4 --size 64MiB --repeat 5
 
+# Tiers (tests/unit, net, cluster, emulated): the emulated tier skips itself, saying why,
+# without root or iproute2.
 test: install
 	$(BIN)/python -m pytest -q
+
+test-unit: install
+	$(BIN)/python -m pytest -q tests/unit
+
+lint: install
+	$(BIN)/ruff check hoplited hoplite_client tests bench
+	$(BIN)/mypy --strict hoplited hoplite_client
 
 bench-loopback: install
 	$(BIN)/python bench/loopback_throughput.py --size 1GiB

@@ -1,21 +1,35 @@
-"""Fixtures: real hoplited processes on loopback, real clients; everything stopped after."""
+"""Tiers and fixtures: real hoplited processes on loopback, real clients; everything stopped after.
+
+Tests live in one directory per tier and are marked by it: ``unit`` (pure cores and codecs, no
+I/O), ``net`` (real daemons on loopback), ``cluster`` (several daemons, processes killed or
+stopped), ``emulated`` (network namespaces: each module skips itself, saying why, without
+root, iproute2 or the baseline's packages).
+"""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
+from helpers import TEST_CAPACITY
 
 import hoplite_client
 from hoplite_client.tools.local_cluster import LocalCluster
 
-# Small arenas keep eight daemons cheap; heartbeats fast enough for failure tests, slow
-# enough for a loaded 2-core machine.
-TEST_CAPACITY = "512MiB"
-FAST_HEARTBEAT = ["--heartbeat-interval", "0.5", "--heartbeat-timeout", "4"]
-
 ClusterFactory = Callable[..., Awaitable[LocalCluster]]
+
+
+TIERS = ("unit", "net", "cluster", "emulated")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, the directory it lives in (``pytest -m unit`` etc.)."""
+    for item in items:
+        tier = Path(str(item.fspath)).parent.name
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

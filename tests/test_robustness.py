@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-from conftest import FAST_HEARTBEAT
+from helpers import FAST_HEARTBEAT
 
 import hoplite_client
 from hoplite_client.net.handshake import Identity, dial

@@ -8,7 +8,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import FAST_HEARTBEAT
+from helpers import FAST_HEARTBEAT
 
 import hoplite_client as hc
 from hoplite_client.tools.testbed import emulated_cluster
