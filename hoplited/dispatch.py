@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, cast
 
 from hoplite_client.net.channel import error_reply
@@ -39,9 +39,7 @@ class Dispatcher:
         self.role = role
         self._tasks = tasks
         self._table = {cls: h for cls, h in handlers.items() if role in cls.ROLES}
-        missing = [cls.__name__ for cls in kinds_for(role) if cls not in self._table]
-        if missing:
-            raise RuntimeError(f"no handler for {role} messages: {', '.join(missing)}")
+        check_complete(role, self._table)
         self._async = {cls for cls, h in self._table.items() if inspect.iscoroutinefunction(h)}
 
     def deliver(self, origin: str, frame: Frame[Any], respond: Respond | None) -> None:
@@ -93,8 +91,9 @@ class Dispatcher:
         reply, payload = _split(answer)
         if msg.SHAPE == "oneway" or respond is None:
             return
-        if reply is None:
-            log.error("%s handler returned no reply", type(msg).__name__)
+        if reply is None:  # a handler bug: the requester still gets an answer, never a hang
+            self._answer_error(msg, RuntimeError(f"{type(msg).__name__} handler gave no reply"),
+                               respond)
             return
         respond(dataclasses.replace(cast(Any, reply), rid=cast(Any, msg).rid), payload)
 
@@ -107,6 +106,14 @@ class Dispatcher:
             log.error("%s from a %s crashed", name, self.role, exc_info=exc)
         if msg.SHAPE == "request" and respond is not None:
             respond(error_reply(exc, cast(Any, msg).rid), None)
+
+
+def check_complete(role: Role, handled: Iterable[type[WireMessage]]) -> None:
+    """Refuse to start unless every kind ``role`` may send has a handler."""
+    have = set(handled)
+    missing = [cls.__name__ for cls in kinds_for(role) if cls not in have]
+    if missing:
+        raise RuntimeError(f"no handler for {role} messages: {', '.join(missing)}")
 
 
 def _split(answer: Answer) -> tuple[Reply | None, Any]:

@@ -20,8 +20,9 @@ from hoplite_client.net.handshake import HANDSHAKE_TIMEOUT, read_one_frame
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, RemoteProtocolError
 from hoplite_client.wire.frames import SUPPORTED_VERSIONS, encode_header
-from hoplite_client.wire.messages import ClientHello, ClientWelcome
-from hoplited.clients.session import ClientSession, SessionDeps
+from hoplite_client.wire.messages import CLIENT, ClientHello, ClientWelcome
+from hoplited.clients.session import HANDLERS, ClientSession, SessionDeps
+from hoplited.dispatch import check_complete
 from hoplited.memory.arena import Arena
 
 log = logging.getLogger("hoplited.clients")
@@ -43,6 +44,8 @@ class ClientListener:
         self._accepting: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        """Check the client handler table, bind the socket and start accepting."""
+        check_complete(CLIENT, HANDLERS)
         self._sock = _bind_unix(self._path)
         self._accepting = self._deps.tasks.spawn(self._accept_loop(), name="unix-accept")
 

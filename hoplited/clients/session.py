@@ -36,6 +36,7 @@ from hoplite_client.wire.messages import (
     Seal,
     Status,
     StatusReply,
+    WireMessage,
 )
 from hoplited.collectives.coordinator import Reductions
 from hoplited.directory.client import DirectoryClient
@@ -69,11 +70,8 @@ class ClientSession:
         self.d = deps
         self.pins: dict[ObjectID, list[StoredObject]] = {}
         self.creating: set[ObjectID] = set()
-        dispatcher = Dispatcher(CLIENT, {
-            Get: self.on_get, Put: self.on_put, Create: self.on_create, Seal: self.on_seal,
-            Abort: self.on_abort, Delete: self.on_delete, Reduce: self.on_reduce,
-            ReducedInputs: self.on_reduced_inputs, Status: self.on_status,
-            Release: self.on_release}, deps.tasks)
+        dispatcher = Dispatcher(CLIENT, {cls: getattr(self, name)
+                                         for cls, name in HANDLERS.items()}, deps.tasks)
         self.channel = Channel(protocol, on_request=lambda frame: dispatcher.deliver(
             protocol.name, frame, self._respond))
 
@@ -176,3 +174,11 @@ class ClientSession:
         for oid in self.creating:
             self.d.store.remove(oid)
         self.creating.clear()
+
+
+# The client role's handler table (method names, bound per session); the listener checks it
+# is complete when it starts, before any client connects.
+HANDLERS: dict[type[WireMessage], str] = {
+    Get: "on_get", Put: "on_put", Create: "on_create", Seal: "on_seal", Abort: "on_abort",
+    Delete: "on_delete", Reduce: "on_reduce", ReducedInputs: "on_reduced_inputs",
+    Status: "on_status", Release: "on_release"}

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Optional, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from hoplite_client.net.channel import Channel
 from hoplite_client.net.handshake import Identity, dial
@@ -36,11 +37,11 @@ class PeerLink:
         self.timeout = timeout
         self.on_dead = on_dead
         self.on_rtt = on_rtt
-        self.channel: Optional[Channel] = None
+        self.channel: Channel | None = None
         self.last_seen = time.monotonic()
         self._lock = asyncio.Lock()
         self._dead = False
-        self._heartbeat: Optional[asyncio.Task[None]] = None
+        self._heartbeat: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
@@ -70,7 +71,7 @@ class PeerLink:
             return self.channel
 
     async def request(self, msg: Request[R], payload: Any = None,
-                      timeout: Optional[float] = None) -> Frame[R]:
+                      timeout: float | None = None) -> Frame[R]:
         """Send a request to this member and wait for its reply (typed errors re-raised)."""
         channel = await self._ensure()
         frame = await channel.request(msg, payload, timeout)
@@ -137,7 +138,7 @@ class Links:
         self._on_rtt = on_rtt
         self._links: dict[str, PeerLink] = {}
 
-    def get(self, node: str) -> Optional[PeerLink]:
+    def get(self, node: str) -> PeerLink | None:
         return self._links.get(node)
 
     def others(self) -> list[PeerLink]:

@@ -190,11 +190,16 @@ class Fetcher:
                 last_report = now
                 self._directory.progress(obj.oid, obj.received)
 
-        def on_frame(frame: Frame[DataStream | Error]) -> None:
+        def on_frame(frame: Frame[Any]) -> None:  # any kind may arrive; checked here
+            if done.done():
+                return
             if isinstance(frame.msg, DataStream):
                 obj.advance(obj.size)  # the last chunk completes the frame
-            if not done.done():
-                done.set_result(frame)
+            elif not isinstance(frame.msg, Error):  # a Pull is answered by a stream or an Error
+                done.set_exception(RemoteProtocolError(
+                    f"source {source} answered a Pull with {type(frame.msg).__name__}"))
+                return
+            done.set_result(frame)
 
         def on_fail(error: HopliteError) -> None:
             protocol.abort(error)  # deleted or failed: stop writing into its memory now

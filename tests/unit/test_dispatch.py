@@ -1,0 +1,93 @@
+"""The per-role dispatch tables: completeness at start-up, replies stamped, errors typed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from hoplite_client.wire.errors import ObjectNotFoundError
+from hoplite_client.wire.frames import Frame
+from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.messages import (
+    CLIENT,
+    PEER,
+    TOOL,
+    Error,
+    Ok,
+    Ping,
+    Seal,
+    Stats,
+    StatusReply,
+    kinds_for,
+)
+from hoplited.dispatch import Dispatcher, check_complete
+from hoplited.tasks import Tasks
+
+OID = ObjectID(bytes(20))
+
+
+def full_table(role: str, **overrides: Any) -> dict[type, Any]:
+    """A handler for every kind ``role`` may send (each answers Ok), with overrides by name."""
+    table: dict[type, Any] = {cls: (lambda origin, msg, payload: Ok()) for cls in kinds_for(role)}
+    for name, handler in overrides.items():
+        (cls,) = [c for c in table if c.__name__ == name]
+        table[cls] = handler
+    return table
+
+
+def test_a_missing_handler_refuses_to_start() -> None:
+    table = full_table(CLIENT)
+    del table[Seal]
+    with pytest.raises(RuntimeError, match="Seal"):
+        Dispatcher(CLIENT, table, Tasks())
+    with pytest.raises(RuntimeError, match="Seal"):
+        check_complete(CLIENT, table)
+
+
+def test_tool_table_is_the_peer_table_restricted_to_tool_kinds() -> None:
+    table = full_table(PEER)
+    tool = Dispatcher(TOOL, table, Tasks())
+    sent: list[Any] = []
+    tool.deliver("tool-1", Frame(Seal(rid=3, oid=OID)), lambda m, p: sent.append(m))
+    tool.deliver("tool-1", Frame(Ping(rid=4)), lambda m, p: sent.append(m))
+    assert sent[0] == Error(rid=3, code="protocol", message="Seal is not accepted from a tool",
+                            data={})
+    assert sent[1] == Ok(rid=4)
+
+
+@pytest.mark.parametrize("handler,expected", [
+    (lambda o, m, p: StatusReply(info={"n": 1}), StatusReply(rid=7, info={"n": 1})),
+    (lambda o, m, p: (StatusReply(info={}), b"xy"), StatusReply(rid=7, info={})),
+    (lambda o, m, p: None, Error(rid=7, code="internal",
+                                 message="RuntimeError: Stats handler gave no reply", data={})),
+    (lambda o, m, p: (_ for _ in ()).throw(ObjectNotFoundError("gone", oid="ab")),
+     Error(rid=7, code="not_found", message="gone", data={"oid": "ab"})),
+], ids=["reply", "reply-with-payload", "no-reply-is-an-error", "typed-error"])
+def test_sync_request_answers(handler: Any, expected: Any) -> None:
+    dispatcher = Dispatcher(PEER, full_table(PEER, Stats=handler), Tasks())
+    sent: list[Any] = []
+    dispatcher.deliver("peer-1", Frame(Stats(rid=7)), lambda m, p: sent.append(m))
+    assert sent == [expected]
+
+
+async def test_async_handler_runs_as_an_owned_task_and_local_calls_raise_typed() -> None:
+    async def stats(origin: str, msg: Stats, payload: Any) -> StatusReply:
+        await asyncio.sleep(0)
+        return StatusReply(info={"from": origin})
+
+    async def missing(origin: str, msg: Stats, payload: Any) -> StatusReply:
+        raise ObjectNotFoundError("nothing here")
+
+    tasks = Tasks()
+    dispatcher = Dispatcher(PEER, full_table(PEER, Stats=stats), tasks)
+    sent: list[Any] = []
+    dispatcher.deliver("peer-2", Frame(Stats(rid=9)), lambda m, p: sent.append(m))
+    assert sent == [] and len(tasks) == 1
+    await asyncio.sleep(0.01)
+    assert sent == [StatusReply(rid=9, info={"from": "peer-2"})] and len(tasks) == 0
+    frame = await dispatcher.call("me", Stats(), None)
+    assert frame.msg == StatusReply(info={"from": "me"})
+    with pytest.raises(ObjectNotFoundError):
+        await Dispatcher(PEER, full_table(PEER, Stats=missing), tasks).call("me", Stats(), None)
