@@ -66,7 +66,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._on_made(self)
 
     def set_stream_sink(self, sink: StreamSink | None) -> None:
-        self.reader._sink = sink
+        self.reader.expect_stream(sink)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.reader.get_buffer()

@@ -123,6 +123,10 @@ class FrameReader:
         self._bad: BadFrame | None = None
         self.broken: ProtocolError | None = None
 
+    def expect_stream(self, sink: StreamSink | None) -> None:
+        """Where streamed payloads go from the next frame on (None: read them into memory)."""
+        self._sink = sink
+
     @property
     def streaming(self) -> bool:
         """True while a streamed payload is arriving into the sink's buffer."""
