@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 from hoplite_client.net.handshake import Identity, dial
@@ -24,7 +24,6 @@ from hoplite_client.wire.errors import (
     HopliteTimeoutError,
     ObjectNotFoundError,
     PeerUnavailableError,
-    ProtocolError,
     RemoteProtocolError,
 )
 from hoplite_client.wire.frames import Frame
@@ -36,6 +35,7 @@ from hoplited.directory.client import DirectoryClient
 from hoplited.memory.arena import Arena
 from hoplited.memory.store import ObjectStore, StoredObject
 from hoplited.tasks import Tasks
+from hoplited.transfer import fetch_plan as fp
 
 log = logging.getLogger("hoplited.transfer")
 
@@ -43,13 +43,6 @@ log = logging.getLogger("hoplited.transfer")
 PROGRESS_INTERVAL = 0.05
 # Transfers at least this big tell the daemon's link model how fast links are.
 BANDWIDTH_SAMPLE_MIN = 1 << 20
-# Sources tried before a get gives up on a transfer.
-MAX_ATTEMPTS = 8
-
-_RETRIABLE = (ConnectionLostError, PeerUnavailableError, HopliteTimeoutError, ProtocolError,
-              OSError)
-
-
 class Fetcher:
     """Fetches objects into this node's store; one fetch per object however many ask."""
 
@@ -66,17 +59,24 @@ class Fetcher:
         self._counters = counters
         self._tasks = tasks
         self._stall_timeout = stall_timeout
-        self._fetches: dict[ObjectID, asyncio.Task[StoredObject]] = {}
+        self._fetches: dict[ObjectID, tuple[asyncio.Task[StoredObject], fp.FetchPlan]] = {}
 
     async def fetch(self, oid: ObjectID, timeout: float | None) -> StoredObject:
-        """The complete local copy of ``oid``, pulling it from the cluster if needed."""
+        """The complete local copy of ``oid``, pulling it from the cluster if needed; waits at
+        most ``timeout`` (this caller's own, whoever else is fetching the same id)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         obj = self._store.get(oid)
         if obj is None:
-            task = self._fetches.get(oid)
-            if task is None:
-                task = self._tasks.spawn(self._fetch(oid, timeout), name=f"fetch-{oid.short()}")
-                self._fetches[oid] = task
+            running = self._fetches.get(oid)
+            if running is None:
+                plan = fp.FetchPlan(oid, self.me, deadline)
+                task = self._tasks.spawn(self._fetch(plan), name=f"fetch-{oid.short()}")
+                self._fetches[oid] = (task, plan)
                 task.add_done_callback(lambda _: self._fetches.pop(oid, None))
+            else:
+                task, plan = running
+                plan.handle(fp.CallerJoined(deadline))
             try:
                 return await asyncio.wait_for(asyncio.shield(task), timeout)
             except TimeoutError:
@@ -89,46 +89,49 @@ class Fetcher:
                                       oid=oid.hex()) from None
         return obj
 
-    async def _fetch(self, oid: ObjectID, timeout: float | None) -> StoredObject:
-        store = self._store
+    async def _fetch(self, plan: fp.FetchPlan) -> StoredObject:
+        """Carry out ``plan``: ask, allocate, pull, report, feeding each outcome back."""
+        oid, store = plan.oid, self._store
         loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
         obj: StoredObject | None = None
+        result: StoredObject | None = None
+        located: Frame[Located] | None = None
         populate: asyncio.Task[None] | None = None
-        exclude: list[str] = []
+        todo: deque[fp.Instruction] = deque(plan.start(loop.time()))
         try:
-            for _ in range(MAX_ATTEMPTS):
-                if obj is not None and obj.error is not None:
-                    raise obj.error
-                remaining = None if deadline is None else max(0.0, deadline - loop.time())
-                offset = obj.received if obj is not None else 0
-                frame = await self._directory.locate(oid, remaining, exclude, offset)
-                located = frame.msg
-                if located.source == self.me or (obj is None and store.get(oid)):
-                    return await self._local_copy(oid)
-                if located.source is None:
-                    return self._store_inline(oid, located, frame.payload)
-                if obj is None:
-                    obj = store.create(oid, located.size, located.dtype, located.shape,
-                                       located.version)
-                    store.pin(obj)  # the kernel writes into it until the pull ends
+            while todo:
+                ins = todo.popleft()
+                if isinstance(ins, fp.AskOwner):
+                    try:
+                        located = await self._directory.locate(oid, ins.timeout,
+                                                               list(ins.exclude), ins.offset)
+                    except HopliteError as exc:
+                        todo.extend(plan.handle(fp.LocateFailed(loop.time(), exc)))
+                        continue
+                    m = located.msg
+                    todo.extend(plan.handle(fp.Located(
+                        loop.time(), m.source, m.size, m.dtype, tuple(m.shape), m.version,
+                        here=obj is None and store.get(oid) is not None)))
+                elif isinstance(ins, fp.UseLocalCopy):
+                    result = await self._local_copy(oid)
+                elif isinstance(ins, fp.StoreInline):
+                    assert located is not None
+                    result = self._store_inline(oid, located.msg, located.payload)
+                elif isinstance(ins, fp.Allocate):
+                    obj = store.create(oid, ins.size, ins.dtype, list(ins.shape), ins.version)
+                    store.pin(obj)  # the kernel writes into it until the pulls end
                     populate = self._tasks.spawn(self._arena.populate(obj.offset, obj.size),
                                                  name="populate")
-                elif obj.version != located.version:
-                    raise ObjectNotFoundError(f"object {oid.hex()} was replaced while it was "
-                                              f"being received", oid=oid.hex())
-                try:
-                    await self.pull_into(obj, located.source, obj.oid, obj.version, report=True)
-                except _RETRIABLE as exc:
-                    log.warning("pull of %s from %s failed at %d/%d bytes (%s); resuming",
-                                oid.short(), located.source, obj.received, obj.size, exc)
-                    self._directory.transfer_done(oid, located.source, complete=False)
-                    exclude.append(located.source)
-                    continue
-                self._directory.transfer_done(oid, located.source, complete=True)
-                return obj
-            raise PeerUnavailableError(f"gave up on {oid.hex()} after {MAX_ATTEMPTS} sources",
-                                       oid=oid.hex())
+                elif isinstance(ins, fp.Pull):
+                    assert obj is not None
+                    todo.extend(plan.handle(await self._pull(obj, ins.source, loop)))
+                elif isinstance(ins, fp.Report):
+                    self._directory.transfer_done(oid, ins.source, ins.complete)
+                elif isinstance(ins, fp.Done):
+                    return result if result is not None else _complete(obj)
+                else:
+                    raise ins.error
+            raise AssertionError("a fetch plan ends with Done or Fail")
         except BaseException as exc:
             if obj is not None and store.get(oid) is obj:
                 error = exc if isinstance(exc, HopliteError) else ConnectionLostError(str(exc))
@@ -139,6 +142,23 @@ class Fetcher:
                 populate.cancel()
             if obj is not None:
                 store.unpin(obj)
+
+    async def _pull(self, obj: StoredObject, source: str,
+                    loop: asyncio.AbstractEventLoop) -> fp.PullEnded | fp.CopyFailed:
+        """One pull from ``source``, its outcome as the plan's event."""
+        error: HopliteError | None = None
+        try:
+            await self.pull_into(obj, source, obj.oid, obj.version, report=True)
+        except HopliteError as exc:
+            error = exc
+        except OSError as exc:
+            error = ConnectionLostError(f"pull from {source}: {exc}")
+        if obj.error is not None:
+            return fp.CopyFailed(obj.error)
+        if error is not None:
+            log.warning("pull of %s from %s failed at %d/%d bytes (%s)", obj.oid.short(), source,
+                        obj.received, obj.size, error)
+        return fp.PullEnded(loop.time(), source, obj.received, error)
 
     async def _local_copy(self, oid: ObjectID) -> StoredObject:
         """The object was put on this node while we were waiting for it."""
@@ -240,3 +260,8 @@ class Fetcher:
             if obj.received == seen:
                 raise HopliteTimeoutError(f"source sent nothing for {stall}s")
             seen = obj.received
+
+
+def _complete(obj: StoredObject | None) -> StoredObject:
+    assert obj is not None, "a pulled fetch has its local copy"
+    return obj

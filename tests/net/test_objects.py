@@ -170,11 +170,13 @@ async def test_two_client_processes_share_one_daemon(make_cluster) -> None:
     oid = hc.ObjectID.random().hex()
     sock = cluster.sockets[0]
     getter = await asyncio.create_subprocess_exec(sys.executable, "-c", SCRIPT, sock, "get", oid,
-                                                  stdout=subprocess.PIPE)
-    putter = await asyncio.create_subprocess_exec(sys.executable, "-c", SCRIPT, sock, "put", oid)
-    assert await asyncio.wait_for(putter.wait(), 120) == 0
-    out, _ = await asyncio.wait_for(getter.communicate(), 120)
-    assert getter.returncode == 0 and out.startswith(b"ok")
+                                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    putter = await asyncio.create_subprocess_exec(sys.executable, "-c", SCRIPT, sock, "put", oid,
+                                                  stderr=subprocess.PIPE)
+    _, put_err = await asyncio.wait_for(putter.communicate(), 120)
+    assert putter.returncode == 0, put_err.decode(errors="replace")
+    out, err = await asyncio.wait_for(getter.communicate(), 120)
+    assert getter.returncode == 0 and out.startswith(b"ok"), err.decode(errors="replace")
 
 
 async def test_status_lists_members_and_traffic(make_cluster, connect) -> None:

@@ -1,0 +1,252 @@
+"""A receiver's fetch of one object as a pure core: where to ask, whom to pull from, when to stop.
+
+Theory of operation. A fetch asks the object's owner shard for a source (``AskOwner``), which
+also enrols this node as a receiver resuming at its watermark. The answer is this node itself
+(the object was put here meanwhile: use the local copy), no node (a small object whose bytes
+came in the answer: store them), or a source. The first source fixes the object's size, type
+and version (``Allocate``); every later one must offer the same version, because resuming
+must never splice two different puts of one id (docs/design.md §5). A pull that ends early
+for a retriable reason (the source died, closed, stalled, spoke garbage) keeps the bytes
+received, excludes that source and asks again from the watermark; a fatal error ends the
+fetch. Every ended pull is reported to the shard (``Report``) so it frees the source's slot.
+After ``max_attempts`` sources the fetch gives up.
+
+One fetch serves every concurrent get of an id, so its deadline is the latest of its callers'
+(``CallerJoined``; None means no deadline and wins). A locate that timed out after a caller
+extended that deadline is asked again with the time that remains (a timeout under the
+deadline it was asked with is final: it may be the shard's record of a failed reduce); each
+caller still gives up on its own timeout in the driver (``hoplited.transfer.fetcher``).
+
+Nothing here waits or does I/O: ``handle(event)`` returns instructions, carried out in order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from hoplite_client.wire.errors import (
+    ConnectionLostError,
+    HopliteError,
+    HopliteTimeoutError,
+    ObjectNotFoundError,
+    PeerUnavailableError,
+    ProtocolError,
+)
+from hoplite_client.wire.ids import ObjectID
+
+# Sources tried before a get gives up on a transfer: enough to ride out several deaths in a
+# row, few enough that a poisoned object fails in bounded time.
+MAX_ATTEMPTS = 8
+# Pull errors after which another source may do better (the rest end the fetch).
+RETRIABLE = (ConnectionLostError, PeerUnavailableError, HopliteTimeoutError, ProtocolError)
+# (event, instructions) pairs kept for debugging: a fetch sees a few per source.
+HISTORY_MAX = 64
+
+
+# --- events ---
+@dataclass(frozen=True, slots=True)
+class Located:
+    """The owner's answer: ``source`` to pull from, None for inline bytes; ``here`` is True
+    when this node's store holds the object now (it was put here while we waited)."""
+
+    now: float
+    source: str | None
+    size: int
+    dtype: str
+    shape: tuple[int, ...]
+    version: bytes
+    here: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LocateFailed:
+    """Asking the owner failed (timed out, or the shard says the object will never exist)."""
+
+    now: float
+    error: HopliteError
+
+
+@dataclass(frozen=True, slots=True)
+class PullEnded:
+    """The pull from ``source`` ended with ``watermark`` bytes held; ``error`` None: complete."""
+
+    now: float
+    source: str
+    watermark: int
+    error: HopliteError | None
+
+
+@dataclass(frozen=True, slots=True)
+class CopyFailed:
+    """The local partial copy was failed (deleted, or a newer put replaced it)."""
+
+    error: HopliteError
+
+
+@dataclass(frozen=True, slots=True)
+class CallerJoined:
+    """Another get of the same id joined; its ``deadline`` (None: none) may extend ours."""
+
+    deadline: float | None
+
+
+Event = Located | LocateFailed | PullEnded | CopyFailed | CallerJoined
+
+
+# --- instructions ---
+@dataclass(frozen=True, slots=True)
+class AskOwner:
+    """Ask the owner shard for a source, excluding ``exclude``, resuming at ``offset``."""
+
+    exclude: tuple[str, ...]
+    offset: int
+    timeout: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class UseLocalCopy:
+    """The object is in this node's store: wait for it to be complete and return it."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreInline:
+    """Store the inline bytes of the last answer and return the object."""
+
+
+@dataclass(frozen=True, slots=True)
+class Allocate:
+    """Create (and pin) the local copy the pulls write into."""
+
+    size: int
+    dtype: str
+    shape: tuple[int, ...]
+    version: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Pull:
+    """Stream the object from ``source`` into the local copy from ``offset`` on."""
+
+    source: str
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Tell the owner shard the pull from ``source`` ended (``complete`` or not)."""
+
+    source: str
+    complete: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """The fetch succeeded: return the object."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """The fetch failed with ``error``: discard the partial copy with it."""
+
+    error: HopliteError
+
+
+Instruction = AskOwner | UseLocalCopy | StoreInline | Allocate | Pull | Report | Done | Fail
+
+
+def _later(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else max(a, b)
+
+
+class FetchPlan:
+    """The decisions of one fetch of ``oid`` on node ``me``."""
+
+    def __init__(self, oid: ObjectID, me: str, deadline: float | None,
+                 max_attempts: int = MAX_ATTEMPTS) -> None:
+        self.oid, self.me, self.deadline, self.max_attempts = oid, me, deadline, max_attempts
+        self.exclude: list[str] = []
+        self.attempts = 0
+        self.watermark = 0
+        self.version: bytes | None = None  # set once allocated
+        self.source: str | None = None  # the pull in progress
+        self.outcome: Done | Fail | None = None
+        self._asked_for = deadline  # the deadline the pending ask was bounded by
+        self.history: deque[tuple[Event | str, tuple[Instruction, ...]]] = deque(
+            maxlen=HISTORY_MAX)
+
+    def start(self, now: float) -> list[Instruction]:
+        """The first instruction: ask the owner."""
+        out: list[Instruction] = [self._ask(now)]
+        self.history.append(("start", tuple(out)))
+        return out
+
+    def handle(self, event: Event) -> list[Instruction]:
+        """Apply ``event``; return the instructions to carry out, in order."""
+        out: list[Instruction] = []
+        if isinstance(event, CallerJoined):
+            self.deadline = _later(self.deadline, event.deadline)
+        elif self.outcome is None:
+            out = self._handle(event)
+            if out and isinstance(out[-1], Done | Fail):
+                self.outcome = out[-1]
+        self.history.append((event, tuple(out)))
+        return out
+
+    def _handle(self, ev: Event) -> list[Instruction]:
+        if isinstance(ev, Located):
+            return self._located(ev) if self.source is None else []
+        if isinstance(ev, LocateFailed):
+            if self.source is not None:
+                return []
+            if (isinstance(ev.error, HopliteTimeoutError) and self.deadline != self._asked_for
+                    and not self._expired(ev.now)):
+                return [self._ask(ev.now)]  # a caller extended the deadline since we asked
+            return [Fail(ev.error)]
+        if isinstance(ev, CopyFailed):
+            return [Fail(ev.error)]
+        assert isinstance(ev, PullEnded)
+        if ev.source != self.source:
+            return []  # not the pull in progress: stale
+        self.source = None
+        self.watermark = max(self.watermark, ev.watermark)
+        if ev.error is None:
+            return [Report(ev.source, complete=True), Done()]
+        out: list[Instruction] = [Report(ev.source, complete=False)]
+        if not isinstance(ev.error, RETRIABLE):
+            return out + [Fail(ev.error)]
+        self.exclude.append(ev.source)
+        if self.attempts >= self.max_attempts:
+            return out + [Fail(PeerUnavailableError(
+                f"gave up on {self.oid.hex()} after {self.attempts} sources (last: {ev.error})",
+                oid=self.oid.hex()))]
+        return out + [self._ask(ev.now)]
+
+    def _located(self, ev: Located) -> list[Instruction]:
+        if ev.source == self.me or (self.version is None and ev.here):
+            return [UseLocalCopy(), Done()]
+        if ev.source is None:
+            if self.version is not None:
+                return [Fail(self._replaced())]
+            return [StoreInline(), Done()]
+        out: list[Instruction] = []
+        if self.version is None:
+            self.version = ev.version
+            out.append(Allocate(ev.size, ev.dtype, ev.shape, ev.version))
+        elif ev.version != self.version:
+            return [Fail(self._replaced())]
+        self.attempts += 1
+        self.source = ev.source
+        return out + [Pull(ev.source, self.watermark)]
+
+    def _ask(self, now: float) -> AskOwner:
+        self._asked_for = self.deadline
+        remaining = None if self.deadline is None else max(0.0, self.deadline - now)
+        return AskOwner(tuple(self.exclude), self.watermark, remaining)
+
+    def _expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
+
+    def _replaced(self) -> ObjectNotFoundError:
+        return ObjectNotFoundError(f"object {self.oid.hex()} was replaced while it was being "
+                                   f"received", oid=self.oid.hex())
