@@ -2,7 +2,7 @@
 
 For each node count: one test bed (network namespaces, RATE links), hoplite's daemons in it,
 then each baseline in the same namespaces; every op at every size; medians and ratios to the
-optimum (DESIGN §7). Writes JSON, the results section of docs/benchmarks.md and a plot.
+optimum (docs/design.md §7). Writes JSON, the results section of docs/benchmarks.md and a plot.
 Usage (from the repository root, as root):
     python -m bench.compare --nodes 4 8 --rate 1Gbit --repeat 5 [--plot docs/compare.png]
 """
@@ -28,7 +28,7 @@ from hoplite_client.tools.scenarios import BenchContext, Progress, optimum, run_
 from hoplite_client.tools.testbed import emulated_cluster, format_rate, parse_rate
 from hoplite_client.wire.units import parse_size
 
-# (op, size) pairs measured by default: DESIGN §8 and the issue's list.
+# (op, size) pairs measured by default: docs/design.md §8 and the issue's list.
 CASES = [("broadcast", "32MiB"), ("broadcast", "256MiB"), ("reduce", "32MiB"),
          ("allreduce", "32MiB"), ("gather", "32MiB")]
 BASELINES = ["star", "gloo", "mpi", "ray_baseline", "dask_baseline"]
@@ -153,10 +153,10 @@ def write_docs(rows: list[Row], path: str, command: str, rate: int,
             f"## Emulated cluster ({datetime.date.today()})", "",
             f"Every link {format_rate(rate)} both ways (tbf), MTU 65000, one network namespace "
             f"per node; hoplite and each baseline measured in the same test bed, one after the "
-            f"other. Median of the runs after one warm-up. Optimum as DESIGN §7: S/RATE for "
-            f"broadcast and reduce, 2·S/RATE for allreduce (a ring needs only 2(N−1)/N·S/RATE, "
-            f"so it can beat it), (N−1)·S/RATE for gather; DESIGN §8 quotes ratios to S/RATE "
-            f"(last column). Machine: "
+            f"other. Median of the runs after one warm-up. Optimum as docs/design.md §7: "
+            f"S/RATE for broadcast and reduce, 2·S/RATE for allreduce (a ring needs only "
+            f"2(N−1)/N·S/RATE, so it can beat it), (N−1)·S/RATE for gather; docs/design.md §8 "
+            f"quotes ratios to S/RATE (last column). Machine: "
             f"{os.cpu_count()} vCPU, {platform.python_implementation()} "
             f"{platform.python_version()}, Linux {platform.release()}.", "",
             f"Command: `{command}`", "", table(rows), ""]

@@ -1,1 +1,1 @@
-"""Baselines measured in the same emulated test bed as hoplite (DESIGN.md §7)."""
+"""Baselines measured in the same emulated test bed as hoplite (docs/design.md §7)."""

@@ -1,6 +1,6 @@
 """Dask distributed: broadcast, reduce, allreduce and gather the way Dask users write them.
 
-The cluster lives in the emulated test bed (DESIGN.md §7): ``dask scheduler`` in host 0's
+The cluster lives in the emulated test bed (docs/design.md §7): ``dask scheduler`` in host 0's
 namespace, one ``dask worker`` per host (``--nthreads 1 --nworkers 1 --no-nanny``, listening
 on the host's IP), and the client (the driver) in host 0's namespace. Every task is pinned to
 its participant's worker with ``workers=[address]``; rank i's input is
@@ -18,7 +18,7 @@ The collectives, written as task graphs (the standard idiom of a task-based prog
 - allreduce: that reduce, then one task per other worker depending on the sum;
 - gather: one task on worker 0 depending on every input (the root fetches them all).
 
-A run (DESIGN.md §7): the client waits until every input exists (a barrier), the clock
+A run (docs/design.md §7): the client waits until every input exists (a barrier), the clock
 starts (``time.monotonic``, one clock for every process of this machine) as the client
 submits the collective's tasks; each task stamps the moment it runs, which is when its worker
 holds its dependencies (and, for the root of a reduce, when the sum is done); the run ends at

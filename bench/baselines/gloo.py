@@ -4,7 +4,7 @@ One process per host of the emulated test bed (rank i in host i's namespace), gl
 the host's veth (``GLOO_SOCKET_IFNAME``). Rank 0 creates the rendezvous ``TCPStore`` on its
 198.18.x address with port 0 and prints the port it got; the other ranks are started with it.
 
-A run (DESIGN.md §7): every rank resets its inputs, passes ``dist.barrier()``, then times the
+A run (docs/design.md §7): every rank resets its inputs, passes ``dist.barrier()``, then times the
 collective from its own barrier exit to its own completion; the run's latency is the maximum
 of these over the ranks, collected after all runs with an all_reduce(MAX) that is not timed.
 Every run's result is checked (broadcast and gather exactly, sums within float32 rounding).

@@ -1,6 +1,6 @@
 """OpenMPI through mpi4py: Bcast, Reduce, Allreduce and Gather on float32 numpy buffers.
 
-``mpirun`` runs inside host 0's namespace (DESIGN.md §7) with a hostfile naming every host's
+``mpirun`` runs inside host 0's namespace (docs/design.md §7) with a hostfile naming every host's
 198.18.x address (``slots=1``, so rank i lands in host i; each rank checks it) and a generated
 ``plm_rsh_agent`` script that maps the address OpenMPI passes it to the host's namespace and
 runs the ``orted`` command there with ``ip netns exec NS sh -c``. Transport: ``pml ob1`` with
@@ -12,7 +12,7 @@ core 0. ``--leave-session-attached``: orteds stay children of their agent instea
 daemonizing, so one that dies makes mpirun abort (rather than wait for it forever) and its
 stderr reaches mpirun's log.
 
-A run (DESIGN.md §7): every rank resets its buffers, passes ``Barrier()``, then times the
+A run (docs/design.md §7): every rank resets its buffers, passes ``Barrier()``, then times the
 collective from its own barrier exit to its own completion; the run's latency is the maximum
 over the ranks, collected after all runs with an untimed ``Allreduce(MAX)``. Every run's
 result is checked (Bcast and Gather exactly, sums within float32 rounding).

@@ -1,6 +1,6 @@
 """Ray: broadcast, reduce, allreduce and gather the way Ray users write them (ray.put/ray.get).
 
-The Ray cluster lives in the emulated test bed (DESIGN.md §7): the head node in host 0's
+The Ray cluster lives in the emulated test bed (docs/design.md §7): the head node in host 0's
 namespace, one worker node in each other host's namespace, started one at a time with
 ``ray start --block --node-ip-address <host IP>``, one CPU and a custom resource ``host<i>``
 per node, a small object store (and a private ``--temp-dir``: ports are per namespace anyway).
@@ -16,7 +16,7 @@ The collectives, as the Hoplite paper's Ray baselines (and Ray users) do them:
 - gather: every other actor ``ray.put``s its array; actor 0 ``ray.get``s them all.
 
 References travel through the driver (a list holding an ``ObjectRef`` is passed unresolved).
-A run (DESIGN.md §7): every actor drops the previous run's objects and has its input (a
+A run (docs/design.md §7): every actor drops the previous run's objects and has its input (a
 barrier: the driver waits for all of them); the clock starts (``time.monotonic``, one clock
 for every process of this machine) as the driver issues the first call; the run ends at the
 latest moment a participant holds its result, as that participant stamps it. After the last

@@ -1,11 +1,11 @@
 """Naive star broadcast: the root sends the whole object to every receiver, over plain TCP.
 
-The baseline every broadcast must beat (DESIGN.md §8: 7.6 × S/RATE at N = 8). One process per
-host, each in its own namespace of the emulated test bed: the root (host 0) and N-1 receivers,
-which receive into a buffer allocated (and faulted in) before the runs, and report completion
-with one byte back over the same connection. A run's latency goes from the root starting to
-send until the last receiver's report; the next run starts after it. After the last run every
-receiver returns the CRC-32 of what it got, checked against the root's.
+The baseline every broadcast must beat (7.0 × S/RATE at N = 8 in docs/benchmarks.md). One
+process per host, each in its own namespace of the emulated test bed: the root (host 0) and N-1
+receivers, which receive into a buffer allocated (and faulted in) before the runs, and report
+completion with one byte back over the same connection. A run's latency goes from the root
+starting to send until the last receiver's report; the next run starts after it. After the last
+run every receiver returns the CRC-32 of what it got, checked against the root's.
 
 Usage (root):  python -m bench.baselines.star run --nodes 8 --rate 1Gbit --size 32MiB
 From Python:   latencies = await run_star(testbed, size, repeat)

@@ -4,7 +4,7 @@ Latency follows the paper: from the moment every input exists until the last par
 holds its result. :func:`run_scenario` runs ``warmup`` unmeasured runs, then ``repeat``
 measured ones, and returns their latencies; every result is checked against the data that
 was put (a wrong result raises :class:`BenchError`). :func:`optimum` is the yardstick: the
-least time the links allow (DESIGN §7).
+least time the links allow (docs/design.md §7).
 
 Two front ends share this module: the ``hoplite bench`` commands
 (:mod:`hoplite_client.tools.cli.bench`) and ``bench/compare.py``, which measures hoplite and
@@ -47,7 +47,7 @@ class BenchError(HopliteError):
 
 def optimum(op: str, size: int, nodes: int, rate_bps: float) -> float:
     """The least time in seconds the links allow for ``op`` of ``size`` bytes on ``nodes``
-    hosts with ``rate_bps`` links (DESIGN §7); results are reported as ratios to it."""
+    hosts with ``rate_bps`` links (docs/design.md §7); results are reported as ratios to it."""
     # how often the busiest link carries the object: every link once for broadcast and
     # reduce, about twice for allreduce, the root's downlink N−1 times for gather
     copies = {"broadcast": 1, "reduce": 1, "allreduce": 2, "gather": nodes - 1, "roundtrip": 1}

@@ -9,7 +9,7 @@ A :class:`Testbed` (root only) builds, for a run with the random prefix ``hpl-1a
 
 Every link is limited to RATE in both directions by a ``tbf`` qdisc on both veth ends (the
 host end shapes the uplink, the bridge end the downlink); ``netem`` and fair-queueing qdiscs
-do not exist in this kernel (DESIGN.md §7). Nothing routes out: the only route in a host
+do not exist in this kernel (docs/design.md §7). Nothing routes out: the only route in a host
 namespace is the connected 198.18.0.0/15 (RFC 2544 benchmarking range).
 
 What a run creates is written to a state file under :data:`STATE_DIR` *before* it is created,
@@ -49,9 +49,9 @@ T = TypeVar("T")
 # Where runs record what they created; /run is a tmpfs, so a reboot (which also drops every
 # namespace) leaves no stale record behind.
 STATE_DIR = "/run/hoplite-testbed"
-# RFC 2544 benchmarking range, the one DESIGN.md §7 allows; a /15 holds any test bed we build.
+# RFC 2544 benchmarking range, the one docs/design.md §7 allows; a /15 holds any test bed we build.
 SUBNET = ipaddress.ip_network("198.18.0.0/15")
-# DESIGN.md §7: the calibrated default is 1 Gbit/s links with jumbo veth (MTU 65000).
+# docs/design.md §7: the calibrated default is 1 Gbit/s links with jumbo veth (MTU 65000).
 DEFAULT_RATE_BPS = 1_000_000_000
 DEFAULT_MTU = 65000
 # Interface names are at most 15 bytes (IFNAMSIZ - 1): "hpl-" + 6 hex + "-" + "v" + 3 digits.

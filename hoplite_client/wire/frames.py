@@ -38,7 +38,7 @@ PRELUDE_SIZE = PRELUDE.size
 # Headers hold ids, offsets and member lists: 256 KiB fits thousands of members.
 MAX_HEADER = 256 * 1024
 # Objects of at most this size travel inline in control frames and live in their directory
-# entry (DESIGN §2): no shared memory, no data-plane transfer.
+# entry (docs/design.md §2): no shared memory, no data-plane transfer.
 INLINE_MAX = 64 * 1024
 # Small payloads: inline objects plus room to spare.
 MAX_SMALL_PAYLOAD = 1024 * 1024

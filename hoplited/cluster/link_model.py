@@ -1,6 +1,6 @@
 """What this daemon has measured about its links: per-hop latency L and bandwidth B.
 
-The reduce tree's chain length is S / (B·L) (DESIGN §4); the original compiled L and B in,
+The reduce tree's chain length is S / (B·L) (docs/design.md §4); the original compiled L and B in,
 we measure them: L from heartbeat round trips, B from completed transfers of at least 1 MiB.
 """
 

@@ -1,4 +1,4 @@
-"""The shape of a reduce: a binary tree whose leaves are chains (DESIGN §4), slots in order.
+"""The shape of a reduce: a binary tree whose leaves are chains (docs/design.md §4), slots in order.
 
 Chain length k = round(S / (B·L)) with S the object size, B the link bandwidth and L the
 per-hop latency; depth D = min(ceil(log2((n+1)/(k+1))), floor(log2(n+1))), and D ≤ 0 means a

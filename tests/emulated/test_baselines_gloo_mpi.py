@@ -65,7 +65,7 @@ def test_sum_check_tolerates_rounding_but_not_errors() -> None:
 
 
 def test_optimum_and_sizes() -> None:
-    """The baselines' command lines share hoplite's parse_size and optimum (DESIGN §7)."""
+    """The baselines' command lines share hoplite's parse_size and optimum (docs/design.md §7)."""
     assert parse_size("32MiB") == 32 << 20 and parse_size("2MB") == 2_000_000
     s = 32 << 20
     assert optimum("broadcast", s, 8, 1e9) == pytest.approx(s * 8 / 1e9)
