@@ -19,6 +19,7 @@ from hoplite_client.net.handshake import Identity, dial
 from hoplite_client.wire.errors import ConnectionLostError, HopliteError, PeerUnavailableError
 from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.messages import MemberInfo, Ping, Request, WireMessage
+from hoplited.cluster import liveness as lv
 
 log = logging.getLogger("hoplited.links")
 
@@ -38,9 +39,8 @@ class PeerLink:
         self.on_dead = on_dead
         self.on_rtt = on_rtt
         self.channel: Channel | None = None
-        self.last_seen = time.monotonic()
+        self.liveness = lv.Liveness(interval, timeout, time.monotonic())
         self._lock = asyncio.Lock()
-        self._dead = False
         self._heartbeat: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -52,7 +52,7 @@ class PeerLink:
         self._heartbeat = asyncio.create_task(self._beat(), name=f"heartbeat-{self.node_id}")
 
     async def _ensure(self) -> Channel:
-        if self._dead:
+        if self.liveness.dead:
             raise PeerUnavailableError(f"member {self.node_id} is dead", node=self.node_id)
         async with self._lock:
             if self.channel is None or not self.channel.is_open:
@@ -60,8 +60,9 @@ class PeerLink:
                     protocol, peer_id = await dial(self.member.host, self.member.port, "peer",
                                                    self.me, timeout=self.timeout)
                 except ConnectionLostError as exc:
-                    if isinstance(exc.__cause__, ConnectionRefusedError):
-                        self._declare_dead("refuses connections")  # its process is gone
+                    if isinstance(exc.__cause__, ConnectionRefusedError):  # its process is gone
+                        self._apply(self.liveness.handle(lv.Failed(time.monotonic(),
+                                                                   "refused")))
                     raise
                 if peer_id != self.node_id:
                     protocol.abort()
@@ -75,7 +76,7 @@ class PeerLink:
         """Send a request to this member and wait for its reply (typed errors re-raised)."""
         channel = await self._ensure()
         frame = await channel.request(msg, payload, timeout)
-        self.last_seen = time.monotonic()
+        self.liveness.handle(lv.Seen(time.monotonic()))
         return frame
 
     def notify(self, msg: WireMessage, payload: Any = None) -> None:
@@ -94,27 +95,43 @@ class PeerLink:
             log.info("could not tell %s %s: %s", self.node_id, type(msg).__name__, exc)
 
     async def _beat(self) -> None:
-        while not self._dead:
-            await asyncio.sleep(self.interval)
-            try:
-                sent = time.monotonic()
-                await self.request(Ping(), timeout=self.timeout)
-                self.on_rtt(time.monotonic() - sent)
-            except (HopliteError, OSError) as exc:
-                silent = time.monotonic() - self.last_seen
-                if silent >= self.timeout:
-                    self._declare_dead(f"silent for {silent:.1f}s ({exc})")
-                    return
-                if isinstance(exc, ConnectionLostError):
-                    await asyncio.sleep(min(self.interval, 0.2))
+        """Carry out the liveness core's instructions until it declares the member dead."""
+        todo = self.liveness.handle(lv.Tick(time.monotonic()))
+        while todo:
+            self._apply(todo)
+            last = todo[-1]
+            if isinstance(last, lv.WaitUntil):
+                await asyncio.sleep(max(0.0, last.t - time.monotonic()))
+                todo = self.liveness.handle(lv.Tick(time.monotonic()))
+            elif isinstance(last, lv.SendPing):
+                todo = self.liveness.handle(await self._ping(last.timeout))
+            else:
+                return  # declared dead
 
-    def _declare_dead(self, reason: str) -> None:
-        if self._dead:
-            return
-        log.warning("member %s is dead: %s", self.node_id, reason)
-        self._dead = True
-        self.close()
-        self.on_dead(self.node_id)
+    async def _ping(self, budget: float) -> lv.Event:
+        """One heartbeat, reconnecting first if needed, all of it bounded by ``budget``."""
+        try:
+            async with asyncio.timeout(budget):
+                channel = await self._ensure()
+                sent = time.monotonic()
+                await channel.request(Ping())
+        except ConnectionLostError as exc:
+            refused = isinstance(exc.__cause__, ConnectionRefusedError)
+            return lv.Failed(time.monotonic(), "refused" if refused else "lost")
+        except (TimeoutError, HopliteError, OSError):
+            return lv.Failed(time.monotonic(), "timeout")
+        now = time.monotonic()
+        return lv.Answered(now, now - sent)
+
+    def _apply(self, instructions: list[lv.Instruction]) -> None:
+        """Carry out the instructions that need no waiting: RTT reports and a death."""
+        for ins in instructions:
+            if isinstance(ins, lv.ReportRtt):
+                self.on_rtt(ins.rtt)
+            elif isinstance(ins, lv.DeclareDead):
+                log.warning("member %s is dead: %s", self.node_id, ins.reason)
+                self.close()
+                self.on_dead(self.node_id)
 
     def close(self) -> None:
         """Stop the heartbeat and drop the connection (pending requests fail)."""
