@@ -1,8 +1,210 @@
-"""Constants and helpers shared by the test tiers (tests/ is on sys.path: its conftest)."""
+"""Constants and helpers shared by the test tiers (tests/ is on sys.path: its conftest).
+
+Raw sockets speak the wire format by hand (blocking sockets driven from worker threads, so the
+event loop keeps running meanwhile).
+"""
 
 from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+import hoplite_client
+from hoplite_client.wire.frames import (
+    MAGIC,
+    PRELUDE,
+    PROTOCOL_VERSION,
+    SUPPORTED_VERSIONS,
+    Frame,
+    FrameReader,
+    encode_header,
+)
+from hoplite_client.wire.messages import (
+    ClientHello,
+    ClientWelcome,
+    Error,
+)
 
 # Small arenas keep eight daemons cheap.
 TEST_CAPACITY = "512MiB"
 # Heartbeats fast enough for failure tests, slow enough for a loaded 2-core machine.
 FAST_HEARTBEAT = ["--heartbeat-interval", "0.5", "--heartbeat-timeout", "4"]
+IO_TIMEOUT = 30.0  # generous: the machine is loaded
+MiB = 1024 * 1024
+
+
+# --- helpers ---------------------------------------------------------------------------------
+def raw_frame(kind: int, header: bytes, payload: bytes = b"", magic: bytes = MAGIC) -> bytes:
+    """A frame built by hand (any kind, any header bytes)."""
+    return PRELUDE.pack(magic, PROTOCOL_VERSION, kind, len(header), len(payload)) + header + payload
+
+
+def address(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host, int(port)
+
+
+def recv_until_close(sock: socket.socket, timeout: float = IO_TIMEOUT) -> tuple[bytes, bool]:
+    """Everything the peer sends until it closes (True) or ``timeout`` passes (False)."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    while (remaining := deadline - time.monotonic()) > 0:
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            break
+        except ConnectionResetError:
+            return data, True
+        if not chunk:
+            return data, True
+        data += chunk
+    return data, False
+
+
+def errors_in(data: bytes) -> list[Error]:
+    """Decode a daemon's answer; every frame in it must be an Error."""
+    events = FrameReader().feed(data)
+    assert events and all(isinstance(e, Frame) and isinstance(e.msg, Error) for e in events), events
+    return [e.msg for e in events]
+
+
+class RawConn:
+    """A blocking socket speaking frames by hand (TCP or the daemon's Unix socket)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sock.settimeout(IO_TIMEOUT)
+        self.reader = FrameReader()
+        self.events: list[Any] = []
+
+    @classmethod
+    def tcp(cls, listen: str) -> RawConn:
+        return cls(socket.create_connection(address(listen), timeout=IO_TIMEOUT))
+
+    @classmethod
+    def unix(cls, path: str) -> RawConn:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(IO_TIMEOUT)
+            sock.connect(path)
+        except BaseException:
+            sock.close()
+            raise
+        return cls(sock)
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def next_frame(self) -> Frame:
+        while not self.events:
+            data = self.sock.recv(65536)
+            assert data, "the daemon closed the connection"
+            self.events.extend(self.reader.feed(data))
+        event = self.events.pop(0)
+        assert isinstance(event, Frame), event
+        return event
+
+    def client_handshake(self) -> ClientWelcome:
+        """ClientHello → ClientWelcome with the arena fd (closed here: we never map it)."""
+        self.send(encode_header(ClientHello(versions=SUPPORTED_VERSIONS, pid=os.getpid())))
+        data, fds, _, _ = socket.recv_fds(self.sock, 4096, 1)
+        for fd in fds:
+            os.close(fd)
+        assert len(fds) == 1, "the welcome carried no arena fd"
+        self.events.extend(self.reader.feed(data))
+        welcome = self.next_frame().msg
+        assert isinstance(welcome, ClientWelcome), welcome
+        return welcome
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def memfd_holders(name: str) -> set[int]:
+    """Pids that map ``memfd:<name>`` or hold an fd on it (vanishing processes ignored)."""
+    needle = f"memfd:{name}"
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/maps", errors="replace") as f:
+                if needle in f.read():
+                    pids.add(int(entry))
+                    continue
+        except OSError:
+            pass
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if needle in os.readlink(f"/proc/{entry}/fd/{fd}"):
+                    pids.add(int(entry))
+                    break
+            except OSError:
+                continue
+    return pids
+
+
+def shm_files() -> set[str]:
+    # POSIX semaphores (sem.*) of unrelated programs are not shared memory we care about.
+    return {n for n in os.listdir("/dev/shm") if not n.startswith("sem.")}
+
+
+async def eventually(check, timeout: float = IO_TIMEOUT, what: str = "condition") -> Any:
+    """Poll the async ``check`` until it returns something truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout}s (last: {result!r})")
+        await asyncio.sleep(0.2)
+
+
+async def run_hoplited(*args: str, timeout: float = 60.0) -> tuple[int, str]:
+    """Run ``python -m hoplited ARGS`` to completion (killed and reaped on timeout)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "hoplited", *args, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), timeout)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, err.decode(errors="replace")
+
+
+async def wait_member_dead(client: hoplite_client.Client, node_id: str) -> None:
+    """Poll ``client.status()`` until its daemon lists ``node_id`` as not alive."""
+
+    async def dead() -> bool:
+        members = (await client.status())["local"]["members"]
+        return any(m["node_id"] == node_id and m["alive"] is False for m in members)
+
+    await eventually(dead, what=f"member {node_id} declared dead")
+
+
+async def put_get_roundtrip(put_socket: str, get_socket: str) -> None:
+    """A small and a large object put through one daemon come back intact through another."""
+    async with await hoplite_client.connect(put_socket) as a, await hoplite_client.connect(get_socket) as b:
+        small = np.arange(100, dtype=np.int32)
+        large = np.arange(MiB // 8, dtype=np.float64)  # 1 MiB: goes through shared memory
+        ids = [await a.put(small), await a.put(large)]
+        for oid, want in zip(ids, (small, large)):
+            got = await b.get(oid, timeout=IO_TIMEOUT)
+            np.testing.assert_array_equal(got, want)
+            del got
+

@@ -1,0 +1,90 @@
+"""Killed and frozen daemons: shared memory, ownership moves and death detection."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import numpy as np
+import pytest
+from helpers import (
+    FAST_HEARTBEAT,
+    IO_TIMEOUT,
+    MiB,
+    eventually,
+    memfd_holders,
+    put_get_roundtrip,
+    shm_files,
+    wait_member_dead,
+)
+
+import hoplite_client
+from hoplite_client.wire.errors import HopliteError
+from hoplite_client.wire.ids import ObjectID
+from hoplited.cluster.membership import rendezvous_owner
+
+
+# --- 5. SIGKILL and restart ------------------------------------------------------------------
+async def test_sigkill_leaves_no_shared_memory_and_restart_works(make_cluster):
+    """A SIGKILLed daemon's arena is gone once its clients are; restart on the same socket works."""
+    cluster = await make_cluster(2)
+    victim = cluster.nodes[1]
+    arena_name = f"hoplite-{victim.node_id}"
+    shm_before = shm_files()
+    client = await hoplite_client.connect(victim.socket)
+    try:
+        big = np.arange(32 * MiB // 8, dtype=np.int64)
+        oid = await client.put(big)
+        view = await client.get(oid)
+        assert view[-1] == big[-1]
+        del view
+        holders = await asyncio.to_thread(memfd_holders, arena_name)
+        assert {victim.pid, os.getpid()} <= holders, holders  # the scan sees what it should
+        cluster.kill(1)
+        await asyncio.wait_for(victim.process.wait(), IO_TIMEOUT)
+    finally:
+        await client.close()
+    del client
+
+    async def arena_gone() -> bool:
+        return not await asyncio.to_thread(memfd_holders, arena_name)
+
+    await eventually(arena_gone, what=f"no process holding memfd:{arena_name}")
+    assert shm_files() - shm_before == set()
+
+    node = await cluster.restart(1)
+    assert node.socket == victim.socket and node.pid != victim.pid
+    await put_get_roundtrip(node.socket, cluster.nodes[0].socket)
+    await put_get_roundtrip(cluster.nodes[0].socket, node.socket)
+
+
+async def test_put_whose_owner_just_died_succeeds(make_cluster, connect):
+    """A put whose directory owner was just SIGKILLed is not failed back to the client."""
+    cluster = await make_cluster(2)
+    c0 = await connect(cluster.nodes[0].socket)
+    ids = [n.node_id for n in cluster.nodes]
+    oid = next(o for o in iter(ObjectID.random, None) if rendezvous_owner(o, ids) == ids[1])
+    cluster.kill(1)
+    await asyncio.wait_for(cluster.nodes[1].process.wait(), IO_TIMEOUT)
+    data = np.arange(1000, dtype=np.int64)
+    await asyncio.wait_for(c0.put(data, object_id=oid), 60.0)
+    np.testing.assert_array_equal(await c0.get(oid, timeout=IO_TIMEOUT), data)
+
+
+# --- 6. a frozen member ----------------------------------------------------------------------
+async def test_stopped_member_is_declared_dead(make_cluster, connect):
+    """A SIGSTOPped member is declared dead; a get of its object fails instead of hanging."""
+    cluster = await make_cluster(3, daemon_args=FAST_HEARTBEAT)
+    c0 = await connect(cluster.nodes[0].socket)
+    c2 = await connect(cluster.nodes[2].socket)
+    oid = await c2.put(np.ones(MiB, dtype=np.uint8))  # large: its bytes live on node 2 only
+    frozen = cluster.nodes[2].node_id
+    cluster.kill(2, signal.SIGSTOP)
+    try:
+        await wait_member_dead(c0, frozen)
+        with pytest.raises(HopliteError):
+            await asyncio.wait_for(c0.get(oid, timeout=3.0), 60.0)
+    finally:
+        cluster.kill(2, signal.SIGCONT)
+
