@@ -29,7 +29,8 @@ class DaemonConfig:
     heartbeat_interval: float = 1.0
     # Five missed beats: long enough for a loaded 2-core test machine, short enough to react.
     heartbeat_timeout: float = 5.0
-    # A pull that receives nothing for this long is abandoned and resumed from another source.
+    # The longest a pull may receive nothing before it is abandoned and resumed from another
+    # source; a get's own window is derived from the link rate below this cap (link_model.py).
     stall_timeout: float = 30.0
     advertise_host: str | None = None
 

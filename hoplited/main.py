@@ -53,7 +53,9 @@ async def run(config: DaemonConfig) -> None:
 @click.option("--heartbeat-timeout", default=5.0, show_default=True, type=float,
               help="Seconds of silence after which a member is declared dead.")
 @click.option("--stall-timeout", default=30.0, show_default=True, type=float,
-              help="Seconds without a byte after which a transfer switches source.")
+              help="Longest a transfer may receive nothing before it switches source (a "
+                   "get's window is derived from the measured link rate: about 1 s on 1 Gbit "
+                   "links; a reduce's pulls use this cap).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def main(listen: str, socket_path: str | None, join: tuple[str, ...],

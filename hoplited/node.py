@@ -104,6 +104,7 @@ class Daemon:
             for node in set(previous) - set(membership.alive_ids()):
                 shard.forget_node(node)
                 reductions.node_died(node)
+                fetcher.source_died(node)
             moved = shard.membership_changed()
             if moved:
                 log.info("%d directory entries moved to other shards", moved)

@@ -10,6 +10,11 @@ from __future__ import annotations
 DEFAULT_LATENCY = 100e-6
 DEFAULT_BANDWIDTH = 1.25e9
 SMOOTHING = 0.2  # weight of a new sample in the moving averages
+# A source that sends nothing for this many slices' worth of link time has stalled...
+STALL_SLICES = 8
+# ...but never sooner than this: a loaded 2-core host can pause a healthy sender for a few
+# hundred milliseconds (8 daemons, their clients and the kernel's copies share the cores).
+STALL_MIN = 1.0
 
 
 class LinkModel:
@@ -31,6 +36,12 @@ class LinkModel:
         self.bandwidth = rate if not self.bandwidth_samples else (
             (1 - SMOOTHING) * self.bandwidth + SMOOTHING * rate)
         self.bandwidth_samples += 1
+
+    def stall_window(self, slice_bytes: int, cap: float) -> float:
+        """How long a transfer may receive nothing before its source counts as stalled: a few
+        slices at the measured rate, at least ``STALL_MIN``, at most ``cap`` (docs/design.md
+        §5). About a second on 1 Gbit/s links, instead of a fixed half minute."""
+        return min(cap, max(STALL_MIN, STALL_SLICES * slice_bytes / self.bandwidth))
 
     def as_dict(self) -> dict[str, float]:
         return {"latency_s": self.latency, "bandwidth_Bps": self.bandwidth,

@@ -36,6 +36,7 @@ from hoplited.memory.arena import Arena
 from hoplited.memory.store import ObjectStore, StoredObject
 from hoplited.tasks import Tasks
 from hoplited.transfer import fetch_plan as fp
+from hoplited.transfer.sender import SEND_SLICE
 
 log = logging.getLogger("hoplited.transfer")
 
@@ -59,6 +60,7 @@ class Fetcher:
         self._counters = counters
         self._tasks = tasks
         self._stall_timeout = stall_timeout
+        self._pulls: dict[str, set[FrameProtocol]] = {}  # live data connections by source
         self._fetches: dict[ObjectID, tuple[asyncio.Task[StoredObject], fp.FetchPlan]] = {}
 
     async def fetch(self, oid: ObjectID, timeout: float | None) -> StoredObject:
@@ -148,7 +150,9 @@ class Fetcher:
         """One pull from ``source``, its outcome as the plan's event."""
         error: HopliteError | None = None
         try:
-            await self.pull_into(obj, source, obj.oid, obj.version, report=True)
+            await self.pull_into(obj, source, obj.oid, obj.version, report=True,
+                                 stall=self._link_model.stall_window(SEND_SLICE,
+                                                                     self._stall_timeout))
         except HopliteError as exc:
             error = exc
         except OSError as exc:
@@ -169,6 +173,13 @@ class Fetcher:
         await obj.wait_for(obj.size)
         return obj
 
+    def source_died(self, node: str) -> None:
+        """A member was declared dead: abort our pulls from it now (they resume elsewhere,
+        from their watermarks) instead of waiting out a stall."""
+        error = PeerUnavailableError(f"source {node} died", node=node)
+        for protocol in list(self._pulls.pop(node, ())):
+            protocol.abort(error)
+
     def _store_inline(self, oid: ObjectID, located: Located,
                       payload: memoryview | None) -> StoredObject:
         data = payload if payload is not None else memoryview(b"")
@@ -183,13 +194,17 @@ class Fetcher:
         return obj
 
     async def pull_into(self, obj: StoredObject, source: str, remote: ObjectID, version: bytes,
-                        report: bool = False) -> None:
+                        report: bool = False, stall: float | None = None) -> None:
         """Stream ``source``'s object ``remote`` (at ``version``) into ``obj`` from its
-        watermark on; ``report`` tells the directory how far along we are."""
+        watermark on; ``report`` tells the directory how far along we are. ``stall``: how long
+        the source may send nothing (default: the configured cap; a reduce's pulls keep it,
+        since a partial sum legitimately waits for inputs that have not arrived yet)."""
         member = self._membership.members.get(source)
         if member is None or not self._membership.is_alive(source):
             raise PeerUnavailableError(f"source {source} is not a live member", node=source)
         protocol, _ = await dial(member.host, member.port, "data", self._identity)
+        pulls = self._pulls.setdefault(source, set())
+        pulls.add(protocol)
         start = obj.received
         done: asyncio.Future[Frame[DataStream | Error]] = (
             asyncio.get_running_loop().create_future())
@@ -231,8 +246,12 @@ class Fetcher:
         began = time.monotonic()
         try:
             protocol.send(Pull(rid=1, oid=remote, version=version, offset=start))
-            frame = await self._watch(protocol, obj, done)
+            frame = await self._watch(protocol, obj, done,
+                                      self._stall_timeout if stall is None else stall)
         finally:
+            pulls.discard(protocol)
+            if not pulls and self._pulls.get(source) is pulls:
+                del self._pulls[source]
             obj.on_fail.remove(on_fail)
             protocol.close()
             self._counters["bytes_in"] += obj.received - start
@@ -244,9 +263,9 @@ class Fetcher:
                                        node=source)
 
     async def _watch(self, protocol: FrameProtocol, obj: StoredObject,
-                     done: asyncio.Future[Frame[DataStream | Error]]) -> Frame[DataStream | Error]:
-        """Wait for the stream to end; a silent source (no byte for the stall timeout) fails."""
-        stall = self._stall_timeout
+                     done: asyncio.Future[Frame[DataStream | Error]],
+                     stall: float) -> Frame[DataStream | Error]:
+        """Wait for the stream to end; a silent source (no byte for ``stall`` s) fails."""
         seen = obj.received
         while True:
             waiters: set[asyncio.Future[Any]] = {done, protocol.closed}

@@ -1,10 +1,12 @@
-"""A node dies mid-transfer: receivers keep their bytes and resume from another source."""
+"""A node dies or falls silent mid-transfer: receivers keep their bytes and resume elsewhere."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import shutil
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -45,4 +47,39 @@ async def test_receiver_resumes_when_its_source_dies() -> None:
             del got
         finally:
             for c in (clients[0], clients[2]):
+                await c.close()
+
+
+async def test_receiver_leaves_a_silent_source() -> None:
+    """In a chain 0 → 1 → 2, SIGSTOP on node 1 mid-stream (its sockets stay open, nothing flows):
+    node 2 switches source after a stall window derived from the link rate (about a second
+    here), not after the 30 s cap, and gets the exact bytes with none received twice."""
+    async with emulated_cluster(3, RATE, capacity="512MiB", daemon_args=FAST_HEARTBEAT,
+                                log_level="info") as cluster:
+        clients = [await hc.connect(s) for s in (cluster.sockets[0], cluster.sockets[2])]
+        frozen = await hc.connect(cluster.sockets[1])
+        first = None
+        try:
+            x = np.frombuffer(np.random.default_rng(6).bytes(SIZE), dtype=np.uint8)
+            oid = await clients[0].put(x)
+            first = asyncio.ensure_future(frozen.get(oid, timeout=120))
+            await asyncio.sleep(0.3)
+            second = asyncio.ensure_future(clients[1].get(oid, timeout=120))
+            await asyncio.sleep(1.0)  # both mid-stream (the whole takes ~2.7 s per hop)
+            assert not second.done()
+            cluster.kill(1, signal.SIGSTOP)
+            stopped = time.monotonic()
+            got = await asyncio.wait_for(second, 120)
+            recovered = time.monotonic() - stopped
+            assert np.array_equal(got, x)
+            # Without the link-derived window this waited out the 30 s stall cap.
+            assert recovered < 20, f"node 2 took {recovered:.1f}s to leave the silent source"
+            status = (await clients[1].status())["local"]
+            assert status["bytes_in"] == SIZE, status
+            del got
+        finally:
+            cluster.kill(1, signal.SIGCONT)
+            if first is not None:
+                first.cancel()
+            for c in (*clients, frozen):
                 await c.close()
