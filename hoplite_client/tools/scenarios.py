@@ -75,12 +75,14 @@ async def members_on_this_host(seed: str, token: bytes) -> list[str]:
 @contextlib.asynccontextmanager
 async def bench_clients(nodes: int, join: str | None, token_file: str | None,
                         capacity: str, emulate: int | None = None,
-                        ) -> AsyncIterator[list[hoplite_client.Client]]:
+                        ) -> AsyncIterator[tuple[list[hoplite_client.Client], LocalCluster | None]]:
     """Clients of ``nodes`` daemons: a fresh local cluster (in an emulated test bed with
-    ``emulate`` bit/s links if given), or members of ``join``'s cluster; closed on exit."""
+    ``emulate`` bit/s links if given), or members of ``join``'s cluster; closed on exit. The
+    cluster comes along when we started it (failure runs signal its daemons)."""
     async with contextlib.AsyncExitStack() as stack:
+        cluster: LocalCluster | None = None
         if emulate is not None:
-            cluster: LocalCluster = await stack.enter_async_context(
+            cluster = await stack.enter_async_context(
                 emulated_cluster(nodes, emulate, capacity=capacity, check=True,
                                  log_level="warning"))
             sockets = cluster.sockets
@@ -99,7 +101,7 @@ async def bench_clients(nodes: int, join: str | None, token_file: str | None,
                                  f"on this host; a benchmark needs at least 2")
         clients = [await stack.enter_async_context(await hoplite_client.connect(s))
                    for s in sockets]
-        yield clients
+        yield clients, cluster
 
 
 # --------------------------------------------------------------------------------------------
@@ -181,7 +183,7 @@ Scenario = Callable[[BenchContext, int], Awaitable[float]]
 # the scenarios
 
 
-async def _put_all(ctx: BenchContext, ids: list[hoplite_client.ObjectID]) -> float:
+async def put_all(ctx: BenchContext, ids: list[hoplite_client.ObjectID]) -> float:
     """Every node puts its input under ``ids[i]``, at once or ``interval`` apart; returns the
     time the last put completed (the moment every input exists)."""
     if ctx.interval <= 0:
@@ -196,7 +198,8 @@ async def _put_all(ctx: BenchContext, ids: list[hoplite_client.ObjectID]) -> flo
     return time.perf_counter()
 
 
-def _reduced_ok(ctx: BenchContext, result: NDArray[Any]) -> bool:
+def reduced_ok(ctx: BenchContext, result: NDArray[Any]) -> bool:
+    """The result has the inputs' shape and equals numpy's sum of them."""
     return result.shape == ctx.data(0).shape and bool(
         np.allclose(result, ctx.expected_sum(), rtol=1e-4, atol=1e-3))
 
@@ -232,15 +235,15 @@ async def _reduce(ctx: BenchContext, everyone_gets: bool) -> float:
         result = await root.reduce(ids, "sum", timeout=GET_TIMEOUT)
         getters = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT))
                    for c in (ctx.clients if everyone_gets else [root])]
-        start = await _put_all(ctx, ids)
+        start = await put_all(ctx, ids)
     else:
-        start = await _put_all(ctx, ids)
+        start = await put_all(ctx, ids)
         result = await root.reduce(ids, "sum", timeout=GET_TIMEOUT)
         getters = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT))
                    for c in (ctx.clients if everyone_gets else [root])]
     arrays = await asyncio.gather(*getters)
     elapsed = time.perf_counter() - start
-    ctx.check(all(_reduced_ok(ctx, a) for a in arrays), "the result differs from numpy's sum")
+    ctx.check(all(reduced_ok(ctx, a) for a in arrays), "the result differs from numpy's sum")
     del arrays
     for oid in [*ids, result]:
         await root.delete(oid)
@@ -260,7 +263,7 @@ async def run_allreduce(ctx: BenchContext, run: int) -> float:
 async def run_gather(ctx: BenchContext, run: int) -> float:
     """Every node puts an object; node 0 gets them all."""
     ids = [hoplite_client.ObjectID.random() for _ in ctx.clients]
-    start = await _put_all(ctx, ids)
+    start = await put_all(ctx, ids)
     arrays = await ctx.clients[0].gather(ids, timeout=GET_TIMEOUT)
     elapsed = time.perf_counter() - start
     ctx.check(all(same_bytes(a, ctx.data(i)) for i, a in enumerate(arrays)),

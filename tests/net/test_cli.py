@@ -86,3 +86,23 @@ async def test_bench_collectives_with_staggered_arrivals(tmp_path) -> None:
         assert code == 0, f"{op}: {err}"
         assert "every result checked" in out, op
         assert json.loads(out_file.read_text())["op"] == op
+
+
+async def test_bench_failure_run_reports_every_survivor(tmp_path) -> None:
+    """--kill-node: failure-free runs, then a run in which node 2 is SIGKILLed at once; every
+    survivor gets the checked object, and its outcome is printed and recorded."""
+    out_json = tmp_path / "failure.json"
+    code, out, err = await run(*CLI, "bench", "broadcast", "--nodes", "4", "--size", "16MiB",
+                               "--repeat", "2", "--capacity", "256MiB", "--kill-node", "2",
+                               "--kill-after", "0", "--json", str(out_json))
+    assert code == 0, err
+    assert "failure run: SIGKILL to node 2" in out and "(last survivor)" in out
+    failure = json.loads(out_json.read_text())["failure"]
+    assert [o["node"] for o in failure["outcomes"]] == [1, 3]
+    assert all(o["error"] is None and o["seconds"] > 0 for o in failure["outcomes"])
+
+
+async def test_bench_failure_run_refuses_the_root() -> None:
+    """Node 0 is the op's root: its death is the caller's error, not a survivor's."""
+    code, _, err = await run(*CLI, "bench", "reduce", "--nodes", "3", "--kill-node", "0")
+    assert code == 2 and "--kill-node must be between 1 and 2" in err

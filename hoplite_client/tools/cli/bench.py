@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import click
 import uvloop
 
+from hoplite_client.tools.failures import SIGNALS, FailureRun, check_victim, run_with_failure
 from hoplite_client.tools.scenarios import (
     SCENARIOS,
     BenchContext,
@@ -42,6 +43,7 @@ class BenchResult:
     rate_bps: int | None = None
     arrival_interval: float = 0.0
     runs: list[float] = field(default_factory=list)
+    failure: FailureRun | None = None
 
     @property
     def median(self) -> float:
@@ -96,26 +98,58 @@ DESCRIPTIONS = {
 }
 
 
+def _print_failure(run: FailureRun) -> None:
+    """The failure run next to the failure-free median, and every survivor's outcome."""
+    free = statistics.median(run.failure_free)
+    click.echo(f"failure run: SIG{run.signal} to node {run.victim} at {run.kill_after:.2f} s")
+    for o in run.outcomes:
+        what = f"FAILED: {o.error}" if o.seconds is None else f"ok at {o.seconds * 1e3:.1f} ms"
+        click.echo(f"  node {o.node}: {what}")
+    if run.last is None:
+        click.echo(f"failure-free {free * 1e3:.1f} ms; with the failure: not every survivor "
+                   f"got its result")
+    else:
+        click.echo(f"failure-free {free * 1e3:.1f} ms; with the failure {run.last * 1e3:.1f} ms "
+                   f"(last survivor): {run.ratio:.2f}x")
+
+
 def _make_command(op: str) -> click.Command:
     """``hoplite bench OP``: run scenario ``op``, print the median, optionally write JSON."""
     @common_options
     @click.option("--arrival-interval", default=0.0, show_default=True, type=float,
                   help="Seconds between participants' puts (latency then counts from the "
                        "last one).")
+    @click.option("--kill-node", default=None, type=int, metavar="I",
+                  help="After the failure-free runs, run once more and signal node I's daemon "
+                       "(1..N-1) mid-run; print both times, the ratio and every survivor.")
+    @click.option("--kill-after", default=1.0, show_default=True, type=click.FloatRange(0),
+                  help="Seconds into the failure run at which the signal is sent.")
+    @click.option("--signal", "sig", default="KILL", show_default=True,
+                  type=click.Choice(sorted(SIGNALS)), help="KILL: the node dies; STOP: it "
+                  "falls silent with its sockets open.")
     def command(nodes: int, size: str | None, repeat: int, warmup: int,
                 json_path: str | None, join: str | None, token_file: str | None,
-                capacity: str, emulate: str | None, arrival_interval: float) -> None:
+                capacity: str, emulate: str | None, arrival_interval: float,
+                kill_node: int | None, kill_after: float, sig: str) -> None:
         nbytes = parse_size(size or ("1KB" if op == "roundtrip" else "64MiB"))
         if emulate is not None and join is not None:
             raise click.UsageError("--emulate starts its own cluster; it excludes --join")
         rate = parse_rate(emulate) if emulate is not None else None
+        if kill_node is not None:
+            if join is not None:
+                raise click.UsageError("--kill-node signals daemons it started; not with --join")
+            try:
+                check_victim(op, kill_node, nodes)
+            except HopliteError as exc:
+                raise click.UsageError(str(exc)) from exc
         where = (f"emulated {format_rate(rate)} links" if rate is not None else
                  "local cluster" if join is None else join)
 
         async def main() -> BenchResult:
             progress = Progress()
             progress.update(f"starting {nodes} daemons ({where})...")
-            async with bench_clients(nodes, join, token_file, capacity, rate) as clients:
+            async with bench_clients(nodes, join, token_file, capacity, rate) as (clients,
+                                                                                 cluster):
                 n = len(clients)
                 what = DESCRIPTIONS[op].format(size=f"{nbytes / 2**20:.2f} MiB", n=n, n1=n - 1)
                 click.echo(f"{op} {what} ({where}, {n} daemons)")
@@ -123,6 +157,11 @@ def _make_command(op: str) -> click.Command:
                 result = BenchResult(op, n, nbytes, "emulated" if rate else
                                      "local" if join is None else join, rate, arrival_interval)
                 result.runs = await run_scenario(op, ctx, warmup, repeat)
+                if kill_node is not None and cluster is not None:
+                    progress.update(f"failure run: {sig} node {kill_node} at {kill_after}s...")
+                    result.failure = FailureRun(op, kill_node, sig, kill_after, result.runs)
+                    result.failure.outcomes = await run_with_failure(
+                        op, ctx, cluster, kill_node, kill_after, sig)
                 return result
 
         try:
@@ -133,6 +172,8 @@ def _make_command(op: str) -> click.Command:
             f", {result.median / result.optimum:.2f}x the optimum {result.optimum * 1e3:.1f} ms")
         click.echo(f"median {result.median * 1e3:.1f} ms over {len(result.runs)} runs "
                    f"({nbytes / result.median / 1e6:.1f} MB/s{ratio}); every result checked")
+        if result.failure is not None:
+            _print_failure(result.failure)
         if json_path:
             with open(json_path, "w") as f:
                 json.dump(result.as_dict(), f, indent=2)

@@ -1,0 +1,132 @@
+"""Failure runs: one collective while a node is killed (SIGKILL) or silenced (SIGSTOP).
+
+``hoplite bench OP --kill-node I --kill-after S [--signal KILL|STOP]`` first measures OP
+failure-free (the ordinary scenarios), then runs it once more and, ``S`` seconds after the
+clock starts, sends the signal to node ``I``'s daemon. Every survivor's outcome is recorded:
+the time it held its checked result, or the typed error it got. The victim's own client is
+not a participant (its daemon is gone or frozen). The figure of merit is the last survivor's
+time over the failure-free median (docs/design.md §5, §8: at most 1.5 for SIGKILL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import hoplite_client
+from hoplite_client.tools.local_cluster import LocalCluster
+from hoplite_client.tools.scenarios import BenchContext, put_all, reduced_ok, same_bytes
+from hoplite_client.wire.errors import HopliteError, InvalidArgumentError
+
+# A survivor that has nothing after this long counts as hung: the run must end.
+FAILURE_TIMEOUT = 120.0
+SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP}
+OPS = ("broadcast", "reduce", "allreduce", "gather")
+
+
+@dataclass
+class Outcome:
+    """One survivor: seconds until it held its checked result, or the error it got."""
+
+    node: int
+    seconds: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class FailureRun:
+    """The failure run of one op, next to its failure-free runs."""
+
+    op: str
+    victim: int
+    signal: str
+    kill_after: float
+    failure_free: list[float]
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def all_survived(self) -> bool:
+        return all(o.error is None for o in self.outcomes)
+
+    @property
+    def last(self) -> float | None:
+        """When the last survivor held its result (None if any failed)."""
+        if not self.all_survived or not self.outcomes:
+            return None
+        return max(o.seconds for o in self.outcomes if o.seconds is not None)
+
+    @property
+    def ratio(self) -> float | None:
+        """The last survivor's time over the failure-free median."""
+        last = self.last
+        return None if last is None else last / statistics.median(self.failure_free)
+
+
+def check_victim(op: str, victim: int, nodes: int) -> None:
+    """Refuse what this run cannot measure: an unknown op or a victim outside 1..nodes-1
+    (node 0 is the op's root: its death is the caller's own error, not a survivor's)."""
+    if op not in OPS:
+        raise InvalidArgumentError(f"failure runs measure {', '.join(OPS)}, not {op}")
+    if not 1 <= victim < nodes:
+        raise InvalidArgumentError(f"--kill-node must be between 1 and {nodes - 1}")
+
+
+async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, victim: int,
+                           kill_after: float, sig: str) -> list[Outcome]:
+    """Run ``op`` once, signalling node ``victim`` ``kill_after`` seconds in; survivors'
+    outcomes, in node order."""
+    clients = ctx.clients
+    setup, participants = await _prepare(op, ctx)
+    survivors = [i for i in participants if i != victim]
+    t0 = time.perf_counter()
+
+    async def kill() -> None:
+        await asyncio.sleep(kill_after)
+        cluster.kill(victim, SIGNALS[sig])
+
+    async def one(i: int) -> Outcome:
+        try:
+            ok = await setup(i, clients[i])
+        except HopliteError as exc:
+            return Outcome(i, error=f"{type(exc).__name__}: {exc}")
+        if not ok:
+            return Outcome(i, error="wrong result")
+        return Outcome(i, seconds=time.perf_counter() - t0)
+
+    killer = asyncio.ensure_future(kill())
+    try:
+        return list(await asyncio.gather(*(one(i) for i in survivors)))
+    finally:
+        killer.cancel()
+
+
+Step = Callable[[int, hoplite_client.Client], Awaitable[bool]]
+
+
+async def _prepare(op: str, ctx: BenchContext) -> tuple[Step, list[int]]:
+    """Put the op's inputs; returns what each participant does and who participates."""
+    clients = ctx.clients
+    n = len(clients)
+    if op == "broadcast":
+        oid = await clients[0].put(ctx.data(0))
+
+        async def get_one(i: int, c: hoplite_client.Client) -> bool:
+            return same_bytes(await c.get(oid, timeout=FAILURE_TIMEOUT), ctx.data(0))
+        return get_one, list(range(1, n))
+    ids = [hoplite_client.ObjectID.random() for _ in clients]
+    await put_all(ctx, ids)
+    if op == "gather":
+        async def gather(i: int, c: hoplite_client.Client) -> bool:
+            arrays = await c.gather(ids, timeout=FAILURE_TIMEOUT)
+            return all(same_bytes(a, ctx.data(k)) for k, a in enumerate(arrays))
+        return gather, [0]
+    result = await clients[0].reduce(ids, "sum", timeout=FAILURE_TIMEOUT)
+
+    async def get_sum(i: int, c: hoplite_client.Client) -> bool:
+        return reduced_ok(ctx, await c.get(result, timeout=FAILURE_TIMEOUT))
+    return get_sum, (list(range(n)) if op == "allreduce" else [0])
+
