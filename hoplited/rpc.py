@@ -42,7 +42,15 @@ log = logging.getLogger("hoplited.rpc")
 R = TypeVar("R", bound=WireMessage)
 
 RETRY_PAUSE_MAX = 0.5  # between attempts to reach an object's owner while membership moves
-_OWNER_MOVED = (NotOwnerError, PeerUnavailableError, ConnectionLostError)
+_UNREACHABLE = (PeerUnavailableError, ConnectionLostError)
+
+
+def owner_moved(exc: HopliteError) -> bool:
+    """True when a request to an owner should go to the (new) owner: the shard said it is
+    not the owner, or reaching it failed here. An error the owner *answered* with is the
+    request's outcome, even when its type is one of these (a failed reduce's record is)."""
+    return isinstance(exc, NotOwnerError) or (isinstance(exc, _UNREACHABLE)
+                                              and not exc.reported)
 
 DataServer = Callable[[FrameProtocol], Awaitable[None]]
 
@@ -92,8 +100,8 @@ class Rpc:
             owner = self._membership.owner(oid)
             try:
                 return await self.call_node(owner, msg, payload, timeout)
-            except _OWNER_MOVED as exc:
-                if loop.time() >= give_up:
+            except HopliteError as exc:
+                if not owner_moved(exc) or loop.time() >= give_up:
                     raise
                 log.info("owner %s of %s unreachable (%s); retrying", owner, oid.short(), exc)
                 await asyncio.sleep(min(RETRY_PAUSE_MAX, 0.02 * 2 ** attempt))

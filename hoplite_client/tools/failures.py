@@ -30,7 +30,7 @@ OPS = ("broadcast", "reduce", "allreduce", "gather")
 
 @dataclass
 class Outcome:
-    """One survivor: seconds until it held its checked result, or the error it got."""
+    """One survivor: seconds until it held its checked result or got its error (``error``)."""
 
     node: int
     seconds: float | None = None
@@ -58,6 +58,12 @@ class FailureRun:
         if not self.all_survived or not self.outcomes:
             return None
         return max(o.seconds for o in self.outcomes if o.seconds is not None)
+
+    @property
+    def last_error(self) -> float | None:
+        """When the last survivor that failed got its error (None if none failed)."""
+        times = [o.seconds for o in self.outcomes if o.error is not None and o.seconds is not None]
+        return max(times) if times else None
 
     @property
     def ratio(self) -> float | None:
@@ -92,9 +98,9 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
         try:
             ok = await setup(i, clients[i])
         except HopliteError as exc:
-            return Outcome(i, error=f"{type(exc).__name__}: {exc}")
+            return Outcome(i, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}")
         if not ok:
-            return Outcome(i, error="wrong result")
+            return Outcome(i, time.perf_counter() - t0, "wrong result")
         return Outcome(i, seconds=time.perf_counter() - t0)
 
     killer = asyncio.ensure_future(kill())

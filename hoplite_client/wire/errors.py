@@ -11,7 +11,9 @@ from typing import Any, ClassVar
 
 
 class HopliteError(Exception):
-    """Base of every error raised by hoplite; ``data`` carries machine-readable details."""
+    """Base of every error raised by hoplite; ``data`` carries machine-readable details.
+    ``reported`` is True when another daemon answered with this error (it reached us as an
+    ``Error`` reply), False when it happened here: reaching a peer failed, for instance."""
 
     code: ClassVar[str] = "internal"
 
@@ -19,6 +21,7 @@ class HopliteError(Exception):
         super().__init__(message or self.__class__.__name__)
         self.message = message
         self.data = data
+        self.reported = False
 
 
 class ObjectNotFoundError(HopliteError):
@@ -128,4 +131,5 @@ def error_from_wire(code: str, message: str, data: dict[str, Any]) -> HopliteErr
         cls = RemoteProtocolError
     error = cls(message)
     error.data = dict(data)
+    error.reported = True
     return error

@@ -100,6 +100,7 @@ async def test_bench_failure_run_reports_every_survivor(tmp_path) -> None:
     failure = json.loads(out_json.read_text())["failure"]
     assert [o["node"] for o in failure["outcomes"]] == [1, 3]
     assert all(o["error"] is None and o["seconds"] > 0 for o in failure["outcomes"])
+    assert failure["kill_after"] == 0 and failure["signal"] == "KILL" and failure["victim"] == 2
 
 
 async def test_bench_failure_run_refuses_the_root() -> None:

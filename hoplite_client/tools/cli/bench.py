@@ -103,11 +103,14 @@ def _print_failure(run: FailureRun) -> None:
     free = statistics.median(run.failure_free)
     click.echo(f"failure run: SIG{run.signal} to node {run.victim} at {run.kill_after:.2f} s")
     for o in run.outcomes:
-        what = f"FAILED: {o.error}" if o.seconds is None else f"ok at {o.seconds * 1e3:.1f} ms"
+        at = "" if o.seconds is None else f" at {o.seconds * 1e3:.1f} ms"
+        what = f"ok{at}" if o.error is None else f"FAILED{at}: {o.error}"
         click.echo(f"  node {o.node}: {what}")
     if run.last is None:
+        last = run.last_error
         click.echo(f"failure-free {free * 1e3:.1f} ms; with the failure: not every survivor "
-                   f"got its result")
+                   f"got its result (the last error "
+                   f"{'?' if last is None else f'{last * 1e3:.1f} ms'} after the start)")
     else:
         click.echo(f"failure-free {free * 1e3:.1f} ms; with the failure {run.last * 1e3:.1f} ms "
                    f"(last survivor): {run.ratio:.2f}x")
