@@ -118,7 +118,6 @@ class FrameReader:
         self._state = "prelude"
         self._kind = 0
         self._payload_len = 0
-        self._header: memoryview | None = None
         self._msg: WireMessage | None = None
         self._bad: BadFrame | None = None
         self.broken: ProtocolError | None = None
