@@ -124,7 +124,9 @@ class MemberInfo:
 
 @record
 class Holding:
-    """One object a store holds, as re-announced to the object's directory shard."""
+    """One object a store holds, as re-announced to the object's directory shard.
+    ``producing``: the sender is computing it (a reduce's result), so if the sender dies
+    before any copy is complete, the object will never exist."""
 
     oid: ObjectID
     size: int
@@ -132,6 +134,7 @@ class Holding:
     shape: list[int]
     version: bytes
     received: int
+    producing: bool
 
 
 # --- 1-4: handshake on TCP connections (daemon to daemon, tools) ---

@@ -248,6 +248,7 @@ class ReduceCoordinator:
         d = self.d
         self.out = out = d.store.create(self.result, ins.size, ins.dtype, list(ins.shape))
         d.store.pin(out)
+        out.producing = True  # if this node dies first, its shard fails the result's gets
         d.tasks.spawn(d.arena.populate(out.offset, out.size), name="populate")
         self._spawn(d.directory.announce(out), "reduce-announce", p.ResultFailed)
         self._spawn(self._until_complete(out), "reduce-result", p.ResultFailed)

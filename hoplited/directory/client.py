@@ -116,4 +116,5 @@ class DirectoryClient:
 
 def _holding(obj: StoredObject) -> Holding:
     return Holding(oid=obj.oid, size=obj.size, dtype=obj.dtype, shape=obj.shape,
-                   version=obj.version, received=obj.received)
+                   version=obj.version, received=obj.received,
+                   producing=obj.producing and not obj.complete)

@@ -96,7 +96,7 @@ class DirectoryService:
         for h in msg.holdings:
             if self._owner_of(h.oid) == self._me:
                 self.shard.publish(h.oid, peer, h.size, h.dtype, h.shape, h.version, None,
-                                   received=h.received)
+                                   received=h.received, producing=h.producing)
         return Ok()
 
     async def on_wait_object(self, peer: str, msg: WaitObject,

@@ -116,10 +116,12 @@ class DirectoryShard:
         self._apply(self.state.fail(oid, error))
 
     def publish(self, oid: ObjectID, holder: str, size: int, dtype: str, shape: list[int],
-                version: bytes, inline: bytes | None, received: int | None = None) -> None:
-        """Record that ``holder`` has ``received`` bytes (default: all) of the object."""
+                version: bytes, inline: bytes | None, received: int | None = None,
+                producing: bool = False) -> None:
+        """Record that ``holder`` has ``received`` bytes (default: all) of the object
+        (``producing``: it computes the object, which dies with it until a copy is whole)."""
         self._apply(self.state.publish(oid, holder, size, dtype, shape, version, inline,
-                                       received))
+                                       received, producing))
 
     def progress(self, oid: ObjectID, holder: str, received: int) -> None:
         """A receiver reports how far along it is."""

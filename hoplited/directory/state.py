@@ -28,6 +28,7 @@ from hoplite_client.wire.errors import (
     NotOwnerError,
     ObjectExistsError,
     ObjectNotFoundError,
+    PeerUnavailableError,
 )
 from hoplite_client.wire.ids import ObjectID
 
@@ -60,6 +61,7 @@ class Entry:
     version: bytes
     inline: bytes | None = None
     holders: dict[str, Holder] = field(default_factory=dict)
+    producer: str | None = None  # the node computing it (a reduce's result), if any
 
     def complete_holders(self) -> list[str]:
         """The holders (alive or not) that have every byte."""
@@ -170,8 +172,9 @@ class DirectoryState:
     # --- mutators: each returns the instructions to carry out ---
     def publish(self, oid: ObjectID, holder: str, size: int, dtype: str, shape: list[int],
                 version: bytes, inline: bytes | None,
-                received: int | None = None) -> list[Instruction]:
-        """Record that ``holder`` has ``received`` bytes (default: all) of the object."""
+                received: int | None = None, producing: bool = False) -> list[Instruction]:
+        """Record that ``holder`` has ``received`` bytes (default: all) of the object;
+        ``producing``: the holder computes it, so it dies with the holder until complete."""
         self.check_owner(oid)
         got = size if received is None else received
         event = f"publish by {holder} {got}/{size} bytes"
@@ -190,6 +193,8 @@ class DirectoryState:
                 outcome += ", tombstone lifted"
         elif inline is not None:
             entry.inline = inline
+        if producing:
+            entry.producer = holder
         h = entry.holders.get(holder)
         if h is None:
             entry.holders[holder] = Holder(received=got, seq=next(self._seq))
@@ -253,9 +258,20 @@ class DirectoryState:
         return [DropCopy(node, oid) for node in entry.holders]
 
     def forget_node(self, node: str) -> list[Instruction]:
-        """A member died: its copies are gone and the transfers it was sending stop. Wakes
-        nobody: a death never makes a source eligible (``is_alive`` already said it was dead)."""
-        for oid, entry in self.entries.items():
+        """A member died: its copies are gone and the transfers it was sending stop. An object
+        it was producing, with no complete copy anywhere, will never exist: its waiters get a
+        typed error naming the node. Nobody else is woken: a death never makes a source
+        eligible (``is_alive`` already said it was dead)."""
+        out: list[Instruction] = []
+        for oid, entry in list(self.entries.items()):
+            if entry.producer == node and not any(
+                    n != node and h.received >= entry.size for n, h in entry.holders.items()):
+                del self.entries[oid]
+                self.failed[oid] = PeerUnavailableError(
+                    f"node {node} died producing object {oid.hex()}", node=node, oid=oid.hex())
+                self._record(oid, f"{node} died", "tombstone: its producer died")
+                out.append(Wake(oid))
+                continue
             h = entry.holders.pop(node, None)
             if h is not None and h.source in entry.holders:
                 src = entry.holders[h.source]
@@ -265,7 +281,7 @@ class DirectoryState:
                 entry.holders[n].source = None
             if h is not None or orphans:
                 self._record(oid, f"{node} died", f"holder removed, orphaned {orphans}")
-        return []
+        return out
 
     def membership_changed(self) -> list[Instruction]:
         """Drop entries owned elsewhere now, and wake every waiter to re-check its owner."""

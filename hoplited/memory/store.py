@@ -53,6 +53,7 @@ class StoredObject:
                  version: bytes, buffer: memoryview, temporary: bool = False) -> None:
         self.oid = oid
         self.temporary = temporary  # a reduce's partial result: never announced to a shard
+        self.producing = False  # computed here (a reduce's result): its shard ties it to us
         self.offset = offset
         self.size = size
         self.dtype = dtype

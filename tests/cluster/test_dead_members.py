@@ -113,3 +113,29 @@ async def test_a_dead_input_holder_fails_the_allreduce_for_every_waiter_at_once(
         assert cluster.nodes[3].node_id in str(info.value)
     # The owner-retry window is 7 s with the default heartbeat: all errors come well inside it.
     assert max(ended) - min(ended) < 4, ended
+
+
+async def test_getters_of_a_result_fail_when_its_coordinator_dies(make_cluster, connect) -> None:
+    """An allreduce's result is being produced on node 0 when node 0 is SIGKILLed: the other
+    nodes' gets of it raise a typed error naming node 0 instead of waiting out their timeout.
+    (The result id is chosen so that its owner shard survives; when the owner dies with the
+    producer, the record of the producer dies too: docs/design.md §5.)"""
+    cluster = await make_cluster(4)
+    clients = [await connect(s) for s in cluster.sockets]
+    members = [n.node_id for n in cluster.nodes]
+    result = ObjectID.random()
+    while rendezvous_owner(result, members) == members[0]:
+        result = ObjectID.random()
+    x = np.ones(1 << 20, dtype=np.float32)
+    ids = [await c.put(x) for c in clients] + [ObjectID.random()]  # one input never comes
+    await clients[0].reduce(ids, object_id=result)
+    gets = [asyncio.ensure_future(c.get(result, timeout=120)) for c in clients[1:]]
+    await asyncio.sleep(1.0)  # the result is announced; the reduce waits for the last input
+    assert not any(g.done() for g in gets)
+    cluster.kill(0)
+    started = time.monotonic()
+    for get in gets:
+        with pytest.raises(hoplite_client.PeerUnavailableError) as info:
+            await get
+        assert members[0] in str(info.value)
+    assert time.monotonic() - started < 60  # not the gets' own 120 s

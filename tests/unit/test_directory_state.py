@@ -57,9 +57,9 @@ Step = Callable[[World], object]
 
 # --- steps: each does one thing to the world and returns what a test compares ---
 def put(holder: str, version: bytes = b"v1", received: int | None = None,
-        inline: bytes | None = None, oid: ObjectID = OID) -> Step:
+        inline: bytes | None = None, oid: ObjectID = OID, producing: bool = False) -> Step:
     return lambda w: w.state.publish(oid, holder, SIZE, "<f4", [SIZE // 4], version, inline,
-                                     received)
+                                     received, producing)
 
 
 def locate(requester: str, exclude: Sequence[str] = (), offset: int = 0,
@@ -140,6 +140,19 @@ def full(serving: int = 0, source: str | None = None) -> tuple[int, int, str | N
 
 
 CASES = [
+    Case("the producer of an incomplete object dies: it will never exist", [
+        (put("coord", received=0, producing=True), [Wake(OID)]),
+        (locate("r1"), "coord"), (locate("r2"), "r1"),
+        (forget("coord"), [Wake(OID)]),
+        (locate("r2"), PeerUnavailableError), (wait(), PeerUnavailableError),
+        (holders(), None)]),
+    Case("the producer dies after a copy is complete: the copy serves", [
+        (put("coord", received=0, producing=True), [Wake(OID)]),
+        (locate("r1"), "coord"), (done("coord", "r1", complete=True), [Wake(OID)]),
+        (forget("coord"), []), (locate("r2"), "r1")]),
+    Case("a plain holder's death leaves waiters waiting for a re-put", [
+        (put("a", received=10), [Wake(OID)]), (locate("r1"), "a"),
+        (forget("a"), []), (wait(), NO_COPY), (holders(), {"r1": (0, 0, None)})]),
     # --- source choice ---
     Case("chain-for-receivers-arriving-together", [
         (put("src"), WAKE),
