@@ -9,26 +9,32 @@ must never splice two different puts of one id (docs/design.md §5). A pull that
 for a retriable reason (the source died, closed, stalled, spoke garbage) keeps the bytes
 received, excludes that source and asks again from the watermark; a fatal error ends the
 fetch. Every ended pull is reported to the shard (``Report``) so it frees the source's slot.
-After ``max_attempts`` sources the fetch gives up.
+After ``max_attempts`` sources the fetch gives up. ``Fail`` means: discard the partial copy.
 
 One fetch serves every concurrent get of an id, so its deadline is the latest of its callers'
 (``CallerJoined``; None means no deadline and wins). A locate that timed out after a caller
-extended that deadline is asked again with the time that remains (a timeout under the
-deadline it was asked with is final: it may be the shard's record of a failed reduce); each
-caller still gives up on its own timeout in the driver (``hoplited.transfer.fetcher``).
+extended that deadline is asked again with the time that remains (a timeout under the deadline
+it was asked with is final: it may be the shard's record of a failed reduce); once the deadline
+has passed, no caller waits and the fetch fails instead of asking again. Each caller still gives
+up on its own timeout in the driver (``hoplited.transfer.fetcher``).
 
-Nothing here waits or does I/O: ``handle(event)`` returns instructions, carried out in order.
+Phases: new -> asking <-> pulling -> over. An event that does not fit the phase (an answer
+while a pull runs, the end of a pull that is not the current one, anything once over) is
+stale: it changes nothing and yields no instruction. Nothing here waits or does I/O:
+``handle(event)`` returns instructions, carried out in order; ``history`` keeps the last few.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Literal
 
 from hoplite_client.wire.errors import (
     ConnectionLostError,
     HopliteError,
     HopliteTimeoutError,
+    LocalProtocolError,
     ObjectNotFoundError,
     PeerUnavailableError,
     ProtocolError,
@@ -36,11 +42,13 @@ from hoplite_client.wire.errors import (
 from hoplite_client.wire.ids import ObjectID
 
 # Sources tried before a get gives up on a transfer: enough to ride out several deaths in a
-# row, few enough that a poisoned object fails in bounded time.
+# row, few enough that a poisoned object fails in bounded time (the pre-plan fetcher's value).
 MAX_ATTEMPTS = 8
-# Pull errors after which another source may do better (the rest end the fetch).
-RETRIABLE = (ConnectionLostError, PeerUnavailableError, HopliteTimeoutError, ProtocolError)
-# (event, instructions) pairs kept for debugging: a fetch sees a few per source.
+# Pull errors after which another source may do better; the rest end the fetch. The pre-plan
+# fetcher's ``_RETRIABLE``: lost / refused / stalled sources, garbage on the wire, socket errors.
+RETRIABLE: tuple[type[BaseException], ...] = (
+    ConnectionLostError, PeerUnavailableError, HopliteTimeoutError, ProtocolError, OSError)
+# (event, instructions) pairs kept for debugging: a fetch sees about three per source.
 HISTORY_MAX = 64
 
 
@@ -74,7 +82,7 @@ class PullEnded:
     now: float
     source: str
     watermark: int
-    error: HopliteError | None
+    error: Exception | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +105,8 @@ Event = Located | LocateFailed | PullEnded | CopyFailed | CallerJoined
 # --- instructions ---
 @dataclass(frozen=True, slots=True)
 class AskOwner:
-    """Ask the owner shard for a source, excluding ``exclude``, resuming at ``offset``."""
+    """Ask the owner shard for a source, excluding ``exclude``, resuming at ``offset``, waiting
+    at most ``timeout`` seconds (None: no limit)."""
 
     exclude: tuple[str, ...]
     offset: int
@@ -153,22 +162,34 @@ class Fail:
 
 
 Instruction = AskOwner | UseLocalCopy | StoreInline | Allocate | Pull | Report | Done | Fail
+Phase = Literal["new", "asking", "pulling", "over"]
 
 
-def _later(a: float | None, b: float | None) -> float | None:
+def is_retriable(error: BaseException) -> bool:
+    """Whether another source may succeed after a pull ended with ``error``."""
+    return isinstance(error, RETRIABLE)
+
+
+def later(a: float | None, b: float | None) -> float | None:
+    """The later of two deadlines; None (no deadline) is later than any."""
     return None if a is None or b is None else max(a, b)
 
 
 class FetchPlan:
-    """The decisions of one fetch of ``oid`` on node ``me``."""
+    """The decisions of one fetch of ``oid`` on node ``me``, bounded by ``deadline`` (an
+    absolute time on the clock the events' ``now`` come from; None: none)."""
 
     def __init__(self, oid: ObjectID, me: str, deadline: float | None,
                  max_attempts: int = MAX_ATTEMPTS) -> None:
+        if max_attempts < 1:
+            raise LocalProtocolError(f"max_attempts must be at least 1, not {max_attempts}")
         self.oid, self.me, self.deadline, self.max_attempts = oid, me, deadline, max_attempts
-        self.exclude: list[str] = []
-        self.attempts = 0
-        self.watermark = 0
-        self.version: bytes | None = None  # set once allocated
+        self.phase: Phase = "new"
+        self.exclude: list[str] = []  # sources whose pull failed, in order
+        self.attempts = 0  # pulls started
+        self.watermark = 0  # bytes held, from offset 0
+        self.size: int | None = None  # set once allocated, with the version
+        self.version: bytes | None = None
         self.source: str | None = None  # the pull in progress
         self.outcome: Done | Fail | None = None
         self._asked_for = deadline  # the deadline the pending ask was bounded by
@@ -176,73 +197,90 @@ class FetchPlan:
             maxlen=HISTORY_MAX)
 
     def start(self, now: float) -> list[Instruction]:
-        """The first instruction: ask the owner."""
+        """The first instruction: ask the owner (whatever time remains, even none)."""
+        if self.phase != "new":
+            raise LocalProtocolError(f"fetch of {self.oid.hex()} started twice")
         out: list[Instruction] = [self._ask(now)]
         self.history.append(("start", tuple(out)))
         return out
 
     def handle(self, event: Event) -> list[Instruction]:
         """Apply ``event``; return the instructions to carry out, in order."""
-        out: list[Instruction] = []
         if isinstance(event, CallerJoined):
-            self.deadline = _later(self.deadline, event.deadline)
-        elif self.outcome is None:
+            self.deadline = later(self.deadline, event.deadline)
+            out: list[Instruction] = []
+        else:
             out = self._handle(event)
-            if out and isinstance(out[-1], Done | Fail):
-                self.outcome = out[-1]
+        if out and isinstance(out[-1], Done | Fail):
+            self.phase, self.outcome, self.source = "over", out[-1], None
         self.history.append((event, tuple(out)))
         return out
 
-    def _handle(self, ev: Event) -> list[Instruction]:
-        if isinstance(ev, Located):
-            return self._located(ev) if self.source is None else []
-        if isinstance(ev, LocateFailed):
-            if self.source is not None:
-                return []
-            if (isinstance(ev.error, HopliteTimeoutError) and self.deadline != self._asked_for
-                    and not self._expired(ev.now)):
-                return [self._ask(ev.now)]  # a caller extended the deadline since we asked
-            return [Fail(ev.error)]
+    def _handle(self, ev: Located | LocateFailed | PullEnded | CopyFailed) -> list[Instruction]:
         if isinstance(ev, CopyFailed):
+            if self.phase in ("new", "over"):
+                return []
+            report = [Report(self.source, complete=False)] if self.source is not None else []
+            return [*report, Fail(ev.error)]
+        if isinstance(ev, Located):
+            return self._located(ev) if self.phase == "asking" else []
+        if isinstance(ev, LocateFailed):
+            if self.phase != "asking":
+                return []
+            if (isinstance(ev.error, HopliteTimeoutError) and self._extended()
+                    and not self._expired(ev.now)):
+                return [self._ask(ev.now)]  # timed out under the deadline a caller has moved
             return [Fail(ev.error)]
-        assert isinstance(ev, PullEnded)
-        if ev.source != self.source:
-            return []  # not the pull in progress: stale
-        self.source = None
-        self.watermark = max(self.watermark, ev.watermark)
-        if ev.error is None:
-            return [Report(ev.source, complete=True), Done()]
-        out: list[Instruction] = [Report(ev.source, complete=False)]
-        if not isinstance(ev.error, RETRIABLE):
-            return out + [Fail(ev.error)]
-        self.exclude.append(ev.source)
-        if self.attempts >= self.max_attempts:
-            return out + [Fail(PeerUnavailableError(
-                f"gave up on {self.oid.hex()} after {self.attempts} sources (last: {ev.error})",
-                oid=self.oid.hex()))]
-        return out + [self._ask(ev.now)]
+        return self._pull_ended(ev) if self.phase == "pulling" and ev.source == self.source else []
 
     def _located(self, ev: Located) -> list[Instruction]:
         if ev.source == self.me or (self.version is None and ev.here):
             return [UseLocalCopy(), Done()]
         if ev.source is None:
-            if self.version is not None:
-                return [Fail(self._replaced())]
-            return [StoreInline(), Done()]
+            return [Fail(self._replaced())] if self.version is not None else [StoreInline(), Done()]
         out: list[Instruction] = []
         if self.version is None:
-            self.version = ev.version
+            self.size, self.version = ev.size, ev.version
             out.append(Allocate(ev.size, ev.dtype, ev.shape, ev.version))
         elif ev.version != self.version:
             return [Fail(self._replaced())]
         self.attempts += 1
-        self.source = ev.source
-        return out + [Pull(ev.source, self.watermark)]
+        self.phase, self.source = "pulling", ev.source
+        return [*out, Pull(ev.source, self.watermark)]
+
+    def _pull_ended(self, ev: PullEnded) -> list[Instruction]:
+        self.watermark = max(self.watermark, ev.watermark)
+        if ev.error is None or (self.size is not None and self.watermark >= self.size):
+            return [Report(ev.source, complete=True), Done()]  # every byte is here
+        out: list[Instruction] = [Report(ev.source, complete=False)]
+        if not is_retriable(ev.error):
+            fatal = ev.error if isinstance(ev.error, HopliteError) else HopliteError(
+                f"pull of {self.oid.hex()} from {ev.source} failed: {ev.error!r}")
+            if fatal is not ev.error:
+                fatal.__cause__ = ev.error
+            return [*out, Fail(fatal)]
+        if ev.source not in self.exclude:
+            self.exclude.append(ev.source)
+        if self.attempts >= self.max_attempts:
+            return [*out, Fail(PeerUnavailableError(
+                f"gave up on {self.oid.hex()} after {self.attempts} sources (last: {ev.error})",
+                oid=self.oid.hex()))]
+        if self._expired(ev.now):
+            return [*out, Fail(HopliteTimeoutError(
+                f"object {self.oid.hex()} not received by its deadline ({self.watermark}/"
+                f"{self.size} bytes; last source: {ev.error})", oid=self.oid.hex()))]
+        self.phase, self.source = "asking", None
+        return [*out, self._ask(ev.now)]
 
     def _ask(self, now: float) -> AskOwner:
-        self._asked_for = self.deadline
+        self.phase, self._asked_for = "asking", self.deadline
         remaining = None if self.deadline is None else max(0.0, self.deadline - now)
         return AskOwner(tuple(self.exclude), self.watermark, remaining)
+
+    def _extended(self) -> bool:
+        """Whether a caller moved the deadline since the pending ask was sent."""
+        return self._asked_for is not None and (
+            self.deadline is None or self.deadline > self._asked_for)
 
     def _expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline

@@ -68,9 +68,9 @@ class Fetcher:
         most ``timeout`` (this caller's own, whoever else is fetching the same id)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        running = self._fetches.get(oid)  # first: a fetch in progress has allocated already
         obj = self._store.get(oid)
-        if obj is None:
-            running = self._fetches.get(oid)
+        if running is not None or obj is None:
             if running is None:
                 plan = fp.FetchPlan(oid, self.me, deadline)
                 task = self._tasks.spawn(self._fetch(plan), name=f"fetch-{oid.short()}")
@@ -78,7 +78,7 @@ class Fetcher:
                 task.add_done_callback(lambda _: self._fetches.pop(oid, None))
             else:
                 task, plan = running
-                plan.handle(fp.CallerJoined(deadline))
+                plan.handle(fp.CallerJoined(deadline))  # our deadline may outlast the others'
             try:
                 return await asyncio.wait_for(asyncio.shield(task), timeout)
             except TimeoutError:

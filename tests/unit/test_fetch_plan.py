@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import ast
 import inspect
-from typing import Any
+from dataclasses import dataclass
 
 import pytest
 
 from hoplite_client.wire.errors import (
     ConnectionLostError,
+    HopliteError,
     HopliteTimeoutError,
     InvalidArgumentError,
+    LocalProtocolError,
     ObjectDeletedError,
     ObjectNotFoundError,
     PeerUnavailableError,
@@ -25,8 +27,10 @@ from hoplited.transfer.fetch_plan import (
     CallerJoined,
     CopyFailed,
     Done,
+    Event,
     Fail,
     FetchPlan,
+    Instruction,
     Located,
     LocateFailed,
     Pull,
@@ -40,127 +44,219 @@ pytestmark = pytest.mark.unit
 
 OID = ObjectID(bytes(range(20)))
 ME = "me"
+SIZE = 1000
 V1, V2 = b"v1" * 4, b"v2" * 4
 LOST = ConnectionLostError("source closed the stream")
-STALL = HopliteTimeoutError("source sent nothing for 30s")
+DEAD = PeerUnavailableError("source b died", node="b")
+STALL = HopliteTimeoutError("source sent nothing for 1s")
 GONE = ObjectDeletedError("deleted")
+ALLOC = Allocate(SIZE, "<f4", (250,), V1)
+
+
+@dataclass(frozen=True)
+class FailWith:
+    """Expected: a Fail whose error is exactly of class ``cls``."""
+
+    cls: type[HopliteError]
+
+
+Want = Instruction | FailWith
 
 
 def at(source: str | None, now: float = 1.0, version: bytes = V1, here: bool = False) -> Located:
-    return Located(now, source, 1000, "<f4", (250,), version, here)
+    return Located(now, source, SIZE, "<f4", (250,), version, here)
 
 
-def ended(source: str, watermark: int, error: Any = None, now: float = 2.0) -> PullEnded:
+def ended(source: str, watermark: int, error: Exception | None = None,
+          now: float = 2.0) -> PullEnded:
     return PullEnded(now, source, watermark, error)
 
 
-# (deadline at start (start is at t=0), events, instructions per event)
-CASES: dict[str, tuple[float | None, list[Any], list[list[Any]]]] = {
-    "first source works": (None, [at("a"), ended("a", 1000)], [
-        [Allocate(1000, "<f4", (250,), V1), Pull("a", 0)],
-        [Report("a", complete=True), Done()]]),
-    "source dies mid-stream: resume at the watermark elsewhere": (None, [
-        at("a"), ended("a", 400, LOST), at("b"), ended("b", 1000)], [
-        [Allocate(1000, "<f4", (250,), V1), Pull("a", 0)],
-        [Report("a", complete=False), AskOwner(("a",), 400, None)],
-        [Pull("b", 400)],
-        [Report("b", complete=True), Done()]]),
-    "a stalled source is excluded too": (10.0, [at("a"), ended("a", 10, STALL, now=4.0)], [
-        [Allocate(1000, "<f4", (250,), V1), Pull("a", 0)],
-        [Report("a", complete=False), AskOwner(("a",), 10, 6.0)]]),
-    "another version on resume: never splice two puts": (None, [
-        at("a"), ended("a", 400, LOST), at("b", version=V2)], [
-        [Allocate(1000, "<f4", (250,), V1), Pull("a", 0)],
-        [Report("a", complete=False), AskOwner(("a",), 400, None)],
-        [Fail(ObjectNotFoundError)]]),
-    "inline answer": (None, [at(None)], [[StoreInline(), Done()]]),
-    "put here while we waited": (None, [at("a", here=True)], [[UseLocalCopy(), Done()]]),
-    "the owner names this node": (None, [at(ME)], [[UseLocalCopy(), Done()]]),
-    "a fatal pull error ends the fetch": (None, [
-        at("a"), ended("a", 0, InvalidArgumentError("bad"))], [
-        [Allocate(1000, "<f4", (250,), V1), Pull("a", 0)],
-        [Report("a", complete=False), Fail(InvalidArgumentError)]]),
-    "protocol garbage from a source is retriable": (None, [
-        at("a"), ended("a", 0, RemoteProtocolError("x"))], [
-        [Allocate(1000, "<f4", (250,), V1), Pull("a", 0)],
-        [Report("a", complete=False), AskOwner(("a",), 0, None)]]),
-    "the local copy was deleted": (None, [at("a"), CopyFailed(GONE)], [
-        [Allocate(1000, "<f4", (250,), V1), Pull("a", 0)], [Fail(ObjectDeletedError)]]),
-    "locate timed out at the deadline": (5.0, [LocateFailed(5.0, HopliteTimeoutError("t"))],
-                                         [[Fail(HopliteTimeoutError)]]),
-    "a failed reduce's record (a timeout error) is final": (
-        5.0, [LocateFailed(1.0, HopliteTimeoutError("reduce timed out"))],
-        [[Fail(HopliteTimeoutError)]]),
-    "a late caller extends the deadline: the timed-out locate is asked again": (5.0, [
-        CallerJoined(None), LocateFailed(5.0, HopliteTimeoutError("t")), at("a", now=6.0)], [
-        [], [AskOwner((), 0, None)], [Allocate(1000, "<f4", (250,), V1), Pull("a", 0)]]),
-    "a later caller with a shorter timeout changes nothing": (5.0, [
-        CallerJoined(2.0), LocateFailed(5.0, HopliteTimeoutError("t"))],
-        [[], [Fail(HopliteTimeoutError)]]),
-    "extended to a finite deadline: the remaining time is asked": (5.0, [
-        CallerJoined(9.0), LocateFailed(5.0, HopliteTimeoutError("t"))],
-        [[], [AskOwner((), 0, 4.0)]]),
-    "a stale PullEnded (not the pull in progress) is ignored": (None, [
-        at("a"), ended("b", 999, LOST), ended("a", 1000)], [
-        [Allocate(1000, "<f4", (250,), V1), Pull("a", 0)], [],
-        [Report("a", complete=True), Done()]]),
-    "a duplicate answer during a pull is ignored": (None, [at("a"), at("b")], [
-        [Allocate(1000, "<f4", (250,), V1), Pull("a", 0)], []]),
-    "events after Done are ignored": (None, [at(None), ended("a", 5, LOST), at("a")], [
-        [StoreInline(), Done()], [], []]),
-    "the watermark never goes back": (None, [
-        at("a"), ended("a", 600, LOST), at("b"), ended("b", 100, LOST)], [
-        [Allocate(1000, "<f4", (250,), V1), Pull("a", 0)],
-        [Report("a", complete=False), AskOwner(("a",), 600, None)],
-        [Pull("b", 600)],
-        [Report("b", complete=False), AskOwner(("a", "b"), 600, None)]]),
+def timed_out(now: float) -> LocateFailed:
+    return LocateFailed(now, HopliteTimeoutError("not available within the timeout"))
+
+
+@dataclass(frozen=True)
+class Case:
+    deadline: float | None  # the first caller's; the plan starts at t=0
+    steps: list[tuple[Event, list[Want]]]  # each event and exactly what it must yield
+
+
+CASES: dict[str, Case] = {
+    "first source works": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", SIZE), [Report("a", complete=True), Done()])]),
+    "source dies mid-stream: resume at the watermark elsewhere, the first excluded": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", 400, LOST), [Report("a", complete=False), AskOwner(("a",), 400, None)]),
+        (at("b"), [Pull("b", 400)]),
+        (ended("b", SIZE), [Report("b", complete=True), Done()])]),
+    "node death and a stall are retriable; the remaining time is asked": Case(10.0, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", 10, STALL, now=4.0), [Report("a", False), AskOwner(("a",), 10, 6.0)]),
+        (at("b", now=5.0), [Pull("b", 10)]),
+        (ended("b", 20, DEAD, now=7.5), [Report("b", False), AskOwner(("a", "b"), 20, 2.5)])]),
+    "a socket error and protocol garbage are retriable": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", 0, OSError("reset")), [Report("a", False), AskOwner(("a",), 0, None)]),
+        (at("b"), [Pull("b", 0)]),
+        (ended("b", 5, RemoteProtocolError("x")),
+         [Report("b", False), AskOwner(("a", "b"), 5, None)])]),
+    "another version on resume: never splice two puts": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", 400, LOST), [Report("a", False), AskOwner(("a",), 400, None)]),
+        (at("b", version=V2), [FailWith(ObjectNotFoundError)])]),
+    "an inline answer after allocation is a replacement too": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", 400, LOST), [Report("a", False), AskOwner(("a",), 400, None)]),
+        (at(None), [FailWith(ObjectNotFoundError)])]),
+    "inline answer": Case(None, [(at(None), [StoreInline(), Done()])]),
+    "put here while we waited": Case(None, [(at("a", here=True), [UseLocalCopy(), Done()])]),
+    "the owner names this node": Case(None, [(at(ME), [UseLocalCopy(), Done()])]),
+    "a fatal pull error ends the fetch (the source is still reported)": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", 0, InvalidArgumentError("bad")),
+         [Report("a", False), FailWith(InvalidArgumentError)])]),
+    "a failed pull that got every byte is complete": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", SIZE, LOST), [Report("a", complete=True), Done()])]),
+    "the local copy was deleted mid-pull: report the source, fail": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (CopyFailed(GONE), [Report("a", False), FailWith(ObjectDeletedError)])]),
+    "the local copy was deleted while asking": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", 400, LOST), [Report("a", False), AskOwner(("a",), 400, None)]),
+        (CopyFailed(GONE), [FailWith(ObjectDeletedError)])]),
+    "the shard says the object will never exist": Case(None, [
+        (LocateFailed(0.5, ObjectNotFoundError("failed reduce")), [FailWith(ObjectNotFoundError)])]),
+    "locate timed out at the deadline": Case(5.0, [
+        (timed_out(5.0), [FailWith(HopliteTimeoutError)])]),
+    "a timeout under the deadline it was asked with is final (a failed reduce's record)": Case(
+        5.0, [(timed_out(1.0), [FailWith(HopliteTimeoutError)])]),
+    "a late caller with no timeout: the timed-out locate is asked again, no limit": Case(5.0, [
+        (CallerJoined(None), []),
+        (timed_out(5.0), [AskOwner((), 0, None)]),
+        (at("a", now=6.0), [ALLOC, Pull("a", 0)]),
+        (ended("a", SIZE, now=7.0), [Report("a", True), Done()])]),
+    "a late caller with a longer timeout: asked again with the remaining time": Case(5.0, [
+        (CallerJoined(9.0), []),
+        (timed_out(5.0), [AskOwner((), 0, 4.0)]),
+        (timed_out(9.0), [FailWith(HopliteTimeoutError)])]),
+    "a later caller with a shorter timeout changes nothing": Case(5.0, [
+        (CallerJoined(2.0), []),
+        (timed_out(5.0), [FailWith(HopliteTimeoutError)])]),
+    "extended during a pull: the resume asks with the extended remaining time": Case(5.0, [
+        (at("a", now=1.0), [ALLOC, Pull("a", 0)]),
+        (CallerJoined(20.0), []),
+        (ended("a", 300, LOST, now=8.0), [Report("a", False), AskOwner(("a",), 300, 12.0)])]),
+    "deadline passed when a pull fails: HopliteTimeoutError, no zero-time ask": Case(5.0, [
+        (at("a", now=1.0), [ALLOC, Pull("a", 0)]),
+        (ended("a", 300, LOST, now=5.0), [Report("a", False), FailWith(HopliteTimeoutError)])]),
+    "a stale PullEnded (not the pull in progress) is ignored": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("b", 999, LOST), []),
+        (ended("a", SIZE), [Report("a", True), Done()])]),
+    "a duplicate PullEnded of a source already excluded is ignored": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", 400, LOST), [Report("a", False), AskOwner(("a",), 400, None)]),
+        (ended("a", 400, LOST), []),
+        (at("b"), [Pull("b", 400)])]),
+    "a duplicate answer or locate failure during a pull is ignored": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (at("b"), []),
+        (timed_out(3.0), []),
+        (ended("a", SIZE), [Report("a", True), Done()])]),
+    "events after Done are ignored": Case(None, [
+        (at(None), [StoreInline(), Done()]),
+        (ended("a", 5, LOST), []),
+        (at("a"), []),
+        (CopyFailed(GONE), []),
+        (CallerJoined(None), [])]),
+    "events after Fail are ignored": Case(5.0, [
+        (timed_out(5.0), [FailWith(HopliteTimeoutError)]),
+        (CallerJoined(None), []),
+        (timed_out(6.0), []),
+        (at("a"), [])]),
+    "the watermark never goes back": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", 600, LOST), [Report("a", False), AskOwner(("a",), 600, None)]),
+        (at("b"), [Pull("b", 600)]),
+        (ended("b", 100, LOST), [Report("b", False), AskOwner(("a", "b"), 600, None)])]),
 }
 
 
-def _same(got: list[Any], want: list[Any]) -> bool:
-    """Instructions equal; a Fail matches the error class given in the table."""
-    if len(got) != len(want):
-        return False
-    for g, w in zip(got, want):
-        if isinstance(w, Fail) and isinstance(w.error, type):
-            if not (isinstance(g, Fail) and type(g.error) is w.error):
-                return False
-        elif g != w:
-            return False
-    return True
+def _matches(got: Instruction, want: Want) -> bool:
+    if isinstance(want, FailWith):
+        return isinstance(got, Fail) and type(got.error) is want.cls
+    return got == want
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_fetch_plan(name: str) -> None:
-    deadline, events, expected = CASES[name]
-    plan = FetchPlan(OID, ME, deadline)
-    assert plan.start(0.0) == [AskOwner((), 0, deadline)]
-    for event, want in zip(events, expected, strict=True):
+    case = CASES[name]
+    plan = FetchPlan(OID, ME, case.deadline)
+    assert plan.start(0.0) == [AskOwner((), 0, case.deadline)]
+    for event, want in case.steps:
         got = plan.handle(event)
-        assert _same(got, want), f"{event} -> {got}, expected {want}"
+        assert len(got) == len(want) and all(map(_matches, got, want)), \
+            f"{event} -> {got}, expected {want}"
+    assert [event for event, _ in plan.history] == ["start"] + [e for e, _ in case.steps]
 
 
 def test_attempts_are_bounded() -> None:
     plan = FetchPlan(OID, ME, None, max_attempts=3)
     plan.start(0.0)
-    out: list[Any] = []
+    out: list[Instruction] = []
     for i, source in enumerate("abc"):
         assert plan.handle(at(source))[-1] == Pull(source, i)
         out = plan.handle(ended(source, i + 1, LOST))
     assert out[0] == Report("c", complete=False)
-    assert isinstance(out[-1], Fail) and isinstance(out[-1].error, PeerUnavailableError)
+    assert isinstance(out[-1], Fail) and type(out[-1].error) is PeerUnavailableError
     assert "after 3 sources" in str(out[-1].error)
+    assert plan.outcome == out[-1] and plan.phase == "over"
+    assert plan.exclude == ["a", "b", "c"]
     assert plan.handle(at("d")) == []  # over
-    assert len(plan.history) == 8  # start + 7 events
 
 
-def test_inline_answer_after_allocation_is_a_replacement() -> None:
+def test_default_budget_is_eight_sources() -> None:
+    plan = FetchPlan(OID, ME, None)
+    plan.start(0.0)
+    for i in range(8):
+        source = f"n{i}"
+        assert plan.handle(at(source)) == ([ALLOC] if i == 0 else []) + [Pull(source, i)]
+        out = plan.handle(ended(source, i + 1, LOST))
+    assert isinstance(out[-1], Fail) and isinstance(out[-1].error, PeerUnavailableError)
+
+
+def test_a_fatal_non_hoplite_error_is_wrapped() -> None:
     plan = FetchPlan(OID, ME, None)
     plan.start(0.0)
     plan.handle(at("a"))
-    plan.handle(ended("a", 10, LOST))
-    (fail,) = plan.handle(at(None))
-    assert isinstance(fail, Fail) and isinstance(fail.error, ObjectNotFoundError)
+    bug = ValueError("boom")
+    report, fail = plan.handle(ended("a", 3, bug))
+    assert report == Report("a", complete=False)
+    assert isinstance(fail, Fail) and type(fail.error) is HopliteError
+    assert fail.error.__cause__ is bug
+
+
+def test_history_is_bounded() -> None:
+    plan = FetchPlan(OID, ME, None)
+    plan.start(0.0)
+    for _ in range(200):
+        plan.handle(CallerJoined(None))
+    assert len(plan.history) == fetch_plan.HISTORY_MAX
+    assert plan.history[-1] == (CallerJoined(None), ())
+
+
+def test_events_before_start_are_stale_and_start_once() -> None:
+    plan = FetchPlan(OID, ME, 5.0)
+    assert plan.handle(at("a")) == []
+    assert plan.handle(CallerJoined(8.0)) == []
+    assert plan.start(1.0) == [AskOwner((), 0, 7.0)]
+    with pytest.raises(LocalProtocolError):
+        plan.start(1.0)
+    with pytest.raises(LocalProtocolError):
+        FetchPlan(OID, ME, None, max_attempts=0)
 
 
 def test_the_plan_does_no_io() -> None:
