@@ -43,5 +43,7 @@ class DaemonConfig:
                 f"(or --insecure to accept unauthenticated peers)")
         if self.fanout < 1:
             raise InvalidArgumentError("fanout must be at least 1")
+        if not self.heartbeat_interval > 0:  # also refuses NaN
+            raise InvalidArgumentError("heartbeat interval must be positive")
         if self.heartbeat_timeout <= self.heartbeat_interval:
             raise InvalidArgumentError("heartbeat timeout must exceed the heartbeat interval")

@@ -95,11 +95,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
         """The next frame while no handler is installed (handshakes); bounded by ``timeout``."""
         get = asyncio.ensure_future(self._inbox.get())
         waiters: set[asyncio.Future[Any]] = {get, self.closed}
-        done, _ = await asyncio.wait(waiters, timeout=timeout,
-                                     return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, _ = await asyncio.wait(waiters, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not get.done():  # timed out, closed, or our caller was cancelled mid-handshake
+                get.cancel()
         if get in done:
             return get.result()
-        get.cancel()
         if self.closed.done():
             raise ConnectionLostError(f"{self.name}: connection closed during handshake")
         raise HopliteTimeoutError(f"{self.name}: no answer within {timeout}s")

@@ -1,9 +1,11 @@
 """Outbound control links to the other members, with heartbeats.
 
 Each daemon dials every other member once (role "peer") and sends its requests on that link;
-the member answers on the same link. A heartbeat (Ping) runs on every link: a peer that has
-not answered for ``heartbeat_timeout`` seconds, or whose host refuses a reconnection (its
-process is gone), is declared dead, and every request waiting on it fails at once.
+the member answers on the same link. A heartbeat (Ping) runs on every link, its decisions
+taken by the pure core :mod:`hoplited.cluster.liveness` (this module only carries them out): a
+peer silent for ``heartbeat_timeout`` seconds is declared dead, at the latest
+``heartbeat_timeout + heartbeat_interval`` after its last sign of life (any reply), and at once
+when its host refuses a reconnection (its process is gone); every request waiting on it fails.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class PeerLink:
 
     def start(self) -> None:
         self._heartbeat = asyncio.create_task(self._beat(), name=f"heartbeat-{self.node_id}")
+        self._heartbeat.add_done_callback(self._reap)
 
     async def _ensure(self) -> Channel:
         if self.liveness.dead:
@@ -86,7 +89,7 @@ class PeerLink:
             return
         task = asyncio.create_task(self._notify_later(msg, payload))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._reap)
 
     async def _notify_later(self, msg: WireMessage, payload: Any) -> None:
         try:
@@ -132,6 +135,12 @@ class PeerLink:
                 log.warning("member %s is dead: %s", self.node_id, ins.reason)
                 self.close()
                 self.on_dead(self.node_id)
+
+    def _reap(self, task: asyncio.Task[Any]) -> None:
+        """A task of ours ended: forget it, and log an unexpected error (a callback's)."""
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("link to %s: %s failed", self.node_id, task.get_name(), exc_info=exc)
 
     def close(self) -> None:
         """Stop the heartbeat and drop the connection (pending requests fail)."""
