@@ -77,16 +77,17 @@ class Daemon:
         tasks, store, arena = self.tasks, self.store, self.arena
         self._links = links = Links(self.identity, cfg.heartbeat_interval, cfg.heartbeat_timeout,
                                     membership.mark_dead, link_model.observe_rtt)
-        self._rpc = rpc = Rpc(self.identity, membership, links, tasks, retry_window=(
-            cfg.heartbeat_timeout + 2 * cfg.heartbeat_interval))
+        verdict_within = cfg.heartbeat_timeout + 2 * cfg.heartbeat_interval  # a death's news
+        self._rpc = rpc = Rpc(self.identity, membership, links, tasks,
+                              retry_window=verdict_within)
         shard = DirectoryShard(cfg.fanout, membership.is_alive, membership.owner, self.node_id)
         directory = DirectoryClient(rpc, store, membership, tasks)
         fetcher = Fetcher(self.identity, store, arena, directory, membership, link_model,
                           counters, tasks, cfg.stall_timeout)
-        worker = ReduceWorker(store, arena, fetcher, rpc.tell, tasks)
+        worker = ReduceWorker(store, arena, fetcher, rpc.tell, tasks, membership.is_alive)
         reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, directory, rpc,
                                                 fetcher, link_model, membership.is_alive,
-                                                tasks))
+                                                tasks, patience=verdict_within))
         cluster = ClusterService(self.identity, membership, links)
         status = NodeStatus(membership, store, shard, link_model, counters, rpc, gauges={
             "clients": lambda: len(listener), "reduce_tasks": lambda: len(worker.slots)})
@@ -104,6 +105,7 @@ class Daemon:
             for node in set(previous) - set(membership.alive_ids()):
                 shard.forget_node(node)
                 reductions.node_died(node)
+                worker.node_died(node)
                 fetcher.source_died(node)
             moved = shard.membership_changed()
             if moved:

@@ -22,7 +22,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hoplite_client.wire.errors import HopliteError, HopliteTimeoutError, InvalidArgumentError
@@ -63,13 +63,17 @@ class LocalCluster:
 
     def __init__(self, nodes: int = 4, capacity: str = "2GiB", daemon_args: Sequence[str] = (),
                  log_level: str = "info", workdir: str | None = None,
-                 token: bytes | None = None, placement: Placement | None = None) -> None:
+                 token: bytes | None = None, placement: Placement | None = None,
+                 node_args: Mapping[int, Sequence[str]] | None = None) -> None:
         if placement is not None and len(placement) < nodes:
             raise InvalidArgumentError(f"placement names {len(placement)} hosts for {nodes} nodes")
         self.placement = [(list(p), h) for p, h in placement] if placement is not None else None
         self.size = nodes
         self.capacity = capacity
         self.daemon_args = list(daemon_args)
+        # per daemon, after the shared ones (the last of a repeated option wins): e.g. a
+        # --listen and --advertise that put a fault-injecting proxy in front of one node
+        self.node_args = {i: list(a) for i, a in (node_args or {}).items()}
         self.log_level = log_level
         self.workdir = workdir or tempfile.mkdtemp(prefix="hoplite-cluster-")
         self._own_workdir = workdir is None
@@ -120,7 +124,8 @@ class LocalCluster:
         prefix, host = self.placement[index] if self.placement else ([], LOOPBACK)
         args = [sys.executable, "-m", "hoplited", "--listen", f"{host}:0", "--socket", sock,
                 "--capacity", self.capacity, "--token-file", self.token_file,
-                "--log-level", self.log_level, *self.daemon_args, *extra_args]
+                "--log-level", self.log_level, *self.daemon_args,
+                *self.node_args.get(index, ()), *extra_args]
         if join:
             args += ["--join", join]
         with open(log_path, "ab") as log:

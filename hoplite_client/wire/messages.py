@@ -441,7 +441,8 @@ class FailEntry(Request["Ok"]):
 
 @message(56, shape="request", roles=(PEER,))
 class ReduceTask(Request["TaskStarted"]):
-    """Compute slot ``slot``: ``output`` = ``input`` combined with ``children`` child outputs."""
+    """Compute slot ``slot``: ``output`` = ``input`` combined with ``children`` child outputs,
+    from byte ``start`` on (a repaired slot's consumer already holds the bytes before it)."""
 
     rid: int = 0
     reduce_id: ObjectID
@@ -452,6 +453,7 @@ class ReduceTask(Request["TaskStarted"]):
     dtype: str
     shape: list[int]
     children: int
+    start: int
 
 
 @message(57, shape="reply")
@@ -462,11 +464,13 @@ class TaskStarted(Reply):
 
 @message(58, shape="request", roles=(PEER,))
 class ReduceChild(Request["Ok"]):
-    """Where slot ``slot``'s next child output is: ``node`` holds ``oid`` at ``version``."""
+    """Where the output of slot ``slot``'s child ``child`` is: ``node`` holds ``oid`` at
+    ``version``. Sent again after a repair: the pull resumes where the last one stopped."""
 
     rid: int = 0
     reduce_id: ObjectID
     slot: int
+    child: int
     node: str
     oid: ObjectID
     version: bytes
@@ -505,6 +509,21 @@ class ReduceDone(WireMessage):
     """Coordinator to tree nodes: drop this reduce's temporary buffers."""
 
     reduce_id: ObjectID
+
+
+@message(63, shape="oneway", roles=(PEER,))
+class ReduceChildLost(WireMessage):
+    """Tree node to coordinator: slot ``slot``'s pull of child ``child`` (at ``version``) broke
+    at ``offset`` bytes; ``source_dead``: this node's membership says the source is dead."""
+
+    reduce_id: ObjectID
+    slot: int
+    child: int
+    version: bytes
+    offset: int
+    source_dead: bool
+    code: str
+    message: str
 
 
 _resolve_replies(globals())

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from hoplite_client.wire.errors import (
+    ConnectionLostError,
     HopliteError,
     HopliteTimeoutError,
     ObjectExistsError,
@@ -32,6 +33,7 @@ from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
     ReduceChild,
+    ReduceChildLost,
     ReduceDone,
     ReduceFailed,
     ReduceTask,
@@ -47,6 +49,7 @@ from hoplited.memory.arena import Arena
 from hoplited.memory.store import ObjectStore, StoredObject
 from hoplited.rpc import Rpc
 from hoplited.tasks import Tasks
+from hoplited.transfer.fetch_plan import is_retriable
 from hoplited.transfer.fetcher import Fetcher
 
 log = logging.getLogger("hoplited.reduce")
@@ -54,11 +57,15 @@ log = logging.getLogger("hoplited.reduce")
 # A coordinator re-asks a shard for an input this often; a wait it abandons (a backup input
 # not needed any more) then ends on the shard within this time.
 LONG_POLL = 30.0
+# A lost input's shard may still list the dead node as its holder for a moment (its own
+# verdict comes later): the coordinator asks again this often until another node holds it.
+REWAIT_POLL = 0.1
 
 
 @dataclass(frozen=True)
 class CoordinatorDeps:
-    """What a coordinator uses: this node's id, store and arena, the directory, peers."""
+    """What a coordinator uses: this node's id, store and arena, the directory, peers;
+    ``patience``: how long a member may look alive while unreachable (its liveness bound)."""
 
     me: str
     store: ObjectStore
@@ -69,6 +76,7 @@ class CoordinatorDeps:
     link_model: LinkModel
     is_alive: Callable[[str], bool]
     tasks: Tasks
+    patience: float
 
 
 class Reductions:
@@ -79,7 +87,7 @@ class Reductions:
         self._running: dict[ObjectID, ReduceCoordinator] = {}
 
     def handlers(self) -> dict[type[WireMessage], Handler]:
-        return {ReduceFailed: self.on_slot_failed}
+        return {ReduceFailed: self.on_slot_failed, ReduceChildLost: self.on_child_lost}
 
     def __len__(self) -> int:
         return len(self._running)
@@ -89,7 +97,7 @@ class Reductions:
         """Validate and start a reduce into ``result``; it runs in the background."""
         model = self._deps.link_model
         plan = p.ReducePlan(result, inputs, k, op, self._deps.me, depth=lambda n, size: (
-            tree_depth(n, size, model.bandwidth, model.latency)))
+            tree_depth(n, size, model.bandwidth, model.latency)), patience=self._deps.patience)
         if result in self._running or self._deps.store.get(result) is not None:
             raise ObjectExistsError(f"object {result.hex()} already exists")
         coordinator = ReduceCoordinator(self._deps, plan, inputs, timeout)
@@ -117,7 +125,16 @@ class Reductions:
         coordinator = self._running.get(msg.reduce_id)
         if coordinator is not None:
             error = error_from_wire(msg.code, f"slot {msg.slot}: {msg.message}", {})
-            coordinator.feed(p.SlotFailed(msg.slot, error))
+            coordinator.feed(p.SlotFailed(msg.slot, None, error))
+
+    def on_child_lost(self, peer: str, msg: ReduceChildLost,
+                      payload: memoryview | None) -> None:
+        coordinator = self._running.get(msg.reduce_id)
+        if coordinator is not None:
+            error = error_from_wire(msg.code, f"slot {msg.slot} lost child {msg.child}: "
+                                              f"{msg.message}", {})
+            coordinator.feed(p.ChildLost(msg.slot, msg.child, msg.version, msg.offset,
+                                         msg.source_dead, error))
 
 
 class ReduceCoordinator:
@@ -135,16 +152,20 @@ class ReduceCoordinator:
         self._inline: dict[ObjectID, bytes] = {}
         self._waits: dict[ObjectID, asyncio.Task[None]] = {}
         self._root_pull: asyncio.Task[None] | None = None
+        self._deadline: float | None = None
         self._events: deque[p.Event] = deque()
         self._draining = False
         self._ended = False
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        deadline = None if self._timeout is None else loop.time() + self._timeout
+        self._deadline = None if self._timeout is None else loop.time() + self._timeout
         for oid in self._inputs:
-            self._waits[oid] = self.d.tasks.spawn(self._wait_ready(oid, deadline),
-                                                  name=f"reduce-wait-{oid.short()}")
+            self._wait(oid, ())
+
+    def _wait(self, oid: ObjectID, exclude: tuple[str, ...]) -> None:
+        self._waits[oid] = self.d.tasks.spawn(self._wait_ready(oid, exclude),
+                                              name=f"reduce-wait-{oid.short()}")
 
     async def reduced_inputs(self, timeout: float | None) -> list[ObjectID]:
         """The inputs in the result, in the order they became ready (once all are chosen)."""
@@ -160,6 +181,8 @@ class ReduceCoordinator:
     # --- events in ---
     def feed(self, event: p.Event) -> None:
         """Hand ``event`` to the plan and carry out what it says (queued: never re-entered)."""
+        if isinstance(event, p.ChildLost | p.NodeDied) and not self._ended:
+            log.info("reduce %s: %s", self.result.short(), event)
         self._events.append(event)
         if self._draining:
             return
@@ -186,22 +209,32 @@ class ReduceCoordinator:
                 self.feed(on_error(HopliteError(f"{name}: {type(exc).__name__}: {exc}")))
         return self.d.tasks.spawn(guarded(), name=name)
 
-    async def _wait_ready(self, oid: ObjectID, deadline: float | None) -> None:
-        """Wait for ``oid`` in bounded polls, so a shard never keeps a waiter we gave up on."""
+    async def _wait_ready(self, oid: ObjectID, exclude: tuple[str, ...]) -> None:
+        """Wait for ``oid`` in bounded polls, so a shard never keeps a waiter we gave up on,
+        until a live node not in ``exclude`` holds all of it (or it comes inline)."""
         loop = asyncio.get_running_loop()
+        deadline = self._deadline
         while True:
             remaining = None if deadline is None else max(0.0, deadline - loop.time())
             poll = LONG_POLL if remaining is None else min(remaining, LONG_POLL)
             try:
                 frame = await self.d.directory.wait_object(oid, poll)
-                break
             except HopliteTimeoutError as exc:
                 if remaining is not None and remaining <= LONG_POLL:
                     self.feed(p.InputFailed(oid, exc))
                     return
+                continue
             except HopliteError as exc:
                 self.feed(p.InputFailed(oid, exc))
                 return
+            if frame.msg.size <= INLINE_MAX or any(
+                    n not in exclude and self.d.is_alive(n) for n in frame.msg.holders):
+                break
+            if remaining is not None and remaining <= REWAIT_POLL:
+                self.feed(p.InputFailed(oid, HopliteTimeoutError(
+                    f"input {oid.hex()} has no live holder but {list(frame.msg.holders)}")))
+                return
+            await asyncio.sleep(REWAIT_POLL)  # the shard has not heard of the death yet
         info = frame.msg
         if info.size <= INLINE_MAX:
             self._inline[oid] = bytes(frame.payload) if frame.payload is not None else b""
@@ -212,19 +245,23 @@ class ReduceCoordinator:
     # --- instructions out ---
     def _execute(self, ins: p.Instruction) -> None:
         d = self.d
+        if isinstance(ins, p.WaitInput | p.After) or (isinstance(ins, p.StartTask)
+                                                       and ins.gen > 0):
+            log.info("reduce %s repair: %s", self.result.short(), ins)
         if isinstance(ins, p.OpenResult):
             self._open_result(ins)
         elif isinstance(ins, p.StartTask):
             self._spawn(self._start_task(ins), f"reduce-task-{ins.slot}",
-                        functools.partial(p.SlotFailed, ins.slot))
+                        functools.partial(p.SlotFailed, ins.slot, ins.gen))
         elif isinstance(ins, p.Connect):
             self._spawn(self._connect(ins), f"reduce-connect-{ins.parent_slot}",
-                        functools.partial(p.SlotFailed, ins.parent_slot))
+                        functools.partial(p.SlotFailed, ins.parent_slot, None))
         elif isinstance(ins, p.PullRoot):
-            assert self.out is not None
-            self._root_pull = self._spawn(
-                d.fetcher.pull_into(self.out, ins.node, ins.output, ins.version),
-                "reduce-root", p.ResultFailed)
+            self._pull_root(ins)
+        elif isinstance(ins, p.WaitInput):
+            self._wait(ins.oid, ins.exclude)
+        elif isinstance(ins, p.After):
+            self.d.tasks.spawn(self._after(ins), name="reduce-retry")
         elif isinstance(ins, p.CancelWaits):
             for oid in ins.oids:
                 wait = self._waits.get(oid)
@@ -253,6 +290,29 @@ class ReduceCoordinator:
         self._spawn(d.directory.announce(out), "reduce-announce", p.ResultFailed)
         self._spawn(self._until_complete(out), "reduce-result", p.ResultFailed)
 
+    def _pull_root(self, ins: p.PullRoot) -> None:
+        """Pull the root's output into the result from its watermark; a pull that breaks for a
+        reason another source could fix is the root slot's loss (the plan repairs it)."""
+        out, shape = self.out, self.plan.shape
+        assert out is not None and shape is not None
+
+        async def pull() -> None:
+            try:
+                await self.d.fetcher.pull_into(out, ins.node, ins.output, ins.version)
+            except OSError as exc:
+                raise ConnectionLostError(f"root pull from {ins.node}: {exc}") from exc
+
+        def lost(error: HopliteError) -> p.Event:
+            if out.error is None and is_retriable(error):
+                return p.ChildLost(None, shape.root, ins.version, out.received,
+                                   not self.d.is_alive(ins.node), error)
+            return p.ResultFailed(error)
+        self._root_pull = self._spawn(pull(), "reduce-root", lost)
+
+    async def _after(self, ins: p.After) -> None:
+        await asyncio.sleep(ins.delay)
+        self.feed(ins.event)
+
     async def _until_complete(self, out: StoredObject) -> None:
         await out.wait_for(out.size)
         self.feed(p.ResultComplete())
@@ -260,12 +320,14 @@ class ReduceCoordinator:
     async def _start_task(self, ins: p.StartTask) -> None:
         frame = await self.d.rpc.call_node(ins.node, ReduceTask(
             reduce_id=self.result, slot=ins.slot, input=ins.input, output=ins.output,
-            op=ins.op, dtype=ins.dtype, shape=list(ins.shape), children=ins.children))
-        self.feed(p.TaskStarted(ins.slot, frame.msg.version))
+            op=ins.op, dtype=ins.dtype, shape=list(ins.shape), children=ins.children,
+            start=ins.start))
+        self.feed(p.TaskStarted(ins.slot, ins.gen, frame.msg.version))
 
     async def _connect(self, ins: p.Connect) -> None:
         await self.d.rpc.call_node(ins.parent_node, ReduceChild(
-            reduce_id=self.result, slot=ins.parent_slot, node=ins.child_node,
+            reduce_id=self.result, slot=ins.parent_slot, child=ins.child_slot,
+            node=ins.child_node,
             oid=ins.child_output, version=ins.child_version))
 
     async def _publish(self, out: StoredObject) -> None:

@@ -11,8 +11,20 @@ last. A leaf not computed in place needs no task (its output is its input); any 
 starts a task on its node. A parent learns where a child's output is once both tasks exist
 (``TaskStarted``) and the child's version is known, so tasks can start concurrently and edges
 are emitted exactly once in whatever order they complete. The root's output, unless it is the
-result, is pulled into the result. A lost node holding a placed slot loses the partial sums
-on that slot's path to the root (``redo_path``); for now the reduce then fails.
+result, is pulled into the result.
+
+Repair (docs/design.md §5). A slot's *consumer* is its parent's task, or for the root the pull
+into the result; it keeps every byte it received. When a consumer's pull breaks
+(``ChildLost``) and the slot's node is dead, only that slot is redone: its input is waited for
+again (another live copy, or the same id put again on another node, as a restarted task does)
+and the slot is placed anew, computing from the byte where its consumer stopped; the consumer
+resumes there. An id names one value, so the bytes before that offset are still right and no
+partial sum on the path to the root is redone. Dead children of a redone slot are redone from
+the same offset; a dead slot whose consumer already has every byte costs nothing. A pull that
+broke while its source still looks alive is reconnected after a backoff, a few times. A lost
+input that does not come back within the reduce's timeout fails the reduce, naming the dead
+node. A *backup* input (another id, another value) cannot resume a stream: it would need every
+partial sum on the path redone (``redo_path``) and the result restarted, which is not built yet.
 
 Nothing here waits or does I/O: ``ReducePlan.handle(event)`` returns the instructions the
 driver (``hoplited.collectives.coordinator``) carries out, in order, feeding outcomes back as
@@ -25,7 +37,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, PeerUnavailableError
+from hoplite_client.wire.errors import (
+    ConnectionLostError,
+    HopliteError,
+    InvalidArgumentError,
+    PeerUnavailableError,
+)
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.ops import check_op, check_reducible, derived_id
@@ -34,6 +51,14 @@ from hoplited.collectives.tree import TreeShape, tree_shape
 # (event, instructions) pairs kept: a reduce of a few dozen inputs sends ~3 events per slot,
 # so its whole story fits; a huge one keeps its end, where failures are (like dask's story).
 HISTORY_MAX = 256
+# A consumer's pull that broke while the source looked alive is reconnected after this delay,
+# doubled each time up to RECONNECT_MAX, until the delays add up to the plan's ``patience``
+# (the membership's verdict on a silent node comes within its heartbeat timeout + interval,
+# docs/design.md §5): a dead node is then redone, a live one has been given every chance.
+RECONNECT_DELAY = 0.1
+RECONNECT_MAX = 1.0
+# Errors of a request to a tree node that mean the node could not be reached at all.
+UNREACHABLE = (PeerUnavailableError, ConnectionLostError)
 
 
 # --- events: what happened, fed to ReducePlan.handle ---
@@ -60,18 +85,43 @@ class InputFailed:
 
 @dataclass(frozen=True, slots=True)
 class TaskStarted:
-    """The task of ``slot`` exists on its node; its output has ``version``."""
+    """The task of ``slot`` (placement ``gen``) exists on its node; its output has ``version``."""
 
     slot: int
+    gen: int
     version: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class SlotFailed:
-    """The task of ``slot`` could not start, could not be connected, or failed later."""
+    """The task of ``slot`` could not start, could not be connected, or failed later; ``gen``
+    None: whichever placement is current."""
 
     slot: int
+    gen: int | None
     error: HopliteError
+
+
+@dataclass(frozen=True, slots=True)
+class ChildLost:
+    """The consumer of slot ``child`` (its parent slot ``parent``; None: the pull of the root
+    into the result) stopped receiving its output (at ``version``) at ``offset`` bytes;
+    ``source_dead``: the consumer's node has declared the child's node dead."""
+
+    parent: int | None
+    child: int
+    version: bytes
+    offset: int
+    source_dead: bool
+    error: HopliteError
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """An ``After`` delay ran out: reconnect ``child`` (output ``version``) to its consumer."""
+
+    child: int
+    version: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +148,8 @@ class Published:
     """The complete result was published."""
 
 
-Event = (InputReady | InputFailed | TaskStarted | SlotFailed | NodeDied | ResultComplete
-         | ResultFailed | Published)
+Event = (InputReady | InputFailed | TaskStarted | SlotFailed | ChildLost | Retry | NodeDied
+         | ResultComplete | ResultFailed | Published)
 
 
 # --- instructions: what the driver does, in order ---
@@ -118,6 +168,7 @@ class StartTask:
     report ``TaskStarted`` or ``SlotFailed``."""
 
     slot: int
+    gen: int
     node: str
     input: ObjectID
     output: ObjectID
@@ -125,14 +176,17 @@ class StartTask:
     dtype: str
     shape: tuple[int, ...]
     children: int
+    start: int
 
 
 @dataclass(frozen=True, slots=True)
 class Connect:
-    """Tell ``parent_node`` (``ReduceChild``) where a child's output is; failure: SlotFailed."""
+    """Tell ``parent_node`` (``ReduceChild``) where child ``child_slot``'s output is; failure:
+    SlotFailed of the parent."""
 
     parent_slot: int
     parent_node: str
+    child_slot: int
     child_node: str
     child_output: ObjectID
     child_version: bytes
@@ -145,6 +199,23 @@ class PullRoot:
     node: str
     output: ObjectID
     version: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class WaitInput:
+    """Wait again for input ``oid`` (lost with a dead node) until a node not in ``exclude``
+    holds all of it; report ``InputReady`` or ``InputFailed``."""
+
+    oid: ObjectID
+    exclude: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class After:
+    """Feed ``event`` back in ``delay`` seconds."""
+
+    delay: float
+    event: Retry
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,19 +263,35 @@ class Release:
     nodes: tuple[str, ...]
 
 
-Instruction = (OpenResult | StartTask | Connect | PullRoot | CancelWaits | InputsChosen
-               | CombineInline | Publish | Fail | Release)
+Instruction = (OpenResult | StartTask | Connect | PullRoot | WaitInput | After | CancelWaits
+               | InputsChosen | CombineInline | Publish | Fail | Release)
 
 
 @dataclass(slots=True)
 class Slot:
-    """A placed slot: its node, input and output; ``version`` is None until its task started."""
+    """A placed slot: its node, input and output; ``version`` is None until its task started;
+    ``gen`` counts its placements, ``start`` is the byte its output is computed from, and
+    ``connected`` says whether its consumer was told where its output is."""
 
     node: str
     input: ObjectID
     output: ObjectID
     version: bytes | None
     task: bool
+    gen: int = 0
+    start: int = 0
+    connected: bool = False
+
+
+@dataclass(slots=True)
+class Redo:
+    """A slot being placed again: its input, the node it died on, the next ``gen``, and the
+    byte its consumer stopped at."""
+
+    input: ObjectID
+    died_on: str
+    gen: int
+    start: int
 
 
 def redo_path(shape: TreeShape, slot: int) -> list[int]:
@@ -219,15 +306,17 @@ def redo_path(shape: TreeShape, slot: int) -> list[int]:
 
 class ReducePlan:
     """One reduce into ``result`` coordinated on node ``me``; ``depth(k, size)`` is the tree
-    depth for ``k`` inputs of ``size`` bytes (the driver's link model)."""
+    depth for ``k`` inputs of ``size`` bytes (the driver's link model); ``patience``: seconds
+    a node that looks alive may stay unreachable before the reduce fails."""
 
     def __init__(self, result: ObjectID, inputs: list[ObjectID], k: int, op: str, me: str,
-                 depth: Callable[[int, int], int]) -> None:
+                 depth: Callable[[int, int], int], patience: float = 6.0) -> None:
         if not inputs or not 1 <= k <= len(inputs):
             raise InvalidArgumentError(f"num_objects must be between 1 and the "
                                        f"{len(inputs)} inputs")
         check_op(op)
         self.result, self.k, self.op, self.me, self._depth = result, k, op, me, depth
+        self.patience = patience
         self._waiting: dict[ObjectID, int] = {}  # input -> times listed, until ready
         for oid in inputs:
             self._waiting[oid] = self._waiting.get(oid, 0) + 1
@@ -240,6 +329,10 @@ class ReducePlan:
         self.error: HopliteError | None = None
         self.complete = False
         self.published = False
+        self.redo: dict[int, Redo] = {}  # slots being placed again
+        self._wanted: dict[ObjectID, list[int]] = {}  # lost input -> slots waiting for it
+        self._broken: dict[int, int] = {}  # slot -> offset its consumer stopped at, node alive
+        self._reconnects: dict[int, tuple[int, float]] = {}  # slot -> (tries, delays summed)
         self.history: deque[tuple[Event, tuple[Instruction, ...]]] = deque(maxlen=HISTORY_MAX)
 
     @property
@@ -259,19 +352,22 @@ class ReducePlan:
 
     def _handle(self, ev: Event) -> list[Instruction]:
         if isinstance(ev, InputReady):
-            return self._ready(ev)
+            return self._replace(ev) if ev.oid in self._wanted else self._ready(ev)
         if isinstance(ev, InputFailed):
-            if self._waiting.pop(ev.oid, 0) == 0:  # ready already, or a cancelled backup
-                return []
-            return self._fail(ev.error)
+            return self._input_failed(ev)
         if isinstance(ev, TaskStarted):
             slot = self.slots.get(ev.slot)
-            if slot is None or not slot.task or slot.version is not None:
+            if (slot is None or not slot.task or slot.version is not None
+                    or slot.gen != ev.gen):
                 return []
             slot.version = ev.version
             return self._links(ev.slot)
         if isinstance(ev, SlotFailed):
-            return [] if self.complete else self._fail(ev.error)
+            return self._slot_failed(ev)
+        if isinstance(ev, ChildLost):
+            return self._child_lost(ev)
+        if isinstance(ev, Retry):
+            return self._retry(ev)
         if isinstance(ev, NodeDied):
             return self._node_died(ev.node)
         if isinstance(ev, ResultComplete):
@@ -304,9 +400,7 @@ class ReducePlan:
                 self.shape = tree_shape(self.k, self._depth(self.k, ev.size))
                 out.append(OpenResult(ev.size, ev.dtype, ev.shape))
         elif (ev.dtype, ev.shape) != (self.meta.dtype, self.meta.shape):
-            return self._fail(InvalidArgumentError(
-                f"input {ev.oid.hex()} is {ev.dtype}{list(ev.shape)} but the first input was "
-                f"{self.meta.dtype}{list(self.meta.shape)}", oid=ev.oid.hex()))
+            return self._fail(self._mismatch(ev))
         for _ in range(min(times, self.k - len(self.used))):
             self.used.append(ev.oid)
             if self.shape is not None:
@@ -321,6 +415,12 @@ class ReducePlan:
                 out.append(CombineInline(tuple(self.used), self.op, m.size, m.dtype, m.shape))
         return out
 
+    def _mismatch(self, ev: InputReady) -> InvalidArgumentError:
+        assert self.meta is not None
+        return InvalidArgumentError(
+            f"input {ev.oid.hex()} is {ev.dtype}{list(ev.shape)} but the first input was "
+            f"{self.meta.dtype}{list(self.meta.shape)}", oid=ev.oid.hex())
+
     def _place(self, ev: InputReady) -> list[Instruction]:
         shape, me = self.shape, self.me
         assert shape is not None
@@ -330,16 +430,26 @@ class ReducePlan:
         slot = shape.root if shape.root in free and local else (others or [shape.root])[0]
         alive = [n for n in ev.alive if n not in self.dead]
         node = me if local else (alive or list(ev.holders))[0]
+        return self._put(slot, node, ev.oid, ev.version, gen=0, start=0)
+
+    def _put(self, slot: int, node: str, oid: ObjectID, version: bytes, gen: int,
+             start: int) -> list[Instruction]:
+        """Place ``slot`` on ``node`` with input ``oid``: a leaf's output is its input, any
+        other slot starts a task (the root on this node computes the result in place)."""
+        shape = self.shape
+        assert shape is not None and self.meta is not None
         children = len(shape.children[slot])
-        in_place = slot == shape.root and node == me
-        if children == 0 and not in_place:  # a leaf's output is its input
-            self.slots[slot] = Slot(node, ev.oid, ev.oid, ev.version, task=False)
+        in_place = slot == shape.root and node == self.me
+        if children == 0 and not in_place:
+            self.slots[slot] = Slot(node, oid, oid, version, task=False, gen=gen, start=start)
             return self._links(slot)
-        output = self.result if in_place else derived_id(self.result, slot, b"out")
-        self.slots[slot] = Slot(node, ev.oid, output, None, task=True)
+        output = self.result if in_place else derived_id(self.result, slot, b"out%d" % gen)
+        self.slots[slot] = Slot(node, oid, output, None, task=True, gen=gen, start=start)
         if node not in self.task_nodes:
             self.task_nodes.append(node)
-        return [StartTask(slot, node, ev.oid, output, self.op, ev.dtype, ev.shape, children)]
+        m = self.meta
+        return [StartTask(slot, gen, node, oid, output, self.op, m.dtype, m.shape, children,
+                          start)]
 
     def _links(self, slot: int) -> list[Instruction]:
         """Edges around ``slot`` (parent's first) and the root pull, that ``slot``'s placement or
@@ -352,28 +462,147 @@ class ReducePlan:
         for p, c in pairs + [(slot, child) for child in shape.children[slot]]:
             ps, cs = self.slots.get(p), self.slots.get(c)
             if ps and cs and ps.version is not None and cs.version is not None:
-                out.append(Connect(p, ps.node, cs.node, cs.output, cs.version))
+                cs.connected = True
+                out.append(Connect(p, ps.node, c, cs.node, cs.output, cs.version))
         root = self.slots[slot]
         if slot == shape.root and root.version is not None and root.output != self.result:
+            root.connected = True
             out.append(PullRoot(root.node, root.output, root.version))
         return out
 
-    def _node_died(self, node: str) -> list[Instruction]:
-        lost = sorted(s for s, placed in self.slots.items() if placed.node == node)
-        if self.complete or not lost:
+    # --- failures and repair ---
+    def _input_failed(self, ev: InputFailed) -> list[Instruction]:
+        if self._waiting.pop(ev.oid, 0) > 0:
+            return self._fail(ev.error)
+        slots = self._wanted.pop(ev.oid, None)
+        if not slots:  # ready already, or a cancelled backup
             return []
-        assert self.shape is not None
-        redo = sorted({s for slot in lost for s in redo_path(self.shape, slot)})
+        redo = self.redo[slots[0]]
         return self._fail(PeerUnavailableError(
-            f"node {node} died holding slot {lost[0]} of reduce {self.result.hex()}",
-            node=node, slot=lost[0], redo=redo))
+            f"node {redo.died_on} died holding input {ev.oid.hex()} (slot {slots[0]}) of reduce "
+            f"{self.result.hex()}, and no copy came back: {ev.error}",
+            node=redo.died_on, slot=slots[0], oid=ev.oid.hex()))
+
+    def _slot_failed(self, ev: SlotFailed) -> list[Instruction]:
+        placed = self.slots.get(ev.slot)
+        if self.complete or (placed is None and ev.slot in self.redo):
+            return []
+        if placed is not None and ev.gen is not None and placed.gen != ev.gen:
+            return []  # an earlier placement's task, replaced since
+        if placed is not None and placed.node in self.dead:
+            return []  # its death is handled as such (a repair if its output is still needed)
+        if placed is not None and isinstance(ev.error, UNREACHABLE) and not ev.error.reported:
+            self.dead.add(placed.node)  # its node is gone for this reduce, before the verdict
+            return self._node_died(placed.node)
+        return self._fail(ev.error)
+
+    def _child_lost(self, ev: ChildLost) -> list[Instruction]:
+        shape = self.shape
+        placed = self.slots.get(ev.child)
+        if (self.complete or shape is None or placed is None or placed.version != ev.version
+                or ev.parent != shape.parent[ev.child]):
+            return []  # stale: the slot was placed again since, or the report makes no sense
+        if ev.parent is not None:
+            consumer = self.slots.get(ev.parent)
+            if consumer is None or consumer.node in self.dead:
+                return []  # the consumer itself is lost: its repair redoes this slot
+        if ev.source_dead:
+            self.dead.add(placed.node)
+        if placed.node in self.dead:
+            return self._repair(ev.child, ev.offset)
+        tries, waited = self._reconnects.get(ev.child, (0, 0.0))
+        if waited >= self.patience:
+            return self._fail(PeerUnavailableError(
+                f"slot {ev.child} on node {placed.node} of reduce {self.result.hex()}: its "
+                f"output could not be received after {tries} reconnections: {ev.error}",
+                node=placed.node, slot=ev.child))
+        delay = min(RECONNECT_DELAY * 2 ** tries, RECONNECT_MAX)
+        self._reconnects[ev.child] = (tries + 1, waited + delay)
+        self._broken[ev.child] = ev.offset
+        return [After(delay, Retry(ev.child, ev.version))]
+
+    def _retry(self, ev: Retry) -> list[Instruction]:
+        shape = self.shape
+        placed = self.slots.get(ev.child)
+        if (self.complete or shape is None or placed is None or placed.version != ev.version
+                or self._broken.pop(ev.child, None) is None):
+            return []
+        parent = shape.parent[ev.child]
+        if parent is None:
+            return [PullRoot(placed.node, placed.output, placed.version)]
+        ps = self.slots.get(parent)
+        if ps is None or ps.version is None:
+            return []
+        return [Connect(parent, ps.node, ev.child, placed.node, placed.output, placed.version)]
+
+    def _node_died(self, node: str) -> list[Instruction]:
+        """Slots on ``node`` whose consumer lacks bytes are redone: those it reported broken,
+        and those never connected to it (their consumer has nothing of them yet)."""
+        shape = self.shape
+        if self.complete or shape is None:
+            return []
+        out: list[Instruction] = []
+        for slot in sorted(s for s, placed in self.slots.items() if placed.node == node):
+            placed = self.slots.get(slot)
+            if placed is None:  # redone already, as a dead child of a slot redone above
+                continue
+            parent = shape.parent[slot]
+            consumer = None if parent is None else self.slots.get(parent)
+            if parent in self.redo or (consumer is not None and consumer.node in self.dead):
+                continue  # the consumer is lost too: its repair redoes this slot
+            offset = self._broken.pop(slot, None)
+            if offset is None and not placed.connected:
+                offset = consumer.start if consumer is not None else 0
+            if offset is not None:
+                out += self._repair(slot, offset)
+        return out
+
+    def _repair(self, slot: int, start: int) -> list[Instruction]:
+        """Place ``slot`` again, computing from byte ``start``: wait for its input anew; its
+        dead children are redone from the same byte."""
+        shape = self.shape
+        assert shape is not None
+        placed = self.slots.pop(slot)
+        self._reconnects.pop(slot, None)
+        self._broken.pop(slot, None)
+        self.redo[slot] = Redo(placed.input, placed.node, placed.gen + 1, start)
+        out: list[Instruction] = []
+        if placed.input not in self._wanted:
+            self._wanted[placed.input] = []
+            out.append(WaitInput(placed.input, tuple(sorted(self.dead))))
+        self._wanted[placed.input].append(slot)
+        for child in shape.children[slot]:
+            c = self.slots.get(child)
+            if c is not None and c.node in self.dead:
+                out += self._repair(child, start)
+            elif child in self.redo:
+                self.redo[child].start = min(self.redo[child].start, start)
+        return out
+
+    def _replace(self, ev: InputReady) -> list[Instruction]:
+        """A lost input is back: place the slots waiting for it on a live holder."""
+        assert self.meta is not None
+        alive = [n for n in ev.alive if n not in self.dead]
+        if not alive and ev.size == self.meta.size:  # the shard's view of deaths lags ours
+            return [WaitInput(ev.oid, tuple(sorted(self.dead)))]
+        slots = self._wanted.pop(ev.oid)
+        if (ev.size, ev.dtype, ev.shape) != (self.meta.size, self.meta.dtype, self.meta.shape):
+            return self._fail(self._mismatch(ev))
+        node = self.me if self.me in alive else alive[0]
+        out: list[Instruction] = []
+        for slot in slots:
+            redo = self.redo.pop(slot)
+            out += self._put(slot, node, ev.oid, ev.version, redo.gen, redo.start)
+        return out
 
     def _fail(self, error: HopliteError) -> list[Instruction]:
         self.error = error
         out: list[Instruction] = []
-        if self._waiting:
-            out.append(CancelWaits(tuple(self._waiting)))
+        waits = [*self._waiting, *self._wanted]
+        if waits:
+            out.append(CancelWaits(tuple(waits)))
             self._waiting.clear()
+            self._wanted.clear()
         return out + [Fail(error)] + self._release()
 
     def _release(self) -> list[Instruction]:

@@ -4,7 +4,11 @@ A slot with children runs on the node holding its input: it pulls each child's o
 into a buffer of its own and, block by block, combines the prefix every child has delivered
 with its input (in place, :mod:`.ops`), advancing its output's watermark; its parent pulls that
 output while it grows, so the whole tree is pipelined (docs/design.md §4). A failure is reported
-to the coordinator, which decides what happens to the reduce.
+to the coordinator, which decides what happens to the reduce. A child's pull that breaks keeps
+its bytes and is reported (``ReduceChildLost``): the coordinator reconnects it or places the
+child again, and the next ``ReduceChild`` for it resumes where the pull stopped. A repaired
+slot's task computes only from ``start`` on, because its consumer already holds the bytes
+before (docs/design.md §5).
 """
 
 from __future__ import annotations
@@ -17,11 +21,17 @@ from typing import Any
 
 import numpy as np
 
-from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, ObjectNotFoundError
+from hoplite_client.wire.errors import (
+    ConnectionLostError,
+    HopliteError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+)
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
     Ok,
     ReduceChild,
+    ReduceChildLost,
     ReduceDone,
     ReduceFailed,
     ReduceTask,
@@ -57,22 +67,24 @@ class SlotTask:
     own: StoredObject
     out: StoredObject
     expected: int
-    children: list[StoredObject] = field(default_factory=list)
+    start: int
+    children: dict[int, StoredObject] = field(default_factory=dict)  # by child slot
     all_children: asyncio.Event = field(default_factory=asyncio.Event)
     runner: asyncio.Task[None] | None = None
-    pulls: list[asyncio.Task[None]] = field(default_factory=list)
+    pulls: dict[int, asyncio.Task[None]] = field(default_factory=dict)
 
 
 class ReduceWorker:
     """Runs the tree-node tasks this node was given."""
 
     def __init__(self, store: ObjectStore, arena: Arena, fetcher: Fetcher, tell: Tell,
-                 tasks: Tasks) -> None:
+                 tasks: Tasks, is_alive: Callable[[str], bool]) -> None:
         self._store = store
         self._arena = arena
         self._fetcher = fetcher
         self._tell = tell
         self._tasks = tasks
+        self._is_alive = is_alive
         self.slots: dict[tuple[ObjectID, int], SlotTask] = {}
 
     def handlers(self) -> dict[type[WireMessage], Handler]:
@@ -88,14 +100,25 @@ class ReduceWorker:
         if own.dtype != msg.dtype or own.shape != msg.shape:
             raise InvalidArgumentError(f"input {msg.input.hex()} is {own.dtype}{own.shape}, "
                                        f"not {msg.dtype}{msg.shape}")
+        if not 0 <= msg.start <= own.size or msg.children < 0:
+            raise InvalidArgumentError(f"start {msg.start} outside 0..{own.size} or "
+                                       f"{msg.children} children")
+        if own.size % np.dtype(msg.dtype).itemsize:
+            raise InvalidArgumentError(f"input {msg.input.hex()} of {own.size} bytes is not "
+                                       f"whole {msg.dtype} elements")
+        self._release(msg.reduce_id, msg.slot)  # a slot placed here again replaces its task
         out = store.get(msg.output) if msg.output == msg.reduce_id else None
         if out is None:
             out = store.create(msg.output, own.size, own.dtype, own.shape, temporary=True)
+            out.advance(msg.start)  # never read below: the consumer holds those bytes
             self._tasks.spawn(self._arena.populate(out.offset, out.size), name="populate")
+        elif out.received != msg.start:
+            raise InvalidArgumentError(f"the result holds {out.received} bytes, the task was "
+                                       f"to start at {msg.start}")
         store.pin(own)
         store.pin(out)
         task = SlotTask(msg.reduce_id, msg.slot, coordinator, msg.op, np.dtype(msg.dtype), own,
-                        out, msg.children)
+                        out, msg.children, msg.start)
         if msg.children == 0:
             task.all_children.set()
         self.slots[(msg.reduce_id, msg.slot)] = task
@@ -103,26 +126,47 @@ class ReduceWorker:
         return TaskStarted(version=out.version)
 
     def on_child(self, peer: str, msg: ReduceChild, payload: memoryview | None) -> Ok:
-        """A child of one of our slots is placed: pull its output into a buffer of ours."""
+        """A child of one of our slots is placed: pull its output into a buffer of ours (again:
+        resume the buffer from where the last pull stopped, from the child's new place)."""
         task = self.slots.get((msg.reduce_id, msg.slot))
         if task is None:
             raise ObjectNotFoundError(f"no task for slot {msg.slot} of {msg.reduce_id.hex()}")
-        store = self._store
-        buf = store.create(derived_id(msg.reduce_id, msg.slot, b"in%d" % len(task.children)),
-                           task.own.size, task.own.dtype, task.own.shape, temporary=True)
-        store.pin(buf)
-        task.children.append(buf)
-        task.pulls.append(self._tasks.spawn(self._pull_child(buf, msg), name="reduce-pull"))
+        buf = task.children.get(msg.child)
+        if buf is None:
+            if len(task.children) == task.expected:
+                raise InvalidArgumentError(f"slot {msg.slot} has all its {task.expected} "
+                                           f"children; {msg.child} is not one")
+            store = self._store
+            buf = store.create(derived_id(msg.reduce_id, msg.slot, b"in%d" % msg.child),
+                               task.own.size, task.own.dtype, task.own.shape, temporary=True)
+            buf.advance(task.start)  # the task computes from its start only
+            store.pin(buf)
+            task.children[msg.child] = buf
+            self._tasks.spawn(self._arena.populate(buf.offset, buf.size), name="populate")
+        old = task.pulls.get(msg.child)
+        if old is not None:
+            old.cancel()
+        task.pulls[msg.child] = self._tasks.spawn(self._pull_child(task, buf, msg),
+                                                  name="reduce-pull")
         if len(task.children) == task.expected:
             task.all_children.set()
         return Ok()
 
-    async def _pull_child(self, buf: StoredObject, msg: ReduceChild) -> None:
-        self._tasks.spawn(self._arena.populate(buf.offset, buf.size), name="populate")
+    async def _pull_child(self, task: SlotTask, buf: StoredObject, msg: ReduceChild) -> None:
+        """Pull a child's output; a broken pull keeps its bytes and is reported."""
         try:
             await self._fetcher.pull_into(buf, msg.node, msg.oid, msg.version)
-        except HopliteError as exc:
-            buf.fail(exc)
+        except (HopliteError, OSError) as exc:
+            if buf.error is not None:
+                return  # the buffer was dropped: the reduce is over here
+            error = exc if isinstance(exc, HopliteError) else ConnectionLostError(str(exc))
+            log.info("reduce %s slot %d: child %d from %s broke at %d/%d bytes (%s)",
+                     msg.reduce_id.short(), msg.slot, msg.child, msg.node, buf.received,
+                     buf.size, error)
+            self._tell(task.coordinator, ReduceChildLost(
+                reduce_id=msg.reduce_id, slot=msg.slot, child=msg.child, version=msg.version,
+                offset=buf.received, source_dead=not self._is_alive(msg.node), code=error.code,
+                message=str(error)))
 
     async def _run(self, task: SlotTask) -> None:
         try:
@@ -137,15 +181,17 @@ class ReduceWorker:
     async def _compute(self, task: SlotTask) -> None:
         loop = asyncio.get_running_loop()
         size, item = task.out.size, task.dtype.itemsize
-        pos = 0
+        pos = task.start - task.start % item  # whole elements; the bytes below are the same
+        # in slot order, so a slot computed again (repair) writes bit-identical sums
+        children = [task.children[slot] for slot in sorted(task.children)]
         while pos < size:
             ready = size
-            for child in task.children:
+            for child in children:
                 ready = min(ready, await child.wait_for(min(pos + item, size)))
             end = min(ready, pos + COMPUTE_BLOCK)
             end -= (end - pos) % item
             args = (task.op, task.dtype, task.own.buffer[pos:end],
-                    [c.buffer[pos:end] for c in task.children], task.out.buffer[pos:end])
+                    [c.buffer[pos:end] for c in children], task.out.buffer[pos:end])
             if end - pos >= THREAD_BLOCK:
                 await loop.run_in_executor(None, combine, *args)
             else:
@@ -155,14 +201,25 @@ class ReduceWorker:
 
     def on_done(self, peer: str, msg: ReduceDone, payload: memoryview | None) -> None:
         """The reduce ended: stop its tasks here and free their buffers."""
+        for reduce_id, slot in [k for k in self.slots if k[0] == msg.reduce_id]:
+            self._release(reduce_id, slot)
+
+    def node_died(self, node: str) -> None:
+        """A coordinator died: nobody will end its reduces' tasks here, so end them now."""
+        for reduce_id, slot in [k for k, t in self.slots.items() if t.coordinator == node]:
+            self._release(reduce_id, slot)
+
+    def _release(self, reduce_id: ObjectID, slot: int) -> None:
+        """Stop one slot's task and pulls; unpin its buffers, drop the temporary ones."""
+        task = self.slots.pop((reduce_id, slot), None)
+        if task is None:
+            return
         store = self._store
-        for key in [k for k in self.slots if k[0] == msg.reduce_id]:
-            task = self.slots.pop(key)
-            for t in [task.runner, *task.pulls]:
-                if t is not None:
-                    t.cancel()
-            store.unpin(task.own)
-            for obj in [task.out, *task.children]:
-                store.unpin(obj)
-                if obj.temporary and store.get(obj.oid) is obj:
-                    store.remove(obj.oid)
+        for t in [task.runner, *task.pulls.values()]:
+            if t is not None:
+                t.cancel()
+        store.unpin(task.own)
+        for obj in [task.out, *task.children.values()]:
+            store.unpin(obj)
+            if obj.temporary and store.get(obj.oid) is obj:
+                store.remove(obj.oid)

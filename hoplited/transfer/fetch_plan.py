@@ -9,7 +9,11 @@ must never splice two different puts of one id (docs/design.md §5). A pull that
 for a retriable reason (the source died, closed, stalled, spoke garbage) keeps the bytes
 received, excludes that source and asks again from the watermark; a fatal error ends the
 fetch. Every ended pull is reported to the shard (``Report``) so it frees the source's slot.
-After ``max_attempts`` sources the fetch gives up. ``Fail`` means: discard the partial copy.
+A *stalled* source (it sent nothing for the stall window) may only be slow upstream: a partial
+holder re-attaching, or a reduce's result waiting for a repaired slot (docs/design.md §5). It is
+avoided for ``STALL_RETRY`` seconds; if the owner has nobody else by then, it is asked for
+again. After ``max_attempts`` pulls that brought no byte the fetch gives up. ``Fail`` means:
+discard the partial copy.
 
 One fetch serves every concurrent get of an id, so its deadline is the latest of its callers'
 (``CallerJoined``; None means no deadline and wins). A locate that timed out after a caller
@@ -50,6 +54,9 @@ RETRIABLE: tuple[type[BaseException], ...] = (
     ConnectionLostError, PeerUnavailableError, HopliteTimeoutError, ProtocolError, OSError)
 # (event, instructions) pairs kept for debugging: a fetch sees about three per source.
 HISTORY_MAX = 64
+# How long a stalled source is avoided when the owner has nobody else: a couple of stall
+# windows (about a second each on the test-bed links), far below a heartbeat timeout.
+STALL_RETRY = 2.0
 
 
 # --- events ---
@@ -186,13 +193,16 @@ class FetchPlan:
         self.oid, self.me, self.deadline, self.max_attempts = oid, me, deadline, max_attempts
         self.phase: Phase = "new"
         self.exclude: list[str] = []  # sources whose pull failed, in order
+        self.stalled: list[str] = []  # sources that went silent: avoided for a while
         self.attempts = 0  # pulls started
+        self.fruitless = 0  # pulls that ended without a byte
         self.watermark = 0  # bytes held, from offset 0
         self.size: int | None = None  # set once allocated, with the version
         self.version: bytes | None = None
         self.source: str | None = None  # the pull in progress
         self.outcome: Done | Fail | None = None
         self._asked_for = deadline  # the deadline the pending ask was bounded by
+        self._cut_short = False  # the pending ask waits less than the time that remains
         self.history: deque[tuple[Event | str, tuple[Instruction, ...]]] = deque(
             maxlen=HISTORY_MAX)
 
@@ -227,6 +237,10 @@ class FetchPlan:
         if isinstance(ev, LocateFailed):
             if self.phase != "asking":
                 return []
+            if (isinstance(ev.error, HopliteTimeoutError) and self._cut_short
+                    and not self._expired(ev.now)):
+                self.stalled.clear()  # nobody else came: the silent sources may send again
+                return [self._ask(ev.now)]
             if (isinstance(ev.error, HopliteTimeoutError) and self._extended()
                     and not self._expired(ev.now)):
                 return [self._ask(ev.now)]  # timed out under the deadline a caller has moved
@@ -249,6 +263,8 @@ class FetchPlan:
         return [*out, Pull(ev.source, self.watermark)]
 
     def _pull_ended(self, ev: PullEnded) -> list[Instruction]:
+        if ev.watermark <= self.watermark:
+            self.fruitless += 1
         self.watermark = max(self.watermark, ev.watermark)
         if ev.error is None or (self.size is not None and self.watermark >= self.size):
             return [Report(ev.source, complete=True), Done()]  # every byte is here
@@ -259,12 +275,15 @@ class FetchPlan:
             if fatal is not ev.error:
                 fatal.__cause__ = ev.error
             return [*out, Fail(fatal)]
-        if ev.source not in self.exclude:
+        if isinstance(ev.error, HopliteTimeoutError):
+            if ev.source not in self.stalled:
+                self.stalled.append(ev.source)
+        elif ev.source not in self.exclude:
             self.exclude.append(ev.source)
-        if self.attempts >= self.max_attempts:
+        if self.fruitless >= self.max_attempts:
             return [*out, Fail(PeerUnavailableError(
-                f"gave up on {self.oid.hex()} after {self.attempts} sources (last: {ev.error})",
-                oid=self.oid.hex()))]
+                f"gave up on {self.oid.hex()} after {self.fruitless} sources sent nothing "
+                f"(last: {ev.error})", oid=self.oid.hex()))]
         if self._expired(ev.now):
             return [*out, Fail(HopliteTimeoutError(
                 f"object {self.oid.hex()} not received by its deadline ({self.watermark}/"
@@ -275,7 +294,10 @@ class FetchPlan:
     def _ask(self, now: float) -> AskOwner:
         self.phase, self._asked_for = "asking", self.deadline
         remaining = None if self.deadline is None else max(0.0, self.deadline - now)
-        return AskOwner(tuple(self.exclude), self.watermark, remaining)
+        avoid = [*self.exclude, *(s for s in self.stalled if s not in self.exclude)]
+        self._cut_short = bool(self.stalled) and (remaining is None or remaining > STALL_RETRY)
+        return AskOwner(tuple(avoid), self.watermark,
+                        STALL_RETRY if self._cut_short else remaining)
 
     def _extended(self) -> bool:
         """Whether a caller moved the deadline since the pending ask was sent."""

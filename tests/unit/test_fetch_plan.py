@@ -22,6 +22,7 @@ from hoplite_client.wire.errors import (
 from hoplite_client.wire.ids import ObjectID
 from hoplited.transfer import fetch_plan
 from hoplited.transfer.fetch_plan import (
+    STALL_RETRY,
     Allocate,
     AskOwner,
     CallerJoined,
@@ -91,11 +92,23 @@ CASES: dict[str, Case] = {
         (ended("a", 400, LOST), [Report("a", complete=False), AskOwner(("a",), 400, None)]),
         (at("b"), [Pull("b", 400)]),
         (ended("b", SIZE), [Report("b", complete=True), Done()])]),
-    "node death and a stall are retriable; the remaining time is asked": Case(10.0, [
+    "node death and a stall are retriable; a stalled source is avoided for a while": Case(10.0, [
         (at("a"), [ALLOC, Pull("a", 0)]),
-        (ended("a", 10, STALL, now=4.0), [Report("a", False), AskOwner(("a",), 10, 6.0)]),
+        (ended("a", 10, STALL, now=4.0), [Report("a", False), AskOwner(("a",), 10, STALL_RETRY)]),
         (at("b", now=5.0), [Pull("b", 10)]),
-        (ended("b", 20, DEAD, now=7.5), [Report("b", False), AskOwner(("a", "b"), 20, 2.5)])]),
+        (ended("b", 20, DEAD, now=8.5), [Report("b", False), AskOwner(("b", "a"), 20, 1.5)])]),
+    "nobody else while a stalled source is avoided: it is asked for again": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", 10, STALL, now=4.0), [Report("a", False), AskOwner(("a",), 10, STALL_RETRY)]),
+        (timed_out(6.0), [AskOwner((), 10, None)]),
+        (at("a", now=6.5), [Pull("a", 10)]),
+        (ended("a", SIZE, now=9.0), [Report("a", True), Done()])]),
+    "a dead source stays excluded when the stalled one is forgiven": Case(30.0, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", 10, DEAD, now=1.0), [Report("a", False), AskOwner(("a",), 10, 29.0)]),
+        (at("b", now=1.5), [Pull("b", 10)]),
+        (ended("b", 10, STALL, now=3.0), [Report("b", False), AskOwner(("a", "b"), 10, 2.0)]),
+        (timed_out(5.0), [AskOwner(("a",), 10, 25.0)])]),
     "a socket error and protocol garbage are retriable": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
         (ended("a", 0, OSError("reset")), [Report("a", False), AskOwner(("a",), 0, None)]),
@@ -207,12 +220,12 @@ def test_attempts_are_bounded() -> None:
     plan = FetchPlan(OID, ME, None, max_attempts=3)
     plan.start(0.0)
     out: list[Instruction] = []
-    for i, source in enumerate("abc"):
-        assert plan.handle(at(source))[-1] == Pull(source, i)
-        out = plan.handle(ended(source, i + 1, LOST))
+    for source in "abc":
+        assert plan.handle(at(source))[-1] == Pull(source, 0)
+        out = plan.handle(ended(source, 0, LOST))
     assert out[0] == Report("c", complete=False)
     assert isinstance(out[-1], Fail) and type(out[-1].error) is PeerUnavailableError
-    assert "after 3 sources" in str(out[-1].error)
+    assert "after 3 sources sent nothing" in str(out[-1].error)
     assert plan.outcome == out[-1] and plan.phase == "over"
     assert plan.exclude == ["a", "b", "c"]
     assert plan.handle(at("d")) == []  # over
@@ -223,9 +236,23 @@ def test_default_budget_is_eight_sources() -> None:
     plan.start(0.0)
     for i in range(8):
         source = f"n{i}"
-        assert plan.handle(at(source)) == ([ALLOC] if i == 0 else []) + [Pull(source, i)]
-        out = plan.handle(ended(source, i + 1, LOST))
+        assert plan.handle(at(source)) == ([ALLOC] if i == 0 else []) + [Pull(source, 0)]
+        out = plan.handle(ended(source, 0, LOST))
     assert isinstance(out[-1], Fail) and isinstance(out[-1].error, PeerUnavailableError)
+
+
+def test_sources_that_send_something_do_not_use_up_the_budget() -> None:
+    plan = FetchPlan(OID, ME, None, max_attempts=2)
+    plan.start(0.0)
+    for i in range(5):
+        source = f"n{i}"
+        plan.handle(at(source))
+        out = plan.handle(ended(source, 10 * (i + 1), LOST))
+        assert isinstance(out[-1], AskOwner), out
+    plan.handle(at("x"))
+    assert isinstance(plan.handle(ended("x", 50, LOST))[-1], AskOwner)
+    plan.handle(at("y"))
+    assert isinstance(plan.handle(ended("y", 50, LOST))[-1], Fail)
 
 
 def test_a_fatal_non_hoplite_error_is_wrapped() -> None:

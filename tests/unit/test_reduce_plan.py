@@ -11,18 +11,22 @@ import pytest
 
 import hoplited.collectives.plan as plan_module
 from hoplite_client.wire.errors import (
+    ConnectionLostError,
     HopliteError,
     HopliteTimeoutError,
     InvalidArgumentError,
     ObjectNotFoundError,
     PeerUnavailableError,
+    error_from_wire,
 )
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.ops import derived_id
 from hoplited.collectives.plan import (
     HISTORY_MAX,
+    After,
     CancelWaits,
+    ChildLost,
     CombineInline,
     Connect,
     Event,
@@ -40,9 +44,11 @@ from hoplited.collectives.plan import (
     Release,
     ResultComplete,
     ResultFailed,
+    Retry,
     SlotFailed,
     StartTask,
     TaskStarted,
+    WaitInput,
     redo_path,
 )
 from hoplited.collectives.tree import tree_shape
@@ -60,6 +66,7 @@ OPEN = OpenResult(BIG, DT, SHAPE)
 TIMEOUT = HopliteTimeoutError("input wait timed out")
 GONE = ObjectNotFoundError("input deleted")
 BROKEN = PeerUnavailableError("stream broke", node="n1")
+REPORTED = error_from_wire("unavailable", "slot 1: its input vanished", {})
 
 
 def v(i: int) -> bytes:
@@ -72,8 +79,8 @@ def t(slot: int) -> bytes:
     return b"t%d" % slot
 
 
-def out(slot: int) -> ObjectID:
-    return derived_id(R, slot, b"out")
+def out(slot: int, gen: int = 0) -> ObjectID:
+    return derived_id(R, slot, b"out%d" % gen)
 
 
 def ready(i: int, *holders: str, alive: tuple[str, ...] | None = None, size: int = BIG,
@@ -82,13 +89,14 @@ def ready(i: int, *holders: str, alive: tuple[str, ...] | None = None, size: int
                       v(i))
 
 
-def task(slot: int, node: str, i: int, output: ObjectID, children: int) -> StartTask:
-    return StartTask(slot, node, I[i], output, "sum", DT, SHAPE, children)
+def task(slot: int, node: str, i: int, output: ObjectID, children: int, gen: int = 0,
+         start: int = 0) -> StartTask:
+    return StartTask(slot, gen, node, I[i], output, "sum", DT, SHAPE, children, start)
 
 
-def conn(parent: int, parent_node: str, child_node: str, child_output: ObjectID,
+def conn(parent: int, parent_node: str, child: int, child_node: str, child_output: ObjectID,
          version: bytes) -> Connect:
-    return Connect(parent, parent_node, child_node, child_output, version)
+    return Connect(parent, parent_node, child, child_node, child_output, version)
 
 
 def chosen(*idx: int) -> InputsChosen:
@@ -99,8 +107,8 @@ def cancel(*idx: int) -> CancelWaits:
     return CancelWaits(tuple(I[i] for i in idx))
 
 
-def started(slot: int) -> TaskStarted:
-    return TaskStarted(slot, t(slot))
+def started(slot: int, gen: int = 0) -> TaskStarted:
+    return TaskStarted(slot, gen, t(slot) + b".%d" % gen if gen else t(slot))
 
 
 def lost(node: str, slot: int, redo: list[int]) -> Fail:
@@ -127,9 +135,18 @@ class Case:
     n: int = 0  # inputs I[0..n-1]; 0: k of them
     depth: int = 0
     inputs: tuple[int, ...] = ()  # explicit input indices (overrides n)
+    patience: float = 1.5
 
 
 DONE: tuple[Event, list[Instruction]] = (ResultComplete(), [Publish()])
+# A chain of three (n0's leaf, n1, root on n2), every task started and every edge connected.
+RUNNING_CHAIN: list[tuple[Event, list[Instruction]]] = [
+    (ready(0, "n0"), [OPEN]),
+    (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+    (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
+    (started(1), [conn(1, "n1", 0, "n0", I[0], v(0))]),
+    (started(2), [conn(2, "n2", 1, "n1", out(1), t(1)), PullRoot("n2", out(2), t(2))]),
+]
 
 CASES = [
     # --- choosing inputs and slots ---
@@ -137,7 +154,7 @@ CASES = [
         (ready(4, "n4"), [OPEN]),  # slot 0, a leaf: no task
         (ready(1, "n1", "n9", alive=("n9",)), []),  # slot 2, a leaf on its live holder
         (ready(2, "n2", ME), [task(1, ME, 2, R, 2), cancel(0, 3), chosen(4, 1, 2)]),
-        (started(1), [conn(1, ME, "n4", I[4], v(4)), conn(1, ME, "n9", I[1], v(1))]),
+        (started(1), [conn(1, ME, 0, "n4", I[4], v(4)), conn(1, ME, 2, "n9", I[1], v(1))]),
         DONE,
         (Published(), [Release((ME,))]),
         (NodeDied("n4"), []),
@@ -147,7 +164,7 @@ CASES = [
         (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
         (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
         (started(2), [PullRoot("n2", out(2), t(2))]),
-        (started(1), [conn(2, "n2", "n1", out(1), t(1)), conn(1, "n1", "n0", I[0], v(0))]),
+        (started(1), [conn(2, "n2", 1, "n1", out(1), t(1)), conn(1, "n1", 0, "n0", I[0], v(0))]),
         (started(1), []),  # duplicate
         DONE,
         (ResultComplete(), []),
@@ -158,7 +175,7 @@ CASES = [
         (ready(1, "n1"), []),
         (started(2), []),  # its child is not placed yet; the result is computed in place
         (ready(2, "n2"), [task(1, "n2", 2, out(1), 1), chosen(0, 1, 2)]),
-        (started(1), [conn(2, ME, "n2", out(1), t(1)), conn(1, "n2", "n1", I[1], v(1))]),
+        (started(1), [conn(2, ME, 1, "n2", out(1), t(1)), conn(1, "n2", 0, "n1", I[1], v(1))]),
         DONE,
         (Published(), [Release((ME, "n2"))]),
     ]),
@@ -167,13 +184,13 @@ CASES = [
         (ready(1, "n1"), []),
         (ready(3, "n3", ME), [task(1, ME, 3, R, 2), cancel(2), chosen(0, 1, 3)]),
         (ready(2, ME), []),  # a backup, even though local
-        (started(1), [conn(1, ME, "n0", I[0], v(0)), conn(1, ME, "n1", I[1], v(1))]),
+        (started(1), [conn(1, ME, 0, "n0", I[0], v(0)), conn(1, ME, 2, "n1", I[1], v(1))]),
     ]),
     Case("second-local-input-is-a-leaf-on-me", k=3, depth=1, steps=[
         (ready(0, ME), [OPEN, task(1, ME, 0, R, 2)]),
         (ready(1, ME, "n1"), []),
-        (started(1), [conn(1, ME, ME, I[1], v(1))]),
-        (ready(2, "n2"), [conn(1, ME, "n2", I[2], v(2)), chosen(0, 1, 2)]),
+        (started(1), [conn(1, ME, 0, ME, I[1], v(1))]),
+        (ready(2, "n2"), [conn(1, ME, 2, "n2", I[2], v(2)), chosen(0, 1, 2)]),
     ]),
     Case("k1-leaf-root-is-pulled", k=1, n=2, steps=[
         (ready(1, "n1"), [OPEN, PullRoot("n1", I[1], v(1)), cancel(0), chosen(1)]),
@@ -190,7 +207,7 @@ CASES = [
         (NodeDied("nx"), []),
         (ready(0, "nx", "n0"), [OPEN]),  # the plan heard nx died
         (ready(1, "nd", "n1", alive=("n1",)), [task(1, "n1", 1, out(1), 1), chosen(0, 1)]),
-        (started(1), [conn(1, "n1", "n0", I[0], v(0)), PullRoot("n1", out(1), t(1))]),
+        (started(1), [conn(1, "n1", 0, "n0", I[0], v(0)), PullRoot("n1", out(1), t(1))]),
     ]),
     Case("no-live-holder-first-holder", k=1, steps=[
         (ready(0, "n5", "n6", alive=()), [OPEN, PullRoot("n5", I[0], v(0)), chosen(0)]),
@@ -206,17 +223,17 @@ CASES = [
     Case("input-listed-twice-used-twice", k=2, inputs=(0, 0, 1), steps=[
         (ready(0, "n0"), [OPEN, task(1, "n0", 0, out(1), 1), cancel(1), chosen(0, 0)]),
         (ready(0, "n0"), []),
-        (started(1), [conn(1, "n0", "n0", I[0], v(0)), PullRoot("n0", out(1), t(1))]),
+        (started(1), [conn(1, "n0", 0, "n0", I[0], v(0)), PullRoot("n0", out(1), t(1))]),
     ]),
     Case("child-started-before-parent-placed", k=5, depth=1, steps=[
         (ready(0, "n0"), [OPEN]),
         (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
-        (started(1), [conn(1, "n1", "n0", I[0], v(0))]),
+        (started(1), [conn(1, "n1", 0, "n0", I[0], v(0))]),
         (ready(2, "n2"), []),  # slot 3
         (ready(3, "n3"), [task(4, "n3", 3, out(4), 1)]),
         (ready(4, "n4"), [task(2, "n4", 4, out(2), 2), chosen(0, 1, 2, 3, 4)]),
-        (started(4), [conn(4, "n3", "n2", I[2], v(2))]),
-        (started(2), [conn(2, "n4", "n1", out(1), t(1)), conn(2, "n4", "n3", out(4), t(4)),
+        (started(4), [conn(4, "n3", 3, "n2", I[2], v(2))]),
+        (started(2), [conn(2, "n4", 1, "n1", out(1), t(1)), conn(2, "n4", 4, "n3", out(4), t(4)),
                       PullRoot("n4", out(2), t(2))]),
     ]),
     Case("tree-7-out-of-order-task-versions", k=7, depth=2, steps=[
@@ -228,14 +245,14 @@ CASES = [
         (ready(5, "n5"), []),  # slot 6
         (ready(6, "n6"), [task(3, "n6", 6, out(3), 2), chosen(0, 1, 2, 3, 4, 5, 6)]),
         (started(3), [PullRoot("n6", out(3), t(3))]),
-        (started(5), [conn(3, "n6", "n4", out(5), t(5)), conn(5, "n4", "n3", I[3], v(3)),
-                      conn(5, "n4", "n5", I[5], v(5))]),
-        (started(1), [conn(3, "n6", "n1", out(1), t(1)), conn(1, "n1", "n0", I[0], v(0)),
-                      conn(1, "n1", "n2", I[2], v(2))]),
+        (started(5), [conn(3, "n6", 5, "n4", out(5), t(5)), conn(5, "n4", 4, "n3", I[3], v(3)),
+                      conn(5, "n4", 6, "n5", I[5], v(5))]),
+        (started(1), [conn(3, "n6", 1, "n1", out(1), t(1)), conn(1, "n1", 0, "n0", I[0], v(0)),
+                      conn(1, "n1", 2, "n2", I[2], v(2))]),
         (started(1), []),
         (started(3), []),
-        (TaskStarted(0, b"x"), []),  # a leaf has no task
-        (TaskStarted(9, b"x"), []),
+        (TaskStarted(0, 0, b"x"), []),  # a leaf has no task
+        (TaskStarted(9, 0, b"x"), []),
         DONE,
         (Published(), [Release(("n1", "n4", "n6"))]),
     ]),
@@ -304,16 +321,16 @@ CASES = [
         (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
         (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
         (started(2), [PullRoot("n2", out(2), t(2))]),
-        (SlotFailed(1, BROKEN), [Fail(BROKEN), Release(("n1", "n2"))]),
+        (SlotFailed(1, None, REPORTED), [Fail(REPORTED), Release(("n1", "n2"))]),
         (started(1), []),
-        (SlotFailed(2, GONE), []),
+        (SlotFailed(2, None, GONE), []),
         (ResultComplete(), []),
     ]),
     Case("slot-failure-after-complete-ignored", k=2, steps=[
         (ready(0, "n0"), [OPEN]),
         (ready(1, "n1"), [task(1, "n1", 1, out(1), 1), chosen(0, 1)]),
         DONE,
-        (SlotFailed(1, BROKEN), []),
+        (SlotFailed(1, None, BROKEN), []),
         (Published(), [Release(("n1",))]),
     ]),
     Case("root-pull-fails", k=1, steps=[
@@ -327,30 +344,127 @@ CASES = [
         (ResultFailed(GONE), [Fail(GONE), Release(("n1",))]),
         (Published(), []),
     ]),
-    # --- node deaths ---
-    Case("task-node-dies", k=3, steps=[
+    # --- node deaths and repair (docs/design.md §5) ---
+    Case("task-node-dies-before-connected-is-redone-from-0", k=3, steps=[
         (ready(0, "n0"), [OPEN]),
         (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
         (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
-        (NodeDied("n1"), [lost("n1", 1, [1, 2]), Release(("n2",))]),
-        (SlotFailed(1, BROKEN), []),  # the broken stream, reported afterwards
+        (NodeDied("n1"), [WaitInput(I[1], ("n1",))]),
+        (SlotFailed(1, 0, BROKEN), []),  # its task's start, failing afterwards
+        (ready(1, "n5"), [task(1, "n5", 1, out(1, 1), 1, gen=1)]),
+        (started(1, gen=1), [conn(1, "n5", 0, "n0", I[0], v(0))]),
+        (started(1), []),  # the first placement's answer, late
+        (started(2), [conn(2, "n2", 1, "n5", out(1, 1), t(1) + b".1"),
+                      PullRoot("n2", out(2), t(2))]),
+        DONE,
+        (Published(), [Release(("n2", "n5"))]),
     ]),
-    Case("task-node-dies-before-its-task-started", k=3, n=4, steps=[
-        (ready(0, "n0"), [OPEN]),
-        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
-        (NodeDied("n1"), [cancel(2, 3), lost("n1", 1, [1, 2])]),
+    Case("inner-slot-lost-mid-stream-resumes-at-the-offset", k=3, steps=[
+        *RUNNING_CHAIN,
+        (NodeDied("n1"), []),  # connected: wait for its consumer's word
+        (ChildLost(2, 1, t(1), 500, True, BROKEN), [WaitInput(I[1], ("n1",))]),
+        (ChildLost(2, 1, t(1), 500, True, BROKEN), []),  # a duplicate report
+        (ready(1, "n1", alive=()), [WaitInput(I[1], ("n1",))]),  # the shard lags
+        (ready(1, "n5"), [task(1, "n5", 1, out(1, 1), 1, gen=1, start=500)]),
+        (started(1, gen=1), [conn(2, "n2", 1, "n5", out(1, 1), t(1) + b".1"),
+                             conn(1, "n5", 0, "n0", I[0], v(0))]),
+        DONE,
+        (Published(), [Release(("n2", "n5"))]),
     ]),
-    Case("leaf-holder-dies", k=3, steps=[
-        (ready(0, "n0"), [OPEN]),
-        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
-        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
-        (NodeDied("n0"), [lost("n0", 0, [0, 1, 2]), Release(("n1", "n2"))]),
+    Case("report-before-the-verdict-waits-then-repairs", k=3, steps=[
+        *RUNNING_CHAIN,
+        (ChildLost(2, 1, t(1), 700, False, BROKEN), [After(0.1, Retry(1, t(1)))]),
+        (NodeDied("n1"), [WaitInput(I[1], ("n1",))]),
+        (Retry(1, t(1)), []),  # stale: the slot is being redone
+        (ready(1, ME), [task(1, ME, 1, out(1, 1), 1, gen=1, start=700)]),
     ]),
-    Case("node-with-two-leaves-dies", k=3, depth=1, steps=[
+    Case("broken-pull-of-a-live-node-is-reconnected-then-fails", k=3, steps=[
+        *RUNNING_CHAIN,
+        (ChildLost(2, 1, t(1), 10, False, BROKEN), [After(0.1, Retry(1, t(1)))]),
+        (Retry(1, t(1)), [conn(2, "n2", 1, "n1", out(1), t(1))]),
+        (Retry(1, t(1)), []),  # no break pending
+        (ChildLost(2, 1, t(1), 20, False, BROKEN), [After(0.2, Retry(1, t(1)))]),
+        (Retry(1, t(1)), [conn(2, "n2", 1, "n1", out(1), t(1))]),
+        (ChildLost(2, 1, t(1), 30, False, BROKEN), [After(0.4, Retry(1, t(1)))]),
+        (Retry(1, t(1)), [conn(2, "n2", 1, "n1", out(1), t(1))]),
+        (ChildLost(2, 1, t(1), 40, False, BROKEN), [After(0.8, Retry(1, t(1)))]),
+        (Retry(1, t(1)), [conn(2, "n2", 1, "n1", out(1), t(1))]),
+        (ChildLost(2, 1, t(1), 50, False, BROKEN), [Fail(PeerUnavailableError(
+            f"slot 1 on node n1 of reduce {R.hex()}: its output could not be received after "
+            f"4 reconnections: {BROKEN}", node="n1", slot=1)), Release(("n1", "n2"))]),
+    ]),
+    Case("reconnect-delays-are-capped", k=3, patience=3.0, steps=[
+        *RUNNING_CHAIN,
+        *[step for delay in (0.1, 0.2, 0.4, 0.8, 1.0, 1.0) for step in (
+            (ChildLost(2, 1, t(1), 10, False, BROKEN), [After(delay, Retry(1, t(1)))]),
+            (Retry(1, t(1)), [conn(2, "n2", 1, "n1", out(1), t(1))]))],
+        (ChildLost(2, 1, t(1), 10, False, BROKEN), [Fail(PeerUnavailableError(
+            f"slot 1 on node n1 of reduce {R.hex()}: its output could not be received after "
+            f"6 reconnections: {BROKEN}", node="n1", slot=1)), Release(("n1", "n2"))]),
+    ]),
+    Case("root-pull-broken-repairs-the-root", k=3, steps=[
+        *RUNNING_CHAIN,
+        (ChildLost(None, 2, t(2), 900, True, BROKEN), [WaitInput(I[2], ("n2",))]),
+        (ready(2, "n7"), [task(2, "n7", 2, out(2, 1), 1, gen=1, start=900)]),
+        (started(2, gen=1), [conn(2, "n7", 1, "n1", out(1), t(1)),
+                             PullRoot("n7", out(2, 1), t(2) + b".1")]),
+    ]),
+    Case("root-put-again-here-is-computed-in-place", k=3, steps=[
+        *RUNNING_CHAIN,
+        (ChildLost(None, 2, t(2), 900, True, BROKEN), [WaitInput(I[2], ("n2",))]),
+        (ready(2, "n7", ME), [task(2, ME, 2, R, 1, gen=1, start=900)]),
+        (started(2, gen=1), [conn(2, ME, 1, "n1", out(1), t(1))]),
+    ]),
+    Case("node-with-a-slot-and-its-child-dies", k=3, steps=[
         (ready(0, "n1"), [OPEN]),
-        (ready(1, "n1"), []),
-        (ready(2, "n2"), [task(1, "n2", 2, out(1), 2), chosen(0, 1, 2)]),
-        (NodeDied("n1"), [lost("n1", 0, [0, 1, 2]), Release(("n2",))]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
+        (started(1), [conn(1, "n1", 0, "n1", I[0], v(0))]),
+        (started(2), [conn(2, "n2", 1, "n1", out(1), t(1)), PullRoot("n2", out(2), t(2))]),
+        (NodeDied("n1"), []),
+        (ChildLost(2, 1, t(1), 300, False, BROKEN), [WaitInput(I[1], ("n1",)),
+                                                     WaitInput(I[0], ("n1",))]),
+        (ready(0, "n6"), []),  # a leaf again: its consumer is not started yet
+        (ready(1, "n5"), [task(1, "n5", 1, out(1, 1), 1, gen=1, start=300)]),
+        (started(1, gen=1), [conn(2, "n2", 1, "n5", out(1, 1), t(1) + b".1"),
+                             conn(1, "n5", 0, "n6", I[0], v(0))]),
+    ]),
+    Case("dead-leaf-whose-consumer-had-every-byte-costs-nothing", k=3, steps=[
+        *RUNNING_CHAIN,
+        (NodeDied("n0"), []),
+        DONE,
+        (Published(), [Release(("n1", "n2"))]),
+    ]),
+    Case("lost-input-never-comes-back", k=3, steps=[
+        *RUNNING_CHAIN,
+        (ChildLost(2, 1, t(1), 500, True, BROKEN), [WaitInput(I[1], ("n1",))]),
+        (InputFailed(I[1], TIMEOUT), [Fail(PeerUnavailableError(
+            f"node n1 died holding input {I[1].hex()} (slot 1) of reduce {R.hex()}, and no "
+            f"copy came back: {TIMEOUT}", node="n1", slot=1, oid=I[1].hex())),
+            Release(("n2",))]),
+    ]),
+    Case("input-put-again-with-another-shape", k=3, steps=[
+        *RUNNING_CHAIN,
+        (ChildLost(2, 1, t(1), 500, True, BROKEN), [WaitInput(I[1], ("n1",))]),
+        (ready(1, "n5", shape=(2, BIG // 8)),
+         [mismatch(1, "<f4[2, 131072]", "<f4[262144]"), Release(("n2",))]),
+    ]),
+    Case("stale-and-senseless-reports-are-ignored", k=3, steps=[
+        *RUNNING_CHAIN,
+        (ChildLost(2, 1, b"old", 500, True, BROKEN), []),  # another placement's stream
+        (ChildLost(0, 1, t(1), 500, True, BROKEN), []),  # not its parent
+        (ChildLost(2, 9, t(1), 500, True, BROKEN), []),  # no such slot
+        (Retry(1, t(1)), []),
+    ]),
+    Case("unreachable-task-node-is-treated-as-dead", k=3, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (SlotFailed(1, 0, ConnectionLostError("refused")), [WaitInput(I[1], ("n1",))]),
+        (SlotFailed(1, 0, ConnectionLostError("refused")), []),
+    ]),
+    Case("error-reported-by-a-task-node-fails-the-reduce", k=3, steps=[
+        *RUNNING_CHAIN,
+        (SlotFailed(1, None, REPORTED), [Fail(REPORTED), Release(("n1", "n2"))]),
     ]),
     Case("unused-node-dies", k=2, n=3, steps=[
         (ready(0, "n0", "n5"), [OPEN]),
@@ -365,6 +479,7 @@ CASES = [
         (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
         DONE,
         (NodeDied("n1"), []),
+        (ChildLost(2, 1, t(1), 5, True, BROKEN), []),
         (Published(), [Release(("n2",))]),  # a dead node is not told
     ]),
 ]
@@ -374,7 +489,7 @@ CASES = [
 def test_plan(case: Case) -> None:
     idx = case.inputs or tuple(range(case.n or case.k))
     plan = ReducePlan(R, [I[i] for i in idx], case.k, "sum", ME,
-                      depth=lambda k, size: case.depth)
+                      depth=lambda k, size: case.depth, patience=case.patience)
     for i, (event, expected) in enumerate(case.steps):
         assert norm(plan.handle(event)) == norm(expected), f"step {i}: {event}"
 
@@ -410,6 +525,7 @@ def test_every_edge_once_whatever_the_order(k: int, depth: int) -> None:
             slot_of = {s.output: slot for slot, s in plan.slots.items()}
             connects = [x for x in seen if isinstance(x, Connect)]
             assert sorted((x.parent_slot, slot_of[x.child_output]) for x in connects) == edges
+            assert all(x.child_slot == slot_of[x.child_output] for x in connects)
             for x in connects:
                 child = plan.slots[slot_of[x.child_output]]
                 assert (x.parent_node, x.child_node, x.child_version) == (

@@ -1,0 +1,162 @@
+"""Reduce repair on real daemons (docs/design.md §5): a node holding a slot dies, is frozen or
+loses its connections mid-stream, and the survivors still get the right sum.
+
+Node 3 sits behind a fault-injecting proxy (tests/faultproxy.py) that carries every peer
+connection to it at a known rate, so a kill lands while its slot's output is still streaming,
+without root or tc. A restarted task is modelled as the application putting the lost input
+again, under the same id, on another node. Results are checked element by element; failures
+by their typed errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import numpy as np
+import pytest
+from faultproxy import FaultProxy
+from helpers import FAST_HEARTBEAT
+
+import hoplite_client
+from hoplite_client import ObjectID
+from hoplite_client.tools.local_cluster import LocalCluster
+
+NODES = 4
+VICTIM = 3
+ELEMENTS = 4 << 20  # float32: 16 MiB per input
+RATE = 8 << 20  # bytes/s through the victim's proxy: its output takes ~2 s to stream
+GET_TIMEOUT = 120.0
+
+
+def value(i: int) -> np.ndarray:
+    """Input ``i``: distinct small integers, so a float32 sum is exact in any order."""
+    return (np.arange(ELEMENTS, dtype=np.float32) % 97) + i
+
+
+def expected(nodes: range) -> np.ndarray:
+    return sum((value(i) for i in nodes), np.zeros(ELEMENTS, dtype=np.float32))
+
+
+Cluster = tuple[LocalCluster, FaultProxy, list[hoplite_client.Client]]
+
+
+@pytest.fixture
+async def proxied(make_cluster: Callable[..., Awaitable[LocalCluster]],
+                  connect: Callable[[str], Awaitable[hoplite_client.Client]]
+                  ) -> AsyncIterator[Cluster]:
+    """Four daemons; every peer connection to node 3 passes through a rate-limited proxy."""
+    proxy = await FaultProxy.free_pair(rate=RATE)
+    try:
+        cluster = await make_cluster(NODES, daemon_args=FAST_HEARTBEAT, node_args={
+            VICTIM: ["--listen", f"{proxy.target_host}:{proxy.port}",
+                     "--advertise", proxy.listen_host]})
+        clients = [await connect(s) for s in cluster.sockets]
+        yield cluster, proxy, clients
+    finally:
+        await proxy.stop()
+
+
+async def put_again(client: hoplite_client.Client, oid: ObjectID, data: np.ndarray) -> None:
+    """Put ``oid`` again, as a restarted task would once the framework knows its node died
+    (refused while the directory still counts the old copy as live)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            await client.put(data, object_id=oid)
+            return
+        except hoplite_client.ObjectExistsError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+def check(results: list[np.ndarray], nodes: range) -> None:
+    want = expected(nodes)
+    for got in results:
+        assert got.dtype == np.float32 and got.shape == want.shape
+        assert np.array_equal(got, want)
+
+
+async def test_allreduce_survives_a_killed_input_holder_whose_input_is_put_again(
+        proxied: Cluster) -> None:
+    """k = n: node 3 is SIGKILLed while its slot's output streams; its input is put again on
+    node 1 and every survivor gets the full sum, the lost slot resumed where its consumer
+    stopped."""
+    cluster, proxy, clients = proxied
+    ids = [await c.put(value(i)) for i, c in enumerate(clients)]
+    result = await clients[0].reduce(ids)
+    gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
+    await asyncio.sleep(0.7)
+    sent = proxy.bytes_forwarded
+    cluster.kill(VICTIM)
+    assert sent < value(VICTIM).nbytes, "the kill must land before node 3's output is sent"
+    await put_again(clients[1], ids[VICTIM], value(VICTIM))
+    check(list(await asyncio.gather(*gets)), range(NODES))
+
+
+async def test_root_slot_on_a_killed_node_is_placed_again(proxied: Cluster) -> None:
+    """The coordinator holds no input, so the last input to be ready (node 3's) takes the
+    root and node 0 pulls the root's output into the result; node 3 dies mid-stream and the
+    root is placed again where its input is put again (node 0 itself: computed in place)."""
+    cluster, proxy, clients = proxied
+    ids = [await clients[i].put(value(i)) for i in (1, 2)]
+    late = ObjectID.random()
+    result = await clients[0].reduce([*ids, late])
+    await asyncio.sleep(0.5)  # slots 0 and 1 are placed; the root waits for the late input
+    await clients[VICTIM].put(value(VICTIM), object_id=late)
+    gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
+    await asyncio.sleep(0.7)
+    cluster.kill(VICTIM)
+    await put_again(clients[0], late, value(VICTIM))
+    check(list(await asyncio.gather(*gets)), range(1, NODES))
+
+
+async def test_cut_connections_are_resumed_without_a_repair(proxied: Cluster) -> None:
+    """Every connection to node 3 is reset mid-stream while node 3 lives on: the broken pulls
+    are reconnected and resume at their offsets; nothing is put again."""
+    cluster, proxy, clients = proxied
+    ids = [await c.put(value(i)) for i, c in enumerate(clients)]
+    result = await clients[0].reduce(ids)
+    gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients]
+    for _ in range(3):
+        await asyncio.sleep(0.4)
+        await proxy.cut()
+    check(list(await asyncio.gather(*gets)), range(NODES))
+
+
+async def test_a_frozen_input_holder_is_repaired_once_declared_dead(proxied: Cluster) -> None:
+    """SIGSTOP: node 3's sockets stay open and nothing flows. Once the membership declares it
+    dead (heartbeat timeout), its slot is placed again on the copy put again on node 2."""
+    cluster, proxy, clients = proxied
+    ids = [await c.put(value(i)) for i, c in enumerate(clients)]
+    result = await clients[0].reduce(ids)
+    gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
+    await asyncio.sleep(0.7)
+    cluster.kill(VICTIM, signal.SIGSTOP)
+    try:
+        await put_again(clients[2], ids[VICTIM], value(VICTIM))
+        check(list(await asyncio.gather(*gets)), range(NODES))
+    finally:
+        cluster.kill(VICTIM, signal.SIGCONT)
+
+
+async def test_a_lost_input_that_never_comes_back_fails_every_waiter_at_once(
+        proxied: Cluster) -> None:
+    """Nobody puts node 3's input again: when the reduce's own timeout runs out, every
+    survivor's get fails together with a typed error naming node 3."""
+    cluster, proxy, clients = proxied
+    ids = [await c.put(value(i)) for i, c in enumerate(clients)]
+    result = await clients[0].reduce(ids, timeout=8)
+    gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
+    await asyncio.sleep(0.7)
+    cluster.kill(VICTIM)
+    ended = []
+    for get in gets:
+        with pytest.raises(hoplite_client.PeerUnavailableError) as info:
+            await get
+        ended.append(time.monotonic())
+        assert cluster.nodes[VICTIM].node_id in str(info.value)
+    assert max(ended) - min(ended) < 4, ended

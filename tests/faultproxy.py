@@ -1,0 +1,201 @@
+"""A fault-injecting TCP proxy for cluster tests: slow, freeze or cut a node's links without root.
+
+A daemon listens on 127.0.0.1:P and advertises 127.0.0.2 to its peers, so every peer connection
+to it goes through a proxy listening on 127.0.0.2:P (Linux routes all of 127.0.0.0/8 to loopback).
+The proxy can then limit the link to a known rate (so a kill lands mid-transfer), stall it (bytes
+stop, sockets stay open, like a SIGSTOPped peer) or cut every connection mid-stream (a reset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from types import TracebackType
+
+CHUNK = 64 * 1024  # the largest read: small enough that rate limiting stays smooth
+
+
+class _Bucket:
+    """Token bucket shared by every connection's pump in one direction: the link's bandwidth.
+
+    Each pump reserves its bytes in arrival order (``granted``) and waits until the credit accrued
+    at ``rate`` (``earned``) covers them, so concurrent connections share the rate fairly.
+    """
+
+    def __init__(self, rate: float | None) -> None:
+        self.rate = rate
+        self._granted = 0.0
+        self._earned = 0.0
+        self._stamp = time.monotonic()
+        self._changed = asyncio.Event()
+
+    def chunk(self) -> int:
+        """Bytes to read at once: about 1/50 s of traffic, between 1 KiB and 64 KiB."""
+        return CHUNK if self.rate is None else min(CHUNK, max(1024, int(self.rate / 50)))
+
+    def _accrue(self) -> None:
+        """Add the credit earned at the current rate since the last call."""
+        now = time.monotonic()
+        if self.rate is not None:  # an idle link banks at most one chunk of credit
+            earned = self._earned + (now - self._stamp) * self.rate
+            self._earned = min(earned, self._granted + self.chunk())
+        self._stamp = now
+
+    def set_rate(self, rate: float | None) -> None:
+        """Change the rate (None: unlimited); waiting pumps recompute their wait at once."""
+        if rate is not None and rate <= 0:
+            raise ValueError(f"rate must be positive or None, not {rate}")
+        self._accrue()
+        if self.rate is None:
+            self._earned = self._granted  # bytes sent while unlimited are paid for
+        self.rate = rate
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def take(self, n: int) -> None:
+        """Wait until ``n`` more bytes may pass, behind every reservation made before."""
+        self._accrue()
+        self._granted += n
+        target = self._granted
+        while self.rate is not None and self._earned < target:
+            changed = self._changed
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout((target - self._earned) / self.rate):
+                    await changed.wait()
+            self._accrue()
+
+
+class FaultProxy:
+    """Forwards listen_host:port to target_host:port, with runtime rate limit, stall and cut."""
+
+    def __init__(self, listen_host: str, target_host: str, port: int = 0,
+                 rate: float | None = None) -> None:
+        self.listen_host = listen_host
+        self.target_host = target_host
+        self.port = port
+        self.bytes_forwarded = 0  # both directions, every connection
+        self.connections = 0  # accepted so far
+        self._up = _Bucket(None)  # client -> target
+        self._down = _Bucket(None)  # target -> client
+        self.set_rate(rate)
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        self._server: asyncio.Server | None = None
+        self._conns: dict[asyncio.Task[None], list[asyncio.StreamWriter]] = {}
+
+    @classmethod
+    async def free_pair(cls, listen_host: str = "127.0.0.2", target_host: str = "127.0.0.1",
+                        rate: float | None = None, attempts: int = 20) -> FaultProxy:
+        """A started proxy on an ephemeral port of listen_host whose twin on target_host is free.
+
+        Start the daemon with ``--listen {target_host}:{proxy.port} --advertise {listen_host}``.
+        """
+        for _ in range(attempts):
+            proxy = cls(listen_host, target_host, 0, rate)
+            await proxy.start()
+            with socket.socket() as probe:
+                try:
+                    probe.bind((target_host, proxy.port))
+                except OSError:
+                    await proxy.stop()
+                    continue
+            return proxy
+        raise OSError(f"no port free on both {listen_host} and {target_host}")
+
+    async def start(self) -> None:
+        """Listen; if port was 0, ``.port`` becomes the one the system chose."""
+        self._server = await asyncio.start_server(self._accept, self.listen_host, self.port,
+                                                  limit=CHUNK)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Close the listener and every connection; return once every task has ended."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+        await self.cut()
+        if server is not None:  # from Python 3.12 this waits for every connection to close
+            await server.wait_closed()
+
+    async def __aenter__(self) -> FaultProxy:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+    def set_rate(self, rate: float | None) -> None:
+        """Limit each direction, shared by all connections, to ``rate`` bytes/s (None: no limit)."""
+        self._up.set_rate(rate)
+        self._down.set_rate(rate)
+
+    def stall(self) -> None:
+        """Stop forwarding in both directions on every connection, old and new; sockets stay open."""
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        """Undo stall(): bytes flow again."""
+        self._flowing.set()
+
+    async def cut(self) -> None:
+        """Abort every current connection on both sides (peers see a reset); keep listening."""
+        tasks = list(self._conns)
+        for task, writers in self._conns.items():
+            for writer in writers:
+                writer.transport.abort()
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Count the connection and serve it in a task that cut() and stop() can reach."""
+        if self._server is None:  # accepted just before stop() closed the listener
+            writer.transport.abort()
+            return
+        self.connections += 1
+        writers = [writer]
+        task = asyncio.create_task(self._serve(reader, writers))
+        self._conns[task] = writers
+        task.add_done_callback(self._conns.pop)
+
+    async def _serve(self, client: asyncio.StreamReader,
+                     writers: list[asyncio.StreamWriter]) -> None:
+        """Connect to the target, pump both ways until both EOF (close) or an error (abort both)."""
+        clean = False
+        try:
+            target, target_writer = await asyncio.open_connection(self.target_host, self.port,
+                                                                  limit=CHUNK)
+            writers.append(target_writer)
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._pump(client, target_writer, self._up))
+                group.create_task(self._pump(target, writers[0], self._down))
+            clean = True
+        except* OSError:
+            pass  # refused, or a reset on either side
+        finally:
+            for writer in writers:
+                if clean:
+                    writer.close()
+                else:
+                    writer.transport.abort()
+            for writer in writers:
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    bucket: _Bucket) -> None:
+        """Copy one direction, paced by bucket and held while stalled; pass EOF on."""
+        while True:
+            await self._flowing.wait()
+            data = await reader.read(bucket.chunk())
+            if not data:
+                writer.write_eof()
+                return
+            await bucket.take(len(data))
+            await self._flowing.wait()
+            writer.write(data)
+            self.bytes_forwarded += len(data)
+            await writer.drain()
