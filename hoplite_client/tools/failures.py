@@ -4,8 +4,12 @@
 failure-free (the ordinary scenarios), then runs it once more and, ``S`` seconds after the
 clock starts, sends the signal to node ``I``'s daemon. Every survivor's outcome is recorded:
 the time it held its checked result, or the typed error it got. The victim's own client is
-not a participant (its daemon is gone or frozen). The figure of merit is the last survivor's
-time over the failure-free median (docs/design.md §5, §8: at most 1.5 for SIGKILL).
+not a participant (its daemon is gone or frozen). For reduce, allreduce and gather the
+victim's input is lost with it; as a task framework restarts the task that made it, the run
+puts the same input again, under the same id, on the next survivor right after the signal
+(retrying while the directory still counts the old copy as live). The figure of merit is the
+last survivor's time over the failure-free median (docs/design.md §5, §8: at most 1.5 for
+SIGKILL).
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+from numpy.typing import NDArray
 
 import hoplite_client
 from hoplite_client.tools.local_cluster import LocalCluster
@@ -25,6 +32,8 @@ from hoplite_client.wire.errors import HopliteError, InvalidArgumentError
 # A survivor that has nothing after this long counts as hung: the run must end.
 FAILURE_TIMEOUT = 120.0
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP}
+# How often a refused re-put is tried again.
+REPUT_POLL = 0.1
 OPS = ("broadcast", "reduce", "allreduce", "gather")
 
 
@@ -86,13 +95,16 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     """Run ``op`` once, signalling node ``victim`` ``kill_after`` seconds in; survivors'
     outcomes, in node order."""
     clients = ctx.clients
-    setup, participants = await _prepare(op, ctx)
+    setup, participants, ids = await _prepare(op, ctx)
     survivors = [i for i in participants if i != victim]
     t0 = time.perf_counter()
 
     async def kill() -> None:
         await asyncio.sleep(kill_after)
         cluster.kill(victim, SIGNALS[sig])
+        if ids:  # the restarted task: the lost input again, on the next survivor
+            await put_again(clients[(victim + 1) % len(clients) or 1], ids[victim],
+                            ctx.data(victim))
 
     async def one(i: int) -> Outcome:
         try:
@@ -113,8 +125,25 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
 Step = Callable[[int, hoplite_client.Client], Awaitable[bool]]
 
 
-async def _prepare(op: str, ctx: BenchContext) -> tuple[Step, list[int]]:
-    """Put the op's inputs; returns what each participant does and who participates."""
+async def put_again(client: hoplite_client.Client, oid: hoplite_client.ObjectID,
+                    data: NDArray[Any]) -> None:
+    """Put ``oid`` again, as a restarted task would; refused while the directory still counts
+    the lost copy as live (a frozen node not yet declared dead), so retried until accepted."""
+    deadline = time.monotonic() + FAILURE_TIMEOUT
+    while True:
+        try:
+            await client.put(data, object_id=oid)
+            return
+        except hoplite_client.ObjectExistsError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(REPUT_POLL)
+
+
+async def _prepare(op: str, ctx: BenchContext
+                   ) -> tuple[Step, list[int], list[hoplite_client.ObjectID]]:
+    """Put the op's inputs; returns what each participant does, who participates, and the
+    inputs a restarted task puts again (none for broadcast: its root is not a victim)."""
     clients = ctx.clients
     n = len(clients)
     if op == "broadcast":
@@ -122,17 +151,17 @@ async def _prepare(op: str, ctx: BenchContext) -> tuple[Step, list[int]]:
 
         async def get_one(i: int, c: hoplite_client.Client) -> bool:
             return same_bytes(await c.get(oid, timeout=FAILURE_TIMEOUT), ctx.data(0))
-        return get_one, list(range(1, n))
+        return get_one, list(range(1, n)), []
     ids = [hoplite_client.ObjectID.random() for _ in clients]
     await put_all(ctx, ids)
     if op == "gather":
         async def gather(i: int, c: hoplite_client.Client) -> bool:
             arrays = await c.gather(ids, timeout=FAILURE_TIMEOUT)
             return all(same_bytes(a, ctx.data(k)) for k, a in enumerate(arrays))
-        return gather, [0]
+        return gather, [0], ids
     result = await clients[0].reduce(ids, "sum", timeout=FAILURE_TIMEOUT)
 
     async def get_sum(i: int, c: hoplite_client.Client) -> bool:
         return reduced_ok(ctx, await c.get(result, timeout=FAILURE_TIMEOUT))
-    return get_sum, (list(range(n)) if op == "allreduce" else [0])
+    return get_sum, (list(range(n)) if op == "allreduce" else [0]), ids
 

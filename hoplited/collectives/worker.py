@@ -67,7 +67,7 @@ class SlotTask:
     own: StoredObject
     out: StoredObject
     expected: int
-    start: int
+    start: int  # the first byte computed: a whole element's
     children: dict[int, StoredObject] = field(default_factory=dict)  # by child slot
     all_children: asyncio.Event = field(default_factory=asyncio.Event)
     runner: asyncio.Task[None] | None = None
@@ -107,10 +107,13 @@ class ReduceWorker:
             raise InvalidArgumentError(f"input {msg.input.hex()} of {own.size} bytes is not "
                                        f"whole {msg.dtype} elements")
         self._release(msg.reduce_id, msg.slot)  # a slot placed here again replaces its task
+        # whole elements from the element holding byte ``start``: the bytes below it that
+        # this rewrites are the same sums (children are combined in slot order)
+        start = msg.start - msg.start % np.dtype(msg.dtype).itemsize
         out = store.get(msg.output) if msg.output == msg.reduce_id else None
         if out is None:
             out = store.create(msg.output, own.size, own.dtype, own.shape, temporary=True)
-            out.advance(msg.start)  # never read below: the consumer holds those bytes
+            out.advance(start)  # never read below: the consumer holds those bytes
             self._tasks.spawn(self._arena.populate(out.offset, out.size), name="populate")
         elif out.received != msg.start:
             raise InvalidArgumentError(f"the result holds {out.received} bytes, the task was "
@@ -118,7 +121,7 @@ class ReduceWorker:
         store.pin(own)
         store.pin(out)
         task = SlotTask(msg.reduce_id, msg.slot, coordinator, msg.op, np.dtype(msg.dtype), own,
-                        out, msg.children, msg.start)
+                        out, msg.children, start)
         if msg.children == 0:
             task.all_children.set()
         self.slots[(msg.reduce_id, msg.slot)] = task
@@ -181,7 +184,7 @@ class ReduceWorker:
     async def _compute(self, task: SlotTask) -> None:
         loop = asyncio.get_running_loop()
         size, item = task.out.size, task.dtype.itemsize
-        pos = task.start - task.start % item  # whole elements; the bytes below are the same
+        pos = task.start
         # in slot order, so a slot computed again (repair) writes bit-identical sums
         children = [task.children[slot] for slot in sorted(task.children)]
         while pos < size:
