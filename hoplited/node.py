@@ -83,7 +83,7 @@ class Daemon:
         shard = DirectoryShard(cfg.fanout, membership.is_alive, membership.owner, self.node_id)
         directory = DirectoryClient(rpc, store, membership, tasks)
         fetcher = Fetcher(self.identity, store, arena, directory, membership, link_model,
-                          counters, tasks, cfg.stall_timeout)
+                          counters, tasks, cfg.stall_timeout, links.refused)
         worker = ReduceWorker(store, arena, fetcher, rpc.tell, tasks, membership.is_alive)
         reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, directory, rpc,
                                                 fetcher, link_model, membership.is_alive,

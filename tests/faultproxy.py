@@ -15,6 +15,15 @@ import time
 from types import TracebackType
 
 CHUNK = 64 * 1024  # the largest read: small enough that rate limiting stays smooth
+# Kernel buffer of each proxied socket: bytes the proxy has not passed on must stay few, or a
+# killed node's last megabytes would still trickle out of loopback buffers after its death.
+SOCKET_BUFFER = 64 * 1024
+
+
+def _small_buffers(sock: socket.socket) -> None:
+    """Bound the bytes the kernel holds for ``sock`` in either direction."""
+    for option in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
 
 
 class _Bucket:
@@ -106,8 +115,9 @@ class FaultProxy:
 
     async def start(self) -> None:
         """Listen; if port was 0, ``.port`` becomes the one the system chose."""
-        self._server = await asyncio.start_server(self._accept, self.listen_host, self.port,
-                                                  limit=CHUNK)
+        listener = socket.create_server((self.listen_host, self.port))
+        _small_buffers(listener)  # accepted sockets inherit them
+        self._server = await asyncio.start_server(self._accept, sock=listener, limit=CHUNK)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -166,8 +176,15 @@ class FaultProxy:
         """Connect to the target, pump both ways until both EOF (close) or an error (abort both)."""
         clean = False
         try:
-            target, target_writer = await asyncio.open_connection(self.target_host, self.port,
-                                                                  limit=CHUNK)
+            sock = socket.socket()
+            _small_buffers(sock)  # before connecting, so the window never grows past them
+            sock.setblocking(False)
+            try:
+                await asyncio.get_running_loop().sock_connect(sock, (self.target_host, self.port))
+            except BaseException:  # refused, or cancelled by cut() or stop()
+                sock.close()
+                raise
+            target, target_writer = await asyncio.open_connection(sock=sock, limit=CHUNK)
             writers.append(target_writer)
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._pump(client, target_writer, self._up))

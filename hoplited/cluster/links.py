@@ -64,8 +64,7 @@ class PeerLink:
                                                    self.me, timeout=self.timeout)
                 except ConnectionLostError as exc:
                     if isinstance(exc.__cause__, ConnectionRefusedError):  # its process is gone
-                        self._apply(self.liveness.handle(lv.Failed(time.monotonic(),
-                                                                   "refused")))
+                        self.refused()
                     raise
                 if peer_id != self.node_id:
                     protocol.abort()
@@ -126,6 +125,11 @@ class PeerLink:
         now = time.monotonic()
         return lv.Answered(now, now - sent)
 
+    def refused(self) -> None:
+        """A connection to the member was refused (by this link or any other dial of ours,
+        e.g. a data pull): nothing listens on its port any more."""
+        self._apply(self.liveness.handle(lv.Failed(time.monotonic(), "refused")))
+
     def _apply(self, instructions: list[lv.Instruction]) -> None:
         """Carry out the instructions that need no waiting: RTT reports and a death."""
         for ins in instructions:
@@ -183,6 +187,12 @@ class Links:
                         self._on_rtt)
         self._links[member.node_id] = link
         link.start()
+
+    def refused(self, node: str) -> None:
+        """Some dial of ours to ``node`` was refused: its link decides (dead at once)."""
+        link = self._links.get(node)
+        if link is not None:
+            link.refused()
 
     def close_all(self) -> None:
         for link in self._links.values():

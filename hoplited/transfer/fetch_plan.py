@@ -54,9 +54,10 @@ RETRIABLE: tuple[type[BaseException], ...] = (
     ConnectionLostError, PeerUnavailableError, HopliteTimeoutError, ProtocolError, OSError)
 # (event, instructions) pairs kept for debugging: a fetch sees about three per source.
 HISTORY_MAX = 64
-# How long a stalled source is avoided when the owner has nobody else: a couple of stall
-# windows (about a second each on the test-bed links), far below a heartbeat timeout.
-STALL_RETRY = 2.0
+# How long a stalled source is avoided when the owner has nobody else: time enough for the
+# owner to offer another source, short next to a stall window (about a second on the test-bed
+# links), since a source that stalled because its own upstream did resumes with it.
+STALL_RETRY = 0.5
 
 
 # --- events ---

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Any
 
 from hoplite_client.net.handshake import Identity, dial
@@ -49,7 +50,8 @@ class Fetcher:
 
     def __init__(self, identity: Identity, store: ObjectStore, arena: Arena,
                  directory: DirectoryClient, membership: Membership, link_model: LinkModel,
-                 counters: Counter[str], tasks: Tasks, stall_timeout: float) -> None:
+                 counters: Counter[str], tasks: Tasks, stall_timeout: float,
+                 refused: Callable[[str], None]) -> None:
         self.me = identity.node_id
         self._identity = identity
         self._store = store
@@ -60,6 +62,7 @@ class Fetcher:
         self._counters = counters
         self._tasks = tasks
         self._stall_timeout = stall_timeout
+        self._refused = refused  # a source refused our dial: its liveness hears it at once
         self._pulls: dict[str, set[FrameProtocol]] = {}  # live data connections by source
         self._fetches: dict[ObjectID, tuple[asyncio.Task[StoredObject], fp.FetchPlan]] = {}
 
@@ -202,7 +205,12 @@ class Fetcher:
         member = self._membership.members.get(source)
         if member is None or not self._membership.is_alive(source):
             raise PeerUnavailableError(f"source {source} is not a live member", node=source)
-        protocol, _ = await dial(member.host, member.port, "data", self._identity)
+        try:
+            protocol, _ = await dial(member.host, member.port, "data", self._identity)
+        except ConnectionLostError as exc:
+            if isinstance(exc.__cause__, ConnectionRefusedError):
+                self._refused(source)
+            raise
         pulls = self._pulls.setdefault(source, set())
         pulls.add(protocol)
         start = obj.received

@@ -96,7 +96,7 @@ CASES: dict[str, Case] = {
         (at("a"), [ALLOC, Pull("a", 0)]),
         (ended("a", 10, STALL, now=4.0), [Report("a", False), AskOwner(("a",), 10, STALL_RETRY)]),
         (at("b", now=5.0), [Pull("b", 10)]),
-        (ended("b", 20, DEAD, now=8.5), [Report("b", False), AskOwner(("b", "a"), 20, 1.5)])]),
+        (ended("b", 20, DEAD, now=9.75), [Report("b", False), AskOwner(("b", "a"), 20, 0.25)])]),
     "nobody else while a stalled source is avoided: it is asked for again": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
         (ended("a", 10, STALL, now=4.0), [Report("a", False), AskOwner(("a",), 10, STALL_RETRY)]),
@@ -107,7 +107,7 @@ CASES: dict[str, Case] = {
         (at("a"), [ALLOC, Pull("a", 0)]),
         (ended("a", 10, DEAD, now=1.0), [Report("a", False), AskOwner(("a",), 10, 29.0)]),
         (at("b", now=1.5), [Pull("b", 10)]),
-        (ended("b", 10, STALL, now=3.0), [Report("b", False), AskOwner(("a", "b"), 10, 2.0)]),
+        (ended("b", 10, STALL, now=3.0), [Report("b", False), AskOwner(("a", "b"), 10, STALL_RETRY)]),
         (timed_out(5.0), [AskOwner(("a",), 10, 25.0)])]),
     "a socket error and protocol garbage are retriable": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
