@@ -44,6 +44,11 @@ class ArenaMap:
         return np.frombuffer(region, dtype=dtype, count=size // dtype.itemsize).reshape(shape)
 
     def close(self) -> None:
-        """Unmap the arena and close its descriptor (views from :meth:`view` are separate)."""
-        self.map.close()
+        """Unmap the arena and close its descriptor (views from :meth:`view` are separate).
+        An array from :meth:`writable` still alive somewhere (a put's frame not yet collected)
+        keeps the mapping: it is then unmapped when that array goes, not here."""
+        try:
+            self.map.close()
+        except BufferError:
+            pass
         os.close(self.fd)

@@ -11,6 +11,7 @@ when its host refuses a reconnection (its process is gone); every request waitin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -45,6 +46,7 @@ class PeerLink:
         self._lock = asyncio.Lock()
         self._heartbeat: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = asyncio.Event()  # the channel closed on its own: the heartbeat redials
 
     @property
     def node_id(self) -> str:
@@ -71,6 +73,7 @@ class PeerLink:
                     raise PeerUnavailableError(f"{self.member.host}:{self.member.port} is now "
                                                f"{peer_id}, not {self.node_id}", node=self.node_id)
                 self.channel = Channel(protocol)
+                protocol.closed.add_done_callback(lambda _: self._closed.set())
             return self.channel
 
     async def request(self, msg: Request[R], payload: Any = None,
@@ -103,8 +106,14 @@ class PeerLink:
             self._apply(todo)
             last = todo[-1]
             if isinstance(last, lv.WaitUntil):
-                await asyncio.sleep(max(0.0, last.t - time.monotonic()))
-                todo = self.liveness.handle(lv.Tick(time.monotonic()))
+                with contextlib.suppress(TimeoutError):  # woken early by a closed connection
+                    await asyncio.wait_for(self._closed.wait(),
+                                           max(0.0, last.t - time.monotonic()))
+                if self._closed.is_set():
+                    self._closed.clear()
+                    todo = self.liveness.handle(lv.Closed(time.monotonic()))
+                else:
+                    todo = self.liveness.handle(lv.Tick(time.monotonic()))
             elif isinstance(last, lv.SendPing):
                 todo = self.liveness.handle(await self._ping(last.timeout))
             else:

@@ -7,7 +7,10 @@ duplicated answer cannot make a peer look more silent than it is. A peer is decl
 
 - when an attempt fails (timeout, lost connection, any error) while it has been silent for at
   least ``timeout`` (the rule links.py has always applied);
-- at once when it refuses a reconnection: nothing listens on its port, its process is gone;
+- at once when it refuses a reconnection: nothing listens on its port, its process is gone.
+  A connection that closes on its own (``Closed``) is redialled at once rather than an
+  interval later, so a killed peer (its kernel resets the connection, then refuses the
+  redial) is declared dead within milliseconds;
 - at the latest at the *deadline* ``last_seen + timeout + interval``, whatever is in flight.
 
 The deadline is the part that used to be implicit. Today's loop checks the silence only when an
@@ -82,7 +85,14 @@ class Seen:
     now: float
 
 
-Event: TypeAlias = Tick | Answered | Failed | Seen
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The link's connection closed without our asking (reset or shut down by the peer)."""
+
+    now: float
+
+
+Event: TypeAlias = Tick | Answered | Failed | Seen | Closed
 
 
 # --- instructions ---
@@ -131,6 +141,7 @@ class Liveness:
         self._failing = False  # the latest attempt failed (cleared by an answer)
         self._expires: float | None = None  # when the Ping in flight times out, if any
         self._dead = False
+        self._early = -interval  # when a closed connection last brought a Ping forward
 
     @property
     def last_seen(self) -> float:
@@ -163,6 +174,12 @@ class Liveness:
             return self._answered(event)
         if isinstance(event, Failed):
             return self._failed(event.kind)
+        if isinstance(event, Closed):
+            if self._expires is not None:
+                return []  # the Ping in flight fails on its own, its outcome decides
+            if self._now >= self._early + self.interval:  # at most one early redial per
+                self._early = self._now  # interval: a peer that keeps closing cannot spin us
+                self._next_ping = min(self._next_ping, self._now)
         return self._tick()
 
     def _saw(self, when: float) -> None:

@@ -3,14 +3,15 @@
 Theory of operation. A fetch asks the object's owner shard for a source (``AskOwner``), which
 also enrols this node as a receiver resuming at its watermark. The answer is this node itself
 (the object was put here meanwhile: use the local copy), no node (a small object whose bytes
-came in the answer: store them), or a source. The first source fixes the object's size, type
-and version (``Allocate``); every later one must offer the same version, because resuming
-must never splice two different puts of one id (docs/design.md §5). A pull that ends early
-for a retriable reason (the source died, closed, stalled, spoke garbage) keeps the bytes
-received, excludes that source and asks again from the watermark; a fatal error ends the
-fetch. Every ended pull is reported to the shard (``Report``) so it frees the source's slot.
-A *stalled* source (it sent nothing for the stall window) may only be slow upstream: a partial
-holder re-attaching, or a reduce's result waiting for a repaired slot (docs/design.md §5). It is
+came in the answer: store them), or a source. The first source fixes the object's size, type and
+version (``Allocate``); resuming must never splice two different puts of one id (docs/design.md
+§5), so a source offering another version (every copy was lost and the id put again) makes the
+fetch drop its partial copy (``Discard``) and start over from byte 0. A pull that ends early for
+a retriable reason (the source died, closed, stalled, spoke garbage) keeps the bytes received,
+excludes that source and asks again from the watermark; a fatal error ends the fetch. Every
+ended pull is reported to the shard (``Report``) so it frees the source's slot. A *stalled*
+source (it sent nothing for the stall window) may only be slow upstream: a partial holder
+re-attaching, or a reduce's result waiting for a repaired slot (docs/design.md §5). It is
 avoided for ``STALL_RETRY`` seconds; if the owner has nobody else by then, it is asked for
 again. After ``max_attempts`` pulls that brought no byte the fetch gives up. ``Fail`` means:
 discard the partial copy.
@@ -39,7 +40,6 @@ from hoplite_client.wire.errors import (
     HopliteError,
     HopliteTimeoutError,
     LocalProtocolError,
-    ObjectNotFoundError,
     PeerUnavailableError,
     ProtocolError,
 )
@@ -142,6 +142,11 @@ class Allocate:
 
 
 @dataclass(frozen=True, slots=True)
+class Discard:
+    """Drop the partial copy: the object was put again with another version."""
+
+
+@dataclass(frozen=True, slots=True)
 class Pull:
     """Stream the object from ``source`` into the local copy from ``offset`` on."""
 
@@ -169,7 +174,8 @@ class Fail:
     error: HopliteError
 
 
-Instruction = AskOwner | UseLocalCopy | StoreInline | Allocate | Pull | Report | Done | Fail
+Instruction = (AskOwner | UseLocalCopy | StoreInline | Allocate | Discard | Pull | Report | Done
+               | Fail)
 Phase = Literal["new", "asking", "pulling", "over"]
 
 
@@ -251,14 +257,16 @@ class FetchPlan:
     def _located(self, ev: Located) -> list[Instruction]:
         if ev.source == self.me or (self.version is None and ev.here):
             return [UseLocalCopy(), Done()]
-        if ev.source is None:
-            return [Fail(self._replaced())] if self.version is not None else [StoreInline(), Done()]
         out: list[Instruction] = []
+        if self.version is not None and (ev.source is None or ev.version != self.version):
+            out.append(Discard())  # put again since we started: never splice the two
+            self.size = self.version = None
+            self.watermark = 0
+        if ev.source is None:
+            return [*out, StoreInline(), Done()]
         if self.version is None:
             self.size, self.version = ev.size, ev.version
             out.append(Allocate(ev.size, ev.dtype, ev.shape, ev.version))
-        elif ev.version != self.version:
-            return [Fail(self._replaced())]
         self.attempts += 1
         self.phase, self.source = "pulling", ev.source
         return [*out, Pull(ev.source, self.watermark)]
@@ -307,7 +315,3 @@ class FetchPlan:
 
     def _expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
-
-    def _replaced(self) -> ObjectNotFoundError:
-        return ObjectNotFoundError(f"object {self.oid.hex()} was replaced while it was being "
-                                   f"received", oid=self.oid.hex())

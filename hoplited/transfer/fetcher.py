@@ -127,6 +127,16 @@ class Fetcher:
                     store.pin(obj)  # the kernel writes into it until the pulls end
                     populate = self._tasks.spawn(self._arena.populate(obj.offset, obj.size),
                                                  name="populate")
+                elif isinstance(ins, fp.Discard):
+                    assert obj is not None
+                    if store.get(oid) is obj:  # those reading it from us ask again too
+                        store.remove(oid, ObjectNotFoundError(
+                            f"object {oid.hex()} was put again while being received",
+                            oid=oid.hex()))
+                    store.unpin(obj)
+                    if populate is not None:
+                        populate.cancel()
+                    obj = populate = None
                 elif isinstance(ins, fp.Pull):
                     assert obj is not None
                     todo.extend(plan.handle(await self._pull(obj, ins.source, loop)))

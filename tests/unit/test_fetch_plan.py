@@ -27,6 +27,7 @@ from hoplited.transfer.fetch_plan import (
     AskOwner,
     CallerJoined,
     CopyFailed,
+    Discard,
     Done,
     Event,
     Fail,
@@ -115,14 +116,17 @@ CASES: dict[str, Case] = {
         (at("b"), [Pull("b", 0)]),
         (ended("b", 5, RemoteProtocolError("x")),
          [Report("b", False), AskOwner(("a", "b"), 5, None)])]),
-    "another version on resume: never splice two puts": Case(None, [
+    "another version on resume (put again): never splice, start over from byte 0": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
         (ended("a", 400, LOST), [Report("a", False), AskOwner(("a",), 400, None)]),
-        (at("b", version=V2), [FailWith(ObjectNotFoundError)])]),
-    "an inline answer after allocation is a replacement too": Case(None, [
+        (at("b", version=V2), [Discard(), Allocate(SIZE, "<f4", (250,), V2), Pull("b", 0)]),
+        (ended("b", 300, LOST), [Report("b", False), AskOwner(("a", "b"), 300, None)]),
+        (at("c", version=V2), [Pull("c", 300)]),
+        (ended("c", SIZE), [Report("c", True), Done()])]),
+    "an inline answer after allocation replaces the partial copy too": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
         (ended("a", 400, LOST), [Report("a", False), AskOwner(("a",), 400, None)]),
-        (at(None), [FailWith(ObjectNotFoundError)])]),
+        (at(None), [Discard(), StoreInline(), Done()])]),
     "inline answer": Case(None, [(at(None), [StoreInline(), Done()])]),
     "put here while we waited": Case(None, [(at("a", here=True), [UseLocalCopy(), Done()])]),
     "the owner names this node": Case(None, [(at(ME), [UseLocalCopy(), Done()])]),

@@ -14,6 +14,7 @@ from hoplite_client.wire.errors import InvalidArgumentError
 from hoplited.cluster.liveness import (
     LOST_PAUSE,
     Answered,
+    Closed,
     DeclareDead,
     Event,
     Failed,
@@ -48,6 +49,24 @@ class Case:
 
 
 CASES = [
+    Case("a closed connection is redialled at once; the refusal is the verdict", [
+        (Tick(0.0), [WaitUntil(1.0)]),
+        (Closed(0.25), [SendPing(T)]),
+        (Failed(0.26, "refused"), [DeclareDead("refuses connections")]),
+        (Closed(0.3), []),
+    ], last_seen=0.0, dead=True),
+    Case("a closed connection while a Ping is in flight: the Ping's outcome decides", [
+        (Tick(1.0), [SendPing(T)]),
+        (Closed(1.5), []),
+        (Answered(1.75, 0.75), [ReportRtt(0.75), WaitUntil(2.75)]),
+    ], last_seen=1.75),
+    Case("a peer that keeps closing gets one early redial per interval", [
+        (Tick(0.0), [WaitUntil(1.0)]),
+        (Closed(0.25), [SendPing(T)]),
+        (Answered(0.3, 0.05), [ReportRtt(0.05), WaitUntil(1.3)]),
+        (Closed(0.5), [WaitUntil(1.3)]),  # within the interval of the last early redial
+        (Closed(1.25), [SendPing(T)]),
+    ], last_seen=0.3),
     Case("healthy peer: a Ping every interval after the last answer, full timeout each", [
         (Tick(0.0), [WaitUntil(1.0)]),
         (Tick(0.5), [WaitUntil(1.0)]),  # an early tick changes nothing

@@ -1,5 +1,6 @@
-"""Reduce repair on real daemons (docs/design.md §5): a node holding a slot dies, is frozen or
-loses its connections mid-stream, and the survivors still get the right sum.
+"""Repair on real daemons (docs/design.md §5): a node holding a reduce slot, or the only copy
+of an object being received, dies, is frozen or loses its connections mid-stream, and the
+survivors still get the right bytes.
 
 Node 3 sits behind a fault-injecting proxy (tests/faultproxy.py) that carries every peer
 connection to it at a known rate, so a kill lands while its slot's output is still streaming,
@@ -159,3 +160,20 @@ async def test_a_lost_input_that_never_comes_back_fails_every_waiter_at_once(
         ended.append(time.monotonic())
         assert cluster.nodes[VICTIM].node_id in str(info.value)
     assert max(ended) - min(ended) < 4, ended
+
+
+async def test_a_get_whose_only_source_dies_completes_from_the_id_put_again(
+        proxied: Cluster) -> None:
+    """Node 0 is receiving node 3's object when node 3 is SIGKILLed; the same id is put again
+    on node 2 (another put: another version). The get drops its partial copy, never splicing
+    the two puts, and completes from node 2."""
+    cluster, proxy, clients = proxied
+    data = value(VICTIM)
+    oid = await clients[VICTIM].put(data)
+    get = asyncio.ensure_future(clients[0].get(oid, timeout=GET_TIMEOUT))
+    await asyncio.sleep(0.7)
+    cluster.kill(VICTIM)
+    await put_again(clients[2], oid, data)
+    got = await get
+    assert got.dtype == data.dtype and np.array_equal(got, data)
+    assert proxy.bytes_forwarded < data.nbytes, "node 3's copy was never all sent"
