@@ -23,6 +23,7 @@ from helpers import FAST_HEARTBEAT
 
 import hoplite_client
 from hoplite_client import ObjectID
+from hoplite_client.tools.failures import put_again
 from hoplite_client.tools.local_cluster import LocalCluster
 
 NODES = 4
@@ -58,20 +59,6 @@ async def proxied(make_cluster: Callable[..., Awaitable[LocalCluster]],
         yield cluster, proxy, clients
     finally:
         await proxy.stop()
-
-
-async def put_again(client: hoplite_client.Client, oid: ObjectID, data: np.ndarray) -> None:
-    """Put ``oid`` again, as a restarted task would once the framework knows its node died
-    (refused while the directory still counts the old copy as live)."""
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            await client.put(data, object_id=oid)
-            return
-        except hoplite_client.ObjectExistsError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
 
 
 def check(results: list[np.ndarray], nodes: range) -> None:
