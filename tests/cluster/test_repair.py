@@ -15,6 +15,7 @@ import asyncio
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -164,3 +165,38 @@ async def test_a_get_whose_only_source_dies_completes_from_the_id_put_again(
     got = await get
     assert got.dtype == data.dtype and np.array_equal(got, data)
     assert proxy.bytes_forwarded < data.nbytes, "node 3's copy was never all sent"
+
+
+async def _copied_then_pulled_from_node_3(clients: list[hoplite_client.Client]
+                                          ) -> tuple[ObjectID, np.ndarray, asyncio.Future[Any]]:
+    """A 16 MiB object put on node 3 and copied whole to node 1; node 0's get of it then
+    starts, from node 3 (the earliest complete holder) through the slow proxy."""
+    data = value(VICTIM)[: 4 << 20]
+    oid = await clients[VICTIM].put(data)
+    await clients[1].get(oid, timeout=GET_TIMEOUT)
+    get = asyncio.ensure_future(clients[0].get(oid, timeout=GET_TIMEOUT))
+    await asyncio.sleep(0.3)
+    return oid, data, get
+
+
+async def test_broadcast_survives_the_original_holder_killed_after_a_copy(
+        proxied: Cluster) -> None:
+    """Node 3 (the put's node) dies while node 0 receives from it: node 0 keeps its bytes and
+    resumes from node 1's copy."""
+    cluster, proxy, clients = proxied
+    oid, data, get = await _copied_then_pulled_from_node_3(clients)
+    cluster.kill(VICTIM)
+    assert np.array_equal(await get, data)
+
+
+async def test_broadcast_leaves_a_silent_source(proxied: Cluster) -> None:
+    """Node 3's links go silent (the proxy stops every byte, sockets open) while node 0
+    receives from it: node 0 resumes from node 1's copy after a stall window (on loopback
+    about a second, before the heartbeat's verdict; either way it never waits on node 3)."""
+    cluster, proxy, clients = proxied
+    oid, data, get = await _copied_then_pulled_from_node_3(clients)
+    proxy.stall()
+    try:
+        assert np.array_equal(await get, data)
+    finally:
+        proxy.resume()
