@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-unit lint bench-loopback bench-deps bench-compare clean
+.PHONY: install demo test test-unit lint bench-loopback bench-failures bench-deps bench-compare clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,15 @@ lint: install
 
 bench-loopback: install
 	$(BIN)/python bench/loopback_throughput.py --size 1GiB
+
+# Every collective with node 3 of 8 SIGKILLed or SIGSTOPped 1 s in, on emulated 1 Gbit links
+# (root: network namespaces); the table in docs/benchmarks.md "Failures".
+FAILURE_RUNS := broadcast:KILL broadcast:STOP reduce:KILL allreduce:KILL gather:KILL reduce:STOP allreduce:STOP
+bench-failures: install
+	@for run in $(FAILURE_RUNS); do \
+	  $(BIN)/hoplite bench $${run%%:*} --nodes 8 --size 256MiB --repeat 3 --emulate 1Gbit \
+	    --capacity 2GiB --kill-node 3 --kill-after 1 --signal $${run##*:} || exit 1; \
+	done
 
 # Heavy, optional: OpenMPI from Debian, then torch (gloo), mpi4py, Ray, Dask and matplotlib.
 bench-deps: install
