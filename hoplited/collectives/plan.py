@@ -325,7 +325,8 @@ class ReducePlan:
         self.shape: TreeShape | None = None
         self.slots: dict[int, Slot] = {}
         self.task_nodes: list[str] = []
-        self.dead: set[str] = set()
+        self.dead: set[str] = set()  # nodes this reduce no longer uses
+        self.declared: set[str] = set()  # those of them this node's membership declared dead
         self.error: HopliteError | None = None
         self.complete = False
         self.published = False
@@ -345,6 +346,7 @@ class ReducePlan:
         out: list[Instruction] = []
         if isinstance(event, NodeDied):
             self.dead.add(event.node)
+            self.declared.add(event.node)
         if self.error is None and not self.published:
             out = self._handle(event)
         self.history.append((event, tuple(out)))
@@ -606,5 +608,7 @@ class ReducePlan:
         return out + [Fail(error)] + self._release()
 
     def _release(self) -> list[Instruction]:
-        nodes = tuple(n for n in self.task_nodes if n not in self.dead)
+        """Every task node not declared dead is told: one only given up on (unreachable, or
+        dead in another node's view) may still hold pinned buffers of ours."""
+        nodes = tuple(n for n in self.task_nodes if n not in self.declared)
         return [Release(nodes)] if nodes else []

@@ -441,11 +441,12 @@ CASES = [
         (InputFailed(I[1], TIMEOUT), [Fail(PeerUnavailableError(
             f"node n1 died holding input {I[1].hex()} (slot 1) of reduce {R.hex()}, and no "
             f"copy came back: {TIMEOUT}", node="n1", slot=1, oid=I[1].hex())),
-            Release(("n2",))]),
+            Release(("n1", "n2"))]),  # n1 is dead in n2's view only: told, in case
     ]),
     Case("input-put-again-with-another-shape", k=3, steps=[
         *RUNNING_CHAIN,
         (ChildLost(2, 1, t(1), 500, True, BROKEN), [WaitInput(I[1], ("n1",))]),
+        (NodeDied("n1"), []),
         (ready(1, "n5", shape=(2, BIG // 8)),
          [mismatch(1, "<f4[2, 131072]", "<f4[262144]"), Release(("n2",))]),
     ]),
@@ -461,6 +462,10 @@ CASES = [
         (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
         (SlotFailed(1, 0, ConnectionLostError("refused")), [WaitInput(I[1], ("n1",))]),
         (SlotFailed(1, 0, ConnectionLostError("refused")), []),
+        (InputFailed(I[1], TIMEOUT), [cancel(2), Fail(PeerUnavailableError(
+            f"node n1 died holding input {I[1].hex()} (slot 1) of reduce {R.hex()}, and no "
+            f"copy came back: {TIMEOUT}", node="n1", slot=1, oid=I[1].hex())),
+            Release(("n1",))]),  # given up on, not declared dead: its buffers are freed
     ]),
     Case("error-reported-by-a-task-node-fails-the-reduce", k=3, steps=[
         *RUNNING_CHAIN,
