@@ -96,7 +96,7 @@ async def test_bench_failure_run_reports_every_survivor(tmp_path) -> None:
                                "--repeat", "2", "--capacity", "256MiB", "--kill-node", "2",
                                "--kill-after", "0", "--json", str(out_json))
     assert code == 0, err
-    assert "failure run: SIGKILL to node 2" in out and "(last survivor)" in out
+    assert "failure run: SIGKILL to node 2" in out and "(last survivor)" in out, out
     failure = json.loads(out_json.read_text())["failure"]
     assert [o["node"] for o in failure["outcomes"]] == [1, 3]
     assert all(o["error"] is None and o["seconds"] > 0 for o in failure["outcomes"])
