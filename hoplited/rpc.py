@@ -73,6 +73,11 @@ class Rpc:
         self._data: DataServer | None = None
         self._inbound: set[FrameProtocol] = set()
 
+    @property
+    def retry_window(self) -> float:
+        """How long a request to an owner follows ownership while it moves."""
+        return self._retry_window
+
     def serve(self, peer: Dispatcher, tool: Dispatcher, data: DataServer) -> None:
         """Install the handlers of each inbound role (and of requests to ourselves)."""
         self._peer, self._tool, self._data = peer, tool, data

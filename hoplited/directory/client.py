@@ -8,8 +8,8 @@ re-announced to their (new) owners, and a ``Drop`` from a shard removes the loca
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import Any
 
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.frames import INLINE_MAX, Frame
@@ -33,7 +33,7 @@ from hoplite_client.wire.messages import (
 from hoplited.cluster.membership import Membership, rendezvous_owner
 from hoplited.dispatch import Handler
 from hoplited.memory.store import ObjectStore, StoredObject
-from hoplited.rpc import Rpc
+from hoplited.rpc import RETRY_PAUSE_MAX, Rpc, owner_moved
 from hoplited.tasks import Tasks
 
 log = logging.getLogger("hoplited.directory")
@@ -95,7 +95,7 @@ class DirectoryClient:
 
     def reannounce(self, previous: list[str]) -> None:
         """Tell each object's new owner shard what we hold (the directory is soft state)."""
-        batches: dict[str, list[Holding]] = {}
+        holdings: list[Holding] = []
         for obj in self._store.objects.values():
             if obj.error is not None or obj.temporary:
                 continue
@@ -106,12 +106,34 @@ class DirectoryClient:
                 if obj.complete:
                     self._tasks.spawn(self.publish(obj), name="republish")
                 continue
-            batches.setdefault(owner, []).append(_holding(obj))
-        for owner, holdings in batches.items():
-            self._tasks.spawn(self._announce_to(owner, holdings), name="reannounce")
+            holdings.append(_holding(obj))
+        if holdings:
+            self._tasks.spawn(self._announce(holdings), name="reannounce")
 
-    async def _announce_to(self, owner: str, holdings: list[Holding]) -> Any:
-        return await self._rpc.call_node(owner, Announce(holdings=holdings))
+    async def _announce(self, holdings: list[Holding]) -> None:
+        """Announce ``holdings`` to their owners, following ownership while it moves: a new
+        owner that has not yet heard of the death that made it the owner refuses, and is asked
+        again shortly (for as long as a request to an owner would be)."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self._rpc.retry_window
+        attempt = 0
+        while holdings:
+            batches: dict[str, list[Holding]] = {}
+            for h in holdings:
+                batches.setdefault(self._membership.owner(h.oid), []).append(h)
+            holdings = []
+            for owner, batch in batches.items():
+                try:
+                    await self._rpc.call_node(owner, Announce(holdings=batch))
+                except HopliteError as exc:
+                    if not owner_moved(exc) or loop.time() >= give_up:
+                        log.info("could not announce %d objects to %s: %s", len(batch), owner,
+                                 exc)
+                        continue
+                    holdings += batch
+            if holdings:
+                await asyncio.sleep(min(RETRY_PAUSE_MAX, 0.02 * 2 ** attempt))
+                attempt += 1
 
 
 def _holding(obj: StoredObject) -> Holding:

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from hoplite_client.wire.errors import InvalidArgumentError, error_from_wire
+from hoplite_client.wire.errors import InvalidArgumentError, NotOwnerError, error_from_wire
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
@@ -93,10 +93,19 @@ class DirectoryService:
         return Ok()
 
     def on_announce(self, peer: str, msg: Announce, payload: memoryview | None) -> Ok:
+        """Record the holdings we own; if some are not ours (the sender heard of a death that
+        makes us their owner before we did), say so after recording the rest: the sender
+        announces again once ownership has settled (publishing twice changes nothing)."""
+        refused = 0
         for h in msg.holdings:
             if self._owner_of(h.oid) == self._me:
                 self.shard.publish(h.oid, peer, h.size, h.dtype, h.shape, h.version, None,
                                    received=h.received, producing=h.producing)
+            else:
+                refused += 1
+        if refused:
+            raise NotOwnerError(f"not the owner of {refused} of the {len(msg.holdings)} "
+                                f"announced objects")
         return Ok()
 
     async def on_wait_object(self, peer: str, msg: WaitObject,

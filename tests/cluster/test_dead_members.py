@@ -115,3 +115,20 @@ async def test_getters_of_a_result_fail_when_its_coordinator_dies(make_cluster, 
             await get
         assert members[0] in str(info.value)
     assert time.monotonic() - started < 60  # not the gets' own 120 s
+
+
+async def test_gets_survive_the_death_of_the_objects_owner_shard(make_cluster, connect) -> None:
+    """The shard owning an object is SIGKILLed just after the put: its entry is soft state,
+    rebuilt at the new owner from the holder's announcement (asked again if the new owner has
+    not yet heard of the death), and every get completes with the right bytes."""
+    cluster = await make_cluster(4)
+    clients = [await connect(s) for s in cluster.sockets]
+    members = [n.node_id for n in cluster.nodes]
+    oid = ObjectID.random()
+    while rendezvous_owner(oid, members) != members[2]:
+        oid = ObjectID.random()
+    data = np.arange(4 * MiB, dtype=np.uint8)
+    await clients[0].put(data, object_id=oid)
+    cluster.kill(2)
+    got = await asyncio.gather(*(c.get(oid, timeout=60) for c in (clients[1], clients[3])))
+    assert all(np.array_equal(g, data) for g in got)
