@@ -54,6 +54,13 @@ async def _expect(protocol: FrameProtocol, cls: type[_M], timeout: float) -> _M:
     return frame.msg
 
 
+def refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is :func:`dial`'s error for a refused connection: nothing listens on
+    the port, so the peer's process is gone."""
+    return isinstance(exc, ConnectionLostError) and isinstance(exc.__cause__,
+                                                               ConnectionRefusedError)
+
+
 async def dial(host: str, port: int, role: str, me: Identity,
                timeout: float = HANDSHAKE_TIMEOUT) -> tuple[FrameProtocol, str]:
     """Connect and authenticate; returns the protocol (frames queue up) and the peer's id."""

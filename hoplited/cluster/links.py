@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from hoplite_client.net.channel import Channel
-from hoplite_client.net.handshake import Identity, dial
+from hoplite_client.net.handshake import Identity, dial, refused
 from hoplite_client.wire.errors import ConnectionLostError, HopliteError, PeerUnavailableError
 from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.messages import MemberInfo, Ping, Request, WireMessage
@@ -65,7 +65,7 @@ class PeerLink:
                     protocol, peer_id = await dial(self.member.host, self.member.port, "peer",
                                                    self.me, timeout=self.timeout)
                 except ConnectionLostError as exc:
-                    if isinstance(exc.__cause__, ConnectionRefusedError):  # its process is gone
+                    if refused(exc):  # its process is gone
                         self.refused()
                     raise
                 if peer_id != self.node_id:
@@ -127,8 +127,7 @@ class PeerLink:
                 sent = time.monotonic()
                 await channel.request(Ping())
         except ConnectionLostError as exc:
-            refused = isinstance(exc.__cause__, ConnectionRefusedError)
-            return lv.Failed(time.monotonic(), "refused" if refused else "lost")
+            return lv.Failed(time.monotonic(), "refused" if refused(exc) else "lost")
         except (TimeoutError, HopliteError, OSError):
             return lv.Failed(time.monotonic(), "timeout")
         now = time.monotonic()

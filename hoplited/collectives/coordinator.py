@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from hoplite_client.wire.errors import (
-    ConnectionLostError,
     HopliteError,
     HopliteTimeoutError,
     ObjectExistsError,
@@ -296,18 +295,14 @@ class ReduceCoordinator:
         out, shape = self.out, self.plan.shape
         assert out is not None and shape is not None
 
-        async def pull() -> None:
-            try:
-                await self.d.fetcher.pull_into(out, ins.node, ins.output, ins.version)
-            except OSError as exc:
-                raise ConnectionLostError(f"root pull from {ins.node}: {exc}") from exc
-
         def lost(error: HopliteError) -> p.Event:
             if out.error is None and is_retriable(error):
                 return p.ChildLost(None, shape.root, ins.version, out.received,
                                    not self.d.is_alive(ins.node), error)
             return p.ResultFailed(error)
-        self._root_pull = self._spawn(pull(), "reduce-root", lost)
+        self._root_pull = self._spawn(
+            self.d.fetcher.pull_into(out, ins.node, ins.output, ins.version), "reduce-root",
+            lost)
 
     async def _after(self, ins: p.After) -> None:
         await asyncio.sleep(ins.delay)

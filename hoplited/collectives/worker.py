@@ -21,12 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hoplite_client.wire.errors import (
-    ConnectionLostError,
-    HopliteError,
-    InvalidArgumentError,
-    ObjectNotFoundError,
-)
+from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, ObjectNotFoundError
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
     Ok,
@@ -103,13 +98,14 @@ class ReduceWorker:
         if not 0 <= msg.start <= own.size or msg.children < 0:
             raise InvalidArgumentError(f"start {msg.start} outside 0..{own.size} or "
                                        f"{msg.children} children")
-        if own.size % np.dtype(msg.dtype).itemsize:
+        dtype = np.dtype(msg.dtype)
+        if own.size % dtype.itemsize:
             raise InvalidArgumentError(f"input {msg.input.hex()} of {own.size} bytes is not "
                                        f"whole {msg.dtype} elements")
         self._release(msg.reduce_id, msg.slot)  # a slot placed here again replaces its task
         # whole elements from the element holding byte ``start``: the bytes below it that
         # this rewrites are the same sums (children are combined in slot order)
-        start = msg.start - msg.start % np.dtype(msg.dtype).itemsize
+        start = msg.start - msg.start % dtype.itemsize
         out = store.get(msg.output) if msg.output == msg.reduce_id else None
         if out is None:
             out = store.create(msg.output, own.size, own.dtype, own.shape, temporary=True)
@@ -120,8 +116,8 @@ class ReduceWorker:
                                        f"to start at {msg.start}")
         store.pin(own)
         store.pin(out)
-        task = SlotTask(msg.reduce_id, msg.slot, coordinator, msg.op, np.dtype(msg.dtype), own,
-                        out, msg.children, start)
+        task = SlotTask(msg.reduce_id, msg.slot, coordinator, msg.op, dtype, own, out,
+                        msg.children, start)
         if msg.children == 0:
             task.all_children.set()
         self.slots[(msg.reduce_id, msg.slot)] = task
@@ -159,10 +155,9 @@ class ReduceWorker:
         """Pull a child's output; a broken pull keeps its bytes and is reported."""
         try:
             await self._fetcher.pull_into(buf, msg.node, msg.oid, msg.version)
-        except (HopliteError, OSError) as exc:
+        except HopliteError as error:
             if buf.error is not None:
                 return  # the buffer was dropped: the reduce is over here
-            error = exc if isinstance(exc, HopliteError) else ConnectionLostError(str(exc))
             log.info("reduce %s slot %d: child %d from %s broke at %d/%d bytes (%s)",
                      msg.reduce_id.short(), msg.slot, msg.child, msg.node, buf.received,
                      buf.size, error)

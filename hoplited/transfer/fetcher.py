@@ -17,7 +17,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
-from hoplite_client.net.handshake import Identity, dial
+from hoplite_client.net.handshake import Identity, dial, refused
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import (
     ConnectionLostError,
@@ -168,8 +168,6 @@ class Fetcher:
                                                                      self._stall_timeout))
         except HopliteError as exc:
             error = exc
-        except OSError as exc:
-            error = ConnectionLostError(f"pull from {source}: {exc}")
         if obj.error is not None:
             return fp.CopyFailed(obj.error)
         if error is not None:
@@ -218,7 +216,7 @@ class Fetcher:
         try:
             protocol, _ = await dial(member.host, member.port, "data", self._identity)
         except ConnectionLostError as exc:
-            if isinstance(exc.__cause__, ConnectionRefusedError):
+            if refused(exc):
                 self._refused(source)
             raise
         pulls = self._pulls.setdefault(source, set())
@@ -266,6 +264,10 @@ class Fetcher:
             protocol.send(Pull(rid=1, oid=remote, version=version, offset=start))
             frame = await self._watch(protocol, obj, done,
                                       self._stall_timeout if stall is None else stall)
+        except HopliteError:
+            raise  # some are OSErrors too (a lost connection, a stall): kept as they are
+        except OSError as exc:
+            raise ConnectionLostError(f"pull from {source}: {exc}") from exc
         finally:
             pulls.discard(protocol)
             if not pulls and self._pulls.get(source) is pulls:
