@@ -216,7 +216,8 @@ class Client:
 
     async def reduced_inputs(self, result_id: ObjectID,
                              timeout: float | None = None) -> list[ObjectID]:
-        """Which inputs went into a reduce issued on this node, in the order they were ready."""
+        """Which inputs went into a reduce issued on this node, in the order they were ready;
+        answered once the result is complete (until then a backup may replace a lost input)."""
         bound = None if timeout is None else timeout + REPLY_GRACE
         frame = await self._channel.request(ReducedInputs(result=result_id, timeout=timeout),
                                             timeout=bound)

@@ -7,7 +7,10 @@ the time it held its checked result, or the typed error it got. The victim's own
 not a participant (its daemon is gone or frozen). For reduce, allreduce and gather the
 victim's input is lost with it; as a task framework restarts the task that made it, the run
 puts the same input again, under the same id, on the next survivor right after the signal
-(retrying while the directory still counts the old copy as live). The figure of merit is the
+(retrying while the directory still counts the old copy as live). With ``--backup`` (reduce and
+allreduce), the reduce instead has one input beyond the first N, a *backup* of another value
+(the input of an N+1-th node), put on that survivor right after the signal: the backup takes
+the lost slot and the result is checked against the sum it makes. The figure of merit is the
 last survivor's time over the failure-free median (docs/design.md §5, §8: at most 1.5 for
 SIGKILL).
 """
@@ -56,6 +59,7 @@ class FailureRun:
     kill_after: float
     failure_free: list[float]
     outcomes: list[Outcome] = field(default_factory=list)
+    backup: bool = False  # a backup input replaced the victim's, instead of it put again
 
     @property
     def all_survived(self) -> bool:
@@ -81,30 +85,36 @@ class FailureRun:
         return None if last is None else last / statistics.median(self.failure_free)
 
 
-def check_victim(op: str, victim: int, nodes: int) -> None:
-    """Refuse what this run cannot measure: an unknown op or a victim outside 1..nodes-1
-    (node 0 is the op's root: its death is the caller's own error, not a survivor's)."""
+def check_victim(op: str, victim: int, nodes: int, backup: bool = False) -> None:
+    """Refuse what this run cannot measure: an unknown op, a victim outside 1..nodes-1 (node
+    0 is the op's root: its death is the caller's own error, not a survivor's), a backup
+    input for an op that is not a reduce."""
     if op not in OPS:
         raise InvalidArgumentError(f"failure runs measure {', '.join(OPS)}, not {op}")
     if not 1 <= victim < nodes:
         raise InvalidArgumentError(f"--kill-node must be between 1 and {nodes - 1}")
+    if backup and op not in ("reduce", "allreduce"):
+        raise InvalidArgumentError(f"--backup is for reduce and allreduce, not {op}")
 
 
 async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, victim: int,
-                           kill_after: float, sig: str) -> list[Outcome]:
+                           kill_after: float, sig: str, backup: bool = False) -> list[Outcome]:
     """Run ``op`` once, signalling node ``victim`` ``kill_after`` seconds in; survivors'
-    outcomes, in node order."""
+    outcomes, in node order. ``backup``: a reduce's lost input is replaced by a backup."""
     clients = ctx.clients
-    setup, participants, ids = await _prepare(op, ctx)
+    n = len(clients)
+    setup, participants, ids = await _prepare(op, ctx, victim if backup else None)
     survivors = [i for i in participants if i != victim]
     t0 = time.perf_counter()
 
     async def kill() -> None:
         await asyncio.sleep(kill_after)
         cluster.kill(victim, SIGNALS[sig])
-        if ids:  # the restarted task: the lost input again, on the next survivor
-            await put_again(clients[(victim + 1) % len(clients) or 1], ids[victim],
-                            ctx.data(victim))
+        helper = clients[(victim + 1) % n or 1]
+        if backup:  # another task's output, another value, takes the lost one's place
+            await helper.put(ctx.data(n), object_id=ids[n])
+        elif ids:  # the restarted task: the lost input again, on the next survivor
+            await put_again(helper, ids[victim], ctx.data(victim))
 
     async def one(i: int) -> Outcome:
         try:
@@ -140,10 +150,11 @@ async def put_again(client: hoplite_client.Client, oid: hoplite_client.ObjectID,
             await asyncio.sleep(REPUT_POLL)
 
 
-async def _prepare(op: str, ctx: BenchContext
+async def _prepare(op: str, ctx: BenchContext, backup_for: int | None
                    ) -> tuple[Step, list[int], list[hoplite_client.ObjectID]]:
     """Put the op's inputs; returns what each participant does, who participates, and the
-    inputs a restarted task puts again (none for broadcast: its root is not a victim)."""
+    inputs a restarted task puts again (none for broadcast: its root is not a victim).
+    ``backup_for``: a reduce gets one more input, not put yet, to replace that node's."""
     clients = ctx.clients
     n = len(clients)
     if op == "broadcast":
@@ -159,9 +170,13 @@ async def _prepare(op: str, ctx: BenchContext
             arrays = await c.gather(ids, timeout=FAILURE_TIMEOUT)
             return all(same_bytes(a, ctx.data(k)) for k, a in enumerate(arrays))
         return gather, [0], ids
-    result = await clients[0].reduce(ids, "sum", timeout=FAILURE_TIMEOUT)
+    used: tuple[int, ...] | None = None
+    if backup_for is not None:
+        ids.append(hoplite_client.ObjectID.random())
+        used = tuple(i for i in range(n + 1) if i != backup_for)
+    result = await clients[0].reduce(ids, "sum", num_objects=n, timeout=FAILURE_TIMEOUT)
 
     async def get_sum(i: int, c: hoplite_client.Client) -> bool:
-        return reduced_ok(ctx, await c.get(result, timeout=FAILURE_TIMEOUT))
+        return reduced_ok(ctx, await c.get(result, timeout=FAILURE_TIMEOUT), used)
     return get_sum, (list(range(n)) if op == "allreduce" else [0]), ids
 

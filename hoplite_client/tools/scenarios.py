@@ -162,13 +162,16 @@ class BenchContext:
             self._data[node] = make_data(self.size, seed=node)
         return self._data[node]
 
-    def expected_sum(self) -> NDArray[Any]:
-        """The sum of every node's input (accumulated in float64), in the inputs' dtype."""
-        if "sum" not in self._expected:
+    def expected_sum(self, inputs: tuple[int, ...] | None = None) -> NDArray[Any]:
+        """The sum of the inputs ``data(i)`` for i in ``inputs`` (default: every node's),
+        accumulated in float64, in the inputs' dtype."""
+        which = tuple(range(len(self.clients))) if inputs is None else inputs
+        key = f"sum{which}"
+        if key not in self._expected:
             total: NDArray[np.float64] = np.sum(
-                [self.data(i).astype(np.float64) for i in range(len(self.clients))], axis=0)
-            self._expected["sum"] = total.astype(self.data(0).dtype)
-        return self._expected["sum"]
+                [self.data(i).astype(np.float64) for i in which], axis=0)
+            self._expected[key] = total.astype(self.data(0).dtype)
+        return self._expected[key]
 
     def check(self, ok: bool, what: str) -> None:
         """Raise :class:`BenchError` (naming the run) unless ``ok``."""
@@ -198,10 +201,12 @@ async def put_all(ctx: BenchContext, ids: list[hoplite_client.ObjectID]) -> floa
     return time.perf_counter()
 
 
-def reduced_ok(ctx: BenchContext, result: NDArray[Any]) -> bool:
-    """The result has the inputs' shape and equals numpy's sum of them."""
+def reduced_ok(ctx: BenchContext, result: NDArray[Any],
+               inputs: tuple[int, ...] | None = None) -> bool:
+    """The result has the inputs' shape and equals numpy's sum of ``data(i)`` for i in
+    ``inputs`` (default: every node's)."""
     return result.shape == ctx.data(0).shape and bool(
-        np.allclose(result, ctx.expected_sum(), rtol=1e-4, atol=1e-3))
+        np.allclose(result, ctx.expected_sum(inputs), rtol=1e-4, atol=1e-3))
 
 
 async def run_broadcast(ctx: BenchContext, run: int) -> float:

@@ -514,7 +514,9 @@ class ReduceDone(WireMessage):
 @message(63, shape="oneway", roles=(PEER,))
 class ReduceChildLost(WireMessage):
     """Tree node to coordinator: slot ``slot``'s pull of child ``child`` (at ``version``) broke
-    at ``offset`` bytes; ``source_dead``: this node's membership says the source is dead."""
+    at ``offset`` bytes; ``source_dead``: this node's membership says the source is dead;
+    ``consumer``: the version of the reporting task's output (a report from a task replaced
+    since is stale)."""
 
     reduce_id: ObjectID
     slot: int
@@ -522,6 +524,7 @@ class ReduceChildLost(WireMessage):
     version: bytes
     offset: int
     source_dead: bool
+    consumer: bytes
     code: str
     message: str
 

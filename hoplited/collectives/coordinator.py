@@ -133,7 +133,7 @@ class Reductions:
             error = error_from_wire(msg.code, f"slot {msg.slot} lost child {msg.child}: "
                                               f"{msg.message}", {})
             coordinator.feed(p.ChildLost(msg.slot, msg.child, msg.version, msg.offset,
-                                         msg.source_dead, error))
+                                         msg.source_dead, error, msg.consumer))
 
 
 class ReduceCoordinator:
@@ -146,8 +146,9 @@ class ReduceCoordinator:
         self.result = plan.result
         self._inputs = list(dict.fromkeys(inputs))
         self._timeout = timeout
-        self.chosen = asyncio.Event()
+        self.ended = asyncio.Event()
         self.out: StoredObject | None = None
+        self._watch: asyncio.Task[None] | None = None
         self._inline: dict[ObjectID, bytes] = {}
         self._waits: dict[ObjectID, asyncio.Task[None]] = {}
         self._root_pull: asyncio.Task[None] | None = None
@@ -167,12 +168,13 @@ class ReduceCoordinator:
                                               name=f"reduce-wait-{oid.short()}")
 
     async def reduced_inputs(self, timeout: float | None) -> list[ObjectID]:
-        """The inputs in the result, in the order they became ready (once all are chosen)."""
+        """The inputs in the result, in the order they became ready, once it is complete (a
+        backup may take a lost input's place until then)."""
         try:
-            await asyncio.wait_for(self.chosen.wait(), timeout)
+            await asyncio.wait_for(self.ended.wait(), timeout)
         except TimeoutError:
-            raise HopliteTimeoutError(f"reduce {self.result.hex()} has not chosen its inputs "
-                                      f"within {timeout}s") from None
+            raise HopliteTimeoutError(f"reduce {self.result.hex()} has not completed within "
+                                      f"{timeout}s") from None
         if self.plan.error is not None:
             raise self.plan.error
         return list(self.plan.used)
@@ -266,8 +268,8 @@ class ReduceCoordinator:
                 wait = self._waits.get(oid)
                 if wait is not None:
                     wait.cancel()
-        elif isinstance(ins, p.InputsChosen):
-            self.chosen.set()
+        elif isinstance(ins, p.RestartResult):
+            self._restart_result()
         elif isinstance(ins, p.CombineInline):
             self._combine_inline(ins)
         elif isinstance(ins, p.Publish):
@@ -287,7 +289,23 @@ class ReduceCoordinator:
         out.producing = True  # if this node dies first, its shard fails the result's gets
         d.tasks.spawn(d.arena.populate(out.offset, out.size), name="populate")
         self._spawn(d.directory.announce(out), "reduce-announce", p.ResultFailed)
-        self._spawn(self._until_complete(out), "reduce-result", p.ResultFailed)
+        self._watch = self._spawn(self._until_complete(out), "reduce-result", p.ResultFailed)
+
+    def _restart_result(self) -> None:
+        """Replace the result by an empty one of a new version (docs/design.md §5): streams
+        of the old one end, and its getters start over once the new one is announced."""
+        old, d = self.out, self.d
+        assert old is not None
+        for task in (self._root_pull, self._watch):
+            if task is not None:
+                task.cancel()  # before the removal below fails what they wait on
+        self._root_pull = None
+        if d.store.get(self.result) is old:
+            d.store.remove(self.result, ObjectNotFoundError(
+                f"reduce {self.result.hex()} started its result again: a backup input took "
+                f"a lost one's place", oid=self.result.hex()))
+        d.store.unpin(old)
+        self._open_result(p.OpenResult(old.size, old.dtype, tuple(old.shape)))
 
     def _pull_root(self, ins: p.PullRoot) -> None:
         """Pull the root's output into the result from its watermark; a pull that breaks for a
@@ -296,6 +314,8 @@ class ReduceCoordinator:
         assert out is not None and shape is not None
 
         def lost(error: HopliteError) -> p.Event:
+            if out is not self.out:  # the result was started again: this pull is stale
+                return p.ChildLost(None, shape.root, b"", 0, False, error)
             if out.error is None and is_retriable(error):
                 return p.ChildLost(None, shape.root, ins.version, out.received,
                                    not self.d.is_alive(ins.node), error)
@@ -350,7 +370,6 @@ class ReduceCoordinator:
     def _fail(self, error: HopliteError) -> None:
         """Drop the result here, stop pulling it, and record the failure at its shard."""
         log.warning("reduce %s failed: %s", self.result.short(), error)
-        self.chosen.set()
         if self._root_pull is not None:
             self._root_pull.cancel()
         d = self.d
@@ -361,6 +380,7 @@ class ReduceCoordinator:
     def _end(self) -> None:
         """The reduce is over (published or failed): unpin the result, drop the waits."""
         self._ended = True
+        self.ended.set()
         for wait in self._waits.values():
             wait.cancel()
         self._inline.clear()

@@ -23,8 +23,17 @@ partial sum on the path to the root is redone. Dead children of a redone slot ar
 the same offset; a dead slot whose consumer already has every byte costs nothing. A pull that
 broke while its source still looks alive is reconnected after a backoff, a few times. A lost
 input that does not come back within the reduce's timeout fails the reduce, naming the dead
-node. A *backup* input (another id, another value) cannot resume a stream: it would need every
-partial sum on the path redone (``redo_path``) and the result restarted, which is not built yet.
+node.
+
+Backups. With ``k`` below the number of inputs, a repair also waits again for the inputs not
+used (their waits were cancelled once ``k`` were chosen); whichever comes first takes the lost
+slot: the same id (resumed as above) or a backup, and a backup already ready is used at once.
+A backup is another value, so the slot computes from byte 0; if its consumer had received
+bytes of the lost value, so had every partial sum on the path to the root (``redo_path``):
+those slots are started again from byte 0 on their nodes and the result restarts under a new
+version (``RestartResult``; getters behind it start over). Every other slot keeps its output,
+and children repaired earlier from a later byte are started again from 0. ``used`` names the
+inputs in the result once it is complete.
 
 Nothing here waits or does I/O: ``ReducePlan.handle(event)`` returns the instructions the
 driver (``hoplited.collectives.coordinator``) carries out, in order, feeding outcomes back as
@@ -106,7 +115,8 @@ class SlotFailed:
 class ChildLost:
     """The consumer of slot ``child`` (its parent slot ``parent``; None: the pull of the root
     into the result) stopped receiving its output (at ``version``) at ``offset`` bytes;
-    ``source_dead``: the consumer's node has declared the child's node dead."""
+    ``source_dead``: the consumer's node has declared the child's node dead; ``consumer``: the
+    version of the reporting task's output (None for the root pull)."""
 
     parent: int | None
     child: int
@@ -114,6 +124,7 @@ class ChildLost:
     offset: int
     source_dead: bool
     error: HopliteError
+    consumer: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,10 +237,9 @@ class CancelWaits:
 
 
 @dataclass(frozen=True, slots=True)
-class InputsChosen:
-    """The inputs are chosen: ``reduced_inputs`` can answer ``used``."""
-
-    used: tuple[ObjectID, ...]
+class RestartResult:
+    """Drop the result's bytes and create it again, empty, under a new version (announced as
+    before): a backup took a slot whose old value had reached it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +274,7 @@ class Release:
 
 
 Instruction = (OpenResult | StartTask | Connect | PullRoot | WaitInput | After | CancelWaits
-               | InputsChosen | CombineInline | Publish | Fail | Release)
+               | RestartResult | CombineInline | Publish | Fail | Release)
 
 
 @dataclass(slots=True)
@@ -333,6 +343,9 @@ class ReducePlan:
         self.redo: dict[int, Redo] = {}  # slots being placed again
         self._wanted: dict[ObjectID, list[int]] = {}  # lost input -> slots waiting for it
         self._broken: dict[int, int] = {}  # slot -> offset its consumer stopped at, node alive
+        self._backups: list[ObjectID] = []  # inputs not used, once k are chosen (tree only)
+        self._rewaiting: set[ObjectID] = set()  # backups waited for again, for a repair
+        self.spares: list[InputReady] = []  # backups ready, not used (yet)
         self._reconnects: dict[int, tuple[int, float]] = {}  # slot -> (tries, delays summed)
         self.history: deque[tuple[Event, tuple[Instruction, ...]]] = deque(maxlen=HISTORY_MAX)
 
@@ -354,7 +367,9 @@ class ReducePlan:
 
     def _handle(self, ev: Event) -> list[Instruction]:
         if isinstance(ev, InputReady):
-            return self._replace(ev) if ev.oid in self._wanted else self._ready(ev)
+            if ev.oid in self._wanted:
+                return self._replace(ev)
+            return self._backup_ready(ev) if ev.oid in self._rewaiting else self._ready(ev)
         if isinstance(ev, InputFailed):
             return self._input_failed(ev)
         if isinstance(ev, TaskStarted):
@@ -410,8 +425,9 @@ class ReducePlan:
         if self.chosen:
             if self._waiting:
                 out.append(CancelWaits(tuple(self._waiting)))
+                if self.shape is not None:
+                    self._backups = list(self._waiting)
                 self._waiting.clear()
-            out.append(InputsChosen(tuple(self.used)))
             if self.shape is None:
                 m = self.meta
                 out.append(CombineInline(tuple(self.used), self.op, m.size, m.dtype, m.shape))
@@ -476,6 +492,9 @@ class ReducePlan:
     def _input_failed(self, ev: InputFailed) -> list[Instruction]:
         if self._waiting.pop(ev.oid, 0) > 0:
             return self._fail(ev.error)
+        if ev.oid in self._rewaiting:  # a backup: one fewer candidate, nothing more
+            self._rewaiting.discard(ev.oid)
+            return []
         slots = self._wanted.pop(ev.oid, None)
         if not slots:  # ready already, or a cancelled backup
             return []
@@ -508,6 +527,8 @@ class ReducePlan:
             consumer = self.slots.get(ev.parent)
             if consumer is None or consumer.node in self.dead:
                 return []  # the consumer itself is lost: its repair redoes this slot
+            if ev.consumer != consumer.version:
+                return []  # from a consumer task started again since
         if ev.source_dead:
             self.dead.add(placed.node)
         if placed.node in self.dead:
@@ -560,25 +581,123 @@ class ReducePlan:
         return out
 
     def _repair(self, slot: int, start: int) -> list[Instruction]:
-        """Place ``slot`` again, computing from byte ``start``: wait for its input anew; its
-        dead children are redone from the same byte."""
+        """Place ``slot`` again, computing from byte ``start``: a ready backup takes it at once,
+        otherwise its input is waited for anew (and the backups, if any); its dead children are
+        redone from the same byte."""
         shape = self.shape
         assert shape is not None
         placed = self.slots.pop(slot)
         self._reconnects.pop(slot, None)
         self._broken.pop(slot, None)
-        self.redo[slot] = Redo(placed.input, placed.node, placed.gen + 1, start)
+        redo = Redo(placed.input, placed.node, placed.gen + 1, start)
+        spare = self._spare()
+        if spare is not None:
+            return self._swap(slot, redo, spare)
+        self.redo[slot] = redo
         out: list[Instruction] = []
         if placed.input not in self._wanted:
             self._wanted[placed.input] = []
             out.append(WaitInput(placed.input, tuple(sorted(self.dead))))
         self._wanted[placed.input].append(slot)
+        for oid in self._backups:
+            out.append(WaitInput(oid, tuple(sorted(self.dead))))
+            self._rewaiting.add(oid)
+        self._backups = []
         for child in shape.children[slot]:
             c = self.slots.get(child)
             if c is not None and c.node in self.dead:
                 out += self._repair(child, start)
             elif child in self.redo:
                 self.redo[child].start = min(self.redo[child].start, start)
+        return out
+
+    def _usable(self, ev: InputReady) -> list[str]:
+        """The live holders of a backup that fits the reduce (none: it cannot be used)."""
+        m = self.meta
+        assert m is not None
+        if (ev.size, ev.dtype, ev.shape) != (m.size, m.dtype, m.shape):
+            return []
+        return [n for n in ev.alive if n not in self.dead]
+
+    def _spare(self) -> InputReady | None:
+        """A ready backup with a live holder, taken off the list (None if there is none)."""
+        while self.spares:
+            ev = self.spares.pop(0)
+            if self._usable(ev):
+                return ev
+        return None
+
+    def _backup_ready(self, ev: InputReady) -> list[Instruction]:
+        """A backup waited for again is ready: it takes a slot still waiting for its input,
+        or is kept for the next repair."""
+        self._rewaiting.discard(ev.oid)
+        if not self._usable(ev):
+            return []  # another type or shape, or no live holder: never used
+        if not self.redo:
+            self.spares.append(ev)
+            return []
+        slot = min(self.redo)
+        redo = self.redo.pop(slot)
+        out: list[Instruction] = []
+        waiting = self._wanted.get(redo.input, [])
+        if slot in waiting:
+            waiting.remove(slot)
+            if not waiting:
+                del self._wanted[redo.input]
+                out.append(CancelWaits((redo.input,)))
+        return out + self._swap(slot, redo, ev)
+
+    def _swap(self, slot: int, redo: Redo, ev: InputReady) -> list[Instruction]:
+        """Backup ``ev`` takes ``slot`` (lost ``redo.input``) from byte 0: if the consumer had
+        bytes of the lost value, every partial sum up to the result starts again from 0."""
+        shape = self.shape
+        assert shape is not None
+        self.used[self.used.index(redo.input)] = ev.oid
+        out: list[Instruction] = []
+        if redo.start > 0:
+            out.append(RestartResult())
+            for ancestor in redo_path(shape, slot)[1:]:
+                out += self._restart(ancestor)
+        alive = self._usable(ev)
+        node = self.me if self.me in alive else alive[0]
+        out += self._put(slot, node, ev.oid, ev.version, redo.gen, 0)
+        return out + self._from_zero_below(slot)
+
+    def _restart(self, slot: int) -> list[Instruction]:
+        """Start ``slot``'s task again from byte 0 on its node (a new output), unless it is
+        lost itself (then its repair starts from 0)."""
+        placed = self.slots.get(slot)
+        if placed is None:
+            if slot in self.redo:
+                self.redo[slot].start = 0
+            return []
+        if placed.node in self.dead:
+            return self._repair(slot, 0)
+        self._reconnects.pop(slot, None)
+        self._broken.pop(slot, None)
+        out = self._put(slot, placed.node, placed.input, b"", placed.gen + 1, 0)
+        return out + self._from_zero_below(slot)
+
+    def _from_zero_below(self, slot: int) -> list[Instruction]:
+        """``slot``'s new task reads its children from byte 0: lost ones are redone from 0,
+        tasks that compute only from a later byte start again, and none is connected yet."""
+        shape = self.shape
+        assert shape is not None
+        out: list[Instruction] = []
+        for child in shape.children[slot]:
+            c = self.slots.get(child)
+            if c is None:
+                if child in self.redo:
+                    self.redo[child].start = 0
+                    out += self._from_zero_below(child)
+                continue
+            c.connected = False
+            self._broken.pop(child, None)
+            self._reconnects.pop(child, None)
+            if c.node in self.dead:
+                out += self._repair(child, 0)
+            elif c.task and c.start > 0:
+                out += self._restart(child)
         return out
 
     def _replace(self, ev: InputReady) -> list[Instruction]:
@@ -600,11 +719,12 @@ class ReducePlan:
     def _fail(self, error: HopliteError) -> list[Instruction]:
         self.error = error
         out: list[Instruction] = []
-        waits = [*self._waiting, *self._wanted]
+        waits = [*self._waiting, *self._wanted, *sorted(self._rewaiting)]
         if waits:
             out.append(CancelWaits(tuple(waits)))
             self._waiting.clear()
             self._wanted.clear()
+            self._rewaiting.clear()
         return out + [Fail(error)] + self._release()
 
     def _release(self) -> list[Instruction]:

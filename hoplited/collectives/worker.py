@@ -163,8 +163,8 @@ class ReduceWorker:
                      buf.size, error)
             self._tell(task.coordinator, ReduceChildLost(
                 reduce_id=msg.reduce_id, slot=msg.slot, child=msg.child, version=msg.version,
-                offset=buf.received, source_dead=not self._is_alive(msg.node), code=error.code,
-                message=str(error)))
+                offset=buf.received, source_dead=not self._is_alive(msg.node),
+                consumer=task.out.version, code=error.code, message=str(error)))
 
     async def _run(self, task: SlotTask) -> None:
         try:

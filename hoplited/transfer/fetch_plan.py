@@ -7,14 +7,17 @@ came in the answer: store them), or a source. The first source fixes the object'
 version (``Allocate``); resuming must never splice two different puts of one id (docs/design.md
 §5), so a source offering another version (every copy was lost and the id put again) makes the
 fetch drop its partial copy (``Discard``) and start over from byte 0. A pull that ends early for
-a retriable reason (the source died, closed, stalled, spoke garbage) keeps the bytes received,
-excludes that source and asks again from the watermark; a fatal error ends the fetch. Every
-ended pull is reported to the shard (``Report``) so it frees the source's slot. A *stalled*
-source (it sent nothing for the stall window) may only be slow upstream: a partial holder
-re-attaching, or a reduce's result waiting for a repaired slot (docs/design.md §5). It is
-avoided for ``STALL_RETRY`` seconds; if the owner has nobody else by then, it is asked for
-again. After ``max_attempts`` pulls that brought no byte the fetch gives up. ``Fail`` means:
-discard the partial copy.
+a retriable reason (the source died, closed, stalled, lost its copy, spoke garbage) keeps the
+bytes received, avoids that source and asks again from the watermark; a fatal error ends the
+fetch. Every ended pull is reported to the shard (``Report``) so it frees the source's slot. A
+dead source, or one that spoke garbage, is excluded for good. One that stalled (sent nothing
+for the stall window), closed the stream or no longer has that copy may only be slow upstream
+or hold a newer copy: a partial holder re-attaching, a reduce's result waiting for a repaired
+slot or started again with a backup input (docs/design.md §5). It is avoided for
+``STALL_RETRY`` seconds; if the owner has nobody else by then, it is asked for again. A source
+offering another version clears every exclusion: they were about copies of the old one. After
+``max_attempts`` pulls that brought no byte the fetch gives up. ``Fail`` means: discard the
+partial copy.
 
 One fetch serves every concurrent get of an id, so its deadline is the latest of its callers'
 (``CallerJoined``; None means no deadline and wins). A locate that timed out after a caller
@@ -40,6 +43,7 @@ from hoplite_client.wire.errors import (
     HopliteError,
     HopliteTimeoutError,
     LocalProtocolError,
+    ObjectNotFoundError,
     PeerUnavailableError,
     ProtocolError,
 )
@@ -51,7 +55,12 @@ MAX_ATTEMPTS = 8
 # Pull errors after which another source may do better; the rest end the fetch. The pre-plan
 # fetcher's ``_RETRIABLE``: lost / refused / stalled sources, garbage on the wire, socket errors.
 RETRIABLE: tuple[type[BaseException], ...] = (
-    ConnectionLostError, PeerUnavailableError, HopliteTimeoutError, ProtocolError, OSError)
+    ConnectionLostError, PeerUnavailableError, HopliteTimeoutError, ProtocolError,
+    ObjectNotFoundError, OSError)
+# Of those, the errors of a source that may serve again soon (stalled, closed the stream, lost
+# that copy: it may hold a newer one): avoided for STALL_RETRY only, not excluded.
+FORGIVEN: tuple[type[BaseException], ...] = (
+    HopliteTimeoutError, ConnectionLostError, ObjectNotFoundError)
 # (event, instructions) pairs kept for debugging: a fetch sees about three per source.
 HISTORY_MAX = 64
 # How long a stalled source is avoided when the owner has nobody else: time enough for the
@@ -199,8 +208,8 @@ class FetchPlan:
             raise LocalProtocolError(f"max_attempts must be at least 1, not {max_attempts}")
         self.oid, self.me, self.deadline, self.max_attempts = oid, me, deadline, max_attempts
         self.phase: Phase = "new"
-        self.exclude: list[str] = []  # sources whose pull failed, in order
-        self.stalled: list[str] = []  # sources that went silent: avoided for a while
+        self.exclude: list[str] = []  # sources excluded for good (dead, garbage), in order
+        self.stalled: list[str] = []  # silent, closed or copy gone: avoided for a while
         self.attempts = 0  # pulls started
         self.fruitless = 0  # pulls that ended without a byte
         self.watermark = 0  # bytes held, from offset 0
@@ -262,6 +271,8 @@ class FetchPlan:
             out.append(Discard())  # put again since we started: never splice the two
             self.size = self.version = None
             self.watermark = 0
+            self.exclude.clear()  # about copies of the old version
+            self.stalled.clear()
         if ev.source is None:
             return [*out, StoreInline(), Done()]
         if self.version is None:
@@ -284,7 +295,7 @@ class FetchPlan:
             if fatal is not ev.error:
                 fatal.__cause__ = ev.error
             return [*out, Fail(fatal)]
-        if isinstance(ev.error, HopliteTimeoutError):
+        if isinstance(ev.error, FORGIVEN):
             if ev.source not in self.stalled:
                 self.stalled.append(ev.source)
         elif ev.source not in self.exclude:

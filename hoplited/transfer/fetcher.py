@@ -87,12 +87,19 @@ class Fetcher:
             except TimeoutError:
                 raise HopliteTimeoutError(f"object {oid.hex()} not received within {timeout}s",
                                           oid=oid.hex()) from None
-        try:
-            await asyncio.wait_for(obj.wait_for(obj.size), timeout)
-        except TimeoutError:
-            raise HopliteTimeoutError(f"object {oid.hex()} not complete within {timeout}s",
-                                      oid=oid.hex()) from None
-        return obj
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            try:
+                await asyncio.wait_for(obj.wait_for(obj.size), remaining)
+                return obj
+            except TimeoutError:
+                raise HopliteTimeoutError(f"object {oid.hex()} not complete within {timeout}s",
+                                          oid=oid.hex()) from None
+            except HopliteError:
+                again = self._store.get(oid)
+                if again is None or again is obj:
+                    raise
+                obj = again  # a reduce started its result again (docs/design.md §5)
 
     async def _fetch(self, plan: fp.FetchPlan) -> StoredObject:
         """Carry out ``plan``: ask, allocate, pull, report, feeding each outcome back."""
@@ -131,8 +138,8 @@ class Fetcher:
                     assert obj is not None
                     if store.get(oid) is obj:  # those reading it from us ask again too
                         store.remove(oid, ObjectNotFoundError(
-                            f"object {oid.hex()} was put again while being received",
-                            oid=oid.hex()))
+                            f"object {oid.hex()} changed version while being received (put "
+                            f"again, or a reduce started its result again)", oid=oid.hex()))
                     store.unpin(obj)
                     if populate is not None:
                         populate.cancel()

@@ -102,6 +102,32 @@ async def test_root_slot_on_a_killed_node_is_placed_again(proxied: Cluster) -> N
     check(list(await asyncio.gather(*gets)), range(1, NODES))
 
 
+@pytest.mark.parametrize("backup_first", [True, False], ids=["backup-ready", "backup-later"])
+async def test_a_backup_input_takes_a_killed_slot_and_the_result_restarts(
+        proxied: Cluster, backup_first: bool) -> None:
+    """k = 3 of 4: node 3's input is chosen and streaming when node 3 is SIGKILLed; the backup
+    (put on node 0 after the choice, before or after the kill) takes its slot. Its consumer had
+    bytes of the lost value, so the path to the result and the result start again: every
+    getter, including those with partial copies, gets exactly the sum of the inputs used."""
+    cluster, proxy, clients = proxied
+    ids = [await clients[i].put(value(i)) for i in (1, 2, VICTIM)]
+    backup = ObjectID.random()
+    result = await clients[0].reduce([*ids, backup], num_objects=3)
+    await asyncio.sleep(0.5)  # the three inputs are chosen; the backup's wait is cancelled
+    if backup_first:
+        await clients[0].put(value(0), object_id=backup)
+    gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
+    await asyncio.sleep(0.7)
+    cluster.kill(VICTIM)
+    if not backup_first:
+        await asyncio.sleep(0.3)
+        await clients[0].put(value(0), object_id=backup)
+    check(list(await asyncio.gather(*gets)), range(VICTIM))
+    assert sorted(await clients[0].reduced_inputs(result, timeout=GET_TIMEOUT)) == sorted(
+        [ids[0], ids[1], backup])
+    assert proxy.bytes_forwarded < value(VICTIM).nbytes, "node 3's output was never all sent"
+
+
 async def test_cut_connections_are_resumed_without_a_repair(proxied: Cluster) -> None:
     """Every connection to node 3 is reset mid-stream while node 3 lives on: the broken pulls
     are reconnected and resume at their offsets; nothing is put again."""

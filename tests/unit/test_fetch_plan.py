@@ -88,9 +88,10 @@ CASES: dict[str, Case] = {
     "first source works": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
         (ended("a", SIZE), [Report("a", complete=True), Done()])]),
-    "source dies mid-stream: resume at the watermark elsewhere, the first excluded": Case(None, [
+    "source closes mid-stream: resume at the watermark elsewhere, the first avoided": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
-        (ended("a", 400, LOST), [Report("a", complete=False), AskOwner(("a",), 400, None)]),
+        (ended("a", 400, LOST),
+         [Report("a", complete=False), AskOwner(("a",), 400, STALL_RETRY)]),
         (at("b"), [Pull("b", 400)]),
         (ended("b", SIZE), [Report("b", complete=True), Done()])]),
     "node death and a stall are retriable; a stalled source is avoided for a while": Case(10.0, [
@@ -118,14 +119,14 @@ CASES: dict[str, Case] = {
          [Report("b", False), AskOwner(("a", "b"), 5, None)])]),
     "another version on resume (put again): never splice, start over from byte 0": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
-        (ended("a", 400, LOST), [Report("a", False), AskOwner(("a",), 400, None)]),
+        (ended("a", 400, DEAD), [Report("a", False), AskOwner(("a",), 400, None)]),
         (at("b", version=V2), [Discard(), Allocate(SIZE, "<f4", (250,), V2), Pull("b", 0)]),
-        (ended("b", 300, LOST), [Report("b", False), AskOwner(("a", "b"), 300, None)]),
+        (ended("b", 300, LOST), [Report("b", False), AskOwner(("b",), 300, STALL_RETRY)]),
         (at("c", version=V2), [Pull("c", 300)]),
         (ended("c", SIZE), [Report("c", True), Done()])]),
     "an inline answer after allocation replaces the partial copy too": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
-        (ended("a", 400, LOST), [Report("a", False), AskOwner(("a",), 400, None)]),
+        (ended("a", 400, LOST), [Report("a", False), AskOwner(("a",), 400, STALL_RETRY)]),
         (at(None), [Discard(), StoreInline(), Done()])]),
     "inline answer": Case(None, [(at(None), [StoreInline(), Done()])]),
     "put here while we waited": Case(None, [(at("a", here=True), [UseLocalCopy(), Done()])]),
@@ -142,7 +143,7 @@ CASES: dict[str, Case] = {
         (CopyFailed(GONE), [Report("a", False), FailWith(ObjectDeletedError)])]),
     "the local copy was deleted while asking": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
-        (ended("a", 400, LOST), [Report("a", False), AskOwner(("a",), 400, None)]),
+        (ended("a", 400, LOST), [Report("a", False), AskOwner(("a",), 400, STALL_RETRY)]),
         (CopyFailed(GONE), [FailWith(ObjectDeletedError)])]),
     "the shard says the object will never exist": Case(None, [
         (LocateFailed(0.5, ObjectNotFoundError("failed reduce")), [FailWith(ObjectNotFoundError)])]),
@@ -165,7 +166,7 @@ CASES: dict[str, Case] = {
     "extended during a pull: the resume asks with the extended remaining time": Case(5.0, [
         (at("a", now=1.0), [ALLOC, Pull("a", 0)]),
         (CallerJoined(20.0), []),
-        (ended("a", 300, LOST, now=8.0), [Report("a", False), AskOwner(("a",), 300, 12.0)])]),
+        (ended("a", 300, DEAD, now=8.0), [Report("a", False), AskOwner(("a",), 300, 12.0)])]),
     "deadline passed when a pull fails: HopliteTimeoutError, no zero-time ask": Case(5.0, [
         (at("a", now=1.0), [ALLOC, Pull("a", 0)]),
         (ended("a", 300, LOST, now=5.0), [Report("a", False), FailWith(HopliteTimeoutError)])]),
@@ -175,8 +176,8 @@ CASES: dict[str, Case] = {
         (ended("a", SIZE), [Report("a", True), Done()])]),
     "a duplicate PullEnded of a source already excluded is ignored": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
-        (ended("a", 400, LOST), [Report("a", False), AskOwner(("a",), 400, None)]),
-        (ended("a", 400, LOST), []),
+        (ended("a", 400, DEAD), [Report("a", False), AskOwner(("a",), 400, None)]),
+        (ended("a", 400, DEAD), []),
         (at("b"), [Pull("b", 400)])]),
     "a duplicate answer or locate failure during a pull is ignored": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
@@ -196,9 +197,21 @@ CASES: dict[str, Case] = {
         (at("a"), [])]),
     "the watermark never goes back": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
-        (ended("a", 600, LOST), [Report("a", False), AskOwner(("a",), 600, None)]),
+        (ended("a", 600, DEAD), [Report("a", False), AskOwner(("a",), 600, None)]),
         (at("b"), [Pull("b", 600)]),
-        (ended("b", 100, LOST), [Report("b", False), AskOwner(("a", "b"), 600, None)])]),
+        (ended("b", 100, DEAD), [Report("b", False), AskOwner(("a", "b"), 600, None)])]),
+    "a source whose copy went (a result started again) is asked again, new version": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", 700, ObjectNotFoundError("no copy of that version")),
+         [Report("a", False), AskOwner(("a",), 700, STALL_RETRY)]),
+        (timed_out(3.0), [AskOwner((), 700, None)]),
+        (at("a", version=V2), [Discard(), Allocate(SIZE, "<f4", (250,), V2), Pull("a", 0)]),
+        (ended("a", SIZE), [Report("a", True), Done()])]),
+    "a new version clears the exclusions, which were about the old one": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", 10, DEAD), [Report("a", False), AskOwner(("a",), 10, None)]),
+        (at("b", version=V2), [Discard(), Allocate(SIZE, "<f4", (250,), V2), Pull("b", 0)]),
+        (ended("b", 20, DEAD), [Report("b", False), AskOwner(("b",), 20, None)])]),
 }
 
 
@@ -231,7 +244,7 @@ def test_attempts_are_bounded() -> None:
     assert isinstance(out[-1], Fail) and type(out[-1].error) is PeerUnavailableError
     assert "after 3 sources sent nothing" in str(out[-1].error)
     assert plan.outcome == out[-1] and plan.phase == "over"
-    assert plan.exclude == ["a", "b", "c"]
+    assert plan.stalled == ["a", "b", "c"]
     assert plan.handle(at("d")) == []  # over
 
 

@@ -33,7 +33,6 @@ from hoplited.collectives.plan import (
     Fail,
     InputFailed,
     InputReady,
-    InputsChosen,
     Instruction,
     NodeDied,
     OpenResult,
@@ -42,6 +41,7 @@ from hoplited.collectives.plan import (
     PullRoot,
     ReducePlan,
     Release,
+    RestartResult,
     ResultComplete,
     ResultFailed,
     Retry,
@@ -99,10 +99,6 @@ def conn(parent: int, parent_node: str, child: int, child_node: str, child_outpu
     return Connect(parent, parent_node, child, child_node, child_output, version)
 
 
-def chosen(*idx: int) -> InputsChosen:
-    return InputsChosen(tuple(I[i] for i in idx))
-
-
 def cancel(*idx: int) -> CancelWaits:
     return CancelWaits(tuple(I[i] for i in idx))
 
@@ -143,9 +139,16 @@ DONE: tuple[Event, list[Instruction]] = (ResultComplete(), [Publish()])
 RUNNING_CHAIN: list[tuple[Event, list[Instruction]]] = [
     (ready(0, "n0"), [OPEN]),
     (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
-    (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
+    (ready(2, "n2"), [task(2, "n2", 2, out(2), 1)]),
     (started(1), [conn(1, "n1", 0, "n0", I[0], v(0))]),
     (started(2), [conn(2, "n2", 1, "n1", out(1), t(1)), PullRoot("n2", out(2), t(2))]),
+]
+
+# The chain above with two backups (inputs 3 and 4), nothing connected yet.
+BACKUP_CHAIN: list[tuple[Event, list[Instruction]]] = [
+    (ready(0, "n0"), [OPEN]),
+    (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+    (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), cancel(3, 4)]),
 ]
 
 CASES = [
@@ -153,7 +156,7 @@ CASES = [
     Case("k3-of-5-arrival-4-1-2-local-2-takes-root", k=3, n=5, depth=1, steps=[
         (ready(4, "n4"), [OPEN]),  # slot 0, a leaf: no task
         (ready(1, "n1", "n9", alive=("n9",)), []),  # slot 2, a leaf on its live holder
-        (ready(2, "n2", ME), [task(1, ME, 2, R, 2), cancel(0, 3), chosen(4, 1, 2)]),
+        (ready(2, "n2", ME), [task(1, ME, 2, R, 2), cancel(0, 3)]),
         (started(1), [conn(1, ME, 0, "n4", I[4], v(4)), conn(1, ME, 2, "n9", I[1], v(1))]),
         DONE,
         (Published(), [Release((ME,))]),
@@ -162,7 +165,7 @@ CASES = [
     Case("chain-no-local-input", k=3, steps=[
         (ready(0, "n0"), [OPEN]),
         (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
-        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
+        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1)]),
         (started(2), [PullRoot("n2", out(2), t(2))]),
         (started(1), [conn(2, "n2", 1, "n1", out(1), t(1)), conn(1, "n1", 0, "n0", I[0], v(0))]),
         (started(1), []),  # duplicate
@@ -174,7 +177,7 @@ CASES = [
         (ready(0, ME, "n0"), [OPEN, task(2, ME, 0, R, 1)]),
         (ready(1, "n1"), []),
         (started(2), []),  # its child is not placed yet; the result is computed in place
-        (ready(2, "n2"), [task(1, "n2", 2, out(1), 1), chosen(0, 1, 2)]),
+        (ready(2, "n2"), [task(1, "n2", 2, out(1), 1)]),
         (started(1), [conn(2, ME, 1, "n2", out(1), t(1)), conn(1, "n2", 0, "n1", I[1], v(1))]),
         DONE,
         (Published(), [Release((ME, "n2"))]),
@@ -182,7 +185,7 @@ CASES = [
     Case("tree-local-input-arriving-late-takes-root", k=3, n=4, depth=1, steps=[
         (ready(0, "n0"), [OPEN]),
         (ready(1, "n1"), []),
-        (ready(3, "n3", ME), [task(1, ME, 3, R, 2), cancel(2), chosen(0, 1, 3)]),
+        (ready(3, "n3", ME), [task(1, ME, 3, R, 2), cancel(2)]),
         (ready(2, ME), []),  # a backup, even though local
         (started(1), [conn(1, ME, 0, "n0", I[0], v(0)), conn(1, ME, 2, "n1", I[1], v(1))]),
     ]),
@@ -190,15 +193,15 @@ CASES = [
         (ready(0, ME), [OPEN, task(1, ME, 0, R, 2)]),
         (ready(1, ME, "n1"), []),
         (started(1), [conn(1, ME, 0, ME, I[1], v(1))]),
-        (ready(2, "n2"), [conn(1, ME, 2, "n2", I[2], v(2)), chosen(0, 1, 2)]),
+        (ready(2, "n2"), [conn(1, ME, 2, "n2", I[2], v(2))]),
     ]),
     Case("k1-leaf-root-is-pulled", k=1, n=2, steps=[
-        (ready(1, "n1"), [OPEN, PullRoot("n1", I[1], v(1)), cancel(0), chosen(1)]),
+        (ready(1, "n1"), [OPEN, PullRoot("n1", I[1], v(1)), cancel(0)]),
         DONE,
         (Published(), []),
     ]),
     Case("k1-local-input-copied-in-place", k=1, steps=[
-        (ready(0, ME), [OPEN, task(0, ME, 0, R, 0), chosen(0)]),
+        (ready(0, ME), [OPEN, task(0, ME, 0, R, 0)]),
         (started(0), []),
         DONE,
         (Published(), [Release((ME,))]),
@@ -206,22 +209,22 @@ CASES = [
     Case("dead-and-not-alive-holders-are-skipped", k=2, steps=[
         (NodeDied("nx"), []),
         (ready(0, "nx", "n0"), [OPEN]),  # the plan heard nx died
-        (ready(1, "nd", "n1", alive=("n1",)), [task(1, "n1", 1, out(1), 1), chosen(0, 1)]),
+        (ready(1, "nd", "n1", alive=("n1",)), [task(1, "n1", 1, out(1), 1)]),
         (started(1), [conn(1, "n1", 0, "n0", I[0], v(0)), PullRoot("n1", out(1), t(1))]),
     ]),
     Case("no-live-holder-first-holder", k=1, steps=[
-        (ready(0, "n5", "n6", alive=()), [OPEN, PullRoot("n5", I[0], v(0)), chosen(0)]),
+        (ready(0, "n5", "n6", alive=()), [OPEN, PullRoot("n5", I[0], v(0))]),
     ]),
     Case("duplicate-ready-and-backups-ignored", k=2, n=3, steps=[
         (ready(0, "n0"), [OPEN]),
         (ready(0, "n0"), []),
-        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1), cancel(2), chosen(0, 1)]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1), cancel(2)]),
         (ready(2, "n2"), []),
         (InputFailed(I[2], TIMEOUT), []),  # a cancelled backup's wait ending late
         (ready(7, "n7"), []),  # not an input
     ]),
     Case("input-listed-twice-used-twice", k=2, inputs=(0, 0, 1), steps=[
-        (ready(0, "n0"), [OPEN, task(1, "n0", 0, out(1), 1), cancel(1), chosen(0, 0)]),
+        (ready(0, "n0"), [OPEN, task(1, "n0", 0, out(1), 1), cancel(1)]),
         (ready(0, "n0"), []),
         (started(1), [conn(1, "n0", 0, "n0", I[0], v(0)), PullRoot("n0", out(1), t(1))]),
     ]),
@@ -231,7 +234,7 @@ CASES = [
         (started(1), [conn(1, "n1", 0, "n0", I[0], v(0))]),
         (ready(2, "n2"), []),  # slot 3
         (ready(3, "n3"), [task(4, "n3", 3, out(4), 1)]),
-        (ready(4, "n4"), [task(2, "n4", 4, out(2), 2), chosen(0, 1, 2, 3, 4)]),
+        (ready(4, "n4"), [task(2, "n4", 4, out(2), 2)]),
         (started(4), [conn(4, "n3", 3, "n2", I[2], v(2))]),
         (started(2), [conn(2, "n4", 1, "n1", out(1), t(1)), conn(2, "n4", 4, "n3", out(4), t(4)),
                       PullRoot("n4", out(2), t(2))]),
@@ -243,7 +246,7 @@ CASES = [
         (ready(3, "n3"), []),  # slot 4
         (ready(4, "n4"), [task(5, "n4", 4, out(5), 2)]),
         (ready(5, "n5"), []),  # slot 6
-        (ready(6, "n6"), [task(3, "n6", 6, out(3), 2), chosen(0, 1, 2, 3, 4, 5, 6)]),
+        (ready(6, "n6"), [task(3, "n6", 6, out(3), 2)]),
         (started(3), [PullRoot("n6", out(3), t(3))]),
         (started(5), [conn(3, "n6", 5, "n4", out(5), t(5)), conn(5, "n4", 4, "n3", I[3], v(3)),
                       conn(5, "n4", 6, "n5", I[5], v(5))]),
@@ -259,7 +262,7 @@ CASES = [
     # --- inline inputs ---
     Case("inline-only", k=2, n=3, steps=[
         (ready(2, "n2", size=SMALL), []),
-        (ready(0, "n0", size=SMALL), [cancel(1), chosen(2, 0),
+        (ready(0, "n0", size=SMALL), [cancel(1),
                                       CombineInline((I[2], I[0]), "sum", SMALL, DT, SHAPE)]),
         (NodeDied("n2"), []),
         DONE,
@@ -267,14 +270,14 @@ CASES = [
     ]),
     Case("inline-boundary", k=1, steps=[
         (ready(0, "n0", size=INLINE_MAX),
-         [chosen(0), CombineInline((I[0],), "sum", INLINE_MAX, DT, SHAPE)]),
+         [CombineInline((I[0],), "sum", INLINE_MAX, DT, SHAPE)]),
     ]),
     Case("just-above-inline-opens-the-result", k=1, steps=[
         (ready(0, "n0", size=INLINE_MAX + 1),
-         [OpenResult(INLINE_MAX + 1, DT, SHAPE), PullRoot("n0", I[0], v(0)), chosen(0)]),
+         [OpenResult(INLINE_MAX + 1, DT, SHAPE), PullRoot("n0", I[0], v(0))]),
     ]),
     Case("inline-combine-fails", k=1, steps=[
-        (ready(0, "n0", size=SMALL), [chosen(0), CombineInline((I[0],), "sum", SMALL, DT,
+        (ready(0, "n0", size=SMALL), [CombineInline((I[0],), "sum", SMALL, DT,
                                                                SHAPE)]),
         (ResultFailed(GONE), [Fail(GONE)]),
         (ResultComplete(), []),
@@ -319,7 +322,7 @@ CASES = [
     Case("slot-fails", k=3, steps=[
         (ready(0, "n0"), [OPEN]),
         (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
-        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
+        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1)]),
         (started(2), [PullRoot("n2", out(2), t(2))]),
         (SlotFailed(1, None, REPORTED), [Fail(REPORTED), Release(("n1", "n2"))]),
         (started(1), []),
@@ -328,18 +331,18 @@ CASES = [
     ]),
     Case("slot-failure-after-complete-ignored", k=2, steps=[
         (ready(0, "n0"), [OPEN]),
-        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1), chosen(0, 1)]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
         DONE,
         (SlotFailed(1, None, BROKEN), []),
         (Published(), [Release(("n1",))]),
     ]),
     Case("root-pull-fails", k=1, steps=[
-        (ready(0, "n0"), [OPEN, PullRoot("n0", I[0], v(0)), chosen(0)]),
+        (ready(0, "n0"), [OPEN, PullRoot("n0", I[0], v(0))]),
         (ResultFailed(BROKEN), [Fail(BROKEN)]),
     ]),
     Case("publish-fails", k=2, steps=[
         (ready(0, "n0"), [OPEN]),
-        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1), chosen(0, 1)]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
         DONE,
         (ResultFailed(GONE), [Fail(GONE), Release(("n1",))]),
         (Published(), []),
@@ -348,7 +351,7 @@ CASES = [
     Case("task-node-dies-before-connected-is-redone-from-0", k=3, steps=[
         (ready(0, "n0"), [OPEN]),
         (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
-        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
+        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1)]),
         (NodeDied("n1"), [WaitInput(I[1], ("n1",))]),
         (SlotFailed(1, 0, BROKEN), []),  # its task's start, failing afterwards
         (ready(1, "n5"), [task(1, "n5", 1, out(1, 1), 1, gen=1)]),
@@ -362,8 +365,8 @@ CASES = [
     Case("inner-slot-lost-mid-stream-resumes-at-the-offset", k=3, steps=[
         *RUNNING_CHAIN,
         (NodeDied("n1"), []),  # connected: wait for its consumer's word
-        (ChildLost(2, 1, t(1), 500, True, BROKEN), [WaitInput(I[1], ("n1",))]),
-        (ChildLost(2, 1, t(1), 500, True, BROKEN), []),  # a duplicate report
+        (ChildLost(2, 1, t(1), 500, True, BROKEN, t(2)), [WaitInput(I[1], ("n1",))]),
+        (ChildLost(2, 1, t(1), 500, True, BROKEN, t(2)), []),  # a duplicate report
         (ready(1, "n1", alive=()), [WaitInput(I[1], ("n1",))]),  # the shard lags
         (ready(1, "n5"), [task(1, "n5", 1, out(1, 1), 1, gen=1, start=500)]),
         (started(1, gen=1), [conn(2, "n2", 1, "n5", out(1, 1), t(1) + b".1"),
@@ -373,32 +376,32 @@ CASES = [
     ]),
     Case("report-before-the-verdict-waits-then-repairs", k=3, steps=[
         *RUNNING_CHAIN,
-        (ChildLost(2, 1, t(1), 700, False, BROKEN), [After(0.1, Retry(1, t(1)))]),
+        (ChildLost(2, 1, t(1), 700, False, BROKEN, t(2)), [After(0.1, Retry(1, t(1)))]),
         (NodeDied("n1"), [WaitInput(I[1], ("n1",))]),
         (Retry(1, t(1)), []),  # stale: the slot is being redone
         (ready(1, ME), [task(1, ME, 1, out(1, 1), 1, gen=1, start=700)]),
     ]),
     Case("broken-pull-of-a-live-node-is-reconnected-then-fails", k=3, steps=[
         *RUNNING_CHAIN,
-        (ChildLost(2, 1, t(1), 10, False, BROKEN), [After(0.1, Retry(1, t(1)))]),
+        (ChildLost(2, 1, t(1), 10, False, BROKEN, t(2)), [After(0.1, Retry(1, t(1)))]),
         (Retry(1, t(1)), [conn(2, "n2", 1, "n1", out(1), t(1))]),
         (Retry(1, t(1)), []),  # no break pending
-        (ChildLost(2, 1, t(1), 20, False, BROKEN), [After(0.2, Retry(1, t(1)))]),
+        (ChildLost(2, 1, t(1), 20, False, BROKEN, t(2)), [After(0.2, Retry(1, t(1)))]),
         (Retry(1, t(1)), [conn(2, "n2", 1, "n1", out(1), t(1))]),
-        (ChildLost(2, 1, t(1), 30, False, BROKEN), [After(0.4, Retry(1, t(1)))]),
+        (ChildLost(2, 1, t(1), 30, False, BROKEN, t(2)), [After(0.4, Retry(1, t(1)))]),
         (Retry(1, t(1)), [conn(2, "n2", 1, "n1", out(1), t(1))]),
-        (ChildLost(2, 1, t(1), 40, False, BROKEN), [After(0.8, Retry(1, t(1)))]),
+        (ChildLost(2, 1, t(1), 40, False, BROKEN, t(2)), [After(0.8, Retry(1, t(1)))]),
         (Retry(1, t(1)), [conn(2, "n2", 1, "n1", out(1), t(1))]),
-        (ChildLost(2, 1, t(1), 50, False, BROKEN), [Fail(PeerUnavailableError(
+        (ChildLost(2, 1, t(1), 50, False, BROKEN, t(2)), [Fail(PeerUnavailableError(
             f"slot 1 on node n1 of reduce {R.hex()}: its output could not be received after "
             f"4 reconnections: {BROKEN}", node="n1", slot=1)), Release(("n1", "n2"))]),
     ]),
     Case("reconnect-delays-are-capped", k=3, patience=3.0, steps=[
         *RUNNING_CHAIN,
         *[step for delay in (0.1, 0.2, 0.4, 0.8, 1.0, 1.0) for step in (
-            (ChildLost(2, 1, t(1), 10, False, BROKEN), [After(delay, Retry(1, t(1)))]),
+            (ChildLost(2, 1, t(1), 10, False, BROKEN, t(2)), [After(delay, Retry(1, t(1)))]),
             (Retry(1, t(1)), [conn(2, "n2", 1, "n1", out(1), t(1))]))],
-        (ChildLost(2, 1, t(1), 10, False, BROKEN), [Fail(PeerUnavailableError(
+        (ChildLost(2, 1, t(1), 10, False, BROKEN, t(2)), [Fail(PeerUnavailableError(
             f"slot 1 on node n1 of reduce {R.hex()}: its output could not be received after "
             f"6 reconnections: {BROKEN}", node="n1", slot=1)), Release(("n1", "n2"))]),
     ]),
@@ -418,11 +421,11 @@ CASES = [
     Case("node-with-a-slot-and-its-child-dies", k=3, steps=[
         (ready(0, "n1"), [OPEN]),
         (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
-        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
+        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1)]),
         (started(1), [conn(1, "n1", 0, "n1", I[0], v(0))]),
         (started(2), [conn(2, "n2", 1, "n1", out(1), t(1)), PullRoot("n2", out(2), t(2))]),
         (NodeDied("n1"), []),
-        (ChildLost(2, 1, t(1), 300, False, BROKEN), [WaitInput(I[1], ("n1",)),
+        (ChildLost(2, 1, t(1), 300, False, BROKEN, t(2)), [WaitInput(I[1], ("n1",)),
                                                      WaitInput(I[0], ("n1",))]),
         (ready(0, "n6"), []),  # a leaf again: its consumer is not started yet
         (ready(1, "n5"), [task(1, "n5", 1, out(1, 1), 1, gen=1, start=300)]),
@@ -437,7 +440,7 @@ CASES = [
     ]),
     Case("lost-input-never-comes-back", k=3, steps=[
         *RUNNING_CHAIN,
-        (ChildLost(2, 1, t(1), 500, True, BROKEN), [WaitInput(I[1], ("n1",))]),
+        (ChildLost(2, 1, t(1), 500, True, BROKEN, t(2)), [WaitInput(I[1], ("n1",))]),
         (InputFailed(I[1], TIMEOUT), [Fail(PeerUnavailableError(
             f"node n1 died holding input {I[1].hex()} (slot 1) of reduce {R.hex()}, and no "
             f"copy came back: {TIMEOUT}", node="n1", slot=1, oid=I[1].hex())),
@@ -445,16 +448,16 @@ CASES = [
     ]),
     Case("input-put-again-with-another-shape", k=3, steps=[
         *RUNNING_CHAIN,
-        (ChildLost(2, 1, t(1), 500, True, BROKEN), [WaitInput(I[1], ("n1",))]),
+        (ChildLost(2, 1, t(1), 500, True, BROKEN, t(2)), [WaitInput(I[1], ("n1",))]),
         (NodeDied("n1"), []),
         (ready(1, "n5", shape=(2, BIG // 8)),
          [mismatch(1, "<f4[2, 131072]", "<f4[262144]"), Release(("n2",))]),
     ]),
     Case("stale-and-senseless-reports-are-ignored", k=3, steps=[
         *RUNNING_CHAIN,
-        (ChildLost(2, 1, b"old", 500, True, BROKEN), []),  # another placement's stream
-        (ChildLost(0, 1, t(1), 500, True, BROKEN), []),  # not its parent
-        (ChildLost(2, 9, t(1), 500, True, BROKEN), []),  # no such slot
+        (ChildLost(2, 1, b"old", 500, True, BROKEN, t(2)), []),  # another placement's stream
+        (ChildLost(0, 1, t(1), 500, True, BROKEN, t(0)), []),  # not its parent
+        (ChildLost(2, 9, t(1), 500, True, BROKEN, t(2)), []),  # no such slot
         (Retry(1, t(1)), []),
     ]),
     Case("unreachable-task-node-is-treated-as-dead", k=3, steps=[
@@ -475,16 +478,73 @@ CASES = [
         (ready(0, "n0", "n5"), [OPEN]),
         (NodeDied("n5"), []),  # another holder of a placed input
         (NodeDied("n9"), []),
-        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1), cancel(2), chosen(0, 1)]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1), cancel(2)]),
         (NodeDied("n2"), []),  # would have held the backup
+    ]),
+    # --- backups (k below the number of inputs) ---
+    Case("backup-takes-a-slot-that-had-sent-nothing-no-restart", k=3, n=5, steps=[
+        *BACKUP_CHAIN,
+        (NodeDied("n1"), [WaitInput(I[1], ("n1",)), WaitInput(I[3], ("n1",)),
+                          WaitInput(I[4], ("n1",))]),  # never connected: from its start, 0
+        (ready(3, "n3"), [cancel(1), task(1, "n3", 3, out(1, 1), 1, gen=1)]),
+        (ready(4, "n4"), []),  # kept: the next repair takes it at once
+        (ready(1, "n1", "n5", alive=("n5",)), []),  # its slot is taken: not used
+        (started(1, gen=1), [conn(1, "n3", 0, "n0", I[0], v(0))]),
+        (started(2), [conn(2, "n2", 1, "n3", out(1, 1), t(1) + b".1"),
+                      PullRoot("n2", out(2), t(2))]),
+        (ChildLost(None, 2, t(2), 800, True, BROKEN),
+         [RestartResult(), task(2, "n4", 4, out(2, 1), 1, gen=1)]),
+        (started(2, gen=1), [conn(2, "n4", 1, "n3", out(1, 1), t(1) + b".1"),
+                             PullRoot("n4", out(2, 1), t(2) + b".1")]),
+        DONE,
+        (Published(), [Release(("n2", "n3", "n4"))]),
+    ]),
+    Case("backup-after-bytes-restarts-the-path-and-the-result", k=3, n=4, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), cancel(3)]),
+        (started(1), [conn(1, "n1", 0, "n0", I[0], v(0))]),
+        (started(2), [conn(2, "n2", 1, "n1", out(1), t(1)), PullRoot("n2", out(2), t(2))]),
+        (ChildLost(2, 1, t(1), 500, True, BROKEN, t(2)),
+         [WaitInput(I[1], ("n1",)), WaitInput(I[3], ("n1",))]),
+        (ready(3, "n3"), [cancel(1), RestartResult(), task(2, "n2", 2, out(2, 1), 1, gen=1),
+                          task(1, "n3", 3, out(1, 1), 1, gen=1)]),
+        (ChildLost(2, 1, t(1), 600, True, BROKEN, t(2)), []),  # the old placement's
+        (started(2, gen=1), [PullRoot("n2", out(2, 1), t(2) + b".1")]),
+        (started(1, gen=1), [conn(2, "n2", 1, "n3", out(1, 1), t(1) + b".1"),
+                             conn(1, "n3", 0, "n0", I[0], v(0))]),
+        (ChildLost(2, 1, t(1) + b".1", 10, False, BROKEN, t(2)), []),  # from the old task
+        (ChildLost(2, 1, t(1) + b".1", 10, False, BROKEN, t(2) + b".1"),
+         [After(0.1, Retry(1, t(1) + b".1"))]),  # from the new one: reconnected
+        DONE,
+        (Published(), [Release(("n1", "n2", "n3"))]),  # n1 only given up on: told
+    ]),
+    Case("restarted-root-here-computes-in-place-again", k=2, n=3, steps=[
+        (ready(0, ME), [OPEN, task(1, ME, 0, R, 1)]),
+        (ready(1, "n1"), [cancel(2)]),
+        (started(1), [conn(1, ME, 0, "n1", I[1], v(1))]),
+        (ChildLost(1, 0, v(1), 64, True, BROKEN, t(1)),
+         [WaitInput(I[1], ("n1",)), WaitInput(I[2], ("n1",))]),
+        (ready(2, "n2"), [cancel(1), RestartResult(), task(1, ME, 0, R, 1, gen=1)]),
+        (started(1, gen=1), [conn(1, ME, 0, "n2", I[2], v(2))]),
+    ]),
+    Case("unfit-or-failed-backups-are-never-used", k=2, n=4, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1), cancel(2, 3)]),
+        (started(1), [conn(1, "n1", 0, "n0", I[0], v(0)), PullRoot("n1", out(1), t(1))]),
+        (ChildLost(1, 0, v(0), 64, True, BROKEN, t(1)),
+         [WaitInput(I[0], ("n0",)), WaitInput(I[2], ("n0",)), WaitInput(I[3], ("n0",))]),
+        (ready(2, "n2", shape=(2, BIG // 8)), []),
+        (InputFailed(I[3], TIMEOUT), []),
+        (ready(0, "n6"), [conn(1, "n1", 0, "n6", I[0], v(0))]),  # the same id: resumed
     ]),
     Case("node-dies-after-complete", k=3, steps=[
         (ready(0, "n0"), [OPEN]),
         (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
-        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), chosen(0, 1, 2)]),
+        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1)]),
         DONE,
         (NodeDied("n1"), []),
-        (ChildLost(2, 1, t(1), 5, True, BROKEN), []),
+        (ChildLost(2, 1, t(1), 5, True, BROKEN, t(2)), []),
         (Published(), [Release(("n2",))]),  # a dead node is not told
     ]),
 ]
@@ -538,8 +598,7 @@ def test_every_edge_once_whatever_the_order(k: int, depth: int) -> None:
             pulls = [x for x in seen if isinstance(x, PullRoot)]
             in_place = local is not None and plan.slots[shape.root].node == ME
             assert len(pulls) == (0 if in_place else 1), (arrival, local)
-            assert [x for x in seen if isinstance(x, InputsChosen)] == [
-                InputsChosen(tuple(I[i] for i in arrival))]
+            assert plan.used == [I[i] for i in arrival]
 
 
 REDO = [
@@ -589,6 +648,15 @@ def test_used_and_chosen() -> None:
     assert (plan.used, plan.chosen) == ([I[2]], False)
     plan.handle(ready(0, "n0"))
     assert (plan.used, plan.chosen) == ([I[2], I[0]], True)
+
+
+def test_a_backup_takes_the_lost_inputs_place_in_used() -> None:
+    plan = ReducePlan(R, I[:4], 3, "sum", ME, depth=lambda n, size: 0)
+    for step, _ in BACKUP_CHAIN[:3]:
+        plan.handle(step)
+    plan.handle(NodeDied("n1"))
+    plan.handle(ready(3, "n3"))
+    assert plan.used == [I[0], I[3], I[2]]
 
 
 def test_history_is_bounded_and_records_outcomes() -> None:

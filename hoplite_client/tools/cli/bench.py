@@ -101,7 +101,9 @@ DESCRIPTIONS = {
 def _print_failure(run: FailureRun) -> None:
     """The failure run next to the failure-free median, and every survivor's outcome."""
     free = statistics.median(run.failure_free)
-    click.echo(f"failure run: SIG{run.signal} to node {run.victim} at {run.kill_after:.2f} s")
+    then = "a backup input put" if run.backup else "its input put again"
+    click.echo(f"failure run: SIG{run.signal} to node {run.victim} at {run.kill_after:.2f} s"
+               f"{'' if run.op == 'broadcast' else f', {then}'}")
     for o in run.outcomes:
         at = "" if o.seconds is None else f" at {o.seconds * 1e3:.1f} ms"
         what = f"ok{at}" if o.error is None else f"FAILED{at}: {o.error}"
@@ -130,19 +132,25 @@ def _make_command(op: str) -> click.Command:
     @click.option("--signal", "sig", default="KILL", show_default=True,
                   type=click.Choice(sorted(SIGNALS)), help="KILL: the node dies; STOP: it "
                   "falls silent with its sockets open.")
+    @click.option("--backup", is_flag=True,
+                  help="reduce, allreduce: the failure run's reduce has one backup input "
+                       "beyond the first N, of another value, put right after the signal "
+                       "(instead of the victim's input put again).")
     def command(nodes: int, size: str | None, repeat: int, warmup: int,
                 json_path: str | None, join: str | None, token_file: str | None,
                 capacity: str, emulate: str | None, arrival_interval: float,
-                kill_node: int | None, kill_after: float, sig: str) -> None:
+                kill_node: int | None, kill_after: float, sig: str, backup: bool) -> None:
         nbytes = parse_size(size or ("1KB" if op == "roundtrip" else "64MiB"))
         if emulate is not None and join is not None:
             raise click.UsageError("--emulate starts its own cluster; it excludes --join")
         rate = parse_rate(emulate) if emulate is not None else None
+        if backup and kill_node is None:
+            raise click.UsageError("--backup goes with --kill-node")
         if kill_node is not None:
             if join is not None:
                 raise click.UsageError("--kill-node signals daemons it started; not with --join")
             try:
-                check_victim(op, kill_node, nodes)
+                check_victim(op, kill_node, nodes, backup)
             except HopliteError as exc:
                 raise click.UsageError(str(exc)) from exc
         where = (f"emulated {format_rate(rate)} links" if rate is not None else
@@ -162,9 +170,10 @@ def _make_command(op: str) -> click.Command:
                 result.runs = await run_scenario(op, ctx, warmup, repeat)
                 if kill_node is not None and cluster is not None:
                     progress.update(f"failure run: {sig} node {kill_node} at {kill_after}s...")
-                    result.failure = FailureRun(op, kill_node, sig, kill_after, result.runs)
+                    result.failure = FailureRun(op, kill_node, sig, kill_after, result.runs,
+                                                backup=backup)
                     result.failure.outcomes = await run_with_failure(
-                        op, ctx, cluster, kill_node, kill_after, sig)
+                        op, ctx, cluster, kill_node, kill_after, sig, backup)
                 return result
 
         try:
