@@ -9,7 +9,8 @@ victim's input is lost with it; as a task framework restarts the task that made 
 puts the same input again, under the same id, on the next survivor right after the signal
 (retrying while the directory still counts the old copy as live). With ``--backup`` (reduce and
 allreduce), the reduce instead has one input beyond the first N, a *backup* of another value
-(the input of an N+1-th node), put on that survivor right after the signal: the backup takes
+(the input of an N+1-th node) that the next survivor puts as the clock starts, after the
+reduce chose its N inputs (a straggler, ready by the time the node dies): the backup takes
 the lost slot and the result is checked against the sum it makes. The figure of merit is the
 last survivor's time over the failure-free median (docs/design.md §5, §8: at most 1.5 for
 SIGKILL).
@@ -107,13 +108,14 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     survivors = [i for i in participants if i != victim]
     t0 = time.perf_counter()
 
+    helper = clients[(victim + 1) % n or 1]
+
     async def kill() -> None:
-        await asyncio.sleep(kill_after)
-        cluster.kill(victim, SIGNALS[sig])
-        helper = clients[(victim + 1) % n or 1]
-        if backup:  # another task's output, another value, takes the lost one's place
+        if backup:  # a straggler's input: not chosen, ready before the node dies
             await helper.put(ctx.data(n), object_id=ids[n])
-        elif ids:  # the restarted task: the lost input again, on the next survivor
+        await asyncio.sleep(max(0.0, t0 + kill_after - time.perf_counter()))
+        cluster.kill(victim, SIGNALS[sig])
+        if ids and not backup:  # the restarted task: the lost input again, elsewhere
             await put_again(helper, ids[victim], ctx.data(victim))
 
     async def one(i: int) -> Outcome:
@@ -170,13 +172,18 @@ async def _prepare(op: str, ctx: BenchContext, backup_for: int | None
             arrays = await c.gather(ids, timeout=FAILURE_TIMEOUT)
             return all(same_bytes(a, ctx.data(k)) for k, a in enumerate(arrays))
         return gather, [0], ids
-    used: tuple[int, ...] | None = None
     if backup_for is not None:
         ids.append(hoplite_client.ObjectID.random())
-        used = tuple(i for i in range(n + 1) if i != backup_for)
+        for used in (tuple(range(n)), tuple(i for i in range(n + 1) if i != backup_for)):
+            ctx.expected_sum(used)  # made now (the backup's data too): the clock is not running
     result = await clients[0].reduce(ids, "sum", num_objects=n, timeout=FAILURE_TIMEOUT)
 
     async def get_sum(i: int, c: hoplite_client.Client) -> bool:
-        return reduced_ok(ctx, await c.get(result, timeout=FAILURE_TIMEOUT), used)
+        got = await c.get(result, timeout=FAILURE_TIMEOUT)
+        if backup_for is None:
+            return reduced_ok(ctx, got)
+        # the backup is used only if the node died before the result was complete
+        used = await clients[0].reduced_inputs(result, timeout=FAILURE_TIMEOUT)
+        return reduced_ok(ctx, got, tuple(sorted(ids.index(oid) for oid in used)))
     return get_sum, (list(range(n)) if op == "allreduce" else [0]), ids
 

@@ -7,6 +7,8 @@ import json
 import os
 import sys
 
+import pytest
+
 CLI = [sys.executable, "-m", "hoplite_client.tools.cli.main"]
 RUN_TIMEOUT = 300.0
 
@@ -101,6 +103,30 @@ async def test_bench_failure_run_reports_every_survivor(tmp_path) -> None:
     assert [o["node"] for o in failure["outcomes"]] == [1, 3]
     assert all(o["error"] is None and o["seconds"] > 0 for o in failure["outcomes"])
     assert failure["kill_after"] == 0 and failure["signal"] == "KILL" and failure["victim"] == 2
+
+
+async def test_bench_failure_run_with_a_backup_input(tmp_path) -> None:
+    """--backup: the allreduce has one input beyond the first N, put as the run starts; node 2
+    is SIGKILLed and every survivor's result is checked against the inputs the reduce says
+    it used (the backup, unless the result was complete before the kill)."""
+    out_json = tmp_path / "backup.json"
+    code, out, err = await run(*CLI, "bench", "allreduce", "--nodes", "4", "--size", "16MiB",
+                               "--repeat", "1", "--capacity", "256MiB", "--kill-node", "2",
+                               "--kill-after", "0", "--backup", "--json", str(out_json))
+    assert code == 0, err
+    assert "failure run: SIGKILL to node 2 at 0.00 s, a backup input put" in out, out
+    failure = json.loads(out_json.read_text())["failure"]
+    assert failure["backup"] is True and [o["node"] for o in failure["outcomes"]] == [0, 1, 3]
+    assert all(o["error"] is None for o in failure["outcomes"]), failure
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["reduce", "--backup"], "--backup goes with --kill-node"),
+    (["broadcast", "--kill-node", "1", "--backup"], "--backup is for reduce and allreduce"),
+], ids=["without-kill-node", "not-a-reduce"])
+async def test_bench_backup_misuse_is_a_usage_error(args: list[str], says: str) -> None:
+    code, _, err = await run(*CLI, "bench", *args, "--nodes", "3")
+    assert code == 2 and says in err, err
 
 
 async def test_bench_failure_run_refuses_the_root() -> None:
