@@ -258,7 +258,8 @@ class ReduceCoordinator:
             self._spawn(self._connect(ins), f"reduce-connect-{ins.parent_slot}",
                         functools.partial(p.SlotFailed, ins.parent_slot, None))
         elif isinstance(ins, p.PullRoot):
-            self._pull_root(ins)
+            if self.out is not None:  # None: the result could not be created (failed)
+                self._pull_root(ins)
         elif isinstance(ins, p.WaitInput):
             self._wait(ins.oid, ins.exclude)
         elif isinstance(ins, p.After):
@@ -284,7 +285,12 @@ class ReduceCoordinator:
     def _open_result(self, ins: p.OpenResult) -> None:
         """Create the result here and announce it at once, so gets can chain behind it."""
         d = self.d
-        self.out = out = d.store.create(self.result, ins.size, ins.dtype, list(ins.shape))
+        try:
+            out = d.store.create(self.result, ins.size, ins.dtype, list(ins.shape))
+        except HopliteError as exc:  # no room (CapacityError): the reduce fails with it
+            self.feed(p.ResultFailed(exc))
+            return
+        self.out = out
         d.store.pin(out)
         out.producing = True  # if this node dies first, its shard fails the result's gets
         d.tasks.spawn(d.arena.populate(out.offset, out.size), name="populate")
@@ -305,6 +311,7 @@ class ReduceCoordinator:
                 f"reduce {self.result.hex()} started its result again: a backup input took "
                 f"a lost one's place", oid=self.result.hex()))
         d.store.unpin(old)
+        self.out = None
         self._open_result(p.OpenResult(old.size, old.dtype, tuple(old.shape)))
 
     def _pull_root(self, ins: p.PullRoot) -> None:
