@@ -668,9 +668,10 @@ class ReducePlan:
         lost itself (then its repair starts from 0)."""
         placed = self.slots.get(slot)
         if placed is None:
-            if slot in self.redo:
-                self.redo[slot].start = 0
-            return []
+            if slot not in self.redo:
+                return []
+            self.redo[slot].start = 0  # waiting for its input: placed later, from 0
+            return self._from_zero_below(slot)
         if placed.node in self.dead:
             return self._repair(slot, 0)
         self._reconnects.pop(slot, None)
