@@ -97,15 +97,19 @@ class Rpc:
 
     async def call_owner(self, oid: ObjectID, msg: Request[R], payload: Any = None,
                          timeout: float | None = None) -> Frame[R]:
-        """Send a request about ``oid`` to its owner shard, following ownership changes."""
+        """Send a request about ``oid`` to its owner shard, following ownership changes for
+        a retry window counted from the first failure to reach an owner (a long poll may have
+        waited at an owner that then died for longer than the window)."""
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + self._retry_window
+        give_up: float | None = None
         attempt = 0
         while True:
             owner = self._membership.owner(oid)
             try:
                 return await self.call_node(owner, msg, payload, timeout)
             except HopliteError as exc:
+                if give_up is None:
+                    give_up = loop.time() + self._retry_window
                 if not owner_moved(exc) or loop.time() >= give_up:
                     raise
                 log.info("owner %s of %s unreachable (%s); retrying", owner, oid.short(), exc)
