@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-unit lint bench-loopback bench-failures bench-deps bench-compare clean
+.PHONY: install demo test test-unit lint bench-loopback bench-failures bench-deps bench-compare bench-failures-compare clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ bench-deps: install
 # Hoplite against every baseline on emulated 1 Gbit links, N = 4 and 8; writes docs/benchmarks.md.
 bench-compare: bench-deps
 	$(BIN)/python -m bench.compare --nodes 4 8 --rate 1Gbit --repeat 5
+
+# The same failures with gloo and OpenMPI next to hoplite; writes docs/benchmarks.md.
+bench-failures-compare: bench-deps
+	$(BIN)/python -m bench.failures --nodes 8 --size 256MiB --rate 1Gbit --victim 3 --after 1
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -146,11 +146,27 @@ def plot(rows: list[Row], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def replace_section(path: str, start: str, end: str, lines: list[str]) -> None:
+    """Put ``lines`` between the markers ``start`` and ``end`` of the Markdown page ``path``
+    (replacing what was there; appended, with the markers, if they are missing)."""
+    body = "\n".join([start, *lines, end])
+    text = "# Benchmarks\n"
+    if os.path.exists(path):
+        with open(path) as f:
+            text = f.read()
+    if start in text:
+        head, rest = text.split(start, 1)
+        text = head + body + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + body + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def write_docs(rows: list[Row], path: str, command: str, rate: int,
                plot_path: str | None) -> None:
     """Replace (or append) the emulated-cluster section of the benchmarks page."""
-    body = [SECTION_START,
-            f"## Emulated cluster ({datetime.date.today()})", "",
+    body = [f"## Emulated cluster ({datetime.date.today()})", "",
             f"Every link {format_rate(rate)} both ways (tbf), MTU 65000, one network namespace "
             f"per node; hoplite and each baseline measured in the same test bed, one after the "
             f"other. Median of the runs after one warm-up. Optimum as docs/design.md §7: "
@@ -163,18 +179,7 @@ def write_docs(rows: list[Row], path: str, command: str, rate: int,
     if plot_path:
         rel = os.path.relpath(plot_path, os.path.dirname(path))
         body += [f"![latency / optimum against node count]({rel})", ""]
-    body.append(SECTION_END)
-    text = "# Benchmarks\n"
-    if os.path.exists(path):
-        with open(path) as f:
-            text = f.read()
-    if SECTION_START in text:
-        head, rest = text.split(SECTION_START, 1)
-        text = head + "\n".join(body) + rest.split(SECTION_END, 1)[1]
-    else:
-        text = text.rstrip() + "\n\n" + "\n".join(body) + "\n"
-    with open(path, "w") as f:
-        f.write(text)
+    replace_section(path, SECTION_START, SECTION_END, body)
 
 
 def main() -> None:

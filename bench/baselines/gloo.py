@@ -24,6 +24,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -41,6 +42,7 @@ from bench.baselines.common import (
     module_command,
     sum_matches,
 )
+from bench.baselines.failure import Failure, FailureLog, RankOutcome, watch
 from bench.baselines.procs import tail
 
 INSTALL_HINT = ("torch.distributed (gloo) baseline needs torch: "
@@ -57,8 +59,9 @@ RESULT_TAG = "GLOO-RESULT "
 
 
 def worker(rank: int, world: int, master: str, port: int, op: str, size: int,
-           runs: int, op_timeout: float) -> int:
-    """Run ``runs`` timed ``op``s as ``rank``; rank 0 prints the result line. Exit code."""
+           runs: int, op_timeout: float, outcome_dir: str | None = None) -> int:
+    """Run ``runs`` timed ``op``s as ``rank``; rank 0 prints the result line. Exit code.
+    ``outcome_dir``: the last run is a failure run (bench/baselines/failure.py)."""
     from datetime import timedelta
 
     import numpy as np
@@ -66,6 +69,7 @@ def worker(rank: int, world: int, master: str, port: int, op: str, size: int,
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    log = None if outcome_dir is None else FailureLog(outcome_dir, rank)
     store = dist.TCPStore(master, port if rank else 0, world, is_master=(rank == 0),
                           timeout=timedelta(seconds=START_TIMEOUT), wait_for_workers=False)
     if rank == 0:
@@ -88,8 +92,29 @@ def worker(rank: int, world: int, master: str, port: int, op: str, size: int,
     else:
         expected = [float32_data(size, r) for r in range(world)] if rank == 0 else None
 
+    def check() -> bool:
+        """Does this rank hold the right result of the run just done?"""
+        if expected is None:
+            return True
+        if op == "broadcast":
+            return bool(np.array_equal(buf_np, expected))
+        if op in ("reduce", "allreduce"):
+            return sum_matches(buf_np, expected, world)
+        assert gathered is not None
+        return all(np.array_equal(g.numpy(), e) for g, e in zip(gathered, expected, strict=True))
+
+    def collective() -> None:
+        if op == "broadcast":
+            dist.broadcast(buf, src=0)
+        elif op == "reduce":
+            dist.reduce(buf, dst=0, op=dist.ReduceOp.SUM)
+        elif op == "allreduce":
+            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+        else:
+            dist.gather(buf, gather_list=gathered, dst=0)
+
     durations, ok = [], True
-    for _ in range(runs):
+    for run_index in range(runs):
         # inputs for this run (the collectives work in place)
         if op == "broadcast" and rank:
             buf_np.fill(0)
@@ -99,26 +124,12 @@ def worker(rank: int, world: int, master: str, port: int, op: str, size: int,
             for g in gathered:
                 g.zero_()
         dist.barrier()
+        if log is not None and run_index == runs - 1:
+            log.failure_run(collective, check)
         t0 = time.perf_counter()
-        if op == "broadcast":
-            dist.broadcast(buf, src=0)
-        elif op == "reduce":
-            dist.reduce(buf, dst=0, op=dist.ReduceOp.SUM)
-        elif op == "allreduce":
-            dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-        else:
-            dist.gather(buf, gather_list=gathered, dst=0)
+        collective()
         durations.append(time.perf_counter() - t0)
-        if expected is None:
-            continue
-        if op == "broadcast":
-            good = bool(np.array_equal(buf_np, expected))
-        elif op in ("reduce", "allreduce"):
-            good = sum_matches(buf_np, expected, world)
-        else:
-            assert gathered is not None
-            good = all(np.array_equal(g.numpy(), e)
-                       for g, e in zip(gathered, expected, strict=True))
+        good = check()
         if not good:
             print(f"gloo rank {rank}: wrong {op} result", file=sys.stderr, flush=True)
         ok = ok and good
@@ -146,16 +157,83 @@ def available() -> None:
 
 
 async def _stop(process: asyncio.subprocess.Process) -> None:
-    """Terminate ``process`` (by its PID) if still running, then reap it."""
+    """Terminate ``process`` (by its PID) if still running, then reap it; SIGCONT too, since
+    a rank stopped by a failure run acts on SIGTERM only once it runs again."""
     if process.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             process.terminate()
+            process.send_signal(signal.SIGCONT)
         try:
             await asyncio.wait_for(process.wait(), KILL_GRACE)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
     await process.wait()
+
+
+class _Job:
+    """One launch of every rank of a gloo run: rank 0 first (it prints its store's port),
+    then the others; :meth:`stop` ends them all."""
+
+    def __init__(self, testbed: Any, op: str, size: int, runs: int, tmp: str,
+                 outcome_dir: str | None = None) -> None:
+        if op not in OPS:
+            raise ValueError(f"op must be one of {OPS}, not {op!r}")
+        if testbed.size < 2 or size < 4 or runs < 1:
+            raise ValueError("need at least 2 hosts, size >= 4 and at least one run")
+        available()
+        self.testbed, self.op, self.size, self.runs = testbed, op, size, runs
+        self.world = testbed.size
+        self.op_timeout = RUN_SLACK + self.world * size / MIN_RATE_FOR_TIMEOUT
+        self.outcome_dir = outcome_dir
+        self.logs = [os.path.join(tmp, f"rank{r}.log") for r in range(self.world)]
+        self.processes: list[asyncio.subprocess.Process] = []
+
+    def _argv(self, rank: int, port: int) -> list[str]:
+        argv = [*self.testbed.exec_prefix(rank), *module_command("bench.baselines.gloo"),
+                "--worker", "--rank", str(rank), "--world", str(self.world),
+                "--master", self.testbed.hosts[0].ip, "--port", str(port), "--op", self.op,
+                "--size", str(self.size), "--runs", str(self.runs),
+                "--op-timeout", str(self.op_timeout)]
+        if self.outcome_dir is not None:
+            argv += ["--outcome-dir", self.outcome_dir]
+        return argv
+
+    async def _start(self, rank: int, port: int) -> asyncio.subprocess.Process:
+        env = dict(os.environ, GLOO_SOCKET_IFNAME=self.testbed.hosts[rank].ifname,
+                   OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        with open(self.logs[rank], "wb") as err:
+            process = await asyncio.create_subprocess_exec(
+                *self._argv(rank, port), env=env, cwd=REPO_ROOT,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE if rank == 0 else asyncio.subprocess.DEVNULL,
+                stderr=err)
+        self.processes.append(process)
+        return process
+
+    def failure(self, what: str) -> RuntimeError:
+        """An error saying ``what`` went wrong, with every rank's exit code and stderr."""
+        codes = [p.returncode for p in self.processes]
+        detail = "".join(f"\n--- rank {r} stderr ---\n{tail(self.logs[r])}"
+                         for r in range(len(self.processes)) if tail(self.logs[r]).strip())
+        return RuntimeError(f"gloo {self.op}: {what} (exit codes {codes}){detail}")
+
+    async def start(self) -> asyncio.subprocess.Process:
+        """Start every rank; rank 0's process (its stdout carries the result line)."""
+        root = await self._start(0, 0)
+        assert root.stdout is not None
+        try:
+            line = await asyncio.wait_for(root.stdout.readline(), START_TIMEOUT)
+            port = int(json.loads(line)["port"])
+        except (TimeoutError, ValueError, KeyError, TypeError):
+            raise self.failure("rank 0 did not start its TCPStore") from None
+        for rank in range(1, self.world):
+            await self._start(rank, port)
+        return root
+
+    async def stop(self) -> None:
+        """End every rank still running."""
+        await asyncio.gather(*(_stop(p) for p in self.processes))
 
 
 async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) -> list[float]:
@@ -165,75 +243,49 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
     Raises :class:`BaselineUnavailable` without torch, ``RuntimeError`` if a rank fails or a
     result is wrong.
     """
-    if op not in OPS:
-        raise ValueError(f"op must be one of {OPS}, not {op!r}")
-    world = testbed.size
-    if world < 2 or size < 4 or repeat < 1 or warmup < 0:
-        raise ValueError("need at least 2 hosts, size >= 4, repeat >= 1 and warmup >= 0")
-    available()
-    runs = warmup + repeat
-    op_timeout = RUN_SLACK + world * size / MIN_RATE_FOR_TIMEOUT
-    total_timeout = START_TIMEOUT + runs * op_timeout
-    master = testbed.hosts[0].ip
-    me = module_command("bench.baselines.gloo") + ["--worker"]
-
-    def argv(rank: int, port: int) -> list[str]:
-        return [*testbed.exec_prefix(rank), *me,
-                "--rank", str(rank), "--world", str(world), "--master", master,
-                "--port", str(port), "--op", op, "--size", str(size), "--runs", str(runs),
-                "--op-timeout", str(op_timeout)]
-
-    def env(rank: int) -> dict[str, str]:
-        return dict(os.environ, GLOO_SOCKET_IFNAME=testbed.hosts[rank].ifname,
-                    OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-
-    processes: list[asyncio.subprocess.Process] = []
+    if repeat < 1 or warmup < 0:
+        raise ValueError("need repeat >= 1 and warmup >= 0")
     with tempfile.TemporaryDirectory(prefix="hoplite-gloo-") as tmp:
-        logs = [os.path.join(tmp, f"rank{r}.log") for r in range(world)]
-
-        async def start(rank: int, port: int) -> asyncio.subprocess.Process:
-            with open(logs[rank], "wb") as err:
-                process = await asyncio.create_subprocess_exec(
-                    *argv(rank, port), env=env(rank), cwd=REPO_ROOT,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.PIPE if rank == 0 else asyncio.subprocess.DEVNULL,
-                    stderr=err)
-            processes.append(process)
-            return process
-
-        def failure(what: str) -> RuntimeError:
-            codes = [p.returncode for p in processes]
-            detail = "".join(f"\n--- rank {r} stderr ---\n{tail(logs[r])}"
-                             for r in range(len(processes)) if tail(logs[r]).strip())
-            return RuntimeError(f"gloo {op}: {what} (exit codes {codes}){detail}")
-
+        job = _Job(testbed, op, size, warmup + repeat, tmp)
+        total_timeout = START_TIMEOUT + job.runs * job.op_timeout
         try:
-            root = await start(0, 0)
-            assert root.stdout is not None
-            try:
-                line = await asyncio.wait_for(root.stdout.readline(), START_TIMEOUT)
-                port = int(json.loads(line)["port"])
-            except (TimeoutError, ValueError, KeyError, TypeError):
-                await _stop(root)
-                raise failure("rank 0 did not start its TCPStore") from None
-            for rank in range(1, world):
-                await start(rank, port)
+            root = await job.start()
             try:
                 out, _ = await asyncio.wait_for(root.communicate(), total_timeout)
-                codes = [await asyncio.wait_for(p.wait(), START_TIMEOUT) for p in processes]
+                codes = [await asyncio.wait_for(p.wait(), START_TIMEOUT)
+                         for p in job.processes]
             except TimeoutError:
-                raise failure(f"no result within {total_timeout:.0f} s") from None
+                raise job.failure(f"no result within {total_timeout:.0f} s") from None
             results = [json.loads(line[len(RESULT_TAG):])
                        for line in out.decode(errors="replace").splitlines()
                        if line.startswith(RESULT_TAG)]
             if any(codes) or not results:
-                raise failure("a rank failed")
+                raise job.failure("a rank failed")
             if not results[-1]["ok"]:
-                raise failure(f"wrong {op} result")
+                raise job.failure(f"wrong {op} result")
         finally:
-            await asyncio.gather(*(_stop(p) for p in processes))
+            await job.stop()
     latencies = [float(t) for t in results[-1]["latencies"]]
     return latencies[warmup:]
+
+
+async def run_failure(testbed: Any, op: str, size: int, failure: Failure,
+                      warmup: int = 1) -> list[RankOutcome]:
+    """``warmup`` ordinary runs of ``op``, then one in which ``failure`` strikes: every
+    survivor's outcome (bench/baselines/failure.py). gloo's own timeout is ``op_timeout``."""
+    if not 0 < failure.victim < testbed.size or warmup < 0:
+        raise ValueError(f"the victim must be a rank in 1..{testbed.size - 1}; warmup >= 0")
+    with tempfile.TemporaryDirectory(prefix="hoplite-gloo-") as tmp:
+        outcome_dir = os.path.join(tmp, "outcomes")
+        os.mkdir(outcome_dir)
+        job = _Job(testbed, op, size, warmup + 1, tmp, outcome_dir)
+        try:
+            root = await job.start()
+            return await watch(outcome_dir, job.world, failure,
+                               START_TIMEOUT + job.runs * job.op_timeout,
+                               asyncio.ensure_future(root.wait()))
+        finally:
+            await job.stop()
 
 
 # --------------------------------------------------------------------------------------------
@@ -250,8 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--master", required=True)
         p.add_argument("--op", choices=OPS, required=True)
         p.add_argument("--op-timeout", type=float, required=True)
+        p.add_argument("--outcome-dir", default=None)
         a = p.parse_args(argv[1:])
-        return worker(a.rank, a.world, a.master, a.port, a.op, a.size, a.runs, a.op_timeout)
+        return worker(a.rank, a.world, a.master, a.port, a.op, a.size, a.runs, a.op_timeout,
+                      a.outcome_dir)
     args = cli_parser(__doc__.splitlines()[0]).parse_args(argv)
     try:
         asyncio.run(measure("gloo", run, args))

@@ -49,6 +49,7 @@ from bench.baselines.common import (
     module_command,
     sum_matches,
 )
+from bench.baselines.failure import Failure, FailureLog, RankOutcome, watch
 from bench.baselines.procs import tail
 
 INSTALL_HINT = ("MPI baseline needs OpenMPI and mpi4py: apt-get install -y openmpi-bin "
@@ -64,8 +65,10 @@ RESULT_TAG = "MPI-RESULT "
 # one rank (started by mpirun / orted inside its host's namespace)
 
 
-def worker(hosts: Sequence[str], op: str, size: int, runs: int) -> int:
-    """Run ``runs`` timed ``op``s; rank 0 prints the result line. Exit code."""
+def worker(hosts: Sequence[str], op: str, size: int, runs: int,
+           outcome_dir: str | None = None) -> int:
+    """Run ``runs`` timed ``op``s; rank 0 prints the result line. Exit code.
+    ``outcome_dir``: the last run is a failure run (bench/baselines/failure.py)."""
     import numpy as np
     from mpi4py import MPI
 
@@ -77,6 +80,7 @@ def worker(hosts: Sequence[str], op: str, size: int, runs: int) -> int:
             print(RESULT_TAG + json.dumps({"error": "ranks not placed one per host in order: "
                                            f"world {world}, hosts {list(hosts)}"}), flush=True)
         return 4
+    log = None if outcome_dir is None else FailureLog(outcome_dir, rank)
 
     mine = float32_data(size, rank)
     n = mine.size
@@ -91,16 +95,18 @@ def worker(hosts: Sequence[str], op: str, size: int, runs: int) -> int:
     else:
         expected = [float32_data(size, r) for r in range(world)] if rank == 0 else None
 
-    durations, ok = [], True
-    for _ in range(runs):
+    def check() -> bool:
+        """Does this rank hold the right result of the run just done?"""
+        if expected is None:
+            return True
         if op == "broadcast":
-            buf[:] = mine if rank == 0 else 0
-        else:
-            buf.fill(0)
-        if gathered is not None:
-            gathered.fill(0)
-        comm.Barrier()
-        t0 = time.perf_counter()
+            return bool(np.array_equal(buf, expected))
+        if op in ("reduce", "allreduce"):
+            return sum_matches(buf, expected, world)
+        assert gathered is not None
+        return all(np.array_equal(gathered[r], expected[r]) for r in range(world))
+
+    def collective() -> None:
         if op == "broadcast":
             comm.Bcast(buf, root=0)
         elif op == "reduce":
@@ -109,16 +115,22 @@ def worker(hosts: Sequence[str], op: str, size: int, runs: int) -> int:
             comm.Allreduce(mine, buf, op=MPI.SUM)
         else:
             comm.Gather(mine, gathered, root=0)
-        durations.append(time.perf_counter() - t0)
-        if expected is None:
-            continue
+
+    durations, ok = [], True
+    for run_index in range(runs):
         if op == "broadcast":
-            good = bool(np.array_equal(buf, expected))
-        elif op in ("reduce", "allreduce"):
-            good = sum_matches(buf, expected, world)
+            buf[:] = mine if rank == 0 else 0
         else:
-            assert gathered is not None
-            good = all(np.array_equal(gathered[r], expected[r]) for r in range(world))
+            buf.fill(0)
+        if gathered is not None:
+            gathered.fill(0)
+        comm.Barrier()
+        if log is not None and run_index == runs - 1:
+            log.failure_run(collective, check)
+        t0 = time.perf_counter()
+        collective()
+        durations.append(time.perf_counter() - t0)
+        good = check()
         if not good:
             print(f"mpi rank {rank}: wrong {op} result", file=sys.stderr, flush=True)
         ok = ok and good
@@ -213,6 +225,7 @@ async def _stop(process: asyncio.subprocess.Process, token: str) -> None:
         family = _descendants(process.pid)
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)  # mpirun forwards it and stops its job
+        _signal_all(family, signal.SIGCONT)  # a rank stopped by a failure run, so it can act
         try:
             await asyncio.wait_for(process.wait(), KILL_GRACE)
         except TimeoutError:
@@ -252,6 +265,56 @@ def _signal_all(pids: Sequence[int], sig: int) -> None:
             os.kill(pid, sig)
 
 
+async def _launch(testbed: Any, op: str, size: int, runs: int, tmp: str,
+                  outcome_dir: str | None = None) -> tuple[asyncio.subprocess.Process, str, str]:
+    """Start ``mpirun`` (in host 0) for ``runs`` runs of ``op``, its files in ``tmp``:
+    (the process, its log's path, the token on every command line of the run). Its stdout
+    carries the result line, except in a failure run (``outcome_dir``)."""
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, not {op!r}")
+    if testbed.size < 2 or size < 4 or runs < 1:
+        raise ValueError("need at least 2 hosts, size >= 4 and at least one run")
+    mpirun = available()
+    ips = [h.ip for h in testbed.hosts]
+    agent = os.path.join(tmp, "agent.sh")
+    with open(agent, "w") as f:
+        f.write(_agent_script(testbed))
+    os.chmod(agent, 0o700)
+    hostfile = os.path.join(tmp, "hosts")
+    with open(hostfile, "w") as f:
+        f.write("".join(f"{ip} slots=1 max_slots=1\n" for ip in ips))
+    log = os.path.join(tmp, "mpirun.log")
+    token = tmp + os.sep  # in the command line of every process of this run but mpirun's
+    mca = {"plm_rsh_agent": agent, "plm_rsh_no_tree_spawn": "1",
+           "pml": "ob1", "btl": "tcp,self", "osc": "^ucx",
+           "btl_tcp_if_include": testbed.subnet, "oob_tcp_if_include": testbed.subnet,
+           # orteds segfault now and then (OpenMPI 4.1.4, Debian 12) writing the hwloc
+           # topology into shared memory, when several start at once on one machine
+           "rtc_hwloc_vmhole": "none"}
+    argv = testbed.exec_prefix(0) + [
+        mpirun, "--allow-run-as-root", "-np", str(testbed.size), "--hostfile", hostfile,
+        "--map-by", "node", "--bind-to", "none", "--leave-session-attached",
+        *(x for key, value in mca.items() for x in ("--mca", key, value)),
+        "-x", "OMP_NUM_THREADS=1", "-x", "PYTHONUNBUFFERED=1",
+        "--wdir", REPO_ROOT,  # ranks run `python -m bench...` from the repository root
+        *module_command("bench.baselines.mpi"), "--worker",
+        "--hosts", ",".join(ips), "--op", op, "--size", str(size), "--runs", str(runs),
+        "--tag", token]
+    if outcome_dir is not None:
+        argv += ["--outcome-dir", outcome_dir]
+    with open(log, "wb") as err:
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE if outcome_dir is None else asyncio.subprocess.DEVNULL,
+            stderr=err, cwd=tmp, start_new_session=True)
+    return process, log, token
+
+
+def _run_timeout(testbed: Any, size: int, runs: int) -> float:
+    """How long ``runs`` runs may take, start included, before the job counts as hung."""
+    return START_TIMEOUT + runs * (RUN_SLACK + testbed.size * size / MIN_RATE_FOR_TIMEOUT)
+
+
 async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) -> list[float]:
     """Latency in seconds of each of ``repeat`` MPI ``op``s of ``size`` bytes of float32
     (after ``warmup`` ones) over the hosts of ``testbed``, rank i in host i, root rank 0.
@@ -259,45 +322,12 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
     Raises :class:`BaselineUnavailable` without OpenMPI or mpi4py, ``RuntimeError`` if the
     job fails or a result is wrong.
     """
-    if op not in OPS:
-        raise ValueError(f"op must be one of {OPS}, not {op!r}")
-    world = testbed.size
-    if world < 2 or size < 4 or repeat < 1 or warmup < 0:
-        raise ValueError("need at least 2 hosts, size >= 4, repeat >= 1 and warmup >= 0")
-    mpirun = available()
+    if repeat < 1 or warmup < 0:
+        raise ValueError("need repeat >= 1 and warmup >= 0")
     runs = warmup + repeat
-    timeout = START_TIMEOUT + runs * (RUN_SLACK + world * size / MIN_RATE_FOR_TIMEOUT)
-    ips = [h.ip for h in testbed.hosts]
-
+    timeout = _run_timeout(testbed, size, runs)
     with tempfile.TemporaryDirectory(prefix="hoplite-mpi-") as tmp:
-        agent = os.path.join(tmp, "agent.sh")
-        with open(agent, "w") as f:
-            f.write(_agent_script(testbed))
-        os.chmod(agent, 0o700)
-        hostfile = os.path.join(tmp, "hosts")
-        with open(hostfile, "w") as f:
-            f.write("".join(f"{ip} slots=1 max_slots=1\n" for ip in ips))
-        log = os.path.join(tmp, "mpirun.log")
-        token = tmp + os.sep  # in the command line of every process of this run but mpirun's
-        mca = {"plm_rsh_agent": agent, "plm_rsh_no_tree_spawn": "1",
-               "pml": "ob1", "btl": "tcp,self", "osc": "^ucx",
-               "btl_tcp_if_include": testbed.subnet, "oob_tcp_if_include": testbed.subnet,
-               # orteds segfault now and then (OpenMPI 4.1.4, Debian 12) writing the hwloc
-               # topology into shared memory, when several start at once on one machine
-               "rtc_hwloc_vmhole": "none"}
-        argv = testbed.exec_prefix(0) + [
-            mpirun, "--allow-run-as-root", "-np", str(world), "--hostfile", hostfile,
-            "--map-by", "node", "--bind-to", "none", "--leave-session-attached",
-            *(x for key, value in mca.items() for x in ("--mca", key, value)),
-            "-x", "OMP_NUM_THREADS=1", "-x", "PYTHONUNBUFFERED=1",
-            "--wdir", REPO_ROOT,  # ranks run `python -m bench...` from the repository root
-            *module_command("bench.baselines.mpi"), "--worker",
-            "--hosts", ",".join(ips), "--op", op, "--size", str(size), "--runs", str(runs),
-            "--tag", token]
-        with open(log, "wb") as err:
-            process = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=err, cwd=tmp, start_new_session=True)
+        process, log, token = await _launch(testbed, op, size, runs, tmp)
         try:
             out, _ = await asyncio.wait_for(process.communicate(), timeout)
         except TimeoutError:
@@ -319,6 +349,24 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
     return [float(t) for t in results[-1]["latencies"][warmup:]]
 
 
+async def run_failure(testbed: Any, op: str, size: int, failure: Failure,
+                      warmup: int = 1) -> list[RankOutcome]:
+    """``warmup`` ordinary runs of ``op``, then one in which ``failure`` strikes the victim
+    rank's process: every survivor's outcome (bench/baselines/failure.py)."""
+    if not 0 < failure.victim < testbed.size or warmup < 0:
+        raise ValueError(f"the victim must be a rank in 1..{testbed.size - 1}; warmup >= 0")
+    with tempfile.TemporaryDirectory(prefix="hoplite-mpi-") as tmp:
+        outcome_dir = os.path.join(tmp, "outcomes")
+        os.mkdir(outcome_dir)
+        process, _, token = await _launch(testbed, op, size, warmup + 1, tmp, outcome_dir)
+        try:
+            return await watch(outcome_dir, testbed.size, failure,
+                               _run_timeout(testbed, size, warmup + 1),
+                               asyncio.ensure_future(process.wait()))
+        finally:
+            await _stop(process, token)
+
+
 # --------------------------------------------------------------------------------------------
 # command line
 
@@ -335,8 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--size", type=int, required=True)
         p.add_argument("--runs", type=int, required=True)
         p.add_argument("--tag", default="", help="ignored: marks this run's processes")
+        p.add_argument("--outcome-dir", default=None)
         a = p.parse_args(argv[1:])
-        return worker(a.hosts.split(","), a.op, a.size, a.runs)
+        return worker(a.hosts.split(","), a.op, a.size, a.runs, a.outcome_dir)
     args = cli_parser(__doc__.splitlines()[0]).parse_args(argv)
     try:
         asyncio.run(measure("mpi", run, args))

@@ -10,6 +10,7 @@ import asyncio
 import importlib.util
 import os
 import shutil
+import sys
 import time
 from types import SimpleNamespace
 
@@ -17,7 +18,14 @@ import numpy as np
 import pytest
 
 from bench.baselines import gloo, mpi
-from bench.baselines.common import BaselineUnavailable, expected_sum, float32_data, sum_matches
+from bench.baselines.common import (
+    REPO_ROOT,
+    BaselineUnavailable,
+    expected_sum,
+    float32_data,
+    sum_matches,
+)
+from bench.baselines.failure import Failure, watch
 from hoplite_client.tools.scenarios import optimum
 from hoplite_client.tools.testbed import Testbed, netns_pids
 from hoplite_client.wire.units import parse_size
@@ -114,3 +122,79 @@ async def test_baseline_in_testbed(name: str, op: str) -> None:
     best = optimum(op, SIZE, NODES, 500 * MBIT)
     ring = {"allreduce": (NODES - 1) / NODES}.get(op, 1.0)  # ring allreduce: 2(N-1)/N · S
     assert min(latencies) > 0.5 * ring * best
+
+
+# --------------------------------------------------------------------------------------------
+# failure runs (bench/baselines/failure.py)
+
+RANK_SCRIPT = """
+import os, sys, time
+from bench.baselines.failure import FailureLog
+directory, rank, role = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+log = FailureLog(directory, rank)
+if role == "starter":  # as after a barrier: every rank has written its pid
+    while len([n for n in os.listdir(directory) if n.startswith("pid.")]) < int(sys.argv[4]):
+        time.sleep(0.01)
+    log.failure_run(lambda: time.sleep(0.2), lambda: True)
+elif role == "error":
+    log.failed(0.1, RuntimeError("Connection closed by peer"))
+elif role == "exit":
+    time.sleep(0.5)
+    sys.exit(1)
+log.park()
+"""
+
+
+async def test_failure_watch_signals_the_victim_and_tells_every_end_apart(
+        tmp_path: os.PathLike[str]) -> None:
+    """Real processes as ranks: a result, the victim (killed), an error, an exit, a hang."""
+    roles = ["starter", "victim", "error", "exit", "hang"]
+    directory = str(tmp_path)
+    procs = [await asyncio.create_subprocess_exec(
+        *module_command_for_script(), directory, str(rank), role, str(len(roles)),
+        cwd=REPO_ROOT) for rank, role in enumerate(roles)]
+    try:
+        outcomes = await watch(directory, len(roles), Failure(1, 0.1, "KILL", patience=2.0),
+                               start_timeout=60, launcher_done=asyncio.Future())
+        assert await asyncio.wait_for(procs[1].wait(), 10) == -9  # the victim got SIGKILL
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+            await p.wait()
+    assert [(o.rank, o.what) for o in outcomes] == [
+        (0, "correct"), (2, "error"), (3, "exited"), (4, "hung")]
+    assert outcomes[0].seconds is not None and outcomes[0].seconds >= 0.2
+    assert "Connection closed" in outcomes[1].detail
+    assert outcomes[3].seconds is None
+
+
+def module_command_for_script() -> list[str]:
+    """``python -c RANK_SCRIPT``: a stand-in rank that imports bench from the repository root."""
+    return [sys.executable, "-c", RANK_SCRIPT]
+
+
+def test_failure_spec_refuses_nonsense() -> None:
+    with pytest.raises(ValueError, match="signal"):
+        Failure(1, 1.0, "HUP")
+    with pytest.raises(ValueError):
+        Failure(1, float("nan"))
+    with pytest.raises(ValueError):
+        Failure(1, 1.0, patience=0)
+
+
+@pytest.mark.parametrize("name", ["gloo", "mpi"])
+@pytest.mark.parametrize("sig", ["KILL", "STOP"])
+async def test_baseline_failure_run_in_testbed(name: str, sig: str) -> None:
+    """A rank killed or stopped mid-allreduce: every survivor has an outcome of a known kind,
+    and nothing of the run is left in the test bed afterwards."""
+    reason = _skip_reason(name)
+    if reason:
+        pytest.skip(reason)
+    baseline = {"gloo": gloo, "mpi": mpi}[name]
+    async with Testbed(NODES, 100 * MBIT) as tb:
+        outcomes = await baseline.run_failure(tb, "allreduce", 16 << 20,
+                                              Failure(1, 0.05, sig, patience=15.0))
+        await _no_process_left(tb)
+    assert [o.rank for o in outcomes] == [0, 2]
+    assert all(o.what in ("correct", "error", "exited", "hung") for o in outcomes)
