@@ -18,6 +18,7 @@ from hoplite_client.net.channel import Channel
 from hoplite_client.net.endpoints import default_socket
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import (
+    CapacityError,
     ConnectionLostError,
     HopliteError,
     HopliteTimeoutError,
@@ -27,6 +28,7 @@ from hoplite_client.wire.errors import (
 )
 from hoplite_client.wire.frames import (
     INLINE_MAX,
+    MAX_IDS_PER_FRAME,
     PRELUDE_SIZE,
     SUPPORTED_VERSIONS,
     Frame,
@@ -49,6 +51,7 @@ from hoplite_client.wire.messages import (
     Seal,
     Status,
 )
+from hoplite_client.wire.timeouts import check_timeout
 
 log = logging.getLogger("hoplite.client")
 
@@ -65,8 +68,10 @@ ArrayLike: TypeAlias = NDArray[Any] | bytes | bytearray | memoryview
 
 
 async def connect(socket_path: str | None = None,
-                  timeout: float = CONNECT_TIMEOUT) -> Client:
-    """Connect to the daemon at ``socket_path`` (default ``$HOPLITE_SOCKET``)."""
+                  timeout: float | None = CONNECT_TIMEOUT) -> Client:
+    """Connect to the daemon at ``socket_path`` (default ``$HOPLITE_SOCKET``), waiting up to
+    ``timeout`` s for its welcome (None or inf: forever; see :func:`check_timeout`)."""
+    timeout = check_timeout(timeout)
     path = socket_path or default_socket()
     loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -184,11 +189,14 @@ class Client:
         return oid
 
     async def get(self, object_id: ObjectID, timeout: float | None = None) -> NDArray[Any]:
-        """A read-only array of the object, waiting up to ``timeout`` s for it to exist.
+        """A read-only array of the object, waiting up to ``timeout`` s for it to exist (None
+        or inf: forever; 0: only a complete copy already on this node will do).
 
         Large objects are zero-copy views of shared memory; the daemon keeps the memory until
-        every array derived from the result is gone.
+        every array derived from the result is gone. Each such view holds a file descriptor
+        meanwhile: past the process's limit, get raises CapacityError.
         """
+        timeout = check_timeout(timeout)
         bound = None if timeout is None else timeout + REPLY_GRACE
         frame = await self._channel.request(Get(oid=object_id, timeout=timeout), timeout=bound)
         found = frame.msg
@@ -197,8 +205,13 @@ class Client:
         if found.offset is None:
             data = bytes(frame.payload) if frame.payload is not None else b""
             return np.frombuffer(data, dtype=dtype).reshape(shape)
-        return self._arena.view(found.offset, found.size, dtype, shape,
-                                lambda: self._release_later(object_id))
+        try:
+            return self._arena.view(found.offset, found.size, dtype, shape,
+                                    lambda: self._release_later(object_id))
+        except OSError as exc:  # no descriptor or address space left for one more view
+            self._release_later(object_id)  # the daemon pinned it for a view that never was
+            raise CapacityError(f"cannot map object {object_id.hex()}: {exc} (each view holds "
+                                f"a file descriptor)", oid=object_id.hex()) from exc
 
     async def reduce(self, object_ids: Sequence[ObjectID], op: str = "sum",
                      num_objects: int | None = None, object_id: ObjectID | None = None,
@@ -206,8 +219,14 @@ class Client:
         """Start reducing the objects with ``op`` (sum, min, max, prod); returns the result's
         id at once. The first ``num_objects`` inputs to become ready are used (default: all);
         ids may name objects not put yet. The result lands on this node; get it like any
-        object. ``timeout`` bounds the wait for the inputs."""
+        object. ``timeout`` bounds the wait for the inputs. At most ``MAX_IDS_PER_FRAME``
+        (10,000) inputs: more would not fit in one frame; reduce groups, then their results."""
+        timeout = check_timeout(timeout)
         ids = list(object_ids)
+        if len(ids) > MAX_IDS_PER_FRAME:
+            raise InvalidArgumentError(
+                f"a reduce takes at most {MAX_IDS_PER_FRAME} inputs, not {len(ids)}: reduce "
+                f"groups of them, then the groups' results", limit=MAX_IDS_PER_FRAME)
         k = len(ids) if num_objects is None else num_objects
         result = object_id or ObjectID.random()
         await self._channel.request(Reduce(result=result, inputs=ids, op=op, num_objects=k,
@@ -218,6 +237,7 @@ class Client:
                              timeout: float | None = None) -> list[ObjectID]:
         """Which inputs went into a reduce issued on this node, in the order they were ready;
         answered once the result is complete (until then a backup may replace a lost input)."""
+        timeout = check_timeout(timeout)
         bound = None if timeout is None else timeout + REPLY_GRACE
         frame = await self._channel.request(ReducedInputs(result=result_id, timeout=timeout),
                                             timeout=bound)
@@ -225,7 +245,11 @@ class Client:
 
     async def gather(self, object_ids: Sequence[ObjectID], timeout: float | None = None,
                      concurrency: int = GATHER_CONCURRENCY) -> list[NDArray[Any]]:
-        """Get many objects at once (at most ``concurrency`` transfers in flight), in order."""
+        """Get many objects at once (at most ``concurrency`` transfers in flight), in order;
+        ``timeout`` applies to each get."""
+        timeout = check_timeout(timeout)
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidArgumentError(f"concurrency must be an int >= 1, not {concurrency!r}")
         limit = asyncio.Semaphore(concurrency)
 
         async def one(oid: ObjectID) -> NDArray[Any]:
@@ -252,18 +276,29 @@ class Client:
             self._flush_scheduled = True
         try:
             self._loop.call_soon_threadsafe(self._flush_releases)
-        except RuntimeError:
-            pass  # the loop is closed: the daemon releases everything when we disconnect
+        except RuntimeError:  # the loop is closed, so is our connection: the daemon released
+            log.debug("view of %s dropped after the client's loop closed", oid.short())
 
     def _flush_releases(self) -> None:
+        """Tell the daemon which views died, however many: one notice per batch that fits a
+        frame. A notice that cannot be sent is logged; on a closed connection that is no
+        loss (the daemon released all our views when it closed), anything else is a bug."""
         with self._release_lock:
             oids, self._released = self._released, []
             self._flush_scheduled = False
-        if oids and self._channel.is_open:
+        if not oids or not self._channel.is_open:
+            return
+        for sent, notice in enumerate(release_notices(oids)):
             try:
-                self._channel.notify(Release(oids=oids))
-            except HopliteError:
-                pass
+                self._channel.notify(notice)
+            except ConnectionLostError as exc:
+                log.debug("%d views dropped as the connection closed: %s",
+                          len(oids) - sent * MAX_IDS_PER_FRAME, exc)
+                return
+            except HopliteError as exc:
+                log.error("could not release %d views: %s",
+                          len(oids) - sent * MAX_IDS_PER_FRAME, exc)
+                return
 
     async def close(self) -> None:
         """Close the connection. Arrays returned by :meth:`get` must not be used afterwards:
@@ -274,3 +309,10 @@ class Client:
         except TimeoutError:
             self._protocol.abort()
         self._arena.close()
+
+
+def release_notices(oids: Sequence[ObjectID]) -> list[Release]:
+    """``oids`` as Release notices of at most ``MAX_IDS_PER_FRAME`` ids each, in order: one
+    notice for all of them could exceed the frame header limit."""
+    return [Release(oids=list(oids[i:i + MAX_IDS_PER_FRAME]))
+            for i in range(0, len(oids), MAX_IDS_PER_FRAME)]

@@ -4,10 +4,13 @@ A :class:`Dispatcher` is built from ``{message type: handler}`` for one role (cl
 tool). At construction it checks that every kind the role may send has a handler
 (``messages.kinds_for``), so a kind added to the catalogue without a handler fails at start-up,
 not when the first such frame arrives. A kind that the role may not send gets a typed error
-reply. Handlers take ``(origin, message, payload)``; a request handler returns its reply (or
-``(reply, payload)``), whose request id the dispatcher stamps. Synchronous handlers run inline
-(cheap notices such as Progress); coroutine handlers run as owned tasks. Errors become ``Error``
-replies: typed errors as themselves, anything else as "internal" with a traceback in the log.
+reply. A ``timeout`` field is checked before any handler sees it (``wire/timeouts.py``: NaN or
+negative is an ``invalid`` error, inf becomes None), whoever sent it. Handlers take ``(origin,
+message, payload)``; a request handler returns its reply (or ``(reply, payload)``), whose
+request id the dispatcher stamps. Synchronous handlers run inline (cheap notices such as
+Progress); coroutine handlers run as owned tasks. Errors become ``Error`` replies: typed errors
+as themselves, anything else as "internal" with a traceback in the log. A reply that cannot be
+encoded is logged and answered ``protocol``, so its requester never waits for nothing.
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, cast
 
 from hoplite_client.net.channel import error_reply
-from hoplite_client.wire.errors import HopliteError, RemoteProtocolError
+from hoplite_client.wire.errors import HopliteError, LocalProtocolError, RemoteProtocolError
 from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.messages import Reply, Role, WireMessage, kinds_for
+from hoplite_client.wire.timeouts import check_timeout
 from hoplited.tasks import Tasks
 
 log = logging.getLogger("hoplited.dispatch")
@@ -53,6 +57,13 @@ class Dispatcher:
             if respond is not None:
                 respond(error_reply(error, getattr(msg, "rid", 0)), None)
             return
+        try:
+            msg = checked_timeout(msg)
+        except HopliteError as exc:
+            self._answer_error(msg, exc, respond)
+            return
+        if msg is not frame.msg:
+            frame = Frame(msg, frame.payload)
         if cls in self._async:
             self._tasks.spawn(self._run_async(handler, origin, frame, respond),
                               name=f"{self.role}-{cls.__name__}")
@@ -79,7 +90,7 @@ class Dispatcher:
         handler = self._table.get(type(msg))
         if handler is None:
             raise RemoteProtocolError(f"{type(msg).__name__} is not accepted from a {self.role}")
-        answer = handler(origin, msg, payload)
+        answer = handler(origin, checked_timeout(msg), payload)
         if inspect.isawaitable(answer):
             answer = await answer
         reply, out = _split(answer)
@@ -95,7 +106,12 @@ class Dispatcher:
             self._answer_error(msg, RuntimeError(f"{type(msg).__name__} handler gave no reply"),
                                respond)
             return
-        respond(dataclasses.replace(cast(Any, reply), rid=cast(Any, msg).rid), payload)
+        try:
+            respond(dataclasses.replace(cast(Any, reply), rid=cast(Any, msg).rid), payload)
+        except LocalProtocolError as exc:  # e.g. a header over MAX_HEADER: a bug, said so
+            log.error("%s reply to a %s could not be sent: %s", type(msg).__name__,
+                      self.role, exc)
+            respond(error_reply(exc, cast(Any, msg).rid), None)
 
     def _answer_error(self, msg: WireMessage, exc: Exception,
                       respond: Respond | None) -> None:
@@ -106,6 +122,16 @@ class Dispatcher:
             log.error("%s from a %s crashed", name, self.role, exc_info=exc)
         if msg.SHAPE == "request" and respond is not None:
             respond(error_reply(exc, cast(Any, msg).rid), None)
+
+
+def checked_timeout(msg: WireMessage) -> WireMessage:
+    """``msg`` with its ``timeout`` field (if it has one) as ``check_timeout`` means it: the
+    same message when already so, a copy when inf became None; raises InvalidArgumentError."""
+    if "timeout" not in type(msg).__dataclass_fields__:
+        return msg
+    record: Any = msg  # a dataclass with a ``timeout`` field (checked above)
+    timeout = check_timeout(record.timeout)
+    return msg if timeout == record.timeout else dataclasses.replace(record, timeout=timeout)
 
 
 def check_complete(role: Role, handled: Iterable[type[WireMessage]]) -> None:

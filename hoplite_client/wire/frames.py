@@ -37,6 +37,11 @@ PRELUDE = struct.Struct("!2sBBIQ")  # magic, version, kind, header length, paylo
 PRELUDE_SIZE = PRELUDE.size
 # Headers hold ids, offsets and member lists: 256 KiB fits thousands of members.
 MAX_HEADER = 256 * 1024
+# The most object ids one frame lists. An id is 22 bytes of msgpack, so 10,000 take 220,000 of
+# MAX_HEADER's 262,144 bytes and leave over 40 KB for the other fields. A reduce takes at most
+# this many inputs (its Reduce and InputList list them all); a client sends its Release
+# notices in batches of at most this many.
+MAX_IDS_PER_FRAME = 10_000
 # Objects of at most this size travel inline in control frames and live in their directory
 # entry (docs/design.md §2): no shared memory, no data-plane transfer.
 INLINE_MAX = 64 * 1024

@@ -17,7 +17,7 @@ from typing import Any
 from hoplite_client.net.channel import Channel
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, ObjectNotFoundError
-from hoplite_client.wire.frames import INLINE_MAX
+from hoplite_client.wire.frames import INLINE_MAX, MAX_IDS_PER_FRAME
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
     CLIENT,
@@ -81,7 +81,10 @@ class ClientSession:
 
     async def on_get(self, me: str, msg: Get, payload: memoryview | None
                      ) -> tuple[Found, bytes | None]:
-        obj = await self.d.fetcher.fetch(msg.oid, msg.timeout)
+        """A complete copy here is answered at once (so timeout 0 polls it); else fetch."""
+        obj = self.d.store.get(msg.oid)
+        if obj is None or not obj.complete:
+            obj = await self.d.fetcher.fetch(msg.oid, msg.timeout)
         if obj.size <= INLINE_MAX:
             return Found(size=obj.size, dtype=obj.dtype, shape=obj.shape, offset=None), \
                 bytes(obj.buffer)
@@ -138,6 +141,11 @@ class ClientSession:
         return Ok()
 
     def on_reduce(self, me: str, msg: Reduce, payload: memoryview | None) -> Ok:
+        """Start the reduce; more inputs than one frame lists are refused, because its
+        InputList reply could not be sent."""
+        if len(msg.inputs) > MAX_IDS_PER_FRAME:
+            raise InvalidArgumentError(f"a reduce takes at most {MAX_IDS_PER_FRAME} inputs, "
+                                       f"not {len(msg.inputs)}", limit=MAX_IDS_PER_FRAME)
         self.d.reductions.start(msg.result, msg.inputs, msg.op, msg.num_objects, msg.timeout)
         return Ok()
 
