@@ -111,6 +111,7 @@ class Daemon:
             if moved:
                 log.info("%d directory entries moved to other shards", moved)
             directory.reannounce(previous)
+            reductions.reannounce(previous)
 
         membership.listeners.append(membership_changed)
         self._server = await asyncio.get_running_loop().create_server(

@@ -40,6 +40,7 @@ from hoplite_client.wire.messages import (
 )
 from hoplited.cluster.link_model import LinkModel
 from hoplited.collectives import plan as p
+from hoplited.collectives.input_wait import GiveUp, InputWait, Ready, Sleep, Step
 from hoplited.collectives.ops import OPS
 from hoplited.collectives.tree import tree_depth
 from hoplited.directory.client import DirectoryClient
@@ -52,13 +53,6 @@ from hoplited.transfer.fetch_plan import is_retriable
 from hoplited.transfer.fetcher import Fetcher
 
 log = logging.getLogger("hoplited.reduce")
-
-# A coordinator re-asks a shard for an input this often; a wait it abandons (a backup input
-# not needed any more) then ends on the shard within this time.
-LONG_POLL = 30.0
-# A lost input's shard may still list the dead node as its holder for a moment (its own
-# verdict comes later): the coordinator asks again this often until another node holds it.
-REWAIT_POLL = 0.1
 
 
 @dataclass(frozen=True)
@@ -109,6 +103,16 @@ class Reductions:
         if coordinator is None:
             raise ObjectNotFoundError(f"no reduce into {result.hex()} was issued on this node")
         return await coordinator.reduced_inputs(timeout)
+
+    def reannounce(self, previous: list[str]) -> None:
+        """Record each failed reduce again at its result's new owner shard: the record is soft
+        state like a holding (it died with the old owner, or stayed behind at it), and gets of
+        the result must keep failing at once wherever they ask."""
+        d = self._deps
+        for result, coordinator in self._running.items():
+            error = coordinator.plan.error
+            if error is not None and d.directory.moved(result, previous):
+                d.tasks.spawn(d.directory.fail(result, error), name="refail")
 
     def forget(self, result: ObjectID) -> None:
         """The result was deleted: nothing about this reduce is kept any more."""
@@ -164,14 +168,16 @@ class ReduceCoordinator:
             self._wait(oid, ())
 
     def _wait(self, oid: ObjectID, exclude: tuple[str, ...]) -> None:
-        self._waits[oid] = self.d.tasks.spawn(self._wait_ready(oid, exclude),
-                                              name=f"reduce-wait-{oid.short()}")
+        self._waits[oid] = self._spawn(self._wait_ready(oid, exclude),
+                                       f"reduce-wait-{oid.short()}",
+                                       functools.partial(p.InputFailed, oid))
 
     async def reduced_inputs(self, timeout: float | None) -> list[ObjectID]:
         """The inputs in the result, in the order they became ready, once it is complete (a
         backup may take a lost input's place until then)."""
         try:
-            await asyncio.wait_for(self.ended.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.ended.wait()
         except TimeoutError:
             raise HopliteTimeoutError(f"reduce {self.result.hex()} has not completed within "
                                       f"{timeout}s") from None
@@ -200,43 +206,36 @@ class ReduceCoordinator:
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str,
                on_error: Callable[[HopliteError], p.Event]) -> asyncio.Task[None]:
         """Run ``coro``; a failure comes back to the plan as ``on_error(error)``."""
-        async def guarded() -> None:
-            try:
-                await coro
-            except HopliteError as exc:
-                self.feed(on_error(exc))
-            except Exception as exc:  # a bug must still end the reduce, with a typed error
-                log.exception("reduce %s: %s crashed", self.result.short(), name)
-                self.feed(on_error(HopliteError(f"{name}: {type(exc).__name__}: {exc}")))
-        return self.d.tasks.spawn(guarded(), name=name)
+        def failed(exc: BaseException) -> None:
+            if not isinstance(exc, HopliteError):  # a bug must still end the reduce, typed
+                log.error("reduce %s: %s crashed", self.result.short(), name, exc_info=exc)
+                exc = HopliteError(f"{name}: {type(exc).__name__}: {exc}")
+            self.feed(on_error(exc))
+        return self.d.tasks.spawn(coro, name=name, on_error=failed)
 
     async def _wait_ready(self, oid: ObjectID, exclude: tuple[str, ...]) -> None:
-        """Wait for ``oid`` in bounded polls, so a shard never keeps a waiter we gave up on,
-        until a live node not in ``exclude`` holds all of it (or it comes inline)."""
+        """Wait for ``oid`` until a live node not in ``exclude`` holds all of it (or it comes
+        inline), in bounded polls as :class:`InputWait` decides (it never lets us spin)."""
         loop = asyncio.get_running_loop()
-        deadline = self._deadline
-        while True:
-            remaining = None if deadline is None else max(0.0, deadline - loop.time())
-            poll = LONG_POLL if remaining is None else min(remaining, LONG_POLL)
-            try:
-                frame = await self.d.directory.wait_object(oid, poll)
-            except HopliteTimeoutError as exc:
-                if remaining is not None and remaining <= LONG_POLL:
-                    self.feed(p.InputFailed(oid, exc))
-                    return
+        wait = InputWait(oid, self._deadline)
+        step: Step = wait.poll(loop.time())
+        while not isinstance(step, Ready):
+            if isinstance(step, GiveUp):
+                self.feed(p.InputFailed(oid, step.error))
+                return
+            if isinstance(step, Sleep):  # the shard has not heard of a death yet
+                await asyncio.sleep(step.delay)
+                step = wait.poll(loop.time())
                 continue
+            try:
+                frame = await self.d.directory.wait_object(oid, step.timeout)
             except HopliteError as exc:
-                self.feed(p.InputFailed(oid, exc))
-                return
-            if frame.msg.size <= INLINE_MAX or any(
-                    n not in exclude and self.d.is_alive(n) for n in frame.msg.holders):
-                break
-            if remaining is not None and remaining <= REWAIT_POLL:
-                self.feed(p.InputFailed(oid, HopliteTimeoutError(
-                    f"input {oid.hex()} has no live holder but {list(frame.msg.holders)}")))
-                return
-            await asyncio.sleep(REWAIT_POLL)  # the shard has not heard of the death yet
-        info = frame.msg
+                step = wait.failed(loop.time(), exc)
+                continue
+            info = frame.msg
+            usable = info.size <= INLINE_MAX or any(
+                n not in exclude and self.d.is_alive(n) for n in info.holders)
+            step = wait.answered(loop.time(), usable, info.holders)
         if info.size <= INLINE_MAX:
             self._inline[oid] = bytes(frame.payload) if frame.payload is not None else b""
         self.feed(p.InputReady(oid, tuple(info.holders),
@@ -263,7 +262,7 @@ class ReduceCoordinator:
         elif isinstance(ins, p.WaitInput):
             self._wait(ins.oid, ins.exclude)
         elif isinstance(ins, p.After):
-            self.d.tasks.spawn(self._after(ins), name="reduce-retry")
+            self._spawn(self._after(ins), "reduce-retry", p.ResultFailed)
         elif isinstance(ins, p.CancelWaits):
             for oid in ins.oids:
                 wait = self._waits.get(oid)
@@ -293,7 +292,7 @@ class ReduceCoordinator:
         self.out = out
         d.store.pin(out)
         out.producing = True  # if this node dies first, its shard fails the result's gets
-        d.tasks.spawn(d.arena.populate(out.offset, out.size), name="populate")
+        self._spawn(d.arena.populate(out.offset, out.size), "reduce-populate", p.ResultFailed)
         self._spawn(d.directory.announce(out), "reduce-announce", p.ResultFailed)
         self._watch = self._spawn(self._until_complete(out), "reduce-result", p.ResultFailed)
 

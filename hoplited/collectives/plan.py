@@ -1,7 +1,9 @@
 """A reduce coordinator's decisions as a pure core: which inputs, slots, nodes and edges.
 
 Theory of operation. Inputs become ready in any order; the first ``k`` are used, in readiness
-order, and the rest are backups whose waits are cancelled once ``k`` are chosen. The first
+order, and the rest are backups whose waits are cancelled once ``k`` are chosen. An input whose
+wait fails (it timed out, or its id names a failed reduce's result) is one candidate fewer: the
+reduce fails with its error only once the inputs still awaited cannot make up ``k``. The first
 ready input fixes the metadata: small inputs (at most ``INLINE_MAX``) come inline from their
 shards and are combined here once ``k`` are chosen; larger ones open the result on this node
 and fix a tree of ``k`` slots (:mod:`.tree`). Each input takes a slot as it becomes ready: an
@@ -491,7 +493,9 @@ class ReducePlan:
     # --- failures and repair ---
     def _input_failed(self, ev: InputFailed) -> list[Instruction]:
         if self._waiting.pop(ev.oid, 0) > 0:
-            return self._fail(ev.error)
+            if len(self.used) + sum(self._waiting.values()) < self.k:
+                return self._fail(ev.error)
+            return []  # one candidate fewer: the inputs still awaited can make up k
         if ev.oid in self._rewaiting:  # a backup: one fewer candidate, nothing more
             self._rewaiting.discard(ev.oid)
             return []

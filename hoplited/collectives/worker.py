@@ -14,6 +14,7 @@ before (docs/design.md §5).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, ObjectNotFoundError
+from hoplite_client.wire.errors import (
+    CapacityError,
+    HopliteError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+)
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
     Ok,
@@ -110,7 +116,6 @@ class ReduceWorker:
         if out is None:
             out = store.create(msg.output, own.size, own.dtype, own.shape, temporary=True)
             out.advance(start)  # never read below: the consumer holds those bytes
-            self._tasks.spawn(self._arena.populate(out.offset, out.size), name="populate")
         elif out.received != msg.start:
             raise InvalidArgumentError(f"the result holds {out.received} bytes, the task was "
                                        f"to start at {msg.start}")
@@ -121,7 +126,10 @@ class ReduceWorker:
         if msg.children == 0:
             task.all_children.set()
         self.slots[(msg.reduce_id, msg.slot)] = task
-        task.runner = self._tasks.spawn(self._run(task), name=f"reduce-{msg.slot}")
+        if out.temporary:
+            self._populate(task, out)
+        task.runner = self._tasks.spawn(self._run(task), name=f"reduce-{msg.slot}",
+                                        on_error=functools.partial(self._failed, task))
         return TaskStarted(version=out.version)
 
     def on_child(self, peer: str, msg: ReduceChild, payload: memoryview | None) -> Ok:
@@ -141,12 +149,13 @@ class ReduceWorker:
             buf.advance(task.start)  # the task computes from its start only
             store.pin(buf)
             task.children[msg.child] = buf
-            self._tasks.spawn(self._arena.populate(buf.offset, buf.size), name="populate")
+            self._populate(task, buf)
         old = task.pulls.get(msg.child)
         if old is not None:
             old.cancel()
         task.pulls[msg.child] = self._tasks.spawn(self._pull_child(task, buf, msg),
-                                                  name="reduce-pull")
+                                                  name="reduce-pull",
+                                                  on_error=functools.partial(self._failed, task))
         if len(task.children) == task.expected:
             task.all_children.set()
         return Ok()
@@ -166,15 +175,32 @@ class ReduceWorker:
                 offset=buf.received, source_dead=not self._is_alive(msg.node),
                 consumer=task.out.version, code=error.code, message=str(error)))
 
+    def _populate(self, task: SlotTask, buf: StoredObject) -> None:
+        """Back a buffer of ``task`` with memory; if there is none, the buffer fails (so nothing
+        writes into it any more) and so does the slot."""
+        def unbacked(exc: BaseException) -> None:
+            buf.fail(exc if isinstance(exc, HopliteError) else CapacityError(
+                f"no memory for a buffer of slot {task.slot}: {exc!r}"))
+            self._failed(task, exc)
+        self._tasks.spawn(self._arena.populate(buf.offset, buf.size), name="populate",
+                          on_error=unbacked)
+
     async def _run(self, task: SlotTask) -> None:
-        try:
-            await task.all_children.wait()
-            await self._compute(task)
-        except HopliteError as exc:
-            log.warning("reduce %s slot %d failed: %s", task.reduce_id.short(), task.slot, exc)
-            task.out.fail(exc)
-            self._tell(task.coordinator, ReduceFailed(
-                reduce_id=task.reduce_id, slot=task.slot, code=exc.code, message=str(exc)))
+        await task.all_children.wait()
+        await self._compute(task)
+
+    def _failed(self, task: SlotTask, exc: BaseException) -> None:
+        """A task of the slot failed (computing, pulling a child, backing a buffer): its output
+        will not complete, and the coordinator decides what that means for the reduce."""
+        if self.slots.get((task.reduce_id, task.slot)) is not task or task.out.error is not None:
+            return  # released, or failed already: reported once
+        error = exc if isinstance(exc, HopliteError) else HopliteError(
+            f"slot {task.slot}: {type(exc).__name__}: {exc}")
+        log.warning("reduce %s slot %d failed: %s", task.reduce_id.short(), task.slot, error,
+                    exc_info=None if isinstance(exc, HopliteError) else exc)
+        task.out.fail(error)
+        self._tell(task.coordinator, ReduceFailed(
+            reduce_id=task.reduce_id, slot=task.slot, code=error.code, message=str(error)))
 
     async def _compute(self, task: SlotTask) -> None:
         loop = asyncio.get_running_loop()
@@ -183,6 +209,8 @@ class ReduceWorker:
         # in slot order, so a slot computed again (repair) writes bit-identical sums
         children = [task.children[slot] for slot in sorted(task.children)]
         while pos < size:
+            if task.out.error is not None:  # failed or dropped: never written any further
+                raise task.out.error
             ready = size
             for child in children:
                 ready = min(ready, await child.wait_for(min(pos + item, size)))

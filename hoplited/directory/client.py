@@ -93,14 +93,17 @@ class DirectoryClient:
             log.debug("dropped %s", msg.oid.short())
         return Ok()
 
+    def moved(self, oid: ObjectID, previous: list[str]) -> bool:
+        """Whether the owner shard of ``oid`` is another than among the ``previous`` members."""
+        return not previous or rendezvous_owner(oid, previous) != self._membership.owner(oid)
+
     def reannounce(self, previous: list[str]) -> None:
         """Tell each object's new owner shard what we hold (the directory is soft state)."""
         holdings: list[Holding] = []
         for obj in self._store.objects.values():
             if obj.error is not None or obj.temporary:
                 continue
-            owner = self._membership.owner(obj.oid)
-            if previous and rendezvous_owner(obj.oid, previous) == owner:
+            if not self.moved(obj.oid, previous):
                 continue
             if obj.size <= INLINE_MAX:
                 if obj.complete:

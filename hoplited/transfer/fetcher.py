@@ -11,6 +11,7 @@ bytes and resumes from its watermark at another source.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import Counter, deque
@@ -20,9 +21,11 @@ from typing import Any
 from hoplite_client.net.handshake import Identity, dial, refused
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import (
+    CapacityError,
     ConnectionLostError,
     HopliteError,
     HopliteTimeoutError,
+    ObjectDeletedError,
     ObjectNotFoundError,
     PeerUnavailableError,
     RemoteProtocolError,
@@ -68,9 +71,25 @@ class Fetcher:
 
     async def fetch(self, oid: ObjectID, timeout: float | None) -> StoredObject:
         """The complete local copy of ``oid``, pulling it from the cluster if needed; waits at
-        most ``timeout`` (this caller's own, whoever else is fetching the same id)."""
+        most ``timeout`` (this caller's own, whoever else is fetching the same id). The copy is
+        still in the store when this returns: the caller may pin it before anything else runs."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        try:
+            async with asyncio.timeout_at(deadline):
+                obj = await self._complete_copy(oid, deadline)
+        except HopliteError:
+            raise  # the fetch's own end: a timeout the shard recorded (a failed reduce's) too
+        except TimeoutError:
+            raise HopliteTimeoutError(f"object {oid.hex()} not received within {timeout}s",
+                                      oid=oid.hex()) from None
+        if obj.deleted:  # deleted between the copy's completion and our turn to run
+            raise obj.error or ObjectDeletedError(f"object {oid.hex()} was deleted",
+                                                  oid=oid.hex())
+        return obj
+
+    async def _complete_copy(self, oid: ObjectID, deadline: float | None) -> StoredObject:
+        """Join (or start) the one fetch of ``oid``, or wait for the local copy to complete."""
         running = self._fetches.get(oid)  # first: a fetch in progress has allocated already
         obj = self._store.get(oid)
         if running is not None or obj is None:
@@ -82,19 +101,11 @@ class Fetcher:
             else:
                 task, plan = running
                 plan.handle(fp.CallerJoined(deadline))  # our deadline may outlast the others'
-            try:
-                return await asyncio.wait_for(asyncio.shield(task), timeout)
-            except TimeoutError:
-                raise HopliteTimeoutError(f"object {oid.hex()} not received within {timeout}s",
-                                          oid=oid.hex()) from None
+            return await asyncio.shield(task)  # it outlives callers that give up
         while True:
-            remaining = None if deadline is None else max(0.0, deadline - loop.time())
             try:
-                await asyncio.wait_for(obj.wait_for(obj.size), remaining)
+                await obj.wait_for(obj.size)
                 return obj
-            except TimeoutError:
-                raise HopliteTimeoutError(f"object {oid.hex()} not complete within {timeout}s",
-                                          oid=oid.hex()) from None
             except HopliteError:
                 again = self._store.get(oid)
                 if again is None or again is obj:
@@ -114,13 +125,11 @@ class Fetcher:
             while todo:
                 ins = todo.popleft()
                 if isinstance(ins, fp.AskOwner):
-                    try:
-                        located = await self._directory.locate(oid, ins.timeout,
-                                                               list(ins.exclude), ins.offset)
-                    except HopliteError as exc:
-                        todo.extend(plan.handle(fp.LocateFailed(loop.time(), exc)))
+                    answer = await self._ask(oid, ins, obj, loop)
+                    if not isinstance(answer, Frame):
+                        todo.extend(plan.handle(answer))
                         continue
-                    m = located.msg
+                    located, m = answer, answer.msg
                     todo.extend(plan.handle(fp.Located(
                         loop.time(), m.source, m.size, m.dtype, tuple(m.shape), m.version,
                         here=obj is None and store.get(oid) is not None)))
@@ -133,7 +142,8 @@ class Fetcher:
                     obj = store.create(oid, ins.size, ins.dtype, list(ins.shape), ins.version)
                     store.pin(obj)  # the kernel writes into it until the pulls end
                     populate = self._tasks.spawn(self._arena.populate(obj.offset, obj.size),
-                                                 name="populate")
+                                                 name="populate",
+                                                 on_error=functools.partial(self._unbacked, obj))
                 elif isinstance(ins, fp.Discard):
                     assert obj is not None
                     if store.get(oid) is obj:  # those reading it from us ask again too
@@ -164,6 +174,43 @@ class Fetcher:
                 populate.cancel()
             if obj is not None:
                 store.unpin(obj)
+
+    async def _ask(self, oid: ObjectID, ins: fp.AskOwner, obj: StoredObject | None,
+                   loop: asyncio.AbstractEventLoop
+                   ) -> Frame[Located] | fp.LocateFailed | fp.CopyFailed:
+        """Ask the owner for a source. If our partial copy fails meanwhile (it was deleted),
+        the ask ends with that: the shard would wait for a put that may never come, and the
+        copy's memory stay pinned until then."""
+        if obj is not None and obj.error is not None:
+            return fp.CopyFailed(obj.error)
+        scope = asyncio.timeout(None)  # expired at once by the copy's failure, if it fails
+
+        def failed(_: HopliteError) -> None:
+            if scope.when() is None:  # once
+                scope.reschedule(loop.time())
+
+        if obj is not None:
+            obj.on_fail.append(failed)
+        try:
+            async with scope:
+                return await self._directory.locate(oid, ins.timeout, list(ins.exclude),
+                                                    ins.offset)
+        except HopliteError as exc:  # the shard's answer, its timeout included
+            return fp.LocateFailed(loop.time(), exc)
+        except TimeoutError:
+            if obj is None or obj.error is None:
+                raise  # not the scope's
+            return fp.CopyFailed(obj.error)  # the copy failed
+        finally:
+            if obj is not None:
+                obj.on_fail.remove(failed)
+
+    def _unbacked(self, obj: StoredObject, exc: BaseException) -> None:
+        """The copy's memory could not be backed (no memory left): fail the copy, which stops
+        its pulls and ends the fetch with the error, instead of writing into unbacked pages."""
+        if self._store.get(obj.oid) is obj:
+            self._store.remove(obj.oid, exc if isinstance(exc, HopliteError) else CapacityError(
+                f"no memory for object {obj.oid.hex()}: {exc!r}", oid=obj.oid.hex()))
 
     async def _pull(self, obj: StoredObject, source: str,
                     loop: asyncio.AbstractEventLoop) -> fp.PullEnded | fp.CopyFailed:
@@ -276,6 +323,7 @@ class Fetcher:
         except OSError as exc:
             raise ConnectionLostError(f"pull from {source}: {exc}") from exc
         finally:
+            _settle(done)
             pulls.discard(protocol)
             if not pulls and self._pulls.get(source) is pulls:
                 del self._pulls[source]
@@ -306,6 +354,12 @@ class Fetcher:
             if obj.received == seen:
                 raise HopliteTimeoutError(f"source sent nothing for {stall}s")
             seen = obj.received
+
+
+def _settle(fut: asyncio.Future[Any]) -> None:
+    """Nobody reads ``fut`` any more: cancel it, or mark the exception it ended with read."""
+    if not fut.cancel() and not fut.cancelled():
+        fut.exception()
 
 
 def _complete(obj: StoredObject | None) -> StoredObject:

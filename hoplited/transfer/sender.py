@@ -41,16 +41,15 @@ class Sender:
             protocol.abort()
 
     async def _serve(self, protocol: FrameProtocol) -> None:
-        queue: asyncio.Queue[Frame[Any]] = asyncio.Queue()
+        # None: the connection closed (a marker in the queue, so no task waits on both)
+        queue: asyncio.Queue[Frame[Any] | None] = asyncio.Queue()
         protocol.handler = queue.put_nowait
-        while True:
-            get = asyncio.ensure_future(queue.get())
-            waiters: set[asyncio.Future[Any]] = {get, protocol.closed}
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            if not get.done():
-                get.cancel()
+        protocol.on_lost.append(lambda _: queue.put_nowait(None))
+        while not protocol.closed.done():
+            frame = await queue.get()
+            if frame is None:
                 return
-            msg = get.result().msg
+            msg = frame.msg
             if not isinstance(msg, Pull):
                 protocol.send(Error(rid=getattr(msg, "rid", 0), code="protocol",
                                     message=f"data connections take Pull, not "

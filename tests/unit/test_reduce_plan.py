@@ -308,11 +308,27 @@ CASES = [
                                               oid=I[0].hex()))]),
     ]),
     # --- failures ---
-    Case("input-wait-fails-before-k", k=2, n=3, steps=[
+    Case("input-wait-fails-while-the-others-can-make-up-k", k=2, n=3, steps=[
         (ready(0, "n0"), [OPEN]),
-        (InputFailed(I[1], TIMEOUT), [cancel(2), Fail(TIMEOUT)]),
+        (InputFailed(I[1], TIMEOUT), []),  # one candidate fewer: input 2 may still come
+        (ready(2, "n2"), [task(1, "n2", 2, out(1), 1)]),
+    ]),
+    Case("input-wait-fails-when-the-others-cannot-make-up-k", k=2, n=3, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (InputFailed(I[1], TIMEOUT), []),
+        (InputFailed(I[2], GONE), [Fail(GONE)]),
         (ready(2, "n2"), []),
-        (InputFailed(I[2], GONE), []),
+    ]),
+    Case("failed-input-before-any-ready-small-backup-used", k=1, n=2, steps=[
+        (InputFailed(I[0], TIMEOUT), []),  # e.g. the id of a reduce that timed out
+        (ready(1, "n1", size=SMALL), [CombineInline((I[1],), "sum", SMALL, DT, SHAPE)]),
+    ]),
+    Case("every-input-fails", k=1, n=2, steps=[
+        (InputFailed(I[1], GONE), []),
+        (InputFailed(I[0], TIMEOUT), [Fail(TIMEOUT)]),
+    ]),
+    Case("input-listed-twice-fails-both-places", k=2, inputs=(0, 0, 1), steps=[
+        (InputFailed(I[0], GONE), [cancel(1), Fail(GONE)]),
     ]),
     Case("input-wait-fails-with-a-task-running", k=3, steps=[
         (ready(0, "n0"), [OPEN]),
