@@ -16,7 +16,11 @@ or hold a newer copy: a partial holder re-attaching, a reduce's result waiting f
 slot or started again with a backup input (docs/design.md §5). It is avoided for
 ``STALL_RETRY`` seconds; if the owner has nobody else by then, it is asked for again. A source
 offering another version clears every exclusion: they were about copies of the old one. After
-``max_attempts`` pulls that brought no byte the fetch gives up. ``Fail`` means: discard the
+``max_attempts`` pulls that brought no byte, and no sooner than ``patience`` seconds after the
+first of them, the fetch gives up: ``patience`` is the time the membership may take to declare
+a silent source dead (then the owner stops offering it), so a source that only the heartbeat
+can condemn — say, behind a proxy that accepts connections for it — does not make the fetch
+fail just before a copy put again elsewhere becomes visible. ``Fail`` means: discard the
 partial copy.
 
 One fetch serves every concurrent get of an id, so its deadline is the latest of its callers'
@@ -203,15 +207,19 @@ class FetchPlan:
     absolute time on the clock the events' ``now`` come from; None: none)."""
 
     def __init__(self, oid: ObjectID, me: str, deadline: float | None,
-                 max_attempts: int = MAX_ATTEMPTS) -> None:
+                 max_attempts: int = MAX_ATTEMPTS, patience: float = 0.0) -> None:
         if max_attempts < 1:
             raise LocalProtocolError(f"max_attempts must be at least 1, not {max_attempts}")
+        if not patience >= 0:  # also refuses NaN
+            raise LocalProtocolError(f"patience must be at least 0, not {patience}")
         self.oid, self.me, self.deadline, self.max_attempts = oid, me, deadline, max_attempts
+        self.patience = patience
         self.phase: Phase = "new"
         self.exclude: list[str] = []  # sources excluded for good (dead, garbage), in order
         self.stalled: list[str] = []  # silent, closed or copy gone: avoided for a while
         self.attempts = 0  # pulls started
         self.fruitless = 0  # pulls that ended without a byte
+        self.first_fruitless: float | None = None  # when the first of them ended
         self.watermark = 0  # bytes held, from offset 0
         self.size: int | None = None  # set once allocated, with the version
         self.version: bytes | None = None
@@ -285,6 +293,8 @@ class FetchPlan:
     def _pull_ended(self, ev: PullEnded) -> list[Instruction]:
         if ev.watermark <= self.watermark:
             self.fruitless += 1
+            if self.first_fruitless is None:
+                self.first_fruitless = ev.now
         self.watermark = max(self.watermark, ev.watermark)
         if ev.error is None or (self.size is not None and self.watermark >= self.size):
             return [Report(ev.source, complete=True), Done()]  # every byte is here
@@ -300,7 +310,8 @@ class FetchPlan:
                 self.stalled.append(ev.source)
         elif ev.source not in self.exclude:
             self.exclude.append(ev.source)
-        if self.fruitless >= self.max_attempts:
+        if (self.fruitless >= self.max_attempts and self.first_fruitless is not None
+                and ev.now - self.first_fruitless >= self.patience):
             return [*out, Fail(PeerUnavailableError(
                 f"gave up on {self.oid.hex()} after {self.fruitless} sources sent nothing "
                 f"(last: {ev.error})", oid=self.oid.hex()))]

@@ -258,6 +258,35 @@ def test_default_budget_is_eight_sources() -> None:
     assert isinstance(out[-1], Fail) and isinstance(out[-1].error, PeerUnavailableError)
 
 
+@pytest.mark.parametrize("patience, ends, gives_up", [
+    (0.0, [1.0, 1.5, 2.0], True),     # no patience: the third fruitless pull ends it
+    (4.0, [1.0, 1.5, 2.0], False),    # within the verdict window of the first: ask again
+    (4.0, [1.0, 3.0, 5.0], True),     # past it: the membership would have decided by now
+    (4.0, [1.0, 2.0, 5.0, 5.5], True),
+])
+def test_fruitless_pulls_end_the_fetch_only_after_the_patience(
+        patience: float, ends: list[float], gives_up: bool) -> None:
+    """A source only the heartbeat can condemn keeps the fetch alive until it could have been
+    declared dead (then the owner stops offering it), however many pulls it wasted."""
+    plan = FetchPlan(OID, ME, None, max_attempts=3, patience=patience)
+    plan.start(0.0)
+    out: list[Instruction] = []
+    for now in ends:
+        plan.handle(at("a", now=now - 0.1))
+        out = plan.handle(ended("a", 0, LOST, now=now))
+        if isinstance(out[-1], Fail):
+            break
+    assert isinstance(out[-1], Fail) is gives_up
+    if not gives_up:
+        assert isinstance(out[-1], AskOwner)
+
+
+def test_patience_must_be_a_duration() -> None:
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(LocalProtocolError):
+            FetchPlan(OID, ME, None, patience=bad)
+
+
 def test_sources_that_send_something_do_not_use_up_the_budget() -> None:
     plan = FetchPlan(OID, ME, None, max_attempts=2)
     plan.start(0.0)
