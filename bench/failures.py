@@ -1,10 +1,11 @@
 """Hoplite and the baselines under the same failure, in the same emulated cluster, in one run.
 
-For each op and signal: one test bed (network namespaces, RATE links); each baseline first
-(failure-free runs, then a run whose rank VICTIM is signalled AFTER seconds in:
-bench/baselines/failure.py), then hoplite's daemons in the same namespaces (failure-free runs
-and the failure run of ``hoplite bench OP --kill-node``: hoplite_client/tools/failures.py,
-where the victim's input is put again on the next node, as a restarted task would). Every
+For each op and signal: one test bed (network namespaces, RATE links) and each system in it
+in turn (``--systems``): a baseline's failure-free runs, then a run whose rank VICTIM is
+signalled AFTER seconds in (bench/baselines/failure.py); hoplite's daemons, their
+failure-free runs and the failure run of ``hoplite bench OP --kill-node``
+(hoplite_client/tools/failures.py, where the victim's input is put again on the next node, as
+a restarted task would). Every
 survivor's outcome is recorded: its checked result and when, the error it got, the end its
 launcher gave it, or nothing within PATIENCE seconds of the signal. Writes JSON and the
 failures section of docs/benchmarks.md. Usage (from the repository root, as root):
@@ -125,7 +126,7 @@ async def measure_baseline(name: str, testbed: Testbed, op: str, size: int, repe
 async def measure(nodes: int, rate: int, size: int, repeat: int, ops: list[str],
                   signals: list[str], systems: list[str], victim: int, after: float,
                   patience: float) -> list[FailureRow]:
-    """Every (op, signal) in its own test bed: the baselines, then hoplite."""
+    """Every (op, signal) in its own test bed, each system in turn."""
     rows: list[FailureRow] = []
     capacity = str(size * 4 + (256 << 20))
     for op in ops:

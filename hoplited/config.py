@@ -33,6 +33,8 @@ class DaemonConfig:
     # source; a get's own window is derived from the link rate below this cap (link_model.py).
     stall_timeout: float = 30.0
     advertise_host: str | None = None
+    # Prometheus metrics on this port of ``host`` (docs/operations.md); None: not served.
+    metrics_port: int | None = None
 
     def check(self) -> None:
         """Refuse settings that would be unsafe or meaningless."""
@@ -41,6 +43,9 @@ class DaemonConfig:
             raise InvalidArgumentError(
                 f"refusing to listen on {self.host} without a cluster token: pass --token-file "
                 f"(or --insecure to accept unauthenticated peers)")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise InvalidArgumentError(f"metrics port must be within 0..65535, "
+                                       f"not {self.metrics_port}")
         if self.fanout < 1:
             raise InvalidArgumentError("fanout must be at least 1")
         if not self.heartbeat_interval > 0:  # also refuses NaN

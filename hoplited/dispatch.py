@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, cast
 
@@ -39,9 +40,10 @@ class Dispatcher:
     """The handler table of one role, and the code path every request of that role takes."""
 
     def __init__(self, role: Role, handlers: Mapping[type[WireMessage], Handler],
-                 tasks: Tasks) -> None:
+                 tasks: Tasks, errors: Counter[str] | None = None) -> None:
         self.role = role
         self._tasks = tasks
+        self._errors = errors  # error replies by type, for the metrics (hoplited/metrics.py)
         self._table = {cls: h for cls, h in handlers.items() if role in cls.ROLES}
         check_complete(role, self._table)
         self._async = {cls for cls, h in self._table.items() if inspect.iscoroutinefunction(h)}
@@ -116,6 +118,8 @@ class Dispatcher:
     def _answer_error(self, msg: WireMessage, exc: Exception,
                       respond: Respond | None) -> None:
         name = type(msg).__name__
+        if self._errors is not None:
+            self._errors[type(exc).__name__ if isinstance(exc, HopliteError) else "internal"] += 1
         if isinstance(exc, HopliteError):
             log.info("%s from a %s failed: %s", name, self.role, exc)
         else:

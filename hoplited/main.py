@@ -14,7 +14,8 @@ from hoplite_client.net.endpoints import default_socket, parse_address
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.units import parse_size
 from hoplited.config import DaemonConfig
-from hoplited.node import Daemon, log_to_stderr
+from hoplited.logs import FORMATS, log_to_stderr
+from hoplited.node import Daemon
 
 log = logging.getLogger("hoplited")
 
@@ -58,19 +59,25 @@ async def run(config: DaemonConfig) -> None:
                    "links; a reduce's pulls use this cap).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
+@click.option("--log-format", default="text", show_default=True, type=click.Choice(FORMATS),
+              help="json: one JSON object per line, for a log pipeline (docs/operations.md).")
+@click.option("--metrics-port", default=None, type=click.IntRange(0, 65535),
+              help="Serve Prometheus metrics on this port of the --listen host (0: any free "
+                   "port, in the ready line); docs/operations.md.")
 def main(listen: str, socket_path: str | None, join: tuple[str, ...],
          token_file: str | None, insecure: bool, capacity: str | None, fanout: int,
          advertise: str | None, heartbeat_interval: float, heartbeat_timeout: float,
-         stall_timeout: float, log_level: str) -> None:
+         stall_timeout: float, log_level: str, log_format: str,
+         metrics_port: int | None) -> None:
     """Run the hoplite daemon for this host."""
-    log_to_stderr(log_level)
+    log_to_stderr(log_level, log_format)
     try:
         host, port = parse_address(listen)
         config = DaemonConfig(host=host, port=port, socket_path=socket_path or default_socket(),
                               join=[parse_address(j) for j in join], insecure=insecure,
                               fanout=fanout, heartbeat_interval=heartbeat_interval,
                               heartbeat_timeout=heartbeat_timeout, stall_timeout=stall_timeout,
-                              advertise_host=advertise)
+                              advertise_host=advertise, metrics_port=metrics_port)
         if capacity is not None:
             config.capacity = parse_size(capacity)
         if token_file is not None:

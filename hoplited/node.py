@@ -13,7 +13,6 @@ import logging
 import os
 import secrets
 import socket
-import sys
 from collections import Counter
 
 from hoplite_client.net.endpoints import host_id
@@ -35,6 +34,7 @@ from hoplited.directory.shard import DirectoryShard
 from hoplited.dispatch import Dispatcher
 from hoplited.memory.arena import Arena
 from hoplited.memory.store import ObjectStore
+from hoplited.metrics import MetricsServer, registry_for
 from hoplited.rpc import Rpc
 from hoplited.status import NodeStatus
 from hoplited.tasks import Tasks
@@ -61,6 +61,7 @@ class Daemon:
         self._listener: ClientListener | None = None
         self._links: Links | None = None
         self._rpc: Rpc | None = None
+        self._metrics: MetricsServer | None = None
         self._stopped = asyncio.Event()
         self.membership: Membership
 
@@ -74,6 +75,7 @@ class Daemon:
         self.membership = membership = Membership(me)
         link_model = LinkModel()
         counters: Counter[str] = Counter()
+        errors: Counter[str] = Counter()
         tasks, store, arena = self.tasks, self.store, self.arena
         self._links = links = Links(self.identity, cfg.heartbeat_interval, cfg.heartbeat_timeout,
                                     membership.mark_dead, link_model.observe_rtt)
@@ -83,22 +85,27 @@ class Daemon:
         shard = DirectoryShard(cfg.fanout, membership.is_alive, membership.owner, self.node_id)
         directory = DirectoryClient(rpc, store, membership, tasks)
         fetcher = Fetcher(self.identity, store, arena, directory, membership, link_model,
-                          counters, tasks, cfg.stall_timeout, links.refused)
+                          counters, tasks, cfg.stall_timeout, links.refused,
+                          patience=verdict_within)
         worker = ReduceWorker(store, arena, fetcher, rpc.tell, tasks, membership.is_alive)
         reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, directory, rpc,
                                                 fetcher, link_model, membership.is_alive,
                                                 tasks, patience=verdict_within))
         cluster = ClusterService(self.identity, membership, links)
         status = NodeStatus(membership, store, shard, link_model, counters, rpc, gauges={
-            "clients": lambda: len(listener), "reduce_tasks": lambda: len(worker.slots)})
+            "clients": lambda: len(listener), "reduce_tasks": lambda: len(worker.slots),
+            "transfers": fetcher.in_flight, "reduce_slots": worker.in_flight},
+            errors=errors)
         listener = self._listener = ClientListener(cfg.socket_path, self.node_id, arena,
                                                    SessionDeps(store, arena, fetcher, directory,
-                                                               reductions, status.cluster, tasks))
+                                                               reductions, status.cluster, tasks,
+                                                               errors))
         handlers = {**cluster.handlers(), **status.handlers(), **directory.handlers(),
                     **DirectoryService(shard, self.node_id, membership.owner,
                                        membership.is_alive, rpc).handlers(),
                     **worker.handlers(), **reductions.handlers()}
-        rpc.serve(peer=Dispatcher(PEER, handlers, tasks), tool=Dispatcher(TOOL, handlers, tasks),
+        rpc.serve(peer=Dispatcher(PEER, handlers, tasks, errors),
+                  tool=Dispatcher(TOOL, handlers, tasks, errors),
                   data=Sender(store, counters).serve)
 
         def membership_changed(previous: list[str]) -> None:
@@ -117,6 +124,9 @@ class Daemon:
         self._server = await asyncio.get_running_loop().create_server(
             lambda: FrameProtocol(name="inbound", on_made=rpc.accept), sock=sock)
         listener.start()
+        if cfg.metrics_port is not None:
+            self._metrics = MetricsServer(registry_for(status.local), cfg.host, cfg.metrics_port)
+            await self._metrics.start()
         if cfg.join:
             await cluster.join(cfg.join)
         log.info("node %s serving on %s:%d and %s (capacity %d bytes)", self.node_id, cfg.host,
@@ -125,8 +135,11 @@ class Daemon:
     def ready_line(self) -> str:
         """The JSON line a launcher reads on stdout once the daemon serves."""
         me = self.membership.me
-        return json.dumps({"event": "ready", "node_id": self.node_id, "pid": os.getpid(),
-                           "listen": f"{me.host}:{me.port}", "socket": me.socket})
+        ready = {"event": "ready", "node_id": self.node_id, "pid": os.getpid(),
+                 "listen": f"{me.host}:{me.port}", "socket": me.socket}
+        if self._metrics is not None:
+            ready["metrics"] = f"{self.config.host}:{self._metrics.port}"
+        return json.dumps(ready)
 
     async def serve_forever(self) -> None:
         await self._stopped.wait()
@@ -138,6 +151,8 @@ class Daemon:
         """Close every server, link and connection; cancel what still runs."""
         if self._server is not None:
             self._server.close()
+        if self._metrics is not None:
+            await self._metrics.stop()
         if self._listener is not None:
             self._listener.stop()
         if self._links is not None:
@@ -147,7 +162,3 @@ class Daemon:
         await self.tasks.cancel_all()
         log.info("node %s stopped", self.node_id)
 
-
-def log_to_stderr(level: str) -> None:
-    logging.basicConfig(stream=sys.stderr, level=level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -26,14 +26,15 @@ class NodeStatus:
 
     def __init__(self, membership: Membership, store: ObjectStore, shard: DirectoryShard,
                  link_model: LinkModel, counters: Counter[str], rpc: Rpc,
-                 gauges: dict[str, Callable[[], int]]) -> None:
+                 gauges: dict[str, Callable[[], Any]], errors: Counter[str]) -> None:
         self._membership = membership
         self._store = store
         self._shard = shard
         self._link_model = link_model
         self._counters = counters
         self._rpc = rpc
-        self._gauges = gauges  # e.g. connected clients, reduce slots: read when asked
+        self._gauges = gauges  # e.g. clients, transfers under way: read when asked
+        self._errors = errors  # error replies by type
 
     def handlers(self) -> dict[type[WireMessage], Handler]:
         return {Stats: self.on_stats}
@@ -59,6 +60,7 @@ class NodeStatus:
             "bytes_in": self._counters["bytes_in"],
             "bytes_out": self._counters["bytes_out"],
             "links": self._link_model.as_dict(),
+            "errors": dict(self._errors),
             **{name: gauge() for name, gauge in self._gauges.items()},
         }
 

@@ -45,6 +45,7 @@ class Node:
     socket: str
     node_id: str = ""
     listen: str = ""
+    metrics: str = ""  # HOST:PORT of its Prometheus metrics, if served (--metrics-port)
     args: list[str] = field(default_factory=list)
 
     @property
@@ -146,6 +147,7 @@ class LocalCluster:
                                f"{self.log_tail(node)}")
         ready = json.loads(line)
         node.node_id, node.listen = ready["node_id"], ready["listen"]
+        node.metrics = ready.get("metrics", "")
         if ready.get("pid", node.pid) != node.pid:  # the prefix forked instead of exec-ing
             os.kill(ready["pid"], signal.SIGTERM)
             await self._terminate(node)

@@ -10,6 +10,7 @@ never sealed are discarded.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,7 @@ class SessionDeps:
     reductions: Reductions
     cluster_status: Callable[[], Awaitable[dict[str, Any]]]
     tasks: Tasks
+    errors: Counter[str]  # error replies by type (the metrics)
 
 
 class ClientSession:
@@ -71,7 +73,8 @@ class ClientSession:
         self.pins: dict[ObjectID, list[StoredObject]] = {}
         self.creating: set[ObjectID] = set()
         dispatcher = Dispatcher(CLIENT, {cls: getattr(self, name)
-                                         for cls, name in HANDLERS.items()}, deps.tasks)
+                                         for cls, name in HANDLERS.items()}, deps.tasks,
+                                deps.errors)
         self.channel = Channel(protocol, on_request=lambda frame: dispatcher.deliver(
             protocol.name, frame, self._respond))
 

@@ -88,6 +88,13 @@ class ReduceWorker:
         self._is_alive = is_alive
         self.slots: dict[tuple[ObjectID, int], SlotTask] = {}
 
+    def in_flight(self) -> list[dict[str, Any]]:
+        """Every slot computed here: its reduce, its children (the tree's edges into it) and
+        the bytes of its partial sum so far (``hoplite status``)."""
+        return [{"reduce": t.reduce_id.hex(), "slot": t.slot, "coordinator": t.coordinator,
+                 "children": sorted(t.children), "computed": t.out.received,
+                 "size": t.expected} for t in self.slots.values()]
+
     def handlers(self) -> dict[type[WireMessage], Handler]:
         return {ReduceTask: self.on_task, ReduceChild: self.on_child, ReduceDone: self.on_done}
 

@@ -54,7 +54,7 @@ class Fetcher:
     def __init__(self, identity: Identity, store: ObjectStore, arena: Arena,
                  directory: DirectoryClient, membership: Membership, link_model: LinkModel,
                  counters: Counter[str], tasks: Tasks, stall_timeout: float,
-                 refused: Callable[[str], None]) -> None:
+                 refused: Callable[[str], None], patience: float = 0.0) -> None:
         self.me = identity.node_id
         self._identity = identity
         self._store = store
@@ -66,8 +66,20 @@ class Fetcher:
         self._tasks = tasks
         self._stall_timeout = stall_timeout
         self._refused = refused  # a source refused our dial: its liveness hears it at once
+        self._patience = patience  # how long a death verdict may take (fetch_plan.py)
         self._pulls: dict[str, set[FrameProtocol]] = {}  # live data connections by source
         self._fetches: dict[ObjectID, tuple[asyncio.Task[StoredObject], fp.FetchPlan]] = {}
+
+    def in_flight(self) -> list[dict[str, Any]]:
+        """Every fetch under way: the object, its phase, the source pulled and the bytes held
+        (``hoplite status``)."""
+        out = []
+        for oid, (_, plan) in self._fetches.items():
+            obj = self._store.get(oid)
+            out.append({"object": oid.hex(), "phase": plan.phase, "source": plan.source,
+                        "received": plan.watermark if obj is None else obj.received,
+                        "size": plan.size})
+        return out
 
     async def fetch(self, oid: ObjectID, timeout: float | None) -> StoredObject:
         """The complete local copy of ``oid``, pulling it from the cluster if needed; waits at
@@ -94,7 +106,7 @@ class Fetcher:
         obj = self._store.get(oid)
         if running is not None or obj is None:
             if running is None:
-                plan = fp.FetchPlan(oid, self.me, deadline)
+                plan = fp.FetchPlan(oid, self.me, deadline, patience=self._patience)
                 task = self._tasks.spawn(self._fetch(plan), name=f"fetch-{oid.short()}")
                 self._fetches[oid] = (task, plan)
                 task.add_done_callback(lambda _: self._fetches.pop(oid, None))

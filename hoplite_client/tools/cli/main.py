@@ -32,40 +32,70 @@ def _human(n: float) -> str:
     return str(n)
 
 
-@main.command()
-@click.option("--socket", "socket_path", default=None,
-              help="The local daemon's socket [default: $HOPLITE_SOCKET].")
-@click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
-def status(socket_path: str | None, as_json: bool) -> None:
-    """Members with their addresses, objects, and bytes in/out per node."""
-
-    async def fetch() -> dict[str, Any]:
-        async with await hoplite_client.connect(socket_path or default_socket()) as client:
-            return await client.status()
-
-    try:
-        info = uvloop.run(fetch())
-    except HopliteError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if as_json:
-        click.echo(json.dumps(info, indent=2))
-        return
+def _status_lines(info: dict[str, Any]) -> list[str]:
+    """``hoplite status`` as text: one line per member, then what each is moving."""
     alive = {m["node_id"]: m for m in info["local"]["members"]}
-    click.echo(f"cluster seen from node {info['local']['node_id']}: "
-               f"{sum(m['alive'] for m in alive.values())} live member(s)")
-    click.echo(f"{'node':<14}{'address':<24}{'state':<7}{'objects':>8}{'stored':>12}"
-               f"{'in':>12}{'out':>12}")
+    lines = [f"cluster seen from node {info['local']['node_id']}: "
+             f"{sum(m['alive'] for m in alive.values())} live member(s)",
+             f"{'node':<14}{'address':<24}{'state':<7}{'objects':>8}{'stored':>12}"
+             f"{'in':>12}{'out':>12}"]
     by_id = {n.get("node_id"): n for n in info["nodes"]}
     for node_id, member in alive.items():
         n = by_id.get(node_id, {})
         state = "alive" if member["alive"] else "dead"
         if "error" in n:
-            click.echo(f"{node_id:<14}{member['address']:<24}{state:<7}  ({n['error']})")
+            lines.append(f"{node_id:<14}{member['address']:<24}{state:<7}  ({n['error']})")
             continue
         store = n.get("store", {})
-        click.echo(f"{node_id:<14}{member['address']:<24}{state:<7}"
-                   f"{store.get('objects', 0):>8}{_human(store.get('stored_bytes', 0)):>12}"
-                   f"{_human(n.get('bytes_in', 0)):>12}{_human(n.get('bytes_out', 0)):>12}")
+        lines.append(f"{node_id:<14}{member['address']:<24}{state:<7}"
+                     f"{store.get('objects', 0):>8}{_human(store.get('stored_bytes', 0)):>12}"
+                     f"{_human(n.get('bytes_in', 0)):>12}{_human(n.get('bytes_out', 0)):>12}")
+    moving = [(n["node_id"], t) for n in info["nodes"] for t in n.get("transfers", [])]
+    if moving:
+        lines.append("transfers (object: source -> node, bytes held):")
+    for node_id, t in moving:
+        size = t.get("size")
+        done = "" if not size else f" ({100 * t['received'] / size:.0f}%)"
+        lines.append(f"  {t['object'][:16]}: {t.get('source') or '(asking)'} -> {node_id}, "
+                     f"{_human(t['received'])} of {_human(size or 0)}{done}")
+    slots = [(n["node_id"], s) for n in info["nodes"] for s in n.get("reduce_slots", [])]
+    if slots:
+        lines.append("reduce slots (reduce slot <- child slots, on node: partial sum so far):")
+    for node_id, s in slots:
+        children = ", ".join(map(str, s["children"])) or "none"
+        lines.append(f"  {s['reduce'][:16]} slot {s['slot']} <- {children}, on {node_id}: "
+                     f"{_human(s['computed'])} of {_human(s['size'])}")
+    return lines
+
+
+@main.command()
+@click.option("--socket", "socket_path", default=None,
+              help="The local daemon's socket [default: $HOPLITE_SOCKET].")
+@click.option("--json", "as_json", is_flag=True, help="Print the raw status as JSON.")
+@click.option("--watch", default=None, type=click.FloatRange(min=0.1), metavar="SECONDS",
+              help="Redraw every SECONDS until Ctrl-C: a live view of transfers and reduces.")
+def status(socket_path: str | None, as_json: bool, watch: float | None) -> None:
+    """Members with their addresses, objects, bytes in/out per node, and what is moving:
+    transfers with their progress, reduce slots with their tree edges."""
+
+    async def show(client: hoplite_client.Client, clear: bool) -> None:
+        info = await client.status()
+        text = json.dumps(info, indent=2) if as_json else "\n".join(_status_lines(info))
+        click.echo(("\033[H\033[J" if clear else "") + text)
+
+    async def run() -> None:
+        async with await hoplite_client.connect(socket_path or default_socket()) as client:
+            await show(client, clear=watch is not None)
+            while watch is not None:
+                await asyncio.sleep(watch)
+                await show(client, clear=True)
+
+    try:
+        uvloop.run(run())
+    except HopliteError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        pass
 
 
 @main.command()
