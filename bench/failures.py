@@ -128,7 +128,7 @@ async def measure(nodes: int, rate: int, size: int, repeat: int, ops: list[str],
                   patience: float) -> list[FailureRow]:
     """Every (op, signal) in its own test bed, each system in turn."""
     rows: list[FailureRow] = []
-    capacity = str(size * 4 + (256 << 20))
+    capacity = str(max(2 << 30, 8 * size))  # as make bench-failures: a repair needs room
     for op in ops:
         free: dict[str, list[float]] = {}  # a baseline's failure-free runs, once per op
         for sig in signals:
