@@ -15,6 +15,7 @@ encoded is logged and answered ``protocol``, so its requester never waits for no
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import logging
@@ -47,6 +48,7 @@ class Dispatcher:
         self._table = {cls: h for cls, h in handlers.items() if role in cls.ROLES}
         check_complete(role, self._table)
         self._async = {cls for cls, h in self._table.items() if inspect.iscoroutinefunction(h)}
+        self._running: set[asyncio.Task[None]] = set()  # requests being handled
 
     def deliver(self, origin: str, frame: Frame[Any], respond: Respond | None) -> None:
         """Handle one incoming frame; ``respond`` sends the reply (None: nobody listens)."""
@@ -67,8 +69,10 @@ class Dispatcher:
         if msg is not frame.msg:
             frame = Frame(msg, frame.payload)
         if cls in self._async:
-            self._tasks.spawn(self._run_async(handler, origin, frame, respond),
-                              name=f"{self.role}-{cls.__name__}")
+            task = self._tasks.spawn(self._run_async(handler, origin, frame, respond),
+                                     name=f"{self.role}-{cls.__name__}")
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
             return
         try:
             answer = handler(origin, msg, frame.payload)
@@ -76,6 +80,12 @@ class Dispatcher:
             self._answer_error(msg, exc, respond)
             return
         self._answer(msg, answer, respond)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        """The sender is gone: cancel its requests still being handled. A get waiting for ever
+        would otherwise wait for nobody, and pin what it finally got for nobody."""
+        for task in list(self._running):
+            task.cancel()
 
     async def _run_async(self, handler: Handler, origin: str, frame: Frame[Any],
                          respond: Respond | None) -> None:

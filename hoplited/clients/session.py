@@ -72,7 +72,7 @@ class ClientSession:
         self.d = deps
         self.pins: dict[ObjectID, list[StoredObject]] = {}
         self.creating: set[ObjectID] = set()
-        dispatcher = Dispatcher(CLIENT, {cls: getattr(self, name)
+        self._dispatcher = dispatcher = Dispatcher(CLIENT, {cls: getattr(self, name)
                                          for cls, name in HANDLERS.items()}, deps.tasks,
                                 deps.errors)
         self.channel = Channel(protocol, on_request=lambda frame: dispatcher.deliver(
@@ -177,7 +177,9 @@ class ClientSession:
             raise
 
     def cleanup(self) -> None:
-        """The client is gone: release its views, discard what it never sealed."""
+        """The client is gone: stop its requests, release its views, discard what it never
+        sealed."""
+        self._dispatcher.close()
         for held in self.pins.values():
             for obj in held:
                 self.d.store.unpin(obj)

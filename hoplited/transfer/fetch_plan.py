@@ -23,6 +23,10 @@ can condemn — say, behind a proxy that accepts connections for it — does not
 fail just before a copy put again elsewhere becomes visible. ``Fail`` means: discard the
 partial copy.
 
+No ask waits at the owner longer than ``OWNER_POLL``: one that ran out is asked again while the
+deadline allows (a timeout that comes back sooner than half a poll is the shard's stored
+failure, final), so a fetch that stops leaves no waiter at the shard for long.
+
 One fetch serves every concurrent get of an id, so its deadline is the latest of its callers'
 (``CallerJoined``; None means no deadline and wins). A locate that timed out after a caller
 extended that deadline is asked again with the time that remains (a timeout under the deadline
@@ -71,6 +75,10 @@ HISTORY_MAX = 64
 # owner to offer another source, short next to a stall window (about a second on the test-bed
 # links), since a source that stalled because its own upstream did resumes with it.
 STALL_RETRY = 0.5
+# The longest one ask waits at the owner: a fetch that stops (nobody waits for it any more)
+# leaves no waiter at the shard for longer. An ask that waited this long for nothing is
+# simply asked again while the deadline allows.
+OWNER_POLL = 10.0
 
 
 # --- events ---
@@ -227,6 +235,8 @@ class FetchPlan:
         self.outcome: Done | Fail | None = None
         self._asked_for = deadline  # the deadline the pending ask was bounded by
         self._cut_short = False  # the pending ask waits less than the time that remains
+        self._polling = False  # ... because of OWNER_POLL
+        self._asked_at = 0.0  # when the pending ask was sent
         self.history: deque[tuple[Event | str, tuple[Instruction, ...]]] = deque(
             maxlen=HISTORY_MAX)
 
@@ -265,6 +275,10 @@ class FetchPlan:
                     and not self._expired(ev.now)):
                 self.stalled.clear()  # nobody else came: the silent sources may send again
                 return [self._ask(ev.now)]
+            if (isinstance(ev.error, HopliteTimeoutError) and self._polling
+                    and ev.now - self._asked_at >= OWNER_POLL / 2
+                    and not self._expired(ev.now)):
+                return [self._ask(ev.now)]  # the poll ran out (a stored failure comes at once)
             if (isinstance(ev.error, HopliteTimeoutError) and self._extended()
                     and not self._expired(ev.now)):
                 return [self._ask(ev.now)]  # timed out under the deadline a caller has moved
@@ -327,8 +341,11 @@ class FetchPlan:
         remaining = None if self.deadline is None else max(0.0, self.deadline - now)
         avoid = [*self.exclude, *(s for s in self.stalled if s not in self.exclude)]
         self._cut_short = bool(self.stalled) and (remaining is None or remaining > STALL_RETRY)
-        return AskOwner(tuple(avoid), self.watermark,
-                        STALL_RETRY if self._cut_short else remaining)
+        self._polling = not self._cut_short and (remaining is None or remaining > OWNER_POLL)
+        self._asked_at = now
+        timeout = (STALL_RETRY if self._cut_short else OWNER_POLL if self._polling
+                   else remaining)
+        return AskOwner(tuple(avoid), self.watermark, timeout)
 
     def _extended(self) -> bool:
         """Whether a caller moved the deadline since the pending ask was sent."""

@@ -69,6 +69,7 @@ class Fetcher:
         self._patience = patience  # how long a death verdict may take (fetch_plan.py)
         self._pulls: dict[str, set[FrameProtocol]] = {}  # live data connections by source
         self._fetches: dict[ObjectID, tuple[asyncio.Task[StoredObject], fp.FetchPlan]] = {}
+        self._callers: Counter[ObjectID] = Counter()  # gets waiting on each fetch
 
     def in_flight(self) -> list[dict[str, Any]]:
         """Every fetch under way: the object, its phase, the source pulled and the bytes held
@@ -109,11 +110,18 @@ class Fetcher:
                 plan = fp.FetchPlan(oid, self.me, deadline, patience=self._patience)
                 task = self._tasks.spawn(self._fetch(plan), name=f"fetch-{oid.short()}")
                 self._fetches[oid] = (task, plan)
-                task.add_done_callback(lambda _: self._fetches.pop(oid, None))
+                task.add_done_callback(lambda done: self._forget(oid, done))
             else:
                 task, plan = running
                 plan.handle(fp.CallerJoined(deadline))  # our deadline may outlast the others'
-            return await asyncio.shield(task)  # it outlives callers that give up
+            self._callers[oid] += 1
+            try:
+                return await asyncio.shield(task)  # it outlives callers that give up...
+            finally:
+                self._callers[oid] -= 1
+                if not self._callers[oid]:
+                    del self._callers[oid]
+                    self._abandon(oid, task, plan)
         while True:
             try:
                 await obj.wait_for(obj.size)
@@ -186,6 +194,21 @@ class Fetcher:
                 populate.cancel()
             if obj is not None:
                 store.unpin(obj)
+
+    def _forget(self, oid: ObjectID, task: asyncio.Task[StoredObject]) -> None:
+        """``task`` ended: it is no longer the fetch of ``oid`` (a newer one may be)."""
+        running = self._fetches.get(oid)
+        if running is not None and running[0] is task:
+            del self._fetches[oid]
+
+    def _abandon(self, oid: ObjectID, task: asyncio.Task[StoredObject],
+                 plan: fp.FetchPlan) -> None:
+        """...unless none is left and nothing is being received yet: then it stops asking, so
+        a get given up on (or whose client left) leaves no fetch waiting for ever."""
+        if task.done() or plan.phase != "asking" or plan.version is not None:
+            return
+        self._forget(oid, task)  # a caller arriving now starts a fresh fetch
+        task.cancel()
 
     async def _ask(self, oid: ObjectID, ins: fp.AskOwner, obj: StoredObject | None,
                    loop: asyncio.AbstractEventLoop

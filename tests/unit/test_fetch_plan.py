@@ -22,6 +22,7 @@ from hoplite_client.wire.errors import (
 from hoplite_client.wire.ids import ObjectID
 from hoplited.transfer import fetch_plan
 from hoplited.transfer.fetch_plan import (
+    OWNER_POLL,
     STALL_RETRY,
     Allocate,
     AskOwner,
@@ -102,24 +103,24 @@ CASES: dict[str, Case] = {
     "nobody else while a stalled source is avoided: it is asked for again": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
         (ended("a", 10, STALL, now=4.0), [Report("a", False), AskOwner(("a",), 10, STALL_RETRY)]),
-        (timed_out(6.0), [AskOwner((), 10, None)]),
+        (timed_out(6.0), [AskOwner((), 10, OWNER_POLL)]),
         (at("a", now=6.5), [Pull("a", 10)]),
         (ended("a", SIZE, now=9.0), [Report("a", True), Done()])]),
     "a dead source stays excluded when the stalled one is forgiven": Case(30.0, [
         (at("a"), [ALLOC, Pull("a", 0)]),
-        (ended("a", 10, DEAD, now=1.0), [Report("a", False), AskOwner(("a",), 10, 29.0)]),
+        (ended("a", 10, DEAD, now=1.0), [Report("a", False), AskOwner(("a",), 10, OWNER_POLL)]),
         (at("b", now=1.5), [Pull("b", 10)]),
         (ended("b", 10, STALL, now=3.0), [Report("b", False), AskOwner(("a", "b"), 10, STALL_RETRY)]),
-        (timed_out(5.0), [AskOwner(("a",), 10, 25.0)])]),
+        (timed_out(5.0), [AskOwner(("a",), 10, OWNER_POLL)])]),
     "a socket error and protocol garbage are retriable": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
-        (ended("a", 0, OSError("reset")), [Report("a", False), AskOwner(("a",), 0, None)]),
+        (ended("a", 0, OSError("reset")), [Report("a", False), AskOwner(("a",), 0, OWNER_POLL)]),
         (at("b"), [Pull("b", 0)]),
         (ended("b", 5, RemoteProtocolError("x")),
-         [Report("b", False), AskOwner(("a", "b"), 5, None)])]),
+         [Report("b", False), AskOwner(("a", "b"), 5, OWNER_POLL)])]),
     "another version on resume (put again): never splice, start over from byte 0": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
-        (ended("a", 400, DEAD), [Report("a", False), AskOwner(("a",), 400, None)]),
+        (ended("a", 400, DEAD), [Report("a", False), AskOwner(("a",), 400, OWNER_POLL)]),
         (at("b", version=V2), [Discard(), Allocate(SIZE, "<f4", (250,), V2), Pull("b", 0)]),
         (ended("b", 300, LOST), [Report("b", False), AskOwner(("b",), 300, STALL_RETRY)]),
         (at("c", version=V2), [Pull("c", 300)]),
@@ -153,7 +154,7 @@ CASES: dict[str, Case] = {
         5.0, [(timed_out(1.0), [FailWith(HopliteTimeoutError)])]),
     "a late caller with no timeout: the timed-out locate is asked again, no limit": Case(5.0, [
         (CallerJoined(None), []),
-        (timed_out(5.0), [AskOwner((), 0, None)]),
+        (timed_out(5.0), [AskOwner((), 0, OWNER_POLL)]),
         (at("a", now=6.0), [ALLOC, Pull("a", 0)]),
         (ended("a", SIZE, now=7.0), [Report("a", True), Done()])]),
     "a late caller with a longer timeout: asked again with the remaining time": Case(5.0, [
@@ -166,7 +167,7 @@ CASES: dict[str, Case] = {
     "extended during a pull: the resume asks with the extended remaining time": Case(5.0, [
         (at("a", now=1.0), [ALLOC, Pull("a", 0)]),
         (CallerJoined(20.0), []),
-        (ended("a", 300, DEAD, now=8.0), [Report("a", False), AskOwner(("a",), 300, 12.0)])]),
+        (ended("a", 300, DEAD, now=8.0), [Report("a", False), AskOwner(("a",), 300, OWNER_POLL)])]),
     "deadline passed when a pull fails: HopliteTimeoutError, no zero-time ask": Case(5.0, [
         (at("a", now=1.0), [ALLOC, Pull("a", 0)]),
         (ended("a", 300, LOST, now=5.0), [Report("a", False), FailWith(HopliteTimeoutError)])]),
@@ -176,7 +177,7 @@ CASES: dict[str, Case] = {
         (ended("a", SIZE), [Report("a", True), Done()])]),
     "a duplicate PullEnded of a source already excluded is ignored": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
-        (ended("a", 400, DEAD), [Report("a", False), AskOwner(("a",), 400, None)]),
+        (ended("a", 400, DEAD), [Report("a", False), AskOwner(("a",), 400, OWNER_POLL)]),
         (ended("a", 400, DEAD), []),
         (at("b"), [Pull("b", 400)])]),
     "a duplicate answer or locate failure during a pull is ignored": Case(None, [
@@ -197,21 +198,21 @@ CASES: dict[str, Case] = {
         (at("a"), [])]),
     "the watermark never goes back": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
-        (ended("a", 600, DEAD), [Report("a", False), AskOwner(("a",), 600, None)]),
+        (ended("a", 600, DEAD), [Report("a", False), AskOwner(("a",), 600, OWNER_POLL)]),
         (at("b"), [Pull("b", 600)]),
-        (ended("b", 100, DEAD), [Report("b", False), AskOwner(("a", "b"), 600, None)])]),
+        (ended("b", 100, DEAD), [Report("b", False), AskOwner(("a", "b"), 600, OWNER_POLL)])]),
     "a source whose copy went (a result started again) is asked again, new version": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
         (ended("a", 700, ObjectNotFoundError("no copy of that version")),
          [Report("a", False), AskOwner(("a",), 700, STALL_RETRY)]),
-        (timed_out(3.0), [AskOwner((), 700, None)]),
+        (timed_out(3.0), [AskOwner((), 700, OWNER_POLL)]),
         (at("a", version=V2), [Discard(), Allocate(SIZE, "<f4", (250,), V2), Pull("a", 0)]),
         (ended("a", SIZE), [Report("a", True), Done()])]),
     "a new version clears the exclusions, which were about the old one": Case(None, [
         (at("a"), [ALLOC, Pull("a", 0)]),
-        (ended("a", 10, DEAD), [Report("a", False), AskOwner(("a",), 10, None)]),
+        (ended("a", 10, DEAD), [Report("a", False), AskOwner(("a",), 10, OWNER_POLL)]),
         (at("b", version=V2), [Discard(), Allocate(SIZE, "<f4", (250,), V2), Pull("b", 0)]),
-        (ended("b", 20, DEAD), [Report("b", False), AskOwner(("b",), 20, None)])]),
+        (ended("b", 20, DEAD), [Report("b", False), AskOwner(("b",), 20, OWNER_POLL)])]),
 }
 
 
@@ -225,7 +226,8 @@ def _matches(got: Instruction, want: Want) -> bool:
 def test_fetch_plan(name: str) -> None:
     case = CASES[name]
     plan = FetchPlan(OID, ME, case.deadline)
-    assert plan.start(0.0) == [AskOwner((), 0, case.deadline)]
+    assert plan.start(0.0) == [AskOwner((), 0, OWNER_POLL if case.deadline is None
+                                        or case.deadline > OWNER_POLL else case.deadline)]
     for event, want in case.steps:
         got = plan.handle(event)
         assert len(got) == len(want) and all(map(_matches, got, want)), \
@@ -339,3 +341,27 @@ def test_the_plan_does_no_io() -> None:
                 for alias in (node.names if isinstance(node, ast.Import)
                               else [ast.alias(node.module or "")])}
     assert not imported & {"asyncio", "socket", "time", "random"}
+
+
+@pytest.mark.parametrize("deadline, answers, want", [
+    # no deadline: every poll that ran out is asked again, for ever
+    (None, [OWNER_POLL, 2 * OWNER_POLL, 3 * OWNER_POLL], [OWNER_POLL] * 3),
+    # a far deadline: polls, then the time that remains, then the end
+    (25.0, [OWNER_POLL, 20.0], [OWNER_POLL, 5.0]),
+    (25.0, [OWNER_POLL, 20.0, 25.0], [OWNER_POLL, 5.0, "fail"]),
+    # a timeout that comes back at once is the shard's stored failure: final, no spin
+    (None, [0.1], ["fail"]),
+    (None, [OWNER_POLL, OWNER_POLL + 0.1], [OWNER_POLL, "fail"]),
+])
+def test_the_owner_is_asked_in_bounded_polls(deadline: float | None, answers: list[float],
+                                             want: list[float | str]) -> None:
+    """No ask waits at the shard longer than OWNER_POLL, so a fetch that stops leaves no
+    waiter there for long; a poll that ran out is asked again until the deadline."""
+    plan = FetchPlan(OID, ME, deadline)
+    assert plan.start(0.0) == [AskOwner((), 0, OWNER_POLL)]
+    for now, expected in zip(answers, want, strict=True):
+        out = plan.handle(timed_out(now))
+        if expected == "fail":
+            assert len(out) == 1 and isinstance(out[0], Fail)
+        else:
+            assert out == [AskOwner((), 0, expected)]
