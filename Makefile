@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-unit lint bench-loopback bench-failures bench-deps bench-compare bench-failures-compare clean
+.PHONY: install demo test test-unit fuzz lint bench-loopback bench-failures bench-deps bench-compare bench-failures-compare clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ test: install
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
+
+# The client-protocol fuzzer, long: 100,000 hostile requests (make test runs 1,500).
+fuzz: install
+	HOPLITE_FUZZ_REQUESTS=100000 $(BIN)/python -m pytest -q -s tests/net/test_fuzz_client.py
 
 lint: install
 	$(BIN)/ruff check hoplited hoplite_client tests bench
