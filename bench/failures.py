@@ -19,6 +19,7 @@ import datetime
 import importlib
 import json
 import os
+import re
 import statistics
 import sys
 import traceback
@@ -58,12 +59,13 @@ class FailureRow:
             return f"not measured ({self.note})"
         if not self.outcomes:
             return "no survivor outcome"
-        if all(o.what == "correct" for o in self.outcomes):
+        if all(o.what in ("correct", "returned") for o in self.outcomes):
             last = max(o.seconds or 0.0 for o in self.outcomes)
             early = " (done before the signal: no failure seen)" if last < self.after else ""
-            return f"all {len(self.outcomes)} correct, the last at {last:.2f} s{early}"
+            kinds = " or ".join(sorted({o.what for o in self.outcomes}))
+            return f"all {len(self.outcomes)} {kinds}, the last at {last:.2f} s{early}"
         parts = []
-        for what in ("correct", "wrong", "error", "exited", "hung"):
+        for what in ("correct", "returned", "wrong", "error", "exited", "hung"):
             got = [o for o in self.outcomes if o.what == what]
             if not got:
                 continue
@@ -71,6 +73,7 @@ class FailureRow:
             when = "" if not times else (f" at {min(times):.2f} s" if len(times) == 1 else
                                          f" at {min(times):.2f}–{max(times):.2f} s")
             detail = next((o.detail for o in got if o.detail), "")
+            detail = re.sub(r"\[/[^\]]*\] ", "", detail)[:100]  # gloo's source path
             parts.append(f"{len(got)} {what}{when}" + (f" ({detail})" if detail else ""))
         return "; ".join(parts)
 
@@ -78,7 +81,7 @@ class FailureRow:
     def ratio(self) -> float | None:
         """The last survivor's time over the failure-free median, if every survivor was right."""
         if (self.note or not self.failure_free or not self.outcomes
-                or any(o.what != "correct" for o in self.outcomes)):
+                or any(o.what not in ("correct", "returned") for o in self.outcomes)):
             return None
         return max(o.seconds or 0.0 for o in self.outcomes) / statistics.median(self.failure_free)
 

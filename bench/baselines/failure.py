@@ -49,7 +49,8 @@ class Failure:
 
 @dataclass
 class RankOutcome:
-    """One survivor of a failure run. ``what``: correct, wrong, error (its collective raised),
+    """One survivor of a failure run. ``what``: correct, wrong, returned (its call returned and
+    it has no result to check: a reduce's non-root), error (its collective raised),
     exited (ended with no outcome: killed by its launcher) or hung (nothing within the
     patience). ``seconds``: since the run started — the rank's own clock for a result or an
     error, the driver's (from the start mark) for an exit; None when hung."""
@@ -79,7 +80,7 @@ class FailureLog:
             json.dump(data, f)
         os.replace(path + ".tmp", path)
 
-    def failure_run(self, collective: Callable[[], None], check: Callable[[], bool]
+    def failure_run(self, collective: Callable[[], None], check: Callable[[], bool | None]
                     ) -> NoReturn:
         """Right after the barrier: run ``collective`` as the failure run (rank 0 marks its
         start), record how it ended, then park. Whatever the system raises is the result."""
@@ -94,10 +95,11 @@ class FailureLog:
             self.done(time.perf_counter() - t0, check())
         self.park()
 
-    def done(self, seconds: float, ok: bool) -> None:
-        """The collective returned after ``seconds``; ``ok``: its result checked out."""
-        self._write(f"outcome.{self.rank}", {"what": "correct" if ok else "wrong",
-                                              "seconds": seconds})
+    def done(self, seconds: float, ok: bool | None) -> None:
+        """The collective returned after ``seconds``; ``ok``: its result checked out (None:
+        this rank receives no result to check, e.g. a reduce's non-root)."""
+        what = "returned" if ok is None else "correct" if ok else "wrong"
+        self._write(f"outcome.{self.rank}", {"what": what, "seconds": seconds})
 
     def failed(self, seconds: float, exc: BaseException) -> None:
         """The collective raised ``exc`` after ``seconds``."""
