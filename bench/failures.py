@@ -63,6 +63,8 @@ class FailureRow:
             last = max(o.seconds or 0.0 for o in self.outcomes)
             early = " (done before the signal: no failure seen)" if last < self.after else ""
             kinds = " or ".join(sorted({o.what for o in self.outcomes}))
+            if len(self.outcomes) == 1:
+                return f"{kinds} at {last:.2f} s{early}"
             return f"all {len(self.outcomes)} {kinds}, the last at {last:.2f} s{early}"
         parts = []
         for what in ("correct", "returned", "wrong", "error", "exited", "hung"):
