@@ -36,6 +36,7 @@ REQUESTS = int(os.environ.get("HOPLITE_FUZZ_REQUESTS", "1500"))
 SEED = int(os.environ.get("HOPLITE_FUZZ_SEED", "20261123"))
 POOL = [ObjectID.random() for _ in range(24)]  # ids reused across requests, deleted after
 REPLY_WINDOW = 0.02  # seconds to look for replies after each request (waits stay pending)
+MORE_REPLIES = 0.001  # ... and for more once some came
 IDLE_CPU = 1.0  # seconds of CPU a daemon may use over IDLE_WINDOW once the fuzzing ends
 IDLE_WINDOW = 3.0
 
@@ -134,7 +135,6 @@ class Fuzzer:
         try:
             self.conn.sock.settimeout(IO_TIMEOUT)
             self.conn.send(frame)
-            self.conn.sock.settimeout(REPLY_WINDOW)
             self._drain()
         except (BrokenPipeError, ConnectionResetError):
             self._closed()
@@ -142,6 +142,7 @@ class Fuzzer:
     def _drain(self) -> None:
         """Read whatever replies have come; every one must decode as a known frame."""
         assert self.conn is not None
+        self.conn.sock.settimeout(REPLY_WINDOW)
         while True:
             try:
                 data = self.conn.sock.recv(1 << 20)
@@ -150,6 +151,7 @@ class Fuzzer:
             except ConnectionResetError:
                 self._closed()
                 return
+            self.conn.sock.settimeout(MORE_REPLIES)  # the rest of a burst, if any
             if not data:
                 self._closed()
                 return
