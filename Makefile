@@ -26,9 +26,10 @@ test: install
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
 
-# The client-protocol fuzzer, long: 100,000 hostile requests (make test runs 1,500).
+# The client- and peer-protocol fuzzers, long: 100,000 hostile requests each (make test: 1,500).
 fuzz: install
-	HOPLITE_FUZZ_REQUESTS=100000 $(BIN)/python -m pytest -q -s tests/net/test_fuzz_client.py
+	HOPLITE_FUZZ_REQUESTS=100000 $(BIN)/python -m pytest -q -s tests/net/test_fuzz_client.py \
+	    tests/net/test_fuzz_peer.py
 
 lint: install
 	$(BIN)/ruff check hoplited hoplite_client tests bench

@@ -208,3 +208,14 @@ async def put_get_roundtrip(put_socket: str, get_socket: str) -> None:
             np.testing.assert_array_equal(got, want)
             del got
 
+
+# A daemon counts as idle when it uses less than IDLE_CPU seconds of CPU over IDLE_WINDOW.
+IDLE_CPU = 1.0
+IDLE_WINDOW = 3.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

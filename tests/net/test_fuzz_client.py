@@ -24,7 +24,16 @@ from typing import Any
 
 import msgpack
 import pytest
-from helpers import IO_TIMEOUT, RawConn, eventually, put_get_roundtrip, raw_frame
+from helpers import (
+    IDLE_CPU,
+    IDLE_WINDOW,
+    IO_TIMEOUT,
+    RawConn,
+    cpu_seconds,
+    eventually,
+    put_get_roundtrip,
+    raw_frame,
+)
 
 import hoplite_client as hc
 from hoplite_client.wire.errors import RemoteProtocolError
@@ -37,8 +46,6 @@ SEED = int(os.environ.get("HOPLITE_FUZZ_SEED", "20261123"))
 POOL = [ObjectID.random() for _ in range(24)]  # ids reused across requests, deleted after
 REPLY_WINDOW = 0.02  # seconds to look for replies after each request (waits stay pending)
 MORE_REPLIES = 0.001  # ... and for more once some came
-IDLE_CPU = 1.0  # seconds of CPU a daemon may use over IDLE_WINDOW once the fuzzing ends
-IDLE_WINDOW = 3.0
 
 INTS = [0, 1, -1, 7, 4096, 65537, 2**31 - 1, 2**31, 2**32, 2**53 + 1, 2**63 - 1, -(2**63),
         2**64 - 1]
@@ -170,12 +177,6 @@ class Fuzzer:
         if self.conn is not None:
             self.conn.close()
             self.conn = None
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def test_hostile_client_requests(make_cluster, connect) -> None:  # type: ignore[no-untyped-def]
