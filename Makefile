@@ -28,7 +28,8 @@ test-unit: install
 
 # The client- and peer-protocol fuzzers, long: 100,000 hostile requests each (make test: 1,500).
 fuzz: install
-	HOPLITE_FUZZ_REQUESTS=100000 $(BIN)/python -m pytest -q -s tests/net/test_fuzz_client.py \
+	HOPLITE_FUZZ_REQUESTS=100000 $(BIN)/python -m pytest -q -s --timeout 7200 \
+	    tests/net/test_fuzz_client.py \
 	    tests/net/test_fuzz_peer.py
 
 lint: install

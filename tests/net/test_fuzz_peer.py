@@ -37,6 +37,7 @@ from hoplite_client.wire.messages import PEER, Error, kinds_for
 REQUESTS = int(os.environ.get("HOPLITE_FUZZ_REQUESTS", "1500"))
 SEED = int(os.environ.get("HOPLITE_FUZZ_SEED", "20261123"))
 REPLY_WINDOW = 0.02
+MORE_REPLIES = 0.001
 POOL = [ObjectID.random() for _ in range(24)]  # ids reused across requests
 INTS = [0, 1, -1, 3, 65536, 2**31, 2**63 - 1, -(2**63), 2**64 - 1]
 FLOATS = [0.0, 0.01, 1.0, -1.0, math.nan, math.inf, -math.inf, 1e308]
@@ -101,9 +102,11 @@ async def test_hostile_peer_requests(make_cluster) -> None:  # type: ignore[no-u
         for rid in range(1, REQUESTS + 1):
             protocol = await conn(rid % 2)
             protocol.write_raw(memoryview(request(rng, rid, nodes)))
+            window = REPLY_WINDOW
             try:
                 while True:
-                    frame = await protocol.next_frame(REPLY_WINDOW)
+                    frame = await protocol.next_frame(window)
+                    window = MORE_REPLIES  # the rest of a burst, if any
                     outcomes["error " + frame.msg.code if isinstance(frame.msg, Error)
                              else "reply"] += 1
             except HopliteError:  # nothing more for now, or the daemon closed the connection
