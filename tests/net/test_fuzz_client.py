@@ -44,6 +44,7 @@ from hoplite_client.wire.messages import CLIENT, Error, kinds_for
 REQUESTS = int(os.environ.get("HOPLITE_FUZZ_REQUESTS", "1500"))
 SEED = int(os.environ.get("HOPLITE_FUZZ_SEED", "20261123"))
 POOL = [ObjectID.random() for _ in range(24)]  # ids reused across requests, deleted after
+OTHERS: set[bytes] = set()  # valid ids drawn outside the pool, deleted after too
 REPLY_WINDOW = 0.02  # seconds to look for replies after each request (waits stay pending)
 MORE_REPLIES = 0.001  # ... and for more once some came
 
@@ -59,7 +60,11 @@ def some_id(rng: random.Random) -> Any:
     roll = rng.random()
     if roll < 0.85:
         return rng.choice(POOL).binary()
-    return rng.choice([b"", b"\x00" * 19, b"\x01" * 21, rng.randbytes(20), "not-bytes", 5, None])
+    if roll < 0.87:
+        fresh = rng.randbytes(20)
+        OTHERS.add(fresh)
+        return fresh
+    return rng.choice([b"", b"\x00" * 19, b"\x01" * 21, "not-bytes", 5, None])
 
 
 def some_value(rng: random.Random, kind: str) -> Any:
@@ -205,7 +210,7 @@ async def test_hostile_client_requests(make_cluster, connect) -> None:  # type: 
     for node in cluster.nodes:
         assert node.running, f"daemon {node.index} died: {cluster.log_tail(node)}"
     clients = [await connect(s) for s in cluster.sockets]
-    for oid in POOL:  # whatever the fuzzing put or reduced
+    for oid in [*POOL, *map(ObjectID, OTHERS)]:  # whatever the fuzzing put or reduced
         try:
             await clients[0].delete(oid)
         except hc.HopliteError:
