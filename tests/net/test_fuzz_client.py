@@ -56,11 +56,13 @@ DTYPES = ["<f4", "<f8", "|u1", "<i8", "O", "object", "V0", "<U0", "S0", "", "f4,
 OPS = ["sum", "max", "min", "prod", "", "SUM", "mean", "x" * 200]
 
 
-def some_id(rng: random.Random) -> Any:
+def some_id(rng: random.Random, fresh_ok: bool = True) -> Any:
+    """An id: mostly from the pool; sometimes a fresh valid one (only where it may name an
+    object the daemon then stores, so the clean-up can delete it); sometimes not an id."""
     roll = rng.random()
     if roll < 0.85:
         return rng.choice(POOL).binary()
-    if roll < 0.87:
+    if roll < 0.87 and fresh_ok:
         fresh = rng.randbytes(20)
         OTHERS.add(fresh)
         return fresh
@@ -87,7 +89,7 @@ def some_value(rng: random.Random, kind: str) -> Any:
                            [rng.randrange(1, 1 << 14)], ["a"], [1.5]])
     if kind == "ids":
         n = rng.choice([0, 1, 2, 3, 8, 200, 10_001, 15_000])
-        return [some_id(rng) for _ in range(n)]
+        return [some_id(rng, fresh_ok=False) for _ in range(n)]
     if kind == "op":
         return rng.choice(OPS)
     raise AssertionError(kind)
