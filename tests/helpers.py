@@ -219,3 +219,16 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def assert_healthy_after_abuse(cluster: Any) -> None:
+    """After hostile input: every daemon of ``cluster`` idle, no traceback in its log, and
+    put/get still correct between the first two."""
+    before = [cpu_seconds(n.pid) for n in cluster.nodes]
+    await asyncio.sleep(IDLE_WINDOW)
+    used = [cpu_seconds(n.pid) - b for n, b in zip(cluster.nodes, before, strict=True)]
+    assert max(used) < IDLE_CPU, f"daemons busy after the abuse: {used} CPU s"
+    for node in cluster.nodes:
+        with open(node.log_path, errors="replace") as f:
+            assert "Traceback" not in f.read(), f"a traceback in daemon {node.index}'s log"
+    await put_get_roundtrip(cluster.sockets[0], cluster.sockets[1])

@@ -24,16 +24,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from helpers import (
-    IDLE_CPU,
-    IDLE_WINDOW,
-    IO_TIMEOUT,
-    RawConn,
-    cpu_seconds,
-    eventually,
-    put_get_roundtrip,
-    raw_frame,
-)
+from helpers import IO_TIMEOUT, RawConn, assert_healthy_after_abuse, eventually, raw_frame
 
 import hoplite_client as hc
 from hoplite_client.wire.errors import RemoteProtocolError
@@ -234,14 +225,7 @@ async def test_hostile_client_requests(make_cluster, connect) -> None:  # type: 
         raise AssertionError(f"after the fuzzing, (objects, pinned deleted, arena bytes, "
                              f"waiting gets) per node: {states}") from None
 
-    before = [cpu_seconds(n.pid) for n in cluster.nodes]
-    await asyncio.sleep(IDLE_WINDOW)
-    used = [cpu_seconds(n.pid) - b for n, b in zip(cluster.nodes, before, strict=True)]
-    assert max(used) < IDLE_CPU, f"daemons busy after the fuzzing: {used} CPU s"
-    for node in cluster.nodes:
-        with open(node.log_path, errors="replace") as f:
-            assert "Traceback" not in f.read(), f"a traceback in daemon {node.index}'s log"
-    await put_get_roundtrip(cluster.sockets[0], cluster.sockets[1])
+    await assert_healthy_after_abuse(cluster)
 
 
 @pytest.mark.parametrize("seed", range(3))
