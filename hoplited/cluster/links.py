@@ -6,12 +6,13 @@ taken by the pure core :mod:`hoplited.cluster.liveness` (this module only carrie
 peer silent for ``heartbeat_timeout`` seconds is declared dead, at the latest
 ``heartbeat_timeout + heartbeat_interval`` after its last sign of life (any reply), and at once
 when its host refuses a reconnection (its process is gone); every request waiting on it fails.
+Long before that verdict, a Ping unanswered for ``suspect_after`` seconds makes the member
+*suspected* (``on_suspect(node, True)``) until its next sign of life (docs/design.md §5).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -34,15 +35,18 @@ class PeerLink:
 
     def __init__(self, member: MemberInfo, me: Identity, interval: float, timeout: float,
                  on_dead: Callable[[str], object],
-                 on_rtt: Callable[[float], None] = lambda rtt: None) -> None:
+                 on_rtt: Callable[[float], None] = lambda rtt: None,
+                 on_suspect: Callable[[str, bool], None] = lambda node, suspected: None,
+                 suspect_after: float | None = None) -> None:
         self.member = member
         self.me = me
         self.interval = interval
         self.timeout = timeout
         self.on_dead = on_dead
         self.on_rtt = on_rtt
+        self.on_suspect = on_suspect
         self.channel: Channel | None = None
-        self.liveness = lv.Liveness(interval, timeout, time.monotonic())
+        self.liveness = lv.Liveness(interval, timeout, time.monotonic(), suspect_after)
         self._lock = asyncio.Lock()
         self._heartbeat: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -81,7 +85,7 @@ class PeerLink:
         """Send a request to this member and wait for its reply (typed errors re-raised)."""
         channel = await self._ensure()
         frame = await channel.request(msg, payload, timeout)
-        self.liveness.handle(lv.Seen(time.monotonic()))
+        self._apply(self.liveness.handle(lv.Seen(time.monotonic())))
         return frame
 
     def notify(self, msg: WireMessage, payload: Any = None) -> None:
@@ -100,24 +104,43 @@ class PeerLink:
             log.info("could not tell %s %s: %s", self.node_id, type(msg).__name__, exc)
 
     async def _beat(self) -> None:
-        """Carry out the liveness core's instructions until it declares the member dead."""
+        """Carry out the liveness core's instructions until it declares the member dead. A
+        Ping runs as a task of its own, so the core's wake-ups (the suspicion time) and a
+        closed connection are fed while it is out."""
+        ping: asyncio.Task[lv.Event] | None = None
+        wake: float | None = None
         todo = self.liveness.handle(lv.Tick(time.monotonic()))
-        while todo:
-            self._apply(todo)
-            last = todo[-1]
-            if isinstance(last, lv.WaitUntil):
-                with contextlib.suppress(TimeoutError):  # woken early by a closed connection
-                    await asyncio.wait_for(self._closed.wait(),
-                                           max(0.0, last.t - time.monotonic()))
-                if self._closed.is_set():
+        try:
+            while True:
+                self._apply(todo)
+                for ins in todo:
+                    if isinstance(ins, lv.DeclareDead):
+                        return
+                    if isinstance(ins, lv.SendPing):
+                        ping = asyncio.ensure_future(self._ping(ins.timeout))
+                        wake = None
+                    elif isinstance(ins, lv.WaitUntil):
+                        wake = ins.t
+                if ping is None and wake is None:
+                    wake = time.monotonic()  # nothing pending: ask the core again now
+                closed = asyncio.ensure_future(self._closed.wait())
+                waits: set[asyncio.Future[Any]] = {closed} if ping is None else {closed, ping}
+                timeout = None if wake is None else max(0.0, wake - time.monotonic())
+                done, _ = await asyncio.wait(waits, timeout=timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                closed.cancel()
+                if ping is not None and ping in done:
+                    event, ping = ping.result(), None
+                    todo = self.liveness.handle(event)
+                elif self._closed.is_set():
                     self._closed.clear()
                     todo = self.liveness.handle(lv.Closed(time.monotonic()))
                 else:
+                    wake = None
                     todo = self.liveness.handle(lv.Tick(time.monotonic()))
-            elif isinstance(last, lv.SendPing):
-                todo = self.liveness.handle(await self._ping(last.timeout))
-            else:
-                return  # declared dead
+        finally:
+            if ping is not None:
+                ping.cancel()
 
     async def _ping(self, budget: float) -> lv.Event:
         """One heartbeat, reconnecting first if needed, all of it bounded by ``budget``."""
@@ -143,6 +166,11 @@ class PeerLink:
         for ins in instructions:
             if isinstance(ins, lv.ReportRtt):
                 self.on_rtt(ins.rtt)
+            elif isinstance(ins, lv.Suspect):
+                log.warning("member %s is silent: %s", self.node_id, ins.reason)
+                self.on_suspect(self.node_id, True)
+            elif isinstance(ins, lv.Trust):
+                self.on_suspect(self.node_id, False)
             elif isinstance(ins, lv.DeclareDead):
                 log.warning("member %s is dead: %s", self.node_id, ins.reason)
                 self.close()
@@ -168,12 +196,16 @@ class Links:
     """Our control link to every other member, by node id."""
 
     def __init__(self, me: Identity, interval: float, timeout: float,
-                 on_dead: Callable[[str], object], on_rtt: Callable[[float], None]) -> None:
+                 on_dead: Callable[[str], object], on_rtt: Callable[[float], None],
+                 on_suspect: Callable[[str, bool], None] = lambda node, suspected: None,
+                 suspect_after: float | None = None) -> None:
         self._me = me
         self._interval = interval
         self._timeout = timeout
         self._on_dead = on_dead
         self._on_rtt = on_rtt
+        self._on_suspect = on_suspect
+        self._suspect_after = suspect_after
         self._links: dict[str, PeerLink] = {}
 
     def get(self, node: str) -> PeerLink | None:
@@ -192,7 +224,7 @@ class Links:
         if old is not None:
             old.close()
         link = PeerLink(member, self._me, self._interval, self._timeout, self._on_dead,
-                        self._on_rtt)
+                        self._on_rtt, self._on_suspect, self._suspect_after)
         self._links[member.node_id] = link
         link.start()
 

@@ -24,6 +24,14 @@ attempt the driver is woken at the deadline at the latest. On the ordinary sched
 silent peer is treated exactly as before: a SIGSTOPped peer is dead ``timeout + interval``
 after its last answer.
 
+Suspicion, optional (``suspect_after``). A Ping unanswered for ``suspect_after`` seconds, or a
+failed attempt, makes the peer *suspected* (``Suspect``) long before the verdict: the daemon
+stops relying on it (its pulls move elsewhere, a reduce repairs around it, the directory takes
+a lost object put again, docs/design.md §5), but it stays a member. Its next sign of life
+clears the suspicion (``Trust``); a false suspicion costs redone work, never a wrong result.
+With suspicion on, a ``SendPing`` is followed by a ``WaitUntil`` at the suspicion time: the
+driver runs the Ping concurrently and feeds a ``Tick`` then if the Ping is still unanswered.
+
 Nothing here waits or reads a clock: time arrives in the events, and ``handle`` returns the
 instructions to carry out. A driver is a short loop: feed ``Tick(now)``; on ``WaitUntil(t)``
 sleep until ``t`` and feed ``Tick``; on ``SendPing(timeout)`` run one Ping (connecting first if
@@ -118,23 +126,41 @@ class ReportRtt:
 
 
 @dataclass(frozen=True, slots=True)
+class Suspect:
+    """The peer looks silent: stop relying on it, but keep it as a member."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Trust:
+    """A suspected peer showed a sign of life again."""
+
+
+@dataclass(frozen=True, slots=True)
 class DeclareDead:
     """The peer is dead; fail everything waiting on it. Nothing follows this."""
 
     reason: str
 
 
-Instruction: TypeAlias = SendPing | WaitUntil | ReportRtt | DeclareDead
+Instruction: TypeAlias = SendPing | WaitUntil | ReportRtt | Suspect | Trust | DeclareDead
 
 
 class Liveness:
     """The heartbeat of one peer: events in, instructions out (see the module docstring)."""
 
-    def __init__(self, interval: float, timeout: float, now: float) -> None:
+    def __init__(self, interval: float, timeout: float, now: float,
+                 suspect_after: float | None = None) -> None:
         if not 0 < interval < timeout:
             raise InvalidArgumentError("liveness needs 0 < interval < timeout")
+        if suspect_after is not None and not 0 < suspect_after < timeout:
+            raise InvalidArgumentError("liveness needs 0 < suspect_after < timeout")
         self.interval = interval
         self.timeout = timeout
+        self.suspect_after = suspect_after
+        self._suspected = False
+        self._suspect_at: float | None = None  # when the Ping in flight makes it suspected
         self._now = now  # the latest time any event carried: our clock never runs backwards
         self._last_seen = now  # a new link counts as a sign of life, as PeerLink always did
         self._next_ping = now + interval
@@ -158,6 +184,10 @@ class Liveness:
         return self._dead
 
     @property
+    def suspected(self) -> bool:
+        return self._suspected
+
+    @property
     def in_flight(self) -> bool:
         """Whether a Ping has been sent and its outcome not yet fed."""
         return self._expires is not None
@@ -168,8 +198,7 @@ class Liveness:
             return []
         self._now = max(self._now, event.now)
         if isinstance(event, Seen):
-            self._saw(event.now)
-            return []  # deadlines only move later: the driver's current wait stays valid
+            return self._saw(event.now)  # deadlines only move later: the current wait holds
         if isinstance(event, Answered):
             return self._answered(event)
         if isinstance(event, Failed):
@@ -182,17 +211,29 @@ class Liveness:
                 self._next_ping = min(self._next_ping, self._now)
         return self._tick()
 
-    def _saw(self, when: float) -> None:
+    def _saw(self, when: float) -> list[Instruction]:
+        """A sign of life: the peer is trusted again if it was suspected."""
         self._last_seen = max(self._last_seen, when)
+        if not self._suspected:
+            return []
+        self._suspected = False
+        return [Trust()]
+
+    def _suspect(self, reason: str) -> list[Instruction]:
+        self._suspect_at = None
+        if self.suspect_after is None or self._suspected:
+            return []
+        self._suspected = True
+        return [Suspect(reason)]
 
     def _answered(self, event: Answered) -> list[Instruction]:
-        self._saw(event.now)
+        trust = self._saw(event.now)
         if self._expires is None:
-            return []  # a duplicate, or the answer to a Ping already given up: life, no RTT
-        self._expires = None
+            return trust  # a duplicate, or the answer to a Ping already given up: no RTT
+        self._expires = self._suspect_at = None
         self._failing = False
         self._next_ping = self._now + self.interval
-        return [ReportRtt(event.rtt), WaitUntil(self._next_ping)]
+        return [*trust, ReportRtt(event.rtt), WaitUntil(self._next_ping)]
 
     def _failed(self, kind: FailureKind) -> list[Instruction]:
         if kind == "refused":
@@ -209,14 +250,20 @@ class Liveness:
         self._failing = True
         pause = min(self.interval, LOST_PAUSE) if kind == "lost" else 0.0
         self._next_ping = self._now + pause + self.interval
-        return [WaitUntil(min(self._next_ping, self.deadline))]
+        return [*self._suspect(f"ping failed ({kind})"),
+                WaitUntil(min(self._next_ping, self.deadline))]
 
     def _tick(self) -> list[Instruction]:
         if self._expires is not None:
+            if self._suspect_at is not None and self._now >= self._suspect_at:
+                unanswered = self.suspect_after
+                return [*self._suspect(f"no answer to a ping for {unanswered}s"),
+                        WaitUntil(self._expires)]
             if self._now < self._expires:
-                return [WaitUntil(self._expires)]
-            self._expires = None  # the driver did not bound its Ping: count it as timed out
-            return self._attempt_failed("timeout")
+                return [WaitUntil(self._expires if self._suspect_at is None
+                                  else min(self._expires, self._suspect_at))]
+            self._expires = self._suspect_at = None  # the driver did not bound its Ping:
+            return self._attempt_failed("timeout")  # count it as timed out
         if self._failing and self._now >= self.deadline:
             silent = self._now - self._last_seen
             return self._die(f"silent for {silent:.1f}s (no answer by the deadline)")
@@ -227,9 +274,12 @@ class Liveness:
         if self._failing:  # > 0, or the deadline check above would have fired
             budget = min(budget, self.deadline - self._now)
         self._expires = self._now + budget
-        return [SendPing(budget)]
+        if self.suspect_after is None or self._suspected or budget <= self.suspect_after:
+            return [SendPing(budget)]
+        self._suspect_at = self._now + self.suspect_after
+        return [SendPing(budget), WaitUntil(self._suspect_at)]
 
     def _die(self, reason: str) -> list[Instruction]:
         self._dead = True
-        self._expires = None
+        self._expires = self._suspect_at = None
         return [DeclareDead(reason)]

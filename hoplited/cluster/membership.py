@@ -27,13 +27,16 @@ def rendezvous_owner(oid: ObjectID, nodes: Iterable[str]) -> str:
 
 
 class Membership:
-    """Known members (this node included) and which of them are alive."""
+    """Known members (this node included), which of them are alive, and which of those are
+    suspected: silent for a while, not (yet) declared dead (liveness.py: ``Suspect``)."""
 
     def __init__(self, me: MemberInfo) -> None:
         self.me = me
         self.members: dict[str, MemberInfo] = {me.node_id: me}
         self.dead: set[str] = set()
+        self.suspected: set[str] = set()
         self.listeners: list[Callable[[list[str]], None]] = []
+        self.suspicion_listeners: list[Callable[[str, bool], None]] = []
         self._alive = [me.node_id]
 
     def alive_ids(self) -> list[str]:
@@ -41,6 +44,26 @@ class Membership:
 
     def is_alive(self, node_id: str) -> bool:
         return node_id in self.members and node_id not in self.dead
+
+    def is_trusted(self, node_id: str) -> bool:
+        """Alive and not suspected: a node worth waiting on."""
+        return self.is_alive(node_id) and node_id not in self.suspected
+
+    def suspect(self, node_id: str, suspected: bool) -> None:
+        """A live member fell silent (``suspected``) or answered again; listeners hear of a
+        change. Ownership does not move: only a verdict changes the live set."""
+        if node_id == self.me.node_id or not self.is_alive(node_id):
+            return
+        if suspected == (node_id in self.suspected):
+            return
+        if suspected:
+            self.suspected.add(node_id)
+            log.warning("member %s is silent: suspected", node_id)
+        else:
+            self.suspected.discard(node_id)
+            log.info("member %s answers again", node_id)
+        for listener in self.suspicion_listeners:
+            listener(node_id, suspected)
 
     def owner(self, oid: ObjectID) -> str:
         return rendezvous_owner(oid, self._alive)
@@ -52,6 +75,7 @@ class Membership:
             return False
         self.members[member.node_id] = member
         self.dead.discard(member.node_id)
+        self.suspected.discard(member.node_id)
         log.info("member %s at %s:%d is up", member.node_id, member.host, member.port)
         self._changed()
         return True
@@ -61,6 +85,7 @@ class Membership:
         if node_id == self.me.node_id or not self.is_alive(node_id):
             return False
         self.dead.add(node_id)
+        self.suspected.discard(node_id)
         log.warning("member %s is dead", node_id)
         self._changed()
         return True

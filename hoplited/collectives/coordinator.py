@@ -123,6 +123,12 @@ class Reductions:
         for coordinator in list(self._running.values()):
             coordinator.feed(p.NodeDied(node))
 
+    def node_suspected(self, node: str) -> None:
+        """A member fell silent: running reduces repair around it without waiting for the
+        verdict (docs/design.md §5); one that answers again is not used by them any more."""
+        for coordinator in list(self._running.values()):
+            coordinator.feed(p.NodeSuspected(node))
+
     def on_slot_failed(self, peer: str, msg: ReduceFailed,
                        payload: memoryview | None) -> None:
         coordinator = self._running.get(msg.reduce_id)
@@ -188,7 +194,7 @@ class ReduceCoordinator:
     # --- events in ---
     def feed(self, event: p.Event) -> None:
         """Hand ``event`` to the plan and carry out what it says (queued: never re-entered)."""
-        if isinstance(event, p.ChildLost | p.NodeDied) and not self._ended:
+        if isinstance(event, p.ChildLost | p.NodeDied | p.NodeSuspected) and not self._ended:
             log.info("reduce %s: %s", self.result.short(), event)
         self._events.append(event)
         if self._draining:

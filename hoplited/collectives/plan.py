@@ -145,6 +145,14 @@ class NodeDied:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeSuspected:
+    """``node`` stopped answering (a suspicion, before any verdict): the reduce stops using
+    it and repairs around it as if it had died; it is still told to release what it holds."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
 class ResultComplete:
     """The result object on this node holds every byte."""
 
@@ -162,7 +170,7 @@ class Published:
 
 
 Event = (InputReady | InputFailed | TaskStarted | SlotFailed | ChildLost | Retry | NodeDied
-         | ResultComplete | ResultFailed | Published)
+         | NodeSuspected | ResultComplete | ResultFailed | Published)
 
 
 # --- instructions: what the driver does, in order ---
@@ -359,8 +367,9 @@ class ReducePlan:
     def handle(self, event: Event) -> list[Instruction]:
         """Apply ``event``; return the instructions to carry out, in order."""
         out: list[Instruction] = []
-        if isinstance(event, NodeDied):
+        if isinstance(event, NodeDied | NodeSuspected):
             self.dead.add(event.node)
+        if isinstance(event, NodeDied):
             self.declared.add(event.node)
         if self.error is None and not self.published:
             out = self._handle(event)
@@ -387,7 +396,7 @@ class ReducePlan:
             return self._child_lost(ev)
         if isinstance(ev, Retry):
             return self._retry(ev)
-        if isinstance(ev, NodeDied):
+        if isinstance(ev, NodeDied | NodeSuspected):
             return self._node_died(ev.node)
         if isinstance(ev, ResultComplete):
             if self.complete:

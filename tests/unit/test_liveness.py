@@ -23,7 +23,9 @@ from hoplited.cluster.liveness import (
     ReportRtt,
     Seen,
     SendPing,
+    Suspect,
     Tick,
+    Trust,
     WaitUntil,
 )
 
@@ -32,6 +34,8 @@ pytestmark = pytest.mark.unit
 I = 1.0  # heartbeat interval of most cases (the daemon's default)  # noqa: E741
 T = 5.0  # heartbeat timeout of most cases (the daemon's default)
 P = LOST_PAUSE  # the extra pause after a lost connection (min(I, LOST_PAUSE) with I = 1)
+
+S = 0.5  # suspicion after an unanswered ping of this long, in the suspicion cases
 
 Step = tuple[Event, list[Instruction]]
 
@@ -46,6 +50,8 @@ class Case:
     dead: bool = False
     interval: float = I
     timeout: float = T
+    suspect_after: float | None = None
+    suspected: bool = False
 
 
 CASES = [
@@ -177,15 +183,52 @@ CASES = [
         (Failed(2.5, "refused"), []),  # declared once only
         (Failed(3.0, "timeout"), []),
     ], last_seen=0.0, dead=True),
+    # --- suspicion: a ping unanswered for S, long before the verdict ---
+    Case("suspicion on: a ping answered in time is followed by a wake-up it makes moot", [
+        (Tick(1.0), [SendPing(T), WaitUntil(1.0 + S)]),
+        (Answered(1.1, 0.1), [ReportRtt(0.1), WaitUntil(2.1)]),
+        (Tick(2.1), [SendPing(T), WaitUntil(2.1 + S)]),
+    ], last_seen=1.1, suspect_after=S),
+    Case("a ping unanswered for S: suspected, then trusted again by its late answer", [
+        (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
+        (Tick(1.2), [WaitUntil(1.5)]),  # early: nothing yet
+        (Tick(1.5), [Suspect(f"no answer to a ping for {S}s"), WaitUntil(1.0 + T)]),
+        (Tick(2.0), [WaitUntil(1.0 + T)]),  # suspected once only
+        (Answered(2.5, 1.5), [Trust(), ReportRtt(1.5), WaitUntil(3.5)]),
+    ], last_seen=2.5, suspect_after=S),
+    Case("another request's reply clears a suspicion too", [
+        (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
+        (Tick(1.5), [Suspect(f"no answer to a ping for {S}s"), WaitUntil(1.0 + T)]),
+        (Seen(1.7), [Trust()]),
+        (Seen(1.8), []),
+    ], last_seen=1.8, suspect_after=S),
+    Case("a silent peer: suspected after S, dead at the verdict as without suspicion", [
+        (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
+        (Tick(1.5), [Suspect(f"no answer to a ping for {S}s"), WaitUntil(1.0 + T)]),
+        (Failed(1.0 + T, "timeout"), [DeclareDead("silent for 6.0s (ping: timeout)")]),
+    ], last_seen=0.0, dead=True, suspect_after=S, suspected=True),
+    Case("a lost connection makes the peer suspected at once; the answer clears it", [
+        (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
+        (Failed(1.1, "lost"), [Suspect("ping failed (lost)"), WaitUntil(1.1 + P + I)]),
+        # already suspected: no second wake-up; the budget ends by the deadline
+        (Tick(1.1 + P + I), [SendPing(T + I - (1.1 + P + I))]),
+        (Answered(2.4, 0.1), [Trust(), ReportRtt(0.1), WaitUntil(3.4)]),
+    ], last_seen=2.4, suspect_after=S),
+    Case("a refusal is the verdict, suspected or not", [
+        (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
+        (Tick(1.5), [Suspect(f"no answer to a ping for {S}s"), WaitUntil(1.0 + T)]),
+        (Failed(1.6, "refused"), [DeclareDead("refuses connections")]),
+    ], last_seen=0.0, dead=True, suspect_after=S, suspected=True),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_liveness_table(case: Case) -> None:
-    live = Liveness(case.interval, case.timeout, now=0.0)
+    live = Liveness(case.interval, case.timeout, now=0.0, suspect_after=case.suspect_after)
     got = [(event, live.handle(event)) for event, _ in case.steps]
     assert got == case.steps
     assert (live.last_seen, live.dead) == (case.last_seen, case.dead)
+    assert live.suspected == case.suspected
 
 
 # --- the deadline, checked over many silences with a simulated driver ---
@@ -198,6 +241,14 @@ class Peer:
     rtt: float
     fail_after: float | None
     seen: list[float] = field(default_factory=list)  # replies to other requests (< stop)
+
+    def outcome(self, now: float, timeout: float) -> Event:
+        """What becomes of a Ping sent at ``now`` with ``timeout``: its answer or failure."""
+        if now + self.rtt <= self.stop:
+            return Answered(now + self.rtt, self.rtt)
+        if self.fail_after is None or self.fail_after >= timeout:
+            return Failed(now + timeout, "timeout")
+        return Failed(now + self.fail_after, "lost")
 
 
 def drive(live: Liveness, peer: Peer) -> tuple[float, list[float]]:
@@ -218,14 +269,8 @@ def drive(live: Liveness, peer: Peer) -> tuple[float, list[float]]:
             event = Tick(last.t)
         else:
             assert isinstance(last, SendPing) and 0 < last.timeout <= live.timeout
-            now = event.now
-            sends.append(now)
-            if now + peer.rtt <= peer.stop:
-                event = Answered(now + peer.rtt, peer.rtt)
-            elif peer.fail_after is None or peer.fail_after >= last.timeout:
-                event = Failed(now + last.timeout, "timeout")
-            else:
-                event = Failed(now + peer.fail_after, "lost")
+            sends.append(event.now)
+            event = peer.outcome(event.now, last.timeout)
     raise AssertionError("never declared dead")
 
 
@@ -248,6 +293,45 @@ def test_silent_peer_dead_within_timeout_plus_interval(seed: int) -> None:
     silent = died - live.last_seen
     assert timeout <= silent <= timeout + interval + 1e-9, (silent, peer)
     assert all(b - a >= interval - 1e-9 for a, b in zip(sends, sends[1:]))  # never faster
+
+
+def drive_suspecting(live: Liveness, peer: Peer) -> tuple[float, float | None]:
+    """A driver that runs each Ping concurrently with its wake-ups (suspicion on): returns the
+    times of death and of the first suspicion."""
+    pending: Event | None = None  # the outcome of the Ping in flight, when it will arrive
+    wake: float | None = 0.0
+    suspected: float | None = None
+    for _ in range(10_000):
+        if pending is not None and (wake is None or pending.now <= wake):
+            event, pending = pending, None
+        else:
+            assert wake is not None, "nothing to wait for"
+            event, wake = Tick(wake), None
+        for ins in live.handle(event):
+            if isinstance(ins, DeclareDead):
+                return event.now, suspected
+            if isinstance(ins, Suspect) and suspected is None:
+                suspected = event.now
+            if isinstance(ins, WaitUntil):
+                wake = ins.t
+            if isinstance(ins, SendPing):
+                pending = peer.outcome(event.now, ins.timeout)
+    raise AssertionError("never declared dead")
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_silent_peer_suspected_soon_and_dead_as_without_suspicion(seed: int) -> None:
+    """Suspected at most an interval plus ``suspect_after`` after it stops (never before, as
+    it answers in time until then); the verdict keeps its bounds."""
+    interval, timeout, peer = random_peer(random.Random(seed))
+    peer.seen = []  # replies to other requests would clear a suspicion: not modelled here
+    suspect_after = min(timeout / 2, random.Random(seed).choice([0.1, 0.25, 0.5, 1.0]))
+    live = Liveness(interval, timeout, now=0.0, suspect_after=suspect_after)
+    died, suspected = drive_suspecting(live, peer)
+    silent = died - live.last_seen
+    assert timeout <= silent <= timeout + interval + 1e-9, (silent, peer)
+    assert suspected is not None and peer.stop - peer.rtt <= suspected, (suspected, peer)
+    assert suspected <= peer.stop + interval + suspect_after + 1e-9, (suspected, peer)
 
 
 def test_healthy_peer_never_dies_and_pings_every_interval() -> None:

@@ -179,3 +179,38 @@ def test_adding_a_node_moves_only_the_ids_it_now_owns(new: str) -> None:
 def test_rendezvous_of_no_nodes_is_an_error() -> None:
     with pytest.raises(ValueError):
         rendezvous_owner(ObjectID(bytes(20)), [])
+
+
+# --- suspicion: silent live members, before any verdict ---
+SUSPICION = [
+    # (operations, suspected afterwards, what listeners heard)
+    ([("suspect", "a")], {"a"}, [("a", True)]),
+    ([("suspect", "a"), ("suspect", "a")], {"a"}, [("a", True)]),  # heard once
+    ([("suspect", "a"), ("trust", "a")], set(), [("a", True), ("a", False)]),
+    ([("trust", "a")], set(), []),  # never suspected: nothing to hear
+    ([("suspect", ME)], set(), []),  # never ourselves
+    ([("suspect", "zz")], set(), []),  # not a member
+    ([("suspect", "a"), ("dead", "a")], set(), [("a", True)]),  # the verdict supersedes it
+    ([("dead", "a"), ("suspect", "a")], set(), []),  # dead already
+    ([("suspect", "a"), ("dead", "a"), ("add", "a")], set(), [("a", True)]),  # revived clean
+]
+
+
+@pytest.mark.parametrize(("ops", "suspected", "heard"), SUSPICION)
+def test_suspicion(ops: list[tuple[str, str]], suspected: set[str],
+                   heard: list[tuple[str, bool]]) -> None:
+    m = Membership(member(ME))
+    m.add(member("a"))
+    got: list[tuple[str, bool]] = []
+    m.suspicion_listeners.append(lambda node, s: got.append((node, s)))
+    for op, node in ops:
+        if op == "dead":
+            m.mark_dead(node)
+        elif op == "add":
+            m.add(member(node))
+        else:
+            m.suspect(node, op == "suspect")
+    assert m.suspected == suspected
+    assert got == heard
+    assert m.is_trusted("a") == (m.is_alive("a") and "a" not in suspected)
+    assert m.owner(ObjectID.random()) in m.alive_ids()  # suspicion never moves ownership

@@ -35,6 +35,7 @@ from hoplited.collectives.plan import (
     InputReady,
     Instruction,
     NodeDied,
+    NodeSuspected,
     OpenResult,
     Publish,
     Published,
@@ -387,6 +388,30 @@ CASES = [
         (ready(1, "n5"), [task(1, "n5", 1, out(1, 1), 1, gen=1, start=500)]),
         (started(1, gen=1), [conn(2, "n2", 1, "n5", out(1, 1), t(1) + b".1"),
                              conn(1, "n5", 0, "n0", I[0], v(0))]),
+        DONE,
+        (Published(), [Release(("n2", "n5"))]),
+    ]),
+    Case("suspected-node-is-repaired-around-and-still-told-to-release", k=3, steps=[
+        *RUNNING_CHAIN,
+        (NodeSuspected("n1"), []),  # connected: wait for its consumer's word
+        (ChildLost(2, 1, t(1), 500, False, BROKEN, t(2)), [WaitInput(I[1], ("n1",))]),
+        (ready(1, "n1"), [WaitInput(I[1], ("n1",))]),  # only the silent node holds it
+        (ready(1, "n1", "n5"), [task(1, "n5", 1, out(1, 1), 1, gen=1, start=500)]),
+        (started(1, gen=1), [conn(2, "n2", 1, "n5", out(1, 1), t(1) + b".1"),
+                             conn(1, "n5", 0, "n0", I[0], v(0))]),
+        DONE,
+        (Published(), [Release(("n1", "n2", "n5"))]),  # n1 may be back: it frees its buffers
+    ]),
+    Case("suspected-before-connected-is-redone-from-0-then-dies", k=3, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1)]),
+        (NodeSuspected("n1"), [WaitInput(I[1], ("n1",))]),
+        (NodeDied("n1"), []),  # the verdict changes nothing more
+        (ready(1, "n5"), [task(1, "n5", 1, out(1, 1), 1, gen=1)]),
+        (started(1, gen=1), [conn(1, "n5", 0, "n0", I[0], v(0))]),
+        (started(2), [conn(2, "n2", 1, "n5", out(1, 1), t(1) + b".1"),
+                      PullRoot("n2", out(2), t(2))]),
         DONE,
         (Published(), [Release(("n2", "n5"))]),
     ]),
