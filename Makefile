@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-unit fuzz lint bench-loopback bench-failures bench-deps bench-compare bench-failures-compare clean
+.PHONY: install demo test test-unit fuzz soak lint bench-loopback bench-failures bench-deps bench-compare bench-failures-compare clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ fuzz: install
 	HOPLITE_FUZZ_REQUESTS=100000 $(BIN)/python -m pytest -q -s --timeout 7200 \
 	    tests/net/test_fuzz_client.py \
 	    tests/net/test_fuzz_peer.py
+
+# The soak, long: 30 minutes of puts, broadcasts, reduces, deletes and clients leaving mid-get
+# at twice the stores' capacity, then the memory, error and leftover checks (make test: 2).
+soak: install
+	$(BIN)/hoplite soak --duration 1800
 
 lint: install
 	$(BIN)/ruff check hoplited hoplite_client tests bench

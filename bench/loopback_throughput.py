@@ -3,6 +3,8 @@
 Raw TCP: a sender process ``sendall``s the same bytes to a receiver that ``recv_into``s a
 pre-faulted buffer: the ceiling for any Python data path on this machine. Hoplite: node 0
 holds the object, node 1's client gets it (daemon → daemon stream into node 1's arena).
+With ``--tls-cert F --tls-key F --tls-ca F`` both daemons run over mutual TLS
+(docs/security.md): the price of TLS on the data path.
 Usage: python bench/loopback_throughput.py --size 1GiB --repeat 3
 """
 
@@ -18,6 +20,7 @@ import numpy as np
 import uvloop
 
 import hoplite_client
+from hoplite_client.net.tls import TlsFiles, tls_files
 from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.units import parse_size
 
@@ -54,10 +57,11 @@ def raw_tcp(size: int) -> float:
     return elapsed
 
 
-async def hoplite_get(size: int, repeat: int) -> list[float]:
+async def hoplite_get(size: int, repeat: int, tls: TlsFiles | None = None) -> list[float]:
     """Seconds for node 1 to get a ``size``-byte object held by node 0, per run."""
     times = []
-    async with LocalCluster(2, capacity=str(2 * size + (64 << 20)), log_level="warning") as c:
+    async with LocalCluster(2, capacity=str(2 * size + (64 << 20)), log_level="warning",
+                            tls=tls) as c:
         a = await hoplite_client.connect(c.sockets[0])
         b = await hoplite_client.connect(c.sockets[1])
         data = np.frombuffer(np.random.default_rng(1).bytes(size), dtype=np.uint8)
@@ -78,13 +82,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="1GiB")
     parser.add_argument("--repeat", type=int, default=3)
+    for flag in ("--tls-cert", "--tls-key", "--tls-ca"):
+        parser.add_argument(flag, default=None, metavar="FILE", help="all three or none")
     args = parser.parse_args()
     size = parse_size(args.size)
+    tls = tls_files(args.tls_cert, args.tls_key, args.tls_ca)
     raw = statistics.median(raw_tcp(size) for _ in range(args.repeat))
-    ours = statistics.median(uvloop.run(hoplite_get(size, args.repeat)))
+    ours = statistics.median(uvloop.run(hoplite_get(size, args.repeat, tls)))
     print(f"raw TCP, one stream:      {size / raw / 1e9:.2f} GB/s ({raw:.3f} s)")
-    print(f"hoplite get via daemons:  {size / ours / 1e9:.2f} GB/s ({ours:.3f} s), "
-          f"{raw / ours * 100:.0f}% of raw")
+    print(f"hoplite get via daemons{' (TLS)' if tls else ''}:  {size / ours / 1e9:.2f} GB/s "
+          f"({ours:.3f} s), {raw / ours * 100:.0f}% of raw")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,10 @@ CONNECT_TIMEOUT = 10.0
 REPLY_GRACE = 30.0
 # Transfers a gather keeps in flight: enough to fill the local link from many senders.
 GATHER_CONCURRENCY = 8
+# How long a put waits for room in a full store by default: long enough for another client to
+# delete or release something, short enough that a store full of sole copies answers with a
+# CapacityError instead of hanging the caller (docs/architecture.md §6).
+PUT_TIMEOUT = 10.0
 # A large copy runs in a worker thread (numpy drops the GIL) so the event loop keeps going.
 THREAD_COPY_MIN = 4 * 1024 * 1024
 
@@ -163,17 +167,26 @@ class Client:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
-    async def put(self, value: ArrayLike, object_id: ObjectID | None = None) -> ObjectID:
-        """Store an array (dtype and shape kept) or bytes (as uint8); returns its id."""
+    async def put(self, value: ArrayLike, object_id: ObjectID | None = None,
+                  timeout: float | None = PUT_TIMEOUT) -> ObjectID:
+        """Store an array (dtype and shape kept) or bytes (as uint8); returns its id.
+
+        A full store first evicts copies held elsewhere; if that is not enough the put waits
+        up to ``timeout`` s for room (None or inf: until there is room; 0: not at all), then
+        raises CapacityError."""
+        timeout = check_timeout(timeout)
+        bound = None if timeout is None else timeout + REPLY_GRACE
         arr = _as_array(value)
         oid = object_id or ObjectID.random()
         dtype, shape, size = arr.dtype.str, list(arr.shape), arr.nbytes
         if size <= INLINE_MAX:
             data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-            await self._channel.request(Put(oid=oid, dtype=dtype, shape=shape), data)
+            await self._channel.request(Put(oid=oid, dtype=dtype, shape=shape, timeout=timeout),
+                                        data, timeout=bound)
             return oid
         frame = await self._channel.request(Create(oid=oid, size=size, dtype=dtype,
-                                                   shape=shape))
+                                                   shape=shape, timeout=timeout),
+                                            timeout=bound)
         try:
             dest = self._arena.writable(frame.msg.offset, size).view(arr.dtype).reshape(arr.shape)
             if size >= THREAD_COPY_MIN:

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from numpy.typing import NDArray
 
-from hoplite_client.client import GATHER_CONCURRENCY, ArrayLike, Client, connect
+from hoplite_client.client import GATHER_CONCURRENCY, PUT_TIMEOUT, ArrayLike, Client, connect
 from hoplite_client.wire.ids import ObjectID
 
 _T = TypeVar("_T")
@@ -46,9 +46,11 @@ class SyncClient:
         """The id of the daemon this client is connected to."""
         return self._client.node_id
 
-    def put(self, value: ArrayLike, object_id: ObjectID | None = None) -> ObjectID:
-        """Store an array (dtype and shape kept) or bytes (as uint8); returns its id."""
-        return self._call(self._client.put(value, object_id))
+    def put(self, value: ArrayLike, object_id: ObjectID | None = None,
+            timeout: float | None = PUT_TIMEOUT) -> ObjectID:
+        """Store an array (dtype and shape kept) or bytes (as uint8); returns its id. Into a
+        full store it waits up to ``timeout`` s for room, then raises CapacityError."""
+        return self._call(self._client.put(value, object_id, timeout))
 
     def get(self, object_id: ObjectID, timeout: float | None = None) -> NDArray[Any]:
         """A read-only array of the object, waiting up to ``timeout`` s for it to exist.

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from hoplite_client.net.endpoints import default_socket
+from hoplite_client.net.tls import TlsContexts, TlsFiles, load, tls_files
 from hoplite_client.wire.errors import InvalidArgumentError
 
 
@@ -26,18 +27,39 @@ class DaemonConfig:
     # The artifact served one transfer per object per node; chains then cost one hop each,
     # which cut-through forwarding makes cheap. Raise it to trade depth for uplink sharing.
     fanout: int = 1
-    heartbeat_interval: float = 1.0
+    # Twice a second: a Ping to each member is a small frame, and a frozen member's Ping
+    # goes unanswered at most half a second sooner (suspicion, below).
+    heartbeat_interval: float = 0.5
     # Five missed beats: long enough for a loaded 2-core test machine, short enough to react.
     heartbeat_timeout: float = 5.0
+    # A member whose Ping is unanswered this long is suspected: nothing waits on it any more,
+    # though it stays a member (docs/design.md §5). A loaded host answers within tens of ms;
+    # a false suspicion costs redone work, never a wrong result. None: no suspicion.
+    suspect_after: float | None = 1.0
     # The longest a pull may receive nothing before it is abandoned and resumed from another
     # source; a get's own window is derived from the link rate below this cap (link_model.py).
     stall_timeout: float = 30.0
     advertise_host: str | None = None
     # Prometheus metrics on this port of ``host`` (docs/operations.md); None: not served.
     metrics_port: int | None = None
+    # PEM files for mutual TLS on every TCP connection (docs/security.md); all or none.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+
+    @property
+    def tls_files(self) -> TlsFiles | None:
+        """The three TLS files, or None for plain TCP; one or two of them is refused."""
+        return tls_files(self.tls_cert, self.tls_key, self.tls_ca)
+
+    def tls_contexts(self) -> TlsContexts | None:
+        """The SSL contexts built from the files (each one read and checked), or None."""
+        files = self.tls_files
+        return None if files is None else load(files)
 
     def check(self) -> None:
         """Refuse settings that would be unsafe or meaningless."""
+        tls_files(self.tls_cert, self.tls_key, self.tls_ca)  # all three or none
         loopback = self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
         if not self.token and not loopback and not self.insecure:
             raise InvalidArgumentError(
@@ -52,3 +74,6 @@ class DaemonConfig:
             raise InvalidArgumentError("heartbeat interval must be positive")
         if self.heartbeat_timeout <= self.heartbeat_interval:
             raise InvalidArgumentError("heartbeat timeout must exceed the heartbeat interval")
+        if self.suspect_after is not None and not 0 < self.suspect_after < self.heartbeat_timeout:
+            raise InvalidArgumentError("--suspect-after must be positive and below the heartbeat "
+                                       "timeout (0 turns suspicion off)")

@@ -50,9 +50,12 @@ async def run(config: DaemonConfig) -> None:
 @click.option("--fanout", default=1, show_default=True, type=int,
               help="Transfers one holder serves per object at once.")
 @click.option("--advertise", default=None, help="Address peers should use to reach us.")
-@click.option("--heartbeat-interval", default=1.0, show_default=True, type=float)
+@click.option("--heartbeat-interval", default=0.5, show_default=True, type=float)
 @click.option("--heartbeat-timeout", default=5.0, show_default=True, type=float,
               help="Seconds of silence after which a member is declared dead.")
+@click.option("--suspect-after", default=1.0, show_default=True, type=float,
+              help="Seconds a Ping may go unanswered before the member is suspected: nothing "
+                   "waits on it, though it stays a member (docs/design.md §5); 0: never.")
 @click.option("--stall-timeout", default=30.0, show_default=True, type=float,
               help="Longest a transfer may receive nothing before it switches source (a "
                    "get's window is derived from the measured link rate: about 1 s on 1 Gbit "
@@ -64,11 +67,20 @@ async def run(config: DaemonConfig) -> None:
 @click.option("--metrics-port", default=None, type=click.IntRange(0, 65535),
               help="Serve Prometheus metrics on this port of the --listen host (0: any free "
                    "port, in the ready line); docs/operations.md.")
+@click.option("--tls-cert", default=None, metavar="FILE",
+              help="This node's certificate (PEM), signed by --tls-ca. With --tls-key and "
+                   "--tls-ca: every peer connection runs over mutual TLS (docs/security.md).")
+@click.option("--tls-key", default=None, metavar="FILE",
+              help="The private key of --tls-cert (PEM, unencrypted, readable by us only).")
+@click.option("--tls-ca", default=None, metavar="FILE",
+              help="The cluster's CA certificate (PEM): the only issuer peers' certificates "
+                   "may have.")
 def main(listen: str, socket_path: str | None, join: tuple[str, ...],
          token_file: str | None, insecure: bool, capacity: str | None, fanout: int,
          advertise: str | None, heartbeat_interval: float, heartbeat_timeout: float,
-         stall_timeout: float, log_level: str, log_format: str,
-         metrics_port: int | None) -> None:
+         suspect_after: float, stall_timeout: float, log_level: str, log_format: str,
+         metrics_port: int | None, tls_cert: str | None, tls_key: str | None,
+         tls_ca: str | None) -> None:
     """Run the hoplite daemon for this host."""
     log_to_stderr(log_level, log_format)
     try:
@@ -76,8 +88,10 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
         config = DaemonConfig(host=host, port=port, socket_path=socket_path or default_socket(),
                               join=[parse_address(j) for j in join], insecure=insecure,
                               fanout=fanout, heartbeat_interval=heartbeat_interval,
-                              heartbeat_timeout=heartbeat_timeout, stall_timeout=stall_timeout,
-                              advertise_host=advertise, metrics_port=metrics_port)
+                              heartbeat_timeout=heartbeat_timeout,
+                              suspect_after=suspect_after or None, stall_timeout=stall_timeout,
+                              advertise_host=advertise, metrics_port=metrics_port,
+                              tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca)
         if capacity is not None:
             config.capacity = parse_size(capacity)
         if token_file is not None:

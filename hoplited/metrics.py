@@ -34,7 +34,14 @@ STORE_GAUGES = {
     "arena_used": ("hoplite_store_used_bytes", "Bytes of the arena in use (allocations)."),
     "capacity": ("hoplite_store_capacity_bytes", "The store's capacity in bytes."),
     "pinned_deleted": ("hoplite_store_pinned_deleted_objects",
-                       "Deleted objects kept because a client still holds a view."),
+                       "Deleted or evicted objects kept because a view or a send holds them."),
+    "waiting_for_space": ("hoplite_store_waiting_for_space",
+                          "Allocations waiting for memory to be freed here."),
+}
+# store.stats() key -> (counter name, help): totals since the daemon started
+STORE_COUNTERS = {
+    "evictions": ("hoplite_store_evictions", "Copies evicted to make room (LRU)."),
+    "evicted_bytes": ("hoplite_store_evicted_bytes", "Bytes of the copies evicted."),
 }
 
 
@@ -54,6 +61,11 @@ def families(info: Mapping[str, Any]) -> list[Metric]:
             gauge = GaugeMetricFamily(name, doc, labels=["node"])
             gauge.add_metric([node], float(store[key]))
             out.append(gauge)
+    for key, (name, doc) in STORE_COUNTERS.items():
+        if key in store:
+            counter = CounterMetricFamily(name, doc, labels=["node"])
+            counter.add_metric([node], float(store[key]))
+            out.append(counter)
     members = GaugeMetricFamily("hoplite_members", "Members as this node sees them.",
                                 labels=["node", "state"])
     listed = info.get("members", [])

@@ -17,7 +17,6 @@ from collections import Counter
 
 from hoplite_client.net.endpoints import host_id
 from hoplite_client.net.handshake import Identity
-from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.messages import PEER, TOOL, MemberInfo
 from hoplited.clients.listener import ClientListener
 from hoplited.clients.session import SessionDeps
@@ -33,6 +32,7 @@ from hoplited.directory.service import DirectoryService
 from hoplited.directory.shard import DirectoryShard
 from hoplited.dispatch import Dispatcher
 from hoplited.memory.arena import Arena
+from hoplited.memory.space import Space
 from hoplited.memory.store import ObjectStore
 from hoplited.metrics import MetricsServer, registry_for
 from hoplited.rpc import Rpc
@@ -53,11 +53,10 @@ class Daemon:
         config.check()
         self.config = config
         self.node_id = secrets.token_hex(6)
-        self.identity = Identity(self.node_id, config.token)
+        self.identity = Identity(self.node_id, config.token, config.tls_contexts())
         self.arena = Arena(config.capacity, name=f"hoplite-{self.node_id}")
         self.store = ObjectStore(self.arena)
         self.tasks = Tasks()
-        self._server: asyncio.AbstractServer | None = None
         self._listener: ClientListener | None = None
         self._links: Links | None = None
         self._rpc: Rpc | None = None
@@ -78,15 +77,19 @@ class Daemon:
         errors: Counter[str] = Counter()
         tasks, store, arena = self.tasks, self.store, self.arena
         self._links = links = Links(self.identity, cfg.heartbeat_interval, cfg.heartbeat_timeout,
-                                    membership.mark_dead, link_model.observe_rtt)
+                                    membership.mark_dead, link_model.observe_rtt,
+                                    membership.suspect, cfg.suspect_after)
         verdict_within = cfg.heartbeat_timeout + 2 * cfg.heartbeat_interval  # a death's news
         self._rpc = rpc = Rpc(self.identity, membership, links, tasks,
                               retry_window=verdict_within)
-        shard = DirectoryShard(cfg.fanout, membership.is_alive, membership.owner, self.node_id)
+        # a holder only suspected is no source, and a copy put again replaces its copy: the
+        # shard counts trusted members only (docs/design.md §5, "Suspicion")
+        shard = DirectoryShard(cfg.fanout, membership.is_trusted, membership.owner, self.node_id)
         directory = DirectoryClient(rpc, store, membership, tasks)
+        space = Space(store, directory.may_drop, tasks)  # evicts what the shards agree to
         fetcher = Fetcher(self.identity, store, arena, directory, membership, link_model,
                           counters, tasks, cfg.stall_timeout, links.refused,
-                          patience=verdict_within)
+                          patience=verdict_within, space=space)
         worker = ReduceWorker(store, arena, fetcher, rpc.tell, tasks, membership.is_alive)
         reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, directory, rpc,
                                                 fetcher, link_model, membership.is_alive,
@@ -99,7 +102,7 @@ class Daemon:
         listener = self._listener = ClientListener(cfg.socket_path, self.node_id, arena,
                                                    SessionDeps(store, arena, fetcher, directory,
                                                                reductions, status.cluster, tasks,
-                                                               errors))
+                                                               errors, space))
         handlers = {**cluster.handlers(), **status.handlers(), **directory.handlers(),
                     **DirectoryService(shard, self.node_id, membership.owner,
                                        membership.is_alive, rpc).handlers(),
@@ -120,9 +123,14 @@ class Daemon:
             directory.reannounce(previous)
             reductions.reannounce(previous)
 
+        def suspicion_changed(node: str, suspected: bool) -> None:
+            if suspected:
+                fetcher.source_died(node)  # pulls from it resume elsewhere now
+                reductions.node_suspected(node)
+
         membership.listeners.append(membership_changed)
-        self._server = await asyncio.get_running_loop().create_server(
-            lambda: FrameProtocol(name="inbound", on_made=rpc.accept), sock=sock)
+        membership.suspicion_listeners.append(suspicion_changed)
+        rpc.listen(sock)
         listener.start()
         if cfg.metrics_port is not None:
             self._metrics = MetricsServer(registry_for(status.local), cfg.host, cfg.metrics_port)
@@ -149,8 +157,8 @@ class Daemon:
 
     async def stop(self) -> None:
         """Close every server, link and connection; cancel what still runs."""
-        if self._server is not None:
-            self._server.close()
+        if self._rpc is not None:
+            self._rpc.stop_listening()
         if self._metrics is not None:
             await self._metrics.stop()
         if self._listener is not None:

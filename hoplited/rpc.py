@@ -7,7 +7,8 @@ member it goes over our control link to it. ``call_owner`` follows ownership whi
 moves: a shard that is not (or no longer) the owner, or a dead one, is retried at the new owner
 for as long as it takes to detect a death and move ownership.
 
-Inbound (:meth:`Rpc.accept`): every TCP connection starts with the authenticated handshake;
+Inbound (:meth:`Rpc.listen`): every TCP connection starts with the authenticated handshake
+(inside TLS when the node has certificates: docs/security.md);
 its role then decides what it carries: control requests from a member (``peer``) or a tool
 (``tool``), each through its own dispatcher, or object streams (``data``), served by the
 data-plane sender.
@@ -17,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from hoplite_client.net.channel import Channel
-from hoplite_client.net.handshake import Identity, accept
+from hoplite_client.net.handshake import Identity, accept, open_accepted
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import (
     ConnectionLostError,
@@ -42,6 +44,8 @@ log = logging.getLogger("hoplited.rpc")
 R = TypeVar("R", bound=WireMessage)
 
 RETRY_PAUSE_MAX = 0.5  # between attempts to reach an object's owner while membership moves
+# After a failed accept (out of file descriptors, say): asyncio's own servers wait 1 s too.
+ACCEPT_RETRY = 1.0
 _UNREACHABLE = (PeerUnavailableError, ConnectionLostError)
 
 
@@ -72,6 +76,8 @@ class Rpc:
         self._tool: Dispatcher | None = None
         self._data: DataServer | None = None
         self._inbound: set[FrameProtocol] = set()
+        self._listening: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
 
     @property
     def retry_window(self) -> float:
@@ -133,13 +139,31 @@ class Rpc:
         self.tell(self._membership.owner(oid), msg)
 
     # --- inbound ---
-    def accept(self, protocol: FrameProtocol) -> None:
-        """A TCP connection arrived: authenticate it, then serve its role."""
+    def listen(self, sock: socket.socket) -> None:
+        """Accept TCP connections on ``sock`` (bound, listening) until :meth:`stop_listening`."""
+        sock.setblocking(False)
+        self._listening = sock
+        self._accepting = self._tasks.spawn(self._accept_loop(sock), name="tcp-accept")
+
+    async def _accept_loop(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError as exc:
+                log.warning("accept on port %d failed: %s", sock.getsockname()[1], exc)
+                await asyncio.sleep(ACCEPT_RETRY)
+                continue
+            self._tasks.spawn(self._serve_inbound(conn), name="inbound")
+
+    async def _serve_inbound(self, conn: socket.socket) -> None:
+        """Authenticate the connection (TLS first, if we have it), then serve its role."""
+        try:
+            protocol = await open_accepted(conn, self._identity)
+        except HopliteError:
+            return
         self._inbound.add(protocol)
         protocol.on_lost.append(lambda _: self._inbound.discard(protocol))
-        self._tasks.spawn(self._serve_inbound(protocol), name="inbound")
-
-    async def _serve_inbound(self, protocol: FrameProtocol) -> None:
         try:
             role, peer = await accept(protocol, self._identity)
         except HopliteError:
@@ -156,6 +180,13 @@ class Rpc:
                 protocol.send(reply, payload)
 
         Channel(protocol, on_request=lambda frame: dispatcher.deliver(peer, frame, respond))
+
+    def stop_listening(self) -> None:
+        """Refuse new connections from now on (at shutdown)."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+        if self._listening is not None:
+            self._listening.close()
 
     def close_inbound(self) -> None:
         """Drop every accepted connection (at shutdown)."""

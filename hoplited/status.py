@@ -53,7 +53,8 @@ class NodeStatus:
             "pid": os.getpid(),
             "members": [{"node_id": m.node_id, "address": f"{m.host}:{m.port}",
                          "socket": m.socket, "host_id": m.host_id,
-                         "alive": self._membership.is_alive(m.node_id)}
+                         "alive": self._membership.is_alive(m.node_id),
+                         "suspected": m.node_id in self._membership.suspected}
                         for m in self._membership.members.values()],
             "store": self._store.stats(),
             "directory": self._shard.stats(),

@@ -172,6 +172,25 @@ async def eventually(check, timeout: float = IO_TIMEOUT, what: str = "condition"
         await asyncio.sleep(0.2)
 
 
+# The ``hoplite`` CLI, run as a module of the interpreter under test.
+CLI = [sys.executable, "-m", "hoplite_client.tools.cli.main"]
+RUN_TIMEOUT = 300.0  # a command's whole run, on a loaded machine
+
+
+async def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run a command to its end (killed after RUN_TIMEOUT); its exit code, stdout, stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
 async def run_hoplited(*args: str, timeout: float = 60.0) -> tuple[int, str]:
     """Run ``python -m hoplited ARGS`` to completion (killed and reaped on timeout)."""
     proc = await asyncio.create_subprocess_exec(

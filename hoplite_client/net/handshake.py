@@ -4,6 +4,11 @@ Dialer: Hello(versions, id, nonce, role) → acceptor: Welcome(version, id, nonc
 dialer checks the proof, sends Auth(proof) → acceptor checks it, sends Accepted. A wrong
 token, an unknown version or silence past the timeout closes the connection with a typed
 error on both sides.
+
+With TLS (:mod:`.tls`, on :class:`Identity`) a TLS handshake with mutual certificate checks
+comes first and the exchange above runs inside it. A peer whose certificate is refused, or
+that speaks TLS when we do not (or the reverse), fails with a typed error within the same
+timeout; the acceptor logs one warning line.
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from dataclasses import dataclass
 from typing import TypeVar
 
 from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.net.tls import TlsContexts, describe
 from hoplite_client.wire import auth
 from hoplite_client.wire.errors import (
     AuthenticationError,
@@ -38,10 +45,12 @@ _M = TypeVar("_M", bound=WireMessage)
 
 @dataclass(frozen=True)
 class Identity:
-    """Who we are on the cluster: node id and the shared token (b"" when insecure)."""
+    """Who we are on the cluster: node id, the shared token (b"" when insecure) and the TLS
+    contexts every TCP connection uses (None: plain TCP)."""
 
     node_id: str
     token: bytes
+    tls: TlsContexts | None = None
 
 
 async def _expect(protocol: FrameProtocol, cls: type[_M], timeout: float) -> _M:
@@ -65,14 +74,20 @@ async def dial(host: str, port: int, role: str, me: Identity,
                timeout: float = HANDSHAKE_TIMEOUT) -> tuple[FrameProtocol, str]:
     """Connect and authenticate; returns the protocol (frames queue up) and the peer's id."""
     loop = asyncio.get_running_loop()
+    context = me.tls.client if me.tls is not None else None
     try:
         _, protocol = await asyncio.wait_for(
             loop.create_connection(lambda: FrameProtocol(name=f"{role}->{host}:{port}"),
-                                   host, port), timeout)
+                                   host, port, ssl=context,
+                                   ssl_handshake_timeout=None if context is None else timeout),
+            timeout)
     except TimeoutError:
         raise HopliteTimeoutError(f"connecting to {host}:{port} timed out") from None
+    except ssl.SSLError as exc:  # its certificate refused, or it does not speak TLS
+        raise AuthenticationError(f"TLS with {host}:{port} failed: {describe(exc)}") from exc
     except OSError as exc:
         raise ConnectionLostError(f"cannot connect to {host}:{port}: {exc}") from exc
+    welcome: Welcome | None = None
     try:
         nonce = auth.new_nonce()
         protocol.send(Hello(versions=SUPPORTED_VERSIONS, node_id=me.node_id, nonce=nonce,
@@ -87,6 +102,16 @@ async def dial(host: str, port: int, role: str, me: Identity,
         protocol.send(Auth(proof=auth.proof(me.token, b"client", nonce, welcome.nonce,
                                             me.node_id, welcome.node_id)))
         await _expect(protocol, Accepted, timeout)
+    except ConnectionLostError as exc:
+        protocol.abort()
+        if welcome is not None or exc.reported:
+            raise
+        # Hung up on before a word: the acceptor's log says why. Under TLS 1.3 its refusal
+        # of our certificate looks just so (it drops the connection without the alert).
+        hint = ("does it accept our certificate?" if context is not None else
+                "if it requires TLS, pass --tls-cert/--tls-key/--tls-ca")
+        raise ConnectionLostError(f"{host}:{port} hung up during the handshake ({hint})"
+                                  ) from exc
     except BaseException:
         protocol.abort()
         raise
@@ -125,6 +150,34 @@ async def accept(protocol: FrameProtocol, me: Identity,
         raise
     protocol.name = f"{hello.role}<-{hello.node_id}"
     return hello.role, hello.node_id
+
+
+async def open_accepted(conn: socket.socket, me: Identity,
+                        timeout: float = HANDSHAKE_TIMEOUT) -> FrameProtocol:
+    """A :class:`FrameProtocol` on an accepted TCP socket, which then belongs to it; with TLS,
+    after the TLS handshake. A refused or silent TLS peer is logged once and raises."""
+    loop = asyncio.get_running_loop()
+    context = me.tls.server if me.tls is not None else None
+    try:
+        host, port = conn.getpeername()[:2]
+        peer = f"{host}:{port}"
+    except OSError:  # reset already
+        peer = "a peer gone already"
+    # Ours, not the one returned: uvloop returns its SSL layer's protocol when ``ssl`` is given.
+    protocol = FrameProtocol(name="inbound")
+    try:
+        await loop.connect_accepted_socket(
+            lambda: protocol, conn, ssl=context,
+            ssl_handshake_timeout=None if context is None else timeout)
+    except OSError as exc:  # SSLError (a refused certificate, plaintext), a timeout, a reset
+        reason = (describe(exc) if isinstance(exc, ssl.SSLError) else str(exc)
+                  or f"{type(exc).__name__} (did it refuse our certificate?)")
+        log.warning("inbound from %s: %s refused: %s", peer,
+                    "TLS handshake" if context is not None else "connection", reason)
+        if context is None:
+            raise ConnectionLostError(f"inbound from {peer}: {reason}") from exc
+        raise AuthenticationError(f"TLS handshake with {peer} failed: {reason}") from exc
+    return protocol
 
 
 async def read_one_frame(conn: socket.socket) -> Frame[WireMessage]:

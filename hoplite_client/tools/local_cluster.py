@@ -10,6 +10,9 @@ By default every daemon listens on loopback. ``placement`` runs daemon i as
 namespace of an emulated test bed (``hoplite_client.tools.testbed``); the prefix must exec the
 daemon (as ``ip netns exec`` does), so that the PID we hold is the daemon's. Clients still
 connect from here: Unix sockets are paths, reachable from any network namespace.
+
+``tls`` gives every daemon the same certificate, key and CA (``--tls-cert/--tls-key/--tls-ca``):
+a cluster whose peer connections all run over mutual TLS (docs/security.md).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from hoplite_client.net.tls import TlsFiles
 from hoplite_client.wire.errors import HopliteError, HopliteTimeoutError, InvalidArgumentError
 
 READY_TIMEOUT = 60.0  # a daemon start on a loaded 2-core machine can take seconds
@@ -65,7 +69,8 @@ class LocalCluster:
     def __init__(self, nodes: int = 4, capacity: str = "2GiB", daemon_args: Sequence[str] = (),
                  log_level: str = "info", workdir: str | None = None,
                  token: bytes | None = None, placement: Placement | None = None,
-                 node_args: Mapping[int, Sequence[str]] | None = None) -> None:
+                 node_args: Mapping[int, Sequence[str]] | None = None,
+                 tls: TlsFiles | None = None) -> None:
         if placement is not None and len(placement) < nodes:
             raise InvalidArgumentError(f"placement names {len(placement)} hosts for {nodes} nodes")
         self.placement = [(list(p), h) for p, h in placement] if placement is not None else None
@@ -76,6 +81,7 @@ class LocalCluster:
         # --listen and --advertise that put a fault-injecting proxy in front of one node
         self.node_args = {i: list(a) for i, a in (node_args or {}).items()}
         self.log_level = log_level
+        self.tls = tls
         self.workdir = workdir or tempfile.mkdtemp(prefix="hoplite-cluster-")
         self._own_workdir = workdir is None
         self.token_file = os.path.join(self.workdir, "token")
@@ -125,7 +131,7 @@ class LocalCluster:
         prefix, host = self.placement[index] if self.placement else ([], LOOPBACK)
         args = [sys.executable, "-m", "hoplited", "--listen", f"{host}:0", "--socket", sock,
                 "--capacity", self.capacity, "--token-file", self.token_file,
-                "--log-level", self.log_level, *self.daemon_args,
+                "--log-level", self.log_level, *self._tls_args(), *self.daemon_args,
                 *self.node_args.get(index, ()), *extra_args]
         if join:
             args += ["--join", join]
@@ -154,6 +160,11 @@ class LocalCluster:
             raise HopliteError(f"daemon {index} runs as pid {ready['pid']}, not as the started "
                                f"pid {node.pid}: the command prefix {prefix} must exec it")
         return node
+
+    def _tls_args(self) -> list[str]:
+        tls = self.tls
+        return [] if tls is None else ["--tls-cert", tls.cert, "--tls-key", tls.key,
+                                       "--tls-ca", tls.ca]
 
     async def restart(self, index: int) -> Node:
         """Start daemon ``index`` again (after it was stopped or killed), joining a live one."""

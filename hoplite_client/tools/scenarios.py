@@ -29,6 +29,7 @@ import hoplite_client
 from hoplite_client.net.channel import Channel
 from hoplite_client.net.endpoints import host_id, parse_address
 from hoplite_client.net.handshake import Identity, dial
+from hoplite_client.net.tls import TlsContexts, TlsFiles, load
 from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.tools.testbed import emulated_cluster
 from hoplite_client.wire.errors import HopliteError
@@ -58,11 +59,12 @@ def optimum(op: str, size: int, nodes: int, rate_bps: float) -> float:
 # clients to measure with
 
 
-async def members_on_this_host(seed: str, token: bytes) -> list[str]:
+async def members_on_this_host(seed: str, token: bytes,
+                               tls: TlsContexts | None = None) -> list[str]:
     """Unix sockets of an existing cluster's live members that run on this machine (a client
-    can only reach its own host's daemon)."""
+    can only reach its own host's daemon); ``tls`` if the cluster uses TLS."""
     host, port = parse_address(seed)
-    protocol, _ = await dial(host, port, "tool", Identity("bench-tool", token))
+    protocol, _ = await dial(host, port, "tool", Identity("bench-tool", token, tls))
     try:
         frame = await Channel(protocol).request(Stats(), timeout=STATS_TIMEOUT)
     finally:
@@ -74,28 +76,30 @@ async def members_on_this_host(seed: str, token: bytes) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def bench_clients(nodes: int, join: str | None, token_file: str | None,
-                        capacity: str, emulate: int | None = None,
+                        capacity: str, emulate: int | None = None, tls: TlsFiles | None = None,
                         ) -> AsyncIterator[tuple[list[hoplite_client.Client], LocalCluster | None]]:
     """Clients of ``nodes`` daemons: a fresh local cluster (in an emulated test bed with
     ``emulate`` bit/s links if given), or members of ``join``'s cluster; closed on exit. The
-    cluster comes along when we started it (failure runs signal its daemons)."""
+    cluster comes along when we started it (failure runs signal its daemons). ``tls``: the
+    started cluster's daemons use these files, or ``join``'s cluster is dialled with them."""
     async with contextlib.AsyncExitStack() as stack:
         cluster: LocalCluster | None = None
         if emulate is not None:
             cluster = await stack.enter_async_context(
                 emulated_cluster(nodes, emulate, capacity=capacity, check=True,
-                                 log_level="warning"))
+                                 log_level="warning", tls=tls))
             sockets = cluster.sockets
         elif join is None:
             cluster = await stack.enter_async_context(
-                LocalCluster(nodes, capacity=capacity, log_level="warning"))
+                LocalCluster(nodes, capacity=capacity, log_level="warning", tls=tls))
             sockets = cluster.sockets
         else:
             token = b""
             if token_file:
                 with open(token_file, "rb") as f:
                     token = f.read().strip()
-            sockets = (await members_on_this_host(join, token))[:nodes]
+            contexts = None if tls is None else load(tls)
+            sockets = (await members_on_this_host(join, token, contexts))[:nodes]
             if len(sockets) < 2:
                 raise BenchError(f"the cluster at {join} has {len(sockets)} member(s) "
                                  f"on this host; a benchmark needs at least 2")

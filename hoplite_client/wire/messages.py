@@ -199,23 +199,27 @@ class Error(Reply):
 # --- 20-33: client to its local daemon ---
 @message(20, shape="request", roles=(CLIENT,), payload="small")
 class Put(Request["Ok"]):
-    """Put a small object whose bytes ride as the payload."""
+    """Put a small object whose bytes ride as the payload; ``timeout``: how long it may wait
+    for room in a full store (None: until there is room)."""
 
     rid: int = 0
     oid: ObjectID
     dtype: str
     shape: list[int]
+    timeout: float | None
 
 
 @message(21, shape="request", roles=(CLIENT,))
 class Create(Request["Created"]):
-    """Reserve room for a large object the client then writes into shared memory."""
+    """Reserve room for a large object the client then writes into shared memory; ``timeout``
+    as for ``Put``."""
 
     rid: int = 0
     oid: ObjectID
     size: int
     dtype: str
     shape: list[int]
+    timeout: float | None
 
 
 @message(22, shape="reply")
@@ -527,6 +531,27 @@ class ReduceChildLost(WireMessage):
     consumer: bytes
     code: str
     message: str
+
+
+# --- 64-65: a holder short of memory asks the owner shard to let its copy go ---
+@message(64, shape="request", roles=(PEER,))
+class EvictCopy(Request["EvictAnswer"]):
+    """May the sender evict its complete copy of ``oid`` at ``version``? The shard agrees only
+    if another live member holds all of it and no transfer reads from the sender, and then
+    forgets the sender as a holder in the same step."""
+
+    rid: int = 0
+    oid: ObjectID
+    version: bytes
+
+
+@message(65, shape="reply")
+class EvictAnswer(Reply):
+    """``allowed``: drop the copy now (the shard no longer lists it); else ``reason``."""
+
+    rid: int = 0
+    allowed: bool
+    reason: str
 
 
 _resolve_replies(globals())

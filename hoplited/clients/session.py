@@ -4,7 +4,8 @@ After the handshake (:mod:`.listener`) the Unix socket carries only small contro
 object bytes go through shared memory. Large objects are reported as arena offsets and
 pinned until the client releases its view; small ones (inline size) ride as the reply's
 payload. When the client disconnects its pins are released and the objects it created but
-never sealed are discarded.
+never sealed are discarded. A put or create into a full store evicts copies held elsewhere or
+waits for room (:mod:`hoplited.memory.space`) up to the put's own timeout.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from hoplited.collectives.coordinator import Reductions
 from hoplited.directory.client import DirectoryClient
 from hoplited.dispatch import Dispatcher
 from hoplited.memory.arena import Arena
+from hoplited.memory.space import Space
 from hoplited.memory.store import ObjectStore, StoredObject
 from hoplited.tasks import Tasks
 from hoplited.transfer.fetcher import Fetcher
@@ -52,7 +54,8 @@ log = logging.getLogger("hoplited.clients")
 
 @dataclass(frozen=True)
 class SessionDeps:
-    """What serving a client takes: the store, transfers, the directory, reduces, status."""
+    """What serving a client takes: the store, transfers, the directory, reduces, status, and
+    allocation that evicts or waits for room."""
 
     store: ObjectStore
     arena: Arena
@@ -62,6 +65,7 @@ class SessionDeps:
     cluster_status: Callable[[], Awaitable[dict[str, Any]]]
     tasks: Tasks
     errors: Counter[str]  # error replies by type (the metrics)
+    space: Space
 
 
 class ClientSession:
@@ -84,11 +88,15 @@ class ClientSession:
 
     async def on_get(self, me: str, msg: Get, payload: memoryview | None
                      ) -> tuple[Found, bytes | None]:
-        """A complete copy here is answered at once (so timeout 0 polls it); else fetch."""
+        """A complete copy here is answered at once (so timeout 0 polls it); else fetch. A
+        copy whose eviction is being asked about is waited for: if it goes, it is fetched."""
         obj = self.d.store.get(msg.oid)
+        if obj is not None:
+            obj = await self.d.space.settled(obj)
         if obj is None or not obj.complete:
             obj = await self.d.fetcher.fetch(msg.oid, msg.timeout)
         if obj.size <= INLINE_MAX:
+            self.d.store.touch(obj)
             return Found(size=obj.size, dtype=obj.dtype, shape=obj.shape, offset=None), \
                 bytes(obj.buffer)
         self.d.store.pin(obj)
@@ -99,14 +107,16 @@ class ClientSession:
         data = payload if payload is not None else memoryview(b"")
         if len(data) > INLINE_MAX:
             raise InvalidArgumentError("objects over 64 KiB are written with Create/Seal")
-        obj = self.d.store.create(msg.oid, len(data), msg.dtype, msg.shape)
+        obj = await self.d.space.create(msg.oid, len(data), msg.dtype, msg.shape,
+                                        wait=msg.timeout)
         obj.buffer[:] = data
         obj.advance(obj.size)
         await self._publish(obj)
         return Ok()
 
     async def on_create(self, me: str, msg: Create, payload: memoryview | None) -> Created:
-        obj = self.d.store.create(msg.oid, msg.size, msg.dtype, msg.shape)
+        obj = await self.d.space.create(msg.oid, msg.size, msg.dtype, msg.shape,
+                                        wait=msg.timeout)
         self.creating.add(msg.oid)
         try:
             await self.d.arena.populate(obj.offset, obj.size)

@@ -119,13 +119,17 @@ class ReduceWorker:
         # whole elements from the element holding byte ``start``: the bytes below it that
         # this rewrites are the same sums (children are combined in slot order)
         start = msg.start - msg.start % dtype.itemsize
-        out = store.get(msg.output) if msg.output == msg.reduce_id else None
-        if out is None:
+        if msg.output == msg.reduce_id:  # the root computed in place, into the result here
+            out = store.get(msg.output)
+            if out is None:  # the reduce failed (or its result was deleted) meanwhile: a
+                # buffer under the result's id would be found by gets and fail them wrongly
+                raise ObjectNotFoundError(f"the result {msg.output.hex()} is not here any more")
+            if out.received != msg.start:
+                raise InvalidArgumentError(f"the result holds {out.received} bytes, the task "
+                                           f"was to start at {msg.start}")
+        else:
             out = store.create(msg.output, own.size, own.dtype, own.shape, temporary=True)
             out.advance(start)  # never read below: the consumer holds those bytes
-        elif out.received != msg.start:
-            raise InvalidArgumentError(f"the result holds {out.received} bytes, the task was "
-                                       f"to start at {msg.start}")
         store.pin(own)
         store.pin(out)
         task = SlotTask(msg.reduce_id, msg.slot, coordinator, msg.op, dtype, own, out,

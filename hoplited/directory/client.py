@@ -18,6 +18,7 @@ from hoplite_client.wire.messages import (
     Announce,
     DeleteEntry,
     Drop,
+    EvictCopy,
     FailEntry,
     Holding,
     Locate,
@@ -81,6 +82,14 @@ class DirectoryClient:
     async def delete(self, oid: ObjectID) -> None:
         """Remove the entry; the shard tells every holder to drop its copy."""
         await self._rpc.call_owner(oid, DeleteEntry(oid=oid))
+
+    async def may_drop(self, obj: StoredObject) -> bool:
+        """Ask ``obj``'s owner shard whether this node may evict its copy; a yes means the
+        shard already forgot us as a holder (the caller must drop the copy)."""
+        frame = await self._rpc.call_owner(obj.oid, EvictCopy(oid=obj.oid, version=obj.version))
+        if not frame.msg.allowed:
+            log.debug("may not evict %s: %s", obj.oid.short(), frame.msg.reason)
+        return frame.msg.allowed
 
     def progress(self, oid: ObjectID, received: int) -> None:
         self._rpc.tell_owner(oid, Progress(oid=oid, received=received))

@@ -18,6 +18,8 @@ from hoplite_client.wire.messages import (
     Announce,
     DeleteEntry,
     Drop,
+    EvictAnswer,
+    EvictCopy,
     FailEntry,
     Locate,
     Located,
@@ -41,7 +43,8 @@ DROP_TIMEOUT = 5.0
 
 
 class DirectoryService:
-    """Serves this node's shard: Locate, WaitObject, Publish, Announce, progress, deletes."""
+    """Serves this node's shard: Locate, WaitObject, Publish, Announce, progress, deletes,
+    evictions."""
 
     def __init__(self, shard: DirectoryShard, me: str, owner_of: Callable[[ObjectID], str],
                  is_alive: Callable[[str], bool], rpc: Rpc) -> None:
@@ -55,7 +58,7 @@ class DirectoryService:
         return {Locate: self.on_locate, Publish: self.on_publish, Progress: self.on_progress,
                 TransferDone: self.on_transfer_done, DeleteEntry: self.on_delete_entry,
                 Announce: self.on_announce, WaitObject: self.on_wait_object,
-                FailEntry: self.on_fail_entry}
+                FailEntry: self.on_fail_entry, EvictCopy: self.on_evict_copy}
 
     async def on_locate(self, peer: str, msg: Locate,
                         payload: memoryview | None) -> tuple[Located, bytes | None]:
@@ -114,6 +117,11 @@ class DirectoryService:
         holders = [n for n in entry.complete_holders() if self._is_alive(n)]
         return ObjectInfo(holders=holders, size=entry.size, dtype=entry.dtype,
                           shape=entry.shape, version=entry.version), entry.inline
+
+    def on_evict_copy(self, peer: str, msg: EvictCopy, payload: memoryview | None) -> EvictAnswer:
+        """Decide, in one step, whether ``peer`` may drop its copy (docs/protocol.md §6)."""
+        verdict = self.shard.may_drop(msg.oid, peer, msg.version)
+        return EvictAnswer(allowed=verdict.allowed, reason=verdict.reason)
 
     def on_fail_entry(self, peer: str, msg: FailEntry, payload: memoryview | None) -> Ok:
         self.shard.fail(msg.oid, error_from_wire(msg.code, msg.message, {}))

@@ -18,6 +18,7 @@ from hoplite_client.wire.ids import ObjectID
 from hoplited.directory.state import (
     DirectoryState,
     DropCopy,
+    DropVerdict,
     Entry,
     Holder,
     Instruction,
@@ -130,6 +131,11 @@ class DirectoryShard:
     def transfer_done(self, oid: ObjectID, source: str, receiver: str, complete: bool) -> None:
         """A pull ended: free the source's slot; a completed receiver becomes a full holder."""
         self._apply(self.state.transfer_done(oid, source, receiver, complete))
+
+    def may_drop(self, oid: ObjectID, holder: str, version: bytes) -> DropVerdict:
+        """May ``holder`` evict its copy? A yes forgets it as a holder (nobody is woken: fewer
+        holders make no waiter's answer possible)."""
+        return self.state.may_drop(oid, holder, version)
 
     def delete(self, oid: ObjectID) -> list[str]:
         """Remove the entry; returns the nodes that must drop their copies."""

@@ -6,8 +6,10 @@ receivers that arrive together chain behind each other and the chains split into
 copies complete. The source is the best of the live, non-excluded holders by, in order: under
 the fan-out limit, complete before partial, furthest along, least busy, enrolled earliest. A
 partial holder may only serve a requester enrolled after it, so re-attaching after a failure can
-never form a cycle. ``failed`` holds tombstones of ids that will never exist (a failed reduce);
-a later put lifts them.
+never form a cycle. A holder short of memory may drop its copy only with the shard's consent
+(``may_drop``): the shard agrees, and forgets that holder in the same step, only while another
+live member holds the whole object and nobody is reading from the asker. ``failed`` holds
+tombstones of ids that will never exist (a failed reduce); a later put lifts them.
 
 Nothing here waits or reads a clock: ``try_*`` answer now or say ``NotYet``, and every mutator
 returns the instructions its caller must carry out (``Wake`` the waiters of an id, ``DropCopy``
@@ -85,6 +87,14 @@ class NotYet:
 
 
 @dataclass(frozen=True, slots=True)
+class DropVerdict:
+    """The answer to a holder asking to drop its copy: ``allowed``, else ``reason``."""
+
+    allowed: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Wake:
     """Wake the waiters of ``oid``: something they wait for may have changed."""
 
@@ -115,7 +125,8 @@ Instruction = Wake | WakeAll | DropCopy | Moved
 
 
 class DirectoryState:
-    """Entries for the ids ``me`` owns (per ``owner_of``); ``is_alive`` filters dead holders."""
+    """Entries for the ids ``me`` owns (per ``owner_of``); ``is_alive`` filters dead holders
+    (the daemon counts suspected members as gone too: docs/design.md §5, "Suspicion")."""
 
     def __init__(self, fanout: int, is_alive: Callable[[str], bool],
                  owner_of: Callable[[ObjectID], str], me: str) -> None:
@@ -143,7 +154,9 @@ class DirectoryState:
         entry = self._current(oid, event)
         if entry is None:
             return self._not_yet(oid, event, "not put yet")
-        if entry.inline is not None:
+        if entry.inline is not None:  # the requester keeps a copy: a delete must reach it
+            if requester not in entry.holders:
+                entry.holders[requester] = Holder(received=entry.size, seq=next(self._seq))
             return self._answer(oid, event, Source(entry, None), "inline")
         mine = entry.holders.get(requester)
         if mine is not None and mine.received >= entry.size:
@@ -231,6 +244,33 @@ class DirectoryState:
             h.received = entry.size
         self._record(oid, f"transfer {source}->{receiver} done complete={complete}", outcome)
         return [Wake(oid)]
+
+    def may_drop(self, oid: ObjectID, holder: str, version: bytes) -> DropVerdict:
+        """May ``holder`` evict its complete copy of ``oid`` at ``version``? Yes only if
+        another live member holds every byte (inline bytes do not count: the entry is soft
+        state and dies with this shard) and no transfer reads from ``holder``; a yes forgets
+        ``holder`` at once, so no later locate names it. A copy of another version than the
+        entry's is nobody's source: it may go."""
+        self.check_owner(oid)
+        event = f"may {holder} drop its copy"
+        entry = self.entries.get(oid)
+        if entry is None:
+            return self._verdict(oid, event, False, "no entry: cannot tell who else holds it")
+        if entry.version != version:
+            return self._verdict(oid, event, True, "not the entry's version")
+        readers = sorted(n for n, h in entry.holders.items() if h.source == holder)
+        mine = entry.holders.get(holder)
+        if readers or (mine is not None and mine.serving > 0):
+            return self._verdict(oid, event, False, f"transfers from it under way: {readers}")
+        others = [n for n in entry.complete_holders() if n != holder and self.is_alive(n)]
+        if not others:
+            return self._verdict(oid, event, False, "it holds the last live complete copy")
+        if mine is not None:
+            del entry.holders[holder]
+            if mine.source in entry.holders:
+                src = entry.holders[mine.source]
+                src.serving = max(0, src.serving - 1)
+        return self._verdict(oid, event, True, f"complete on {sorted(others)}")
 
     def fail(self, oid: ObjectID, error: HopliteError) -> list[Instruction]:
         """``oid`` will never exist (a failed reduce): waiters and later gets get ``error``.
@@ -326,6 +366,10 @@ class DirectoryState:
         me.source = source
         me.received = max(me.received, offset)
         entry.holders[source].serving += 1
+
+    def _verdict(self, oid: ObjectID, event: str, allowed: bool, reason: str) -> DropVerdict:
+        self._record(oid, event, ("yes: " if allowed else "no: ") + reason)
+        return DropVerdict(allowed, reason)
 
     def _answer(self, oid: ObjectID, event: str, answer: Source, why: str) -> Source:
         self._record(oid, event, f"source {why}")

@@ -3,12 +3,15 @@
 An object is readable from offset 0 up to its watermark ``received``; a transfer that is still
 arriving advances it, and anyone streaming the object onward waits on it (a future per waiter,
 never a polling loop). Objects are freed only when deleted *and* unpinned: client views and
-outgoing transfers pin them.
+outgoing transfers pin them. Each object records when it was last used (put, got by a client,
+sent to a peer) for the eviction policy (:mod:`.eviction`); allocations that wait for room
+(:mod:`.space`) wait here for memory to be freed or unpinned, woken by a future, never polled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 import os
@@ -63,6 +66,12 @@ class StoredObject:
         self.received = 0
         self.pins = 0
         self.deleted = False
+        self.last_use = 0  # the store's use counter at its last put, get or send (LRU)
+        # set while its shard is asked whether it may be evicted; its result says if it was
+        self.evicting: asyncio.Future[bool] | None = None
+        self.evicted = False  # dropped to make room while copies remain elsewhere
+        self.refused_use: int | None = None  # last_use when its shard last refused eviction
+        self.refused_at = 0.0  # and when (the event loop's clock)
         self.error: HopliteError | None = None
         self.on_fail: list[Callable[[HopliteError], None]] = []
         self._waiters: list[tuple[int, asyncio.Future[int]]] = []
@@ -116,6 +125,11 @@ class ObjectStore:
         self.arena = arena
         self.objects: dict[ObjectID, StoredObject] = {}
         self._doomed: dict[int, StoredObject] = {}  # deleted but pinned, by offset
+        self._uses = itertools.count(1)
+        self._space_waiters: list[asyncio.Future[None]] = []
+        self.space_events = 0  # frees and unpins so far: a waiter can tell it missed one
+        self.evictions = 0
+        self.evicted_bytes = 0
 
     def get(self, oid: ObjectID) -> StoredObject | None:
         return self.objects.get(oid)
@@ -132,15 +146,53 @@ class ObjectStore:
                            version or os.urandom(VERSION_SIZE), self.arena.buffer(offset, size),
                            temporary)
         self.objects[oid] = obj
+        self.touch(obj)
         return obj
 
+    def touch(self, obj: StoredObject) -> None:
+        """``obj`` was used now: it becomes the last the eviction policy would pick."""
+        obj.last_use = next(self._uses)
+
     def pin(self, obj: StoredObject) -> None:
+        """Keep ``obj``'s memory (a client view, a transfer reading or writing it); a use."""
         obj.pins += 1
+        self.touch(obj)
 
     def unpin(self, obj: StoredObject) -> None:
         obj.pins -= 1
         if obj.pins <= 0 and obj.deleted:
             self._free(obj)
+        elif obj.pins <= 0:
+            self._space_changed()  # it may be evictable now
+
+    def evict(self, obj: StoredObject) -> None:
+        """Drop ``obj``, a complete copy its shard agreed to forget, and count it; a transfer
+        that still sends it keeps its memory until it ends."""
+        if self.objects.get(obj.oid) is not obj:
+            return
+        self.evictions += 1
+        self.evicted_bytes += obj.size
+        obj.evicted = True  # not deleted: a get that finds it gone fetches it again
+        self.remove(obj.oid)
+
+    async def wait_space(self, timeout: float | None) -> None:
+        """Return when memory is freed or an object unpinned, or after ``timeout`` s."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._space_waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            if fut in self._space_waiters:
+                self._space_waiters.remove(fut)
+
+    def _space_changed(self) -> None:
+        self.space_events += 1
+        waiters, self._space_waiters = self._space_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     def remove(self, oid: ObjectID, error: HopliteError | None = None) -> StoredObject | None:
         """Forget an object; its memory goes when the last pin does."""
@@ -160,6 +212,7 @@ class ObjectStore:
         self._doomed.pop(obj.offset, None)
         obj.buffer.release()
         self.arena.free(obj.offset, obj.size)
+        self._space_changed()
 
     def stats(self) -> dict[str, int]:
         complete = [o for o in self.objects.values() if o.complete]
@@ -170,4 +223,7 @@ class ObjectStore:
             "arena_used": self.arena.used,
             "capacity": self.arena.capacity,
             "pinned_deleted": len(self._doomed),
+            "evictions": self.evictions,
+            "evicted_bytes": self.evicted_bytes,
+            "waiting_for_space": len(self._space_waiters),
         }

@@ -37,6 +37,7 @@ from hoplited.cluster.link_model import LinkModel
 from hoplited.cluster.membership import Membership
 from hoplited.directory.client import DirectoryClient
 from hoplited.memory.arena import Arena
+from hoplited.memory.space import Space
 from hoplited.memory.store import ObjectStore, StoredObject
 from hoplited.tasks import Tasks
 from hoplited.transfer import fetch_plan as fp
@@ -54,10 +55,12 @@ class Fetcher:
     def __init__(self, identity: Identity, store: ObjectStore, arena: Arena,
                  directory: DirectoryClient, membership: Membership, link_model: LinkModel,
                  counters: Counter[str], tasks: Tasks, stall_timeout: float,
-                 refused: Callable[[str], None], patience: float = 0.0) -> None:
+                 refused: Callable[[str], None], patience: float = 0.0, *,
+                 space: Space) -> None:
         self.me = identity.node_id
         self._identity = identity
         self._store = store
+        self._space = space  # a copy makes room by evicting; it does not wait (architecture §6)
         self._arena = arena
         self._directory = directory
         self._membership = membership
@@ -91,6 +94,10 @@ class Fetcher:
         try:
             async with asyncio.timeout_at(deadline):
                 obj = await self._complete_copy(oid, deadline)
+                while obj.deleted and obj.evicted and obj.error is None:
+                    # evicted to make room between the copy's completion and our turn to
+                    # run: it is complete elsewhere (its shard said so), so fetch it again
+                    obj = await self._complete_copy(oid, deadline)
         except HopliteError:
             raise  # the fetch's own end: a timeout the shard recorded (a failed reduce's) too
         except TimeoutError:
@@ -157,9 +164,10 @@ class Fetcher:
                     result = await self._local_copy(oid)
                 elif isinstance(ins, fp.StoreInline):
                     assert located is not None
-                    result = self._store_inline(oid, located.msg, located.payload)
+                    result = await self._store_inline(oid, located.msg, located.payload)
                 elif isinstance(ins, fp.Allocate):
-                    obj = store.create(oid, ins.size, ins.dtype, list(ins.shape), ins.version)
+                    obj = await self._space.create(oid, ins.size, ins.dtype, list(ins.shape),
+                                                   ins.version)
                     store.pin(obj)  # the kernel writes into it until the pulls end
                     populate = self._tasks.spawn(self._arena.populate(obj.offset, obj.size),
                                                  name="populate",
@@ -274,20 +282,20 @@ class Fetcher:
         return obj
 
     def source_died(self, node: str) -> None:
-        """A member was declared dead: abort our pulls from it now (they resume elsewhere,
-        from their watermarks) instead of waiting out a stall."""
+        """A member was declared dead or fell silent: abort our pulls from it now (they resume
+        elsewhere, from their watermarks) instead of waiting out a stall."""
         error = PeerUnavailableError(f"source {node} died", node=node)
         for protocol in list(self._pulls.pop(node, ())):
             protocol.abort(error)
 
-    def _store_inline(self, oid: ObjectID, located: Located,
-                      payload: memoryview | None) -> StoredObject:
+    async def _store_inline(self, oid: ObjectID, located: Located,
+                            payload: memoryview | None) -> StoredObject:
         data = payload if payload is not None else memoryview(b"")
         if len(data) != located.size:
             raise RemoteProtocolError(f"inline object of {len(data)} bytes, expected "
                                       f"{located.size}")
-        obj = self._store.create(oid, located.size, located.dtype, located.shape,
-                                 located.version)
+        obj = await self._space.create(oid, located.size, located.dtype, located.shape,
+                                       located.version)
         obj.buffer[:] = data
         obj.advance(obj.size)
         self._counters["bytes_in"] += obj.size
@@ -299,15 +307,27 @@ class Fetcher:
         watermark on; ``report`` tells the directory how far along we are. ``stall``: how long
         the source may send nothing (default: the configured cap; a reduce's pulls keep it,
         since a partial sum legitimately waits for inputs that have not arrived yet)."""
+        self._store.pin(obj)  # its memory stays valid until the stream is closed
+        try:
+            await self._pull_pinned(obj, source, remote, version, report, stall)
+        finally:
+            self._store.unpin(obj)
+
+    async def _pull_pinned(self, obj: StoredObject, source: str, remote: ObjectID,
+                           version: bytes, report: bool, stall: float | None) -> None:
         member = self._membership.members.get(source)
-        if member is None or not self._membership.is_alive(source):
-            raise PeerUnavailableError(f"source {source} is not a live member", node=source)
+        if member is None or not self._membership.is_trusted(source):
+            raise PeerUnavailableError(f"source {source} is not a live member, or is silent",
+                                       node=source)
         try:
             protocol, _ = await dial(member.host, member.port, "data", self._identity)
         except ConnectionLostError as exc:
             if refused(exc):
                 self._refused(source)
             raise
+        if obj.error is not None:  # failed or deleted while we connected: nothing to fill
+            protocol.close()
+            raise obj.error
         pulls = self._pulls.setdefault(source, set())
         pulls.add(protocol)
         start = obj.received

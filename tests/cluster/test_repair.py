@@ -20,12 +20,13 @@ from typing import Any
 import numpy as np
 import pytest
 from faultproxy import FaultProxy
-from helpers import FAST_HEARTBEAT
+from helpers import FAST_HEARTBEAT, eventually
 
 import hoplite_client
 from hoplite_client import ObjectID
 from hoplite_client.tools.failures import put_again
 from hoplite_client.tools.local_cluster import LocalCluster
+from hoplited.cluster.membership import rendezvous_owner
 
 NODES = 4
 VICTIM = 3
@@ -226,3 +227,48 @@ async def test_broadcast_leaves_a_silent_source(proxied: Cluster) -> None:
         assert np.array_equal(await get, data)
     finally:
         proxy.resume()
+
+
+async def test_a_frozen_input_holder_is_repaired_around_before_any_verdict(
+        make_cluster: Callable[..., Awaitable[LocalCluster]],
+        connect: Callable[[str], Awaitable[hoplite_client.Client]]) -> None:
+    """SIGSTOP with a heartbeat timeout far beyond the test: node 3 is only *suspected* (its
+    Ping unanswered for 1 s), yet its slot is repaired on the copy put again on node 2, every
+    survivor gets the full sum, and node 3 is still a member throughout. Once it runs again it
+    is trusted again (docs/design.md §5, "Suspicion")."""
+    proxy = await FaultProxy.free_pair(rate=RATE)
+    try:
+        cluster = await make_cluster(NODES, daemon_args=[
+            "--heartbeat-interval", "0.5", "--heartbeat-timeout", "600", "--suspect-after", "1"],
+            node_args={VICTIM: ["--listen", f"{proxy.target_host}:{proxy.port}",
+                                "--advertise", proxy.listen_host]})
+        clients = [await connect(s) for s in cluster.sockets]
+        # ids whose owner shard is not node 3: a suspected member keeps its shards, so a put
+        # again of an id it owns waits for the verdict (docs/design.md §5, "Suspicion")
+        nodes = [n.node_id for n in cluster.nodes]
+        own = [ObjectID.random() for _ in range(NODES + 1)]
+        while any(rendezvous_owner(oid, nodes) == nodes[VICTIM] for oid in own):
+            own = [oid if rendezvous_owner(oid, nodes) != nodes[VICTIM] else ObjectID.random()
+                   for oid in own]
+        ids = [await c.put(value(i), object_id=own[i]) for i, c in enumerate(clients)]
+        result = await clients[0].reduce(ids, object_id=own[NODES])
+        gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT))
+                for c in clients[:VICTIM]]
+        await asyncio.sleep(0.7)
+        cluster.kill(VICTIM, signal.SIGSTOP)
+        try:
+            await put_again(clients[2], ids[VICTIM], value(VICTIM))
+            check(list(await asyncio.gather(*gets)), range(NODES))
+            members = {m["node_id"]: m for m in (await clients[0].status())["local"]["members"]}
+            victim = members[cluster.nodes[VICTIM].node_id]
+            assert victim["alive"] and victim["suspected"], victim
+        finally:
+            cluster.kill(VICTIM, signal.SIGCONT)
+
+        async def trusted_again() -> bool:
+            members = (await clients[0].status())["local"]["members"]
+            return all(m["alive"] and not m["suspected"] for m in members)
+
+        await eventually(trusted_again, what="node 3 trusted again after SIGCONT")
+    finally:
+        await proxy.stop()

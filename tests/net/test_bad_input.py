@@ -276,7 +276,7 @@ async def test_disconnected_client_releases_views_and_unsealed_objects(make_clus
         await asyncio.to_thread(raw.client_handshake)
         size = 16 * MiB
         raw.send(encode_header(Create(rid=1, oid=ObjectID.random(), size=size, dtype="|u1",
-                                      shape=[size])))
+                                      shape=[size], timeout=None)))
         assert isinstance((await asyncio.to_thread(raw.next_frame)).msg, Created)
         await owner.delete(oid)  # still pinned by ``view``: the memory must stay
         st = await store()

@@ -2,28 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 
 import pytest
-
-CLI = [sys.executable, "-m", "hoplite_client.tools.cli.main"]
-RUN_TIMEOUT = 300.0
-
-
-async def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, **(env or {})})
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), RUN_TIMEOUT)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    return proc.returncode or 0, out.decode(), err.decode()
+from helpers import CLI, run
 
 
 async def test_status_lists_every_member(make_cluster) -> None:

@@ -4,20 +4,18 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import numpy as np
 import pytest
 from faultproxy import FaultProxy
-from helpers import MiB
+from helpers import CLI, MiB
 
 import hoplite_client as hc
 from hoplite_client.tools.local_cluster import LocalCluster
 
 RATE = 4 * MiB  # bytes/s out of node 0: DATA takes about 4 s to arrive
 DATA = np.arange(16 * MiB // 4, dtype=np.float32)
-CLI = [sys.executable, "-m", "hoplite_client.tools.cli.main"]
 
 
 @pytest.fixture

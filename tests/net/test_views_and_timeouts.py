@@ -138,6 +138,8 @@ async def test_client_refuses_bad_timeouts_and_honours_zero_and_inf(make_cluster
             await client.reduce([small_id], timeout=bad)
         with pytest.raises(hc.InvalidArgumentError):
             await client.reduced_inputs(missing, timeout=bad)
+        with pytest.raises(hc.InvalidArgumentError):
+            await client.put(small, timeout=bad)
     for concurrency in (0, -1, True):
         with pytest.raises(hc.InvalidArgumentError):
             await client.gather([small_id], concurrency=concurrency)
@@ -155,6 +157,9 @@ async def test_client_refuses_bad_timeouts_and_honours_zero_and_inf(make_cluster
     result = await client.reduce([small_id, small_id], timeout=INF)
     assert np.array_equal(await client.get(result, timeout=INF), small * 2)
     assert await client.reduced_inputs(result, timeout=INF) == [small_id, small_id]
+    for wait in (0, INF, None):  # room is there: no wait at all
+        put = await client.put(large, timeout=wait)
+        assert np.array_equal(await client.get(put, timeout=0), large)
     for wait in (INF, None):
         other = await hc.connect(path, timeout=wait)
         await other.close()

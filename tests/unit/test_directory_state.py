@@ -208,8 +208,14 @@ CASES = [
     Case("inline-object-needs-no-source", [
         (put("src", inline=b"x" * SIZE), WAKE),
         (locate("r"), None), (wait(), "ready"),
-        (holders(), {"src": full()}),  # the requester is not enrolled
+        (holders(), {"src": full(), "r": full()}),  # the copy it keeps is listed, once
+        (locate("r"), None), (holders(), {"src": full(), "r": full()}),
         (die("src"), None), (locate("r"), None), (wait(), "ready"),
+    ]),
+    Case("delete-reaches-copies-of-an-inline-object", [
+        (put("src", inline=b"x" * SIZE), WAKE),
+        (locate("r"), None),
+        (delete(), [DropCopy("src", OID), DropCopy("r", OID)]),
     ]),
     Case("requester-already-holds-it", [
         (put("src"), WAKE), (put("r"), WAKE),

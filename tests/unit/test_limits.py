@@ -67,14 +67,14 @@ WITH_TIMEOUT = [cls for cls in m.MESSAGES.values() if "timeout" in cls.__datacla
 def with_timeout(cls: type[m.WireMessage], timeout: Any) -> Any:
     """A ``cls`` message whose ``timeout`` is ``timeout`` (other fields: plain values)."""
     values = {"oid": OID, "result": OID, "inputs": [OID], "op": "sum", "num_objects": 1,
-              "exclude": [], "offset": 0}
+              "exclude": [], "offset": 0, "size": 4, "dtype": "<f4", "shape": [1]}
     fields = [f for f in cls.__dataclass_fields__ if f not in ("rid", "timeout")]
     return cls(rid=3, timeout=timeout, **{f: values[f] for f in fields})
 
 
 def test_every_waiting_kind_is_covered() -> None:
     assert {c.__name__ for c in WITH_TIMEOUT} == {"Get", "Reduce", "ReducedInputs", "Locate",
-                                                   "WaitObject"}
+                                                   "WaitObject", "Put", "Create"}
 
 
 @pytest.mark.parametrize("cls", WITH_TIMEOUT, ids=lambda c: c.__name__)

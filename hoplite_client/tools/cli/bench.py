@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import click
 import uvloop
 
+from hoplite_client.tools.cli.options import tls_from, tls_options
 from hoplite_client.tools.failures import SIGNALS, FailureRun, check_victim, run_with_failure
 from hoplite_client.tools.scenarios import (
     SCENARIOS,
@@ -121,6 +122,7 @@ def _print_failure(run: FailureRun) -> None:
 def _make_command(op: str) -> click.Command:
     """``hoplite bench OP``: run scenario ``op``, print the median, optionally write JSON."""
     @common_options
+    @tls_options
     @click.option("--arrival-interval", default=0.0, show_default=True, type=float,
                   help="Seconds between participants' puts (latency then counts from the "
                        "last one).")
@@ -138,8 +140,10 @@ def _make_command(op: str) -> click.Command:
                        "(instead of the victim's input put again).")
     def command(nodes: int, size: str | None, repeat: int, warmup: int,
                 json_path: str | None, join: str | None, token_file: str | None,
-                capacity: str, emulate: str | None, arrival_interval: float,
-                kill_node: int | None, kill_after: float, sig: str, backup: bool) -> None:
+                capacity: str, emulate: str | None, tls_cert: str | None, tls_key: str | None,
+                tls_ca: str | None, arrival_interval: float, kill_node: int | None,
+                kill_after: float, sig: str, backup: bool) -> None:
+        tls = tls_from(tls_cert, tls_key, tls_ca)
         nbytes = parse_size(size or ("1KB" if op == "roundtrip" else "64MiB"))
         if emulate is not None and join is not None:
             raise click.UsageError("--emulate starts its own cluster; it excludes --join")
@@ -159,8 +163,8 @@ def _make_command(op: str) -> click.Command:
         async def main() -> BenchResult:
             progress = Progress()
             progress.update(f"starting {nodes} daemons ({where})...")
-            async with bench_clients(nodes, join, token_file, capacity, rate) as (clients,
-                                                                                 cluster):
+            async with bench_clients(nodes, join, token_file, capacity, rate,
+                                     tls) as (clients, cluster):
                 n = len(clients)
                 what = DESCRIPTIONS[op].format(size=f"{nbytes / 2**20:.2f} MiB", n=n, n1=n - 1)
                 click.echo(f"{op} {what} ({where}, {n} daemons)")

@@ -1,4 +1,4 @@
-"""``hoplite``: status of a cluster, a local cluster in the foreground, and benchmarks."""
+"""``hoplite``: status of a cluster, a local cluster in the foreground, benchmarks, a soak."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import uvloop
 import hoplite_client
 from hoplite_client.net.endpoints import default_socket
 from hoplite_client.tools.cli.bench import bench
+from hoplite_client.tools.cli.options import tls_from, tls_options
+from hoplite_client.tools.cli.soak import soak
 from hoplite_client.tools.cli.testbed import testbed
 from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.errors import HopliteError
@@ -42,7 +44,8 @@ def _status_lines(info: dict[str, Any]) -> list[str]:
     by_id = {n.get("node_id"): n for n in info["nodes"]}
     for node_id, member in alive.items():
         n = by_id.get(node_id, {})
-        state = "alive" if member["alive"] else "dead"
+        state = ("dead" if not member["alive"]
+                 else "silent" if member.get("suspected") else "alive")
         if "error" in n:
             lines.append(f"{node_id:<14}{member['address']:<24}{state:<7}  ({n['error']})")
             continue
@@ -101,11 +104,15 @@ def status(socket_path: str | None, as_json: bool, watch: float | None) -> None:
 @main.command()
 @click.option("--nodes", default=4, show_default=True, type=click.IntRange(1, 64))
 @click.option("--capacity", default="2GiB", show_default=True, help="Per daemon.")
-def cluster(nodes: int, capacity: str) -> None:
-    """Run a local cluster of NODES daemons on loopback until Ctrl-C."""
+@tls_options
+def cluster(nodes: int, capacity: str, tls_cert: str | None, tls_key: str | None,
+            tls_ca: str | None) -> None:
+    """Run a local cluster of NODES daemons on loopback until Ctrl-C (over mutual TLS with
+    the TLS options)."""
+    tls = tls_from(tls_cert, tls_key, tls_ca)
 
     async def run() -> None:
-        async with LocalCluster(nodes, capacity=capacity) as c:
+        async with LocalCluster(nodes, capacity=capacity, tls=tls) as c:
             for n in c.nodes:
                 click.echo(f"node {n.index}: {n.node_id} {n.listen} socket {n.socket} "
                            f"pid {n.pid}")
@@ -123,6 +130,7 @@ def cluster(nodes: int, capacity: str) -> None:
 
 
 main.add_command(bench)
+main.add_command(soak)
 main.add_command(testbed)
 
 if __name__ == "__main__":

@@ -1,0 +1,129 @@
+"""Bounded memory on real daemons: LRU eviction of copies held elsewhere, puts that wait for
+room, and copies that must stay (sole copies, pinned ones). docs/architecture.md §6."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import eventually
+
+import hoplite_client as hc
+from hoplite_client.client import PUT_TIMEOUT
+
+MiB = 1 << 20
+CAPACITY = "16MiB"
+OBJ = 4 * MiB  # four fill a store
+SLOTS = 4
+VERDICT = PUT_TIMEOUT + 60.0  # generous: the put's own wait plus a loaded machine
+
+
+def value(i: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    return np.full(OBJ, i, dtype=np.uint8)
+
+
+async def store_of(client: hc.Client) -> dict[str, int]:
+    return dict((await client.status())["local"]["store"])
+
+
+async def views_released() -> None:
+    """Let the client send the ``Release`` of the views just dropped (it is scheduled on the
+    loop), so it reaches the daemon before the next request."""
+    await asyncio.sleep(0)
+
+
+async def until_waiting(watcher: hc.Client, put: asyncio.Task[Any]) -> None:
+    """Return once the daemon reports ``put`` waiting for room (it must not end first)."""
+    async def waiting() -> bool:
+        assert not put.done(), put
+        return (await store_of(watcher))["waiting_for_space"] == 1
+
+    await eventually(waiting, what="the put waiting for room")
+
+
+async def fill(client: hc.Client, first: int = 0) -> list[hc.ObjectID]:
+    return [await client.put(value(first + i)) for i in range(SLOTS)]
+
+
+async def test_full_store_evicts_copies_held_elsewhere(make_cluster, connect) -> None:
+    """A's objects, all also on B: more puts on A evict the least recently used, and a get of
+    an evicted one on A fetches it back from B, with the right bytes."""
+    cluster = await make_cluster(2, capacity=CAPACITY)
+    a, b = [await connect(s) for s in cluster.sockets]
+    oids = await fill(a)
+    for i, oid in enumerate(oids):
+        got = await b.get(oid, timeout=60)
+        assert got[0] == i and got[-1] == i
+        del got
+    extra = [await a.put(value(10 + i)) for i in range(2)]
+    st = await store_of(a)
+    assert st["evictions"] == 2 and st["evicted_bytes"] == 2 * OBJ, st
+    assert st["objects"] == SLOTS, st
+    for i, oid in enumerate(oids[2:], 2):  # the two oldest went, the others are here
+        assert np.array_equal(await a.get(oid, timeout=0), value(i))
+        await views_released()
+    again = await a.get(oids[0], timeout=60)  # evicts the oldest copy held on B: oids[2]
+    assert np.array_equal(again, value(0))
+    del again
+    assert np.array_equal(await a.get(extra[0], timeout=60), value(10))
+    assert (await store_of(a))["evictions"] == 3
+    cluster_view = await a.status()
+    assert any(n.get("store", {}).get("evictions") == 3 for n in cluster_view["nodes"])
+
+
+async def test_sole_copies_stay_and_the_put_fails_after_waiting(make_cluster, connect) -> None:
+    """Objects whose only copy is here are never evicted: a put into the full store waits,
+    then fails with a CapacityError saying what it asked for."""
+    cluster = await make_cluster(2, capacity=CAPACITY)
+    a, watcher = [await connect(cluster.sockets[0]) for _ in range(2)]
+    oids = await fill(a)
+    put = asyncio.create_task(a.put(value(9)))
+    await until_waiting(watcher, put)
+    with pytest.raises(hc.CapacityError) as info:
+        await asyncio.wait_for(put, VERDICT)
+    assert info.value.data["requested"] == OBJ and info.value.data["free"] < OBJ
+    for i, oid in enumerate(oids):
+        assert np.array_equal(await a.get(oid, timeout=0), value(i))
+    assert (await store_of(a))["evictions"] == 0
+    with pytest.raises(hc.CapacityError):  # timeout 0: no wait at all
+        await asyncio.wait_for(a.put(value(9), timeout=0), VERDICT)
+
+
+async def test_waiting_put_succeeds_once_another_client_deletes(make_cluster, connect) -> None:
+    cluster = await make_cluster(1, capacity=CAPACITY)
+    writer, deleter = [await connect(cluster.sockets[0]) for _ in range(2)]
+    oids = await fill(writer)
+    put = asyncio.create_task(writer.put(value(7)))
+    await until_waiting(deleter, put)
+    await deleter.delete(oids[1])
+    new = await asyncio.wait_for(put, VERDICT)
+    assert np.array_equal(await deleter.get(new, timeout=0), value(7))
+    assert (await store_of(deleter))["evictions"] == 0
+
+
+async def test_a_pinned_copy_is_never_evicted(make_cluster, connect) -> None:
+    """A client's view pins its copy on A: even as the least recently used copy held
+    elsewhere too, another one is evicted in its place."""
+    cluster = await make_cluster(2, capacity=CAPACITY)
+    a, b = [await connect(s) for s in cluster.sockets]
+    oids = await fill(a)
+    for oid in oids:
+        del_me = await b.get(oid, timeout=60)
+        del del_me
+    view = await a.get(oids[0], timeout=0)  # pinned while ``view`` lives
+    for oid in oids[1:]:  # newer uses than the pinned one's
+        other = await a.get(oid, timeout=0)
+        del other
+        await views_released()
+    for i in range(SLOTS - 1):
+        await asyncio.wait_for(a.put(value(20 + i)), VERDICT)
+    assert np.array_equal(view, value(0))
+    assert np.array_equal(await a.get(oids[0], timeout=0), value(0))  # still here
+    st = await store_of(a)
+    assert st["evictions"] == SLOTS - 1, st
+    with pytest.raises(hc.CapacityError):  # only the pinned copy is held elsewhere now
+        await asyncio.wait_for(a.put(value(30)), VERDICT)
+    assert np.array_equal(view, value(0))
+    del view

@@ -1,0 +1,24 @@
+"""The soak's short form (``make soak`` runs the long one): a mixed workload at twice the
+store's capacity, then every daemon must be alive, within its memory bound, empty again once
+the workload is gone, and have seen no error but CapacityError (hoplite_client/tools/soak.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from hoplite_client.tools.soak import SoakSettings, run_soak
+
+pytestmark = pytest.mark.net
+
+# CI runs two minutes; HOPLITE_SOAK_SECONDS sets another length.
+SOAK_SECONDS = float(os.environ.get("HOPLITE_SOAK_SECONDS", "120"))
+
+
+@pytest.mark.timeout(SOAK_SECONDS + 600)
+async def test_soak_mixed_workload_at_twice_the_capacity() -> None:
+    report = await run_soak(SoakSettings(duration=SOAK_SECONDS))
+    assert report.ok, "\n".join(report.lines())
+    assert report.errors.keys() <= {"CapacityError"}
+    assert report.bytes_checked > 0
