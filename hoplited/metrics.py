@@ -55,6 +55,13 @@ def families(info: Mapping[str, Any]) -> list[Metric]:
     traffic.add_metric([node, "in"], float(info.get("bytes_in", 0)))
     traffic.add_metric([node, "out"], float(info.get("bytes_out", 0)))
     out.append(traffic)
+    per_peer = CounterMetricFamily("hoplite_peer_transfer_bytes",
+                                   "Object bytes this node received from or sent to each peer.",
+                                   labels=["node", "peer", "direction"])
+    for peer, moved in sorted(info.get("peers", {}).items()):
+        for direction in ("in", "out"):
+            per_peer.add_metric([node, str(peer), direction], float(moved.get(direction, 0)))
+    out.append(per_peer)
     store = info.get("store", {})
     for key, (name, doc) in STORE_GAUGES.items():
         if key in store:

@@ -40,6 +40,7 @@ from hoplited.status import NodeStatus
 from hoplited.tasks import Tasks
 from hoplited.transfer.fetcher import Fetcher
 from hoplited.transfer.sender import Sender
+from hoplited.transfer.traffic import Traffic
 
 log = logging.getLogger("hoplited")
 
@@ -73,7 +74,7 @@ class Daemon:
                         host_id=host_id())
         self.membership = membership = Membership(me)
         link_model = LinkModel()
-        counters: Counter[str] = Counter()
+        traffic = Traffic()
         errors: Counter[str] = Counter()
         tasks, store, arena = self.tasks, self.store, self.arena
         self._links = links = Links(self.identity, cfg.heartbeat_interval, cfg.heartbeat_timeout,
@@ -88,14 +89,14 @@ class Daemon:
         directory = DirectoryClient(rpc, store, membership, tasks)
         space = Space(store, directory.may_drop, tasks)  # evicts what the shards agree to
         fetcher = Fetcher(self.identity, store, arena, directory, membership, link_model,
-                          counters, tasks, cfg.stall_timeout, links.refused,
+                          traffic, tasks, cfg.stall_timeout, links.refused,
                           patience=verdict_within, space=space)
         worker = ReduceWorker(store, arena, fetcher, rpc.tell, tasks, membership.is_alive)
         reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, directory, rpc,
                                                 fetcher, link_model, membership.is_alive,
                                                 tasks, patience=verdict_within))
         cluster = ClusterService(self.identity, membership, links)
-        status = NodeStatus(membership, store, shard, link_model, counters, rpc, gauges={
+        status = NodeStatus(membership, store, shard, link_model, traffic, rpc, gauges={
             "clients": lambda: len(listener), "reduce_tasks": lambda: len(worker.slots),
             "transfers": fetcher.in_flight, "reduce_slots": worker.in_flight},
             errors=errors)
@@ -109,7 +110,7 @@ class Daemon:
                     **worker.handlers(), **reductions.handlers()}
         rpc.serve(peer=Dispatcher(PEER, handlers, tasks, errors),
                   tool=Dispatcher(TOOL, handlers, tasks, errors),
-                  data=Sender(store, counters).serve)
+                  data=Sender(store, traffic).serve)
 
         def membership_changed(previous: list[str]) -> None:
             for node in set(previous) - set(membership.alive_ids()):

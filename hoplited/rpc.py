@@ -56,7 +56,7 @@ def owner_moved(exc: HopliteError) -> bool:
     return isinstance(exc, NotOwnerError) or (isinstance(exc, _UNREACHABLE)
                                               and not exc.reported)
 
-DataServer = Callable[[FrameProtocol], Awaitable[None]]
+DataServer = Callable[[FrameProtocol, str], Awaitable[None]]  # the connection, the peer
 
 
 class Rpc:
@@ -170,7 +170,7 @@ class Rpc:
             return
         if role == "data":
             assert self._data is not None
-            await self._data(protocol)
+            await self._data(protocol, peer)
             return
         dispatcher = self._peer if role == "peer" else self._tool
         assert dispatcher is not None

@@ -16,6 +16,7 @@ from hoplited.directory.shard import DirectoryShard
 from hoplited.dispatch import Handler
 from hoplited.memory.store import ObjectStore
 from hoplited.rpc import Rpc
+from hoplited.transfer.traffic import Traffic
 
 # Per member, when a client asks for the cluster's status: a dead member must not hold it up.
 STATUS_TIMEOUT = 2.0
@@ -25,13 +26,13 @@ class NodeStatus:
     """Builds the status record of this node; gathers every member's for ``hoplite status``."""
 
     def __init__(self, membership: Membership, store: ObjectStore, shard: DirectoryShard,
-                 link_model: LinkModel, counters: Counter[str], rpc: Rpc,
+                 link_model: LinkModel, traffic: Traffic, rpc: Rpc,
                  gauges: dict[str, Callable[[], Any]], errors: Counter[str]) -> None:
         self._membership = membership
         self._store = store
         self._shard = shard
         self._link_model = link_model
-        self._counters = counters
+        self._traffic = traffic
         self._rpc = rpc
         self._gauges = gauges  # e.g. clients, transfers under way: read when asked
         self._errors = errors  # error replies by type
@@ -58,8 +59,7 @@ class NodeStatus:
                         for m in self._membership.members.values()],
             "store": self._store.stats(),
             "directory": self._shard.stats(),
-            "bytes_in": self._counters["bytes_in"],
-            "bytes_out": self._counters["bytes_out"],
+            **self._traffic.as_dict(),
             "links": self._link_model.as_dict(),
             "errors": dict(self._errors),
             **{name: gauge() for name, gauge in self._gauges.items()},

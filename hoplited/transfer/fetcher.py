@@ -42,6 +42,7 @@ from hoplited.memory.store import ObjectStore, StoredObject
 from hoplited.tasks import Tasks
 from hoplited.transfer import fetch_plan as fp
 from hoplited.transfer.sender import SEND_SLICE
+from hoplited.transfer.traffic import Traffic
 
 log = logging.getLogger("hoplited.transfer")
 
@@ -54,7 +55,7 @@ class Fetcher:
 
     def __init__(self, identity: Identity, store: ObjectStore, arena: Arena,
                  directory: DirectoryClient, membership: Membership, link_model: LinkModel,
-                 counters: Counter[str], tasks: Tasks, stall_timeout: float,
+                 traffic: Traffic, tasks: Tasks, stall_timeout: float,
                  refused: Callable[[str], None], patience: float = 0.0, *,
                  space: Space) -> None:
         self.me = identity.node_id
@@ -65,7 +66,7 @@ class Fetcher:
         self._directory = directory
         self._membership = membership
         self._link_model = link_model
-        self._counters = counters
+        self._traffic = traffic
         self._tasks = tasks
         self._stall_timeout = stall_timeout
         self._refused = refused  # a source refused our dial: its liveness hears it at once
@@ -298,7 +299,7 @@ class Fetcher:
                                        located.version)
         obj.buffer[:] = data
         obj.advance(obj.size)
-        self._counters["bytes_in"] += obj.size
+        self._traffic.add_received(self._membership.owner(oid), obj.size)  # its shard's answer
         return obj
 
     async def pull_into(self, obj: StoredObject, source: str, remote: ObjectID, version: bytes,
@@ -384,7 +385,7 @@ class Fetcher:
                 del self._pulls[source]
             obj.on_fail.remove(on_fail)
             protocol.close()
-            self._counters["bytes_in"] += obj.received - start
+            self._traffic.add_received(source, obj.received - start)
         if obj.received - start >= BANDWIDTH_SAMPLE_MIN:
             self._link_model.observe_bandwidth((obj.received - start)
                                                / max(time.monotonic() - began, 1e-6))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 from typing import Any
 
 from hoplite_client.net.protocol import FrameProtocol
@@ -18,6 +17,7 @@ from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, Objec
 from hoplite_client.wire.frames import Frame, encode_header
 from hoplite_client.wire.messages import DataStream, Error, Pull
 from hoplited.memory.store import ObjectStore
+from hoplited.transfer.traffic import Traffic
 
 log = logging.getLogger("hoplited.transfer")
 
@@ -29,18 +29,18 @@ SEND_SLICE = 8 * 1024 * 1024
 class Sender:
     """Streams local objects to the receivers that pull them."""
 
-    def __init__(self, store: ObjectStore, counters: Counter[str]) -> None:
+    def __init__(self, store: ObjectStore, traffic: Traffic) -> None:
         self._store = store
-        self._counters = counters
+        self._traffic = traffic
 
-    async def serve(self, protocol: FrameProtocol) -> None:
-        """Answer Pull requests on an accepted data connection until it closes."""
+    async def serve(self, protocol: FrameProtocol, peer: str) -> None:
+        """Answer ``peer``'s Pull requests on an accepted data connection until it closes."""
         try:
-            await self._serve(protocol)
+            await self._serve(protocol, peer)
         finally:
             protocol.abort()
 
-    async def _serve(self, protocol: FrameProtocol) -> None:
+    async def _serve(self, protocol: FrameProtocol, peer: str) -> None:
         # None: the connection closed (a marker in the queue, so no task waits on both)
         queue: asyncio.Queue[Frame[Any] | None] = asyncio.Queue()
         protocol.handler = queue.put_nowait
@@ -56,12 +56,12 @@ class Sender:
                                             f"{type(msg).__name__}", data={}))
                 continue
             try:
-                await self._send(protocol, msg)
+                await self._send(protocol, msg, peer)
             except HopliteError as exc:
                 log.info("stopped sending %s: %s", msg.oid.short(), exc)
                 return
 
-    async def _send(self, protocol: FrameProtocol, pull: Pull) -> None:
+    async def _send(self, protocol: FrameProtocol, pull: Pull, peer: str) -> None:
         store = self._store
         obj = store.get(pull.oid)
         if obj is None or obj.version != pull.version or obj.error is not None:
@@ -83,7 +83,7 @@ class Sender:
                 valid = await obj.wait_for(pos + 1)
                 end = min(valid, pos + SEND_SLICE)
                 protocol.write_raw(obj.buffer[pos:end])
-                self._counters["bytes_out"] += end - pos
+                self._traffic.add_sent(peer, end - pos)
                 pos = end
                 await protocol.drain()
             await protocol.flush()

@@ -56,6 +56,9 @@ async def test_metrics_follow_what_the_daemon_does(cluster: LocalCluster) -> Non
     received = after[("hoplite_transfer_bytes_total", (("direction", "in"),))]
     assert received - before[("hoplite_transfer_bytes_total", (("direction", "in"),))] \
         >= data.nbytes
+    from_a = (("direction", "in"), ("peer", a.node_id))
+    assert after[("hoplite_peer_transfer_bytes_total", from_a)] \
+        - before.get(("hoplite_peer_transfer_bytes_total", from_a), 0) >= data.nbytes
     assert after[("hoplite_store_complete_objects", ())] == 1
     assert after[("hoplite_members", (("state", "alive"),))] == 2
     assert after[("hoplite_errors_total", (("type", "HopliteTimeoutError"),))] >= 1

@@ -13,6 +13,7 @@ from hoplited.metrics import families, registry_for
 RECORD: dict[str, Any] = {
     "node_id": "n1",
     "bytes_in": 300, "bytes_out": 700,
+    "peers": {"n2": {"in": 300, "out": 200}, "n3": {"in": 0, "out": 500}},
     "store": {"objects": 3, "complete_objects": 2, "stored_bytes": 4096, "arena_used": 8192,
               "capacity": 1 << 20, "pinned_deleted": 1},
     "members": [{"node_id": "n1", "alive": True}, {"node_id": "n2", "alive": True},
@@ -35,6 +36,9 @@ def samples(record: dict[str, Any]) -> dict[tuple[str, tuple[tuple[str, str], ..
 @pytest.mark.parametrize("name, labels, value", [
     ("hoplite_transfer_bytes_total", {"direction": "in"}, 300),
     ("hoplite_transfer_bytes_total", {"direction": "out"}, 700),
+    ("hoplite_peer_transfer_bytes_total", {"peer": "n2", "direction": "in"}, 300),
+    ("hoplite_peer_transfer_bytes_total", {"peer": "n2", "direction": "out"}, 200),
+    ("hoplite_peer_transfer_bytes_total", {"peer": "n3", "direction": "out"}, 500),
     ("hoplite_store_objects", {}, 3),
     ("hoplite_store_used_bytes", {}, 8192),
     ("hoplite_store_capacity_bytes", {}, 1 << 20),
@@ -61,4 +65,4 @@ def test_a_sparse_record_gives_what_it_has() -> None:
     names = {name for name, _ in got}
     assert "hoplite_store_objects" not in names and "hoplite_clients" not in names
     assert got[("hoplite_transfer_bytes_total", (("direction", "in"), ("node", "n9")))] == 0
-    assert len(families({"node_id": "n9"})) == 3  # traffic, members, errors
+    assert len(families({"node_id": "n9"})) == 4  # traffic (total, per peer), members, errors
