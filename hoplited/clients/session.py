@@ -142,15 +142,16 @@ class ClientSession:
         return Ok()
 
     async def on_delete(self, me: str, msg: Delete, payload: memoryview | None) -> Ok:
-        """Remove every copy in the cluster and the directory entry."""
+        """Remove every copy in the cluster and the directory entry; a reduce into the id
+        issued here stops, even before its result exists."""
         local = self.d.store.get(msg.oid) is not None
+        reducing = self.d.reductions.forget(msg.oid)
         try:
             await self.d.directory.delete(msg.oid)
         except HopliteError:
-            if not local:
+            if not (local or reducing):
                 raise
         self.d.store.remove(msg.oid)
-        self.d.reductions.forget(msg.oid)
         return Ok()
 
     def on_reduce(self, me: str, msg: Reduce, payload: memoryview | None) -> Ok:

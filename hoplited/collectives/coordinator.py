@@ -24,6 +24,7 @@ import numpy as np
 from hoplite_client.wire.errors import (
     HopliteError,
     HopliteTimeoutError,
+    ObjectDeletedError,
     ObjectExistsError,
     ObjectNotFoundError,
     error_from_wire,
@@ -114,9 +115,19 @@ class Reductions:
             if error is not None and d.directory.moved(result, previous):
                 d.tasks.spawn(d.directory.fail(result, error), name="refail")
 
-    def forget(self, result: ObjectID) -> None:
-        """The result was deleted: nothing about this reduce is kept any more."""
-        self._running.pop(result, None)
+    def forget(self, result: ObjectID) -> bool:
+        """The result was deleted: a reduce still running into it stops (its input waits
+        end, its tree nodes are told to release) and nothing about it is kept. Returns
+        whether a reduce into ``result`` was known here."""
+        coordinator = self._running.pop(result, None)
+        if coordinator is None:
+            return False
+        if not coordinator.ended.is_set():
+            coordinator.deleted = True
+            coordinator.feed(p.ResultFailed(ObjectDeletedError(
+                f"the result {result.hex()} was deleted before the reduce finished",
+                oid=result.hex())))
+        return True
 
     def node_died(self, node: str) -> None:
         """A member died: every running reduce learns it at once."""
@@ -166,6 +177,7 @@ class ReduceCoordinator:
         self._events: deque[p.Event] = deque()
         self._draining = False
         self._ended = False
+        self.deleted = False  # its result was deleted while it ran: nothing to record
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -387,7 +399,8 @@ class ReduceCoordinator:
         d = self.d
         if self.out is not None and d.store.get(self.result) is self.out:
             d.store.remove(self.result, error)
-        d.tasks.spawn(d.directory.fail(self.result, error), name="reduce-fail")
+        if not self.deleted:  # a deleted result's id names nothing: no failure to record
+            d.tasks.spawn(d.directory.fail(self.result, error), name="reduce-fail")
 
     def _end(self) -> None:
         """The reduce is over (published or failed): unpin the result, drop the waits."""

@@ -34,3 +34,28 @@ async def test_delete_frees_copies_made_by_gets_on_other_nodes(elements: int) ->
                        for n in nodes)
 
         await eventually(all_empty, what="every copy dropped")
+
+
+async def test_delete_stops_a_reduce_still_waiting_for_its_inputs() -> None:
+    """A reduce into an id, over inputs never put and with no timeout, waits for ever by
+    design; deleting the id stops it: no wait stays registered at any shard (the 100k-request
+    client fuzzer found them left behind) and the id can be used again."""
+    async with LocalCluster(3, capacity="64MiB") as cluster, \
+            await hoplite_client.connect(cluster.sockets[0]) as a:
+        missing = [hoplite_client.ObjectID.random() for _ in range(4)]
+        result = await a.reduce(missing, "sum")
+
+        async def waiting() -> int:
+            nodes = (await a.status())["nodes"]
+            return sum(n["directory"]["waiting_gets"] for n in nodes)
+
+        await eventually(waiting, what="the reduce's input waits registered")
+        await a.delete(result)
+
+        async def none_waiting() -> bool:
+            return await waiting() == 0
+
+        await eventually(none_waiting, what="every input wait gone")
+        value = np.arange(10, dtype=np.float32)
+        await a.put(value, object_id=result)  # the id names nothing any more
+        np.testing.assert_array_equal(await a.get(result, timeout=IO_TIMEOUT), value)
