@@ -6,11 +6,14 @@ event loop keeps running meanwhile).
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import inspect
 import os
 import socket
 import sys
 import time
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -40,6 +43,16 @@ MiB = 1024 * 1024
 
 
 # --- helpers ---------------------------------------------------------------------------------
+def top_level_imports(module: ModuleType) -> set[str]:
+    """The top-level packages ``module``'s source imports: a pure core's must hold no I/O."""
+    tree = ast.parse(inspect.getsource(module))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module}
+    return imported
+
+
 def raw_frame(kind: int, header: bytes, payload: bytes = b"", magic: bytes = MAGIC) -> bytes:
     """A frame built by hand (any kind, any header bytes)."""
     return PRELUDE.pack(magic, PROTOCOL_VERSION, kind, len(header), len(payload)) + header + payload

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import ast
-import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pytest
+from helpers import top_level_imports
 
 import hoplited.directory.state as state_module
 from hoplite_client.wire.errors import (
@@ -423,9 +422,4 @@ def test_story_is_bounded_per_oid_and_in_oids() -> None:
 
 
 def test_pure_module_imports_no_io() -> None:
-    tree = ast.parse(inspect.getsource(state_module))
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
-                if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module}
-    assert not imported & {"asyncio", "socket", "time", "logging", "random"}
+    assert not top_level_imports(state_module) & {"asyncio", "socket", "time", "logging", "random"}

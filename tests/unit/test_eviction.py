@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import ast
-import inspect
 from dataclasses import dataclass
 
 import pytest
+from helpers import top_level_imports
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -79,12 +78,7 @@ def test_why_a_copy_is_kept(flags: dict[str, bool], reason: str | None) -> None:
 
 
 def test_pure_module_imports_no_io() -> None:
-    tree = ast.parse(inspect.getsource(eviction_module))
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
-                if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module}
-    assert not imported & {"asyncio", "socket", "time", "logging", "random"}
+    assert not top_level_imports(eviction_module) & {"asyncio", "socket", "time", "logging", "random"}
 
 
 def test_eviction_counters_are_metrics() -> None:

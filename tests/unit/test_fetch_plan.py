@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import ast
-import inspect
 from dataclasses import dataclass
 
 import pytest
+from helpers import top_level_imports
 
 from hoplite_client.wire.errors import (
     ConnectionLostError,
@@ -335,12 +334,7 @@ def test_events_before_start_are_stale_and_start_once() -> None:
 
 
 def test_the_plan_does_no_io() -> None:
-    tree = ast.parse(inspect.getsource(fetch_plan))
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
-                if isinstance(node, ast.Import | ast.ImportFrom)
-                for alias in (node.names if isinstance(node, ast.Import)
-                              else [ast.alias(node.module or "")])}
-    assert not imported & {"asyncio", "socket", "time", "random"}
+    assert not top_level_imports(fetch_plan) & {"asyncio", "socket", "time", "random"}
 
 
 @pytest.mark.parametrize("deadline, answers, want", [

@@ -8,11 +8,10 @@ taken for the poll's expiry and asked again at once, forever, at 100% CPU).
 
 from __future__ import annotations
 
-import ast
-import inspect
 from dataclasses import dataclass
 
 import pytest
+from helpers import top_level_imports
 
 from hoplite_client.wire.errors import (
     HopliteError,
@@ -162,9 +161,4 @@ def test_an_instant_empty_answer_always_sleeps_first() -> None:
 
 
 def test_pure_module_imports_no_io() -> None:
-    tree = ast.parse(inspect.getsource(input_wait_module))
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
-                if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module}
-    assert not imported & {"asyncio", "socket", "time", "os", "threading"}
+    assert not top_level_imports(input_wait_module) & {"asyncio", "socket", "time", "os", "threading"}

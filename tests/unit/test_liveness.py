@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import ast
-import inspect
 import random
 from dataclasses import dataclass, field
 
 import pytest
+from helpers import top_level_imports
 
 import hoplited.cluster.liveness as liveness_module
 from hoplite_client.wire.errors import InvalidArgumentError
@@ -364,9 +363,4 @@ def test_rejects_an_unknown_failure_kind() -> None:
 
 
 def test_pure_module_imports_no_io() -> None:
-    tree = ast.parse(inspect.getsource(liveness_module))
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
-                if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module}
-    assert not imported & {"asyncio", "socket", "time", "logging", "random"}
+    assert not top_level_imports(liveness_module) & {"asyncio", "socket", "time", "logging", "random"}

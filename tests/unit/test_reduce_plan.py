@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import ast
-import inspect
 import itertools
 from dataclasses import dataclass
 
 import pytest
+from helpers import top_level_imports
 
 import hoplited.collectives.plan as plan_module
 from hoplite_client.wire.errors import (
@@ -719,9 +718,4 @@ def test_fail_carries_the_reported_error() -> None:
 
 
 def test_pure_module_imports_no_io() -> None:
-    tree = ast.parse(inspect.getsource(plan_module))
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
-                if isinstance(node, ast.Import) for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.module}
-    assert not imported & {"asyncio", "socket", "time", "logging", "random"}
+    assert not top_level_imports(plan_module) & {"asyncio", "socket", "time", "logging", "random"}
