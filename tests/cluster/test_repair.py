@@ -164,7 +164,10 @@ async def test_a_lost_input_that_never_comes_back_fails_every_waiter_at_once(
     survivor's get fails together with a typed error naming node 3."""
     cluster, proxy, clients = proxied
     ids = [await c.put(value(i)) for i, c in enumerate(clients)]
-    result = await clients[0].reduce(ids, timeout=8)
+    # 4 s: the reduce's verdict must come well before a getter chained behind the stalled
+    # result gives up on its own (no sooner than the heartbeat timeout + 2 intervals after
+    # its first fruitless pull, docs/design.md §5); with 8 s the two raced on a loaded machine
+    result = await clients[0].reduce(ids, timeout=4)
     gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
     await asyncio.sleep(0.7)
     cluster.kill(VICTIM)
