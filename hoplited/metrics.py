@@ -93,6 +93,11 @@ def families(info: Mapping[str, Any]) -> list[Metric]:
             gauge = GaugeMetricFamily(f"hoplite_{key}", doc, labels=["node"])
             gauge.add_metric([node], float(info[key]))
             out.append(gauge)
+    if "reduce_folds" in info:
+        folds = CounterMetricFamily("hoplite_reduce_folds", "Lost reduce inputs folded into a "
+                                    "slot on this node (docs/design.md §5).", labels=["node"])
+        folds.add_metric([node], float(info["reduce_folds"]))
+        out.append(folds)
     if "transfers" in info:
         gauge = GaugeMetricFamily("hoplite_transfers_in_flight",
                                   "Fetches of objects under way on this node.", labels=["node"])

@@ -469,7 +469,8 @@ class TaskStarted(Reply):
 @message(58, shape="request", roles=(PEER,))
 class ReduceChild(Request["Ok"]):
     """Where the output of slot ``slot``'s child ``child`` is: ``node`` holds ``oid`` at
-    ``version``. Sent again after a repair: the pull resumes where the last one stopped."""
+    ``version``; it adds bytes ``start`` to ``until`` (0: to the end) to the slot's sums. Sent
+    again after a repair: the pull resumes where the last one stopped."""
 
     rid: int = 0
     reduce_id: ObjectID
@@ -478,6 +479,8 @@ class ReduceChild(Request["Ok"]):
     node: str
     oid: ObjectID
     version: bytes
+    start: int
+    until: int
 
 
 @message(59, shape="oneway", roles=(PEER,))
@@ -552,6 +555,43 @@ class EvictAnswer(Reply):
     rid: int = 0
     allowed: bool
     reason: str
+
+
+# --- 66-68: a lost input folded into another slot (docs/design.md §5) ---
+@message(66, shape="request", roles=(PEER,))
+class ReduceFold(Request["Folded"]):
+    """Slot ``slot`` (output ``version``) adds ``input`` (at ``input_version``, held here) to
+    its sums from byte ``at`` on, or from the first byte it has not combined yet if later."""
+
+    rid: int = 0
+    reduce_id: ObjectID
+    slot: int
+    version: bytes
+    input: ObjectID
+    input_version: bytes
+    at: int
+
+
+@message(67, shape="reply")
+class Folded(Reply):
+    """The byte the folded input enters the slot's sums from."""
+
+    rid: int = 0
+    at: int
+
+
+@message(68, shape="request", roles=(PEER,))
+class ReduceReshape(Request["Ok"]):
+    """Slot ``slot`` (output ``version``) takes child ``child``'s bytes below ``until`` only,
+    and ``more`` new children (each connected by ``ReduceChild``) from ``until`` on."""
+
+    rid: int = 0
+    reduce_id: ObjectID
+    slot: int
+    version: bytes
+    child: int
+    until: int
+    more: int
 
 
 _resolve_replies(globals())

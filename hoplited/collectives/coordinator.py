@@ -36,6 +36,8 @@ from hoplite_client.wire.messages import (
     ReduceChildLost,
     ReduceDone,
     ReduceFailed,
+    ReduceFold,
+    ReduceReshape,
     ReduceTask,
     WireMessage,
 )
@@ -263,8 +265,8 @@ class ReduceCoordinator:
     # --- instructions out ---
     def _execute(self, ins: p.Instruction) -> None:
         d = self.d
-        if isinstance(ins, p.WaitInput | p.After) or (isinstance(ins, p.StartTask)
-                                                       and ins.gen > 0):
+        if isinstance(ins, p.WaitInput | p.After | p.Fold | p.Reshape | p.RestartResult) or (
+                isinstance(ins, p.StartTask) and ins.gen > 0):
             log.info("reduce %s repair: %s", self.result.short(), ins)
         if isinstance(ins, p.OpenResult):
             self._open_result(ins)
@@ -274,6 +276,12 @@ class ReduceCoordinator:
         elif isinstance(ins, p.Connect):
             self._spawn(self._connect(ins), f"reduce-connect-{ins.parent_slot}",
                         functools.partial(p.SlotFailed, ins.parent_slot, None))
+        elif isinstance(ins, p.Fold):
+            self._spawn(self._fold(ins), f"reduce-fold-{ins.slot}",
+                        functools.partial(p.FoldFailed, ins.slot))
+        elif isinstance(ins, p.Reshape):
+            self._spawn(self._reshape(ins), f"reduce-reshape-{ins.parent}",
+                        functools.partial(p.SlotFailed, ins.parent, None))
         elif isinstance(ins, p.PullRoot):
             if self.out is not None:  # None: the result could not be created (failed)
                 self._pull_root(ins)
@@ -366,8 +374,20 @@ class ReduceCoordinator:
     async def _connect(self, ins: p.Connect) -> None:
         await self.d.rpc.call_node(ins.parent_node, ReduceChild(
             reduce_id=self.result, slot=ins.parent_slot, child=ins.child_slot,
-            node=ins.child_node,
-            oid=ins.child_output, version=ins.child_version))
+            node=ins.child_node, oid=ins.child_output, version=ins.child_version,
+            start=ins.start, until=ins.until))
+
+    async def _fold(self, ins: p.Fold) -> None:
+        frame = await self.d.rpc.call_node(ins.node, ReduceFold(
+            reduce_id=self.result, slot=ins.into, version=ins.version, input=ins.input,
+            input_version=ins.input_version, at=ins.at))
+        self.feed(p.Folded(ins.slot, ins.into, frame.msg.at))
+
+    async def _reshape(self, ins: p.Reshape) -> None:
+        await self.d.rpc.call_node(ins.parent_node, ReduceReshape(
+            reduce_id=self.result, slot=ins.parent, version=ins.version, child=ins.child,
+            until=ins.until, more=ins.more))
+        self.feed(p.Reshaped(ins.child))
 
     async def _publish(self, out: StoredObject) -> None:
         await self.d.directory.publish(out)

@@ -48,6 +48,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from hoplite_client.wire.errors import (
     ConnectionLostError,
     HopliteError,
@@ -153,6 +155,30 @@ class NodeSuspected:
 
 
 @dataclass(frozen=True, slots=True)
+class Folded:
+    """Lost slot ``slot``'s input now enters slot ``into``'s sums from byte ``at`` on."""
+
+    slot: int
+    into: int
+    at: int
+
+
+@dataclass(frozen=True, slots=True)
+class FoldFailed:
+    """Slot ``slot``'s input could not be folded into another slot (that task is gone)."""
+
+    slot: int
+    error: HopliteError
+
+
+@dataclass(frozen=True, slots=True)
+class Reshaped:
+    """The consumer of lost slot ``slot`` took the fold's new shape."""
+
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
 class ResultComplete:
     """The result object on this node holds every byte."""
 
@@ -170,7 +196,8 @@ class Published:
 
 
 Event = (InputReady | InputFailed | TaskStarted | SlotFailed | ChildLost | Retry | NodeDied
-         | NodeSuspected | ResultComplete | ResultFailed | Published)
+         | NodeSuspected | Folded | FoldFailed | Reshaped | ResultComplete | ResultFailed
+         | Published)
 
 
 # --- instructions: what the driver does, in order ---
@@ -203,7 +230,7 @@ class StartTask:
 @dataclass(frozen=True, slots=True)
 class Connect:
     """Tell ``parent_node`` (``ReduceChild``) where child ``child_slot``'s output is; failure:
-    SlotFailed of the parent."""
+    SlotFailed of the parent. The child adds bytes ``start`` to ``until`` (0: to the end)."""
 
     parent_slot: int
     parent_node: str
@@ -211,6 +238,37 @@ class Connect:
     child_node: str
     child_output: ObjectID
     child_version: bytes
+    start: int = 0
+    until: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Fold:
+    """Tell ``node`` (``ReduceFold``) that its slot ``into`` (output ``version``) adds
+    ``input`` (at ``input_version``) from byte ``at`` on, or from the first byte it has not
+    combined yet if later; report ``Folded`` or ``FoldFailed``."""
+
+    slot: int
+    into: int
+    node: str
+    version: bytes
+    input: ObjectID
+    input_version: bytes
+    at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reshape:
+    """Tell ``parent_node`` (``ReduceReshape``) that its slot ``parent`` (output ``version``)
+    takes lost child ``child``'s bytes below ``until`` only, and ``more`` new children from
+    ``until`` on; report ``Reshaped``, or SlotFailed of the parent."""
+
+    parent: int
+    parent_node: str
+    version: bytes
+    child: int
+    until: int
+    more: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,8 +341,8 @@ class Release:
     nodes: tuple[str, ...]
 
 
-Instruction = (OpenResult | StartTask | Connect | PullRoot | WaitInput | After | CancelWaits
-               | RestartResult | CombineInline | Publish | Fail | Release)
+Instruction = (OpenResult | StartTask | Connect | Fold | Reshape | PullRoot | WaitInput | After
+               | CancelWaits | RestartResult | CombineInline | Publish | Fail | Release)
 
 
 @dataclass(slots=True)
@@ -312,6 +370,26 @@ class Redo:
     died_on: str
     gen: int
     start: int
+
+
+@dataclass(slots=True)
+class FoldState:
+    """Lost slot ``slot``'s input, back on ``node``, added into that node's slot ``into``
+    rather than sent as a stream of its own; its consumer ``parent`` takes the lost slot's
+    bytes below ``start``, its ``children``'s from ``start`` on, and the input itself from
+    ``start`` to ``at`` (the byte the fold took effect from: later than ``start`` when
+    ``into`` had combined further already; -1 until known)."""
+
+    slot: int
+    input: ObjectID
+    version: bytes
+    node: str
+    into: int
+    parent: int
+    start: int
+    gen: int
+    children: list[int]
+    at: int = -1
 
 
 def redo_path(shape: TreeShape, slot: int) -> list[int]:
@@ -357,6 +435,9 @@ class ReducePlan:
         self._rewaiting: set[ObjectID] = set()  # backups waited for again, for a repair
         self.spares: list[InputReady] = []  # backups ready, not used (yet)
         self._reconnects: dict[int, tuple[int, float]] = {}  # slot -> (tries, delays summed)
+        self._may_fold = len(inputs) == k  # with backups, a lost slot may restart from 0
+        self.folding: dict[int, FoldState] = {}  # lost slot -> its fold, not in effect yet
+        self.folds: dict[int, FoldState] = {}  # lost slot -> its fold, in effect
         self.history: deque[tuple[Event, tuple[Instruction, ...]]] = deque(maxlen=HISTORY_MAX)
 
     @property
@@ -398,6 +479,12 @@ class ReducePlan:
             return self._retry(ev)
         if isinstance(ev, NodeDied | NodeSuspected):
             return self._node_died(ev.node)
+        if isinstance(ev, Folded):
+            return self._folded(ev)
+        if isinstance(ev, FoldFailed):
+            return self._fold_failed(ev)
+        if isinstance(ev, Reshaped):
+            return self._reshaped(ev)
         if isinstance(ev, ResultComplete):
             if self.complete:
                 return []
@@ -453,7 +540,8 @@ class ReducePlan:
     def _place(self, ev: InputReady) -> list[Instruction]:
         shape, me = self.shape, self.me
         assert shape is not None
-        free = [s for s in range(shape.size) if s not in self.slots]
+        free = [s for s in range(shape.size) if s not in self.slots and s not in self.redo
+                and s not in self.folding and s not in self.folds]
         others = [s for s in free if s != shape.root]
         local = me in ev.holders
         slot = shape.root if shape.root in free and local else (others or [shape.root])[0]
@@ -532,6 +620,8 @@ class ReducePlan:
 
     def _child_lost(self, ev: ChildLost) -> list[Instruction]:
         shape = self.shape
+        if shape is not None and ev.child >= shape.size:
+            return self._extra_lost(ev)
         placed = self.slots.get(ev.child)
         if (self.complete or shape is None or placed is None or placed.version != ev.version
                 or ev.parent != shape.parent[ev.child]):
@@ -546,19 +636,45 @@ class ReducePlan:
             self.dead.add(placed.node)
         if placed.node in self.dead:
             return self._repair(ev.child, ev.offset)
+        return self._reconnect(ev, placed.node)
+
+    def _reconnect(self, ev: ChildLost, node: str) -> list[Instruction]:
+        """A pull from ``node``, which looks alive, broke: try again after a backoff, until
+        the delays add up to the plan's patience."""
         tries, waited = self._reconnects.get(ev.child, (0, 0.0))
         if waited >= self.patience:
             return self._fail(PeerUnavailableError(
-                f"slot {ev.child} on node {placed.node} of reduce {self.result.hex()}: its "
+                f"slot {ev.child} on node {node} of reduce {self.result.hex()}: its "
                 f"output could not be received after {tries} reconnections: {ev.error}",
-                node=placed.node, slot=ev.child))
+                node=node, slot=ev.child))
         delay = min(RECONNECT_DELAY * 2 ** tries, RECONNECT_MAX)
         self._reconnects[ev.child] = (tries + 1, waited + delay)
         self._broken[ev.child] = ev.offset
         return [After(delay, Retry(ev.child, ev.version))]
 
+    def _extra_lost(self, ev: ChildLost) -> list[Instruction]:
+        """The pull of a folded input's bytes below its fold (a child key beyond the slots)
+        broke: reconnected while its node looks alive, else everything starts again."""
+        assert self.shape is not None
+        fold = self.folds.get(ev.child - self.shape.size)
+        consumer = None if fold is None else self.slots.get(fold.parent)
+        if (self.complete or fold is None or consumer is None or ev.parent != fold.parent
+                or ev.version != fold.version or ev.consumer != consumer.version):
+            return []
+        if ev.source_dead:
+            self.dead.add(fold.node)
+        if fold.node in self.dead or consumer.node in self.dead:
+            return self._restart_all()
+        return self._reconnect(ev, fold.node)
+
     def _retry(self, ev: Retry) -> list[Instruction]:
         shape = self.shape
+        if shape is not None and ev.child >= shape.size:
+            fold = self.folds.get(ev.child - shape.size)
+            if (self.complete or fold is None or fold.version != ev.version
+                    or self._broken.pop(ev.child, None) is None):
+                return []
+            return self._extra_connect(fold)
         placed = self.slots.get(ev.child)
         if (self.complete or shape is None or placed is None or placed.version != ev.version
                 or self._broken.pop(ev.child, None) is None):
@@ -577,6 +693,8 @@ class ReducePlan:
         shape = self.shape
         if self.complete or shape is None:
             return []
+        if node in self._fold_nodes():
+            return self._restart_all()
         out: list[Instruction] = []
         for slot in sorted(s for s, placed in self.slots.items() if placed.node == node):
             placed = self.slots.get(slot)
@@ -596,9 +714,11 @@ class ReducePlan:
     def _repair(self, slot: int, start: int) -> list[Instruction]:
         """Place ``slot`` again, computing from byte ``start``: a ready backup takes it at once,
         otherwise its input is waited for anew (and the backups, if any); its dead children are
-        redone from the same byte."""
+        redone from the same byte. A slot a fold relies on starts everything again."""
         shape = self.shape
         assert shape is not None
+        if self._fold_relies_on(slot):
+            return self._restart_all()
         placed = self.slots.pop(slot)
         self._reconnects.pop(slot, None)
         self._broken.pop(slot, None)
@@ -606,12 +726,7 @@ class ReducePlan:
         spare = self._spare()
         if spare is not None:
             return self._swap(slot, redo, spare)
-        self.redo[slot] = redo
-        out: list[Instruction] = []
-        if placed.input not in self._wanted:
-            self._wanted[placed.input] = []
-            out.append(WaitInput(placed.input, tuple(sorted(self.dead))))
-        self._wanted[placed.input].append(slot)
+        out = self._want(slot, redo)
         for oid in self._backups:
             out.append(WaitInput(oid, tuple(sorted(self.dead))))
             self._rewaiting.add(oid)
@@ -622,6 +737,16 @@ class ReducePlan:
                 out += self._repair(child, start)
             elif child in self.redo:
                 self.redo[child].start = min(self.redo[child].start, start)
+        return out
+
+    def _want(self, slot: int, redo: Redo) -> list[Instruction]:
+        """``slot`` waits for its input again (one wait per input, whatever its slots)."""
+        self.redo[slot] = redo
+        out: list[Instruction] = []
+        if redo.input not in self._wanted:
+            self._wanted[redo.input] = []
+            out.append(WaitInput(redo.input, tuple(sorted(self.dead))))
+        self._wanted[redo.input].append(slot)
         return out
 
     def _usable(self, ev: InputReady) -> list[str]:
@@ -715,7 +840,8 @@ class ReducePlan:
         return out
 
     def _replace(self, ev: InputReady) -> list[Instruction]:
-        """A lost input is back: place the slots waiting for it on a live holder."""
+        """A lost input is back: fold it into a slot its node computes already, or place the
+        slots waiting for it on a live holder."""
         assert self.meta is not None
         alive = [n for n in ev.alive if n not in self.dead]
         if not alive and ev.size == self.meta.size:  # the shard's view of deaths lags ours
@@ -727,7 +853,153 @@ class ReducePlan:
         out: list[Instruction] = []
         for slot in slots:
             redo = self.redo.pop(slot)
-            out += self._put(slot, node, ev.oid, ev.version, redo.gen, redo.start)
+            into = self._fold_target(slot, node, redo.start) if len(slots) == 1 else None
+            if into is not None:
+                out += self._fold(slot, redo, into, node, ev)
+            else:
+                out += self._put(slot, node, ev.oid, ev.version, redo.gen, redo.start)
+        return out
+
+    # --- folds (docs/design.md §5, "Folding a lost input") ---
+    def _fold_target(self, slot: int, node: str, start: int) -> int | None:
+        """The slot on ``node`` that lost ``slot``'s input can be added into, so ``node``'s
+        link carries one stream, not two (None: place the slot as usual). Its consumer must
+        be a live task and every child of it live with output from ``start`` on; among the
+        slots ``node`` computes, an ancestor is best: it has not combined past ``start``."""
+        shape = self.shape
+        assert shape is not None
+        parent = shape.parent[slot]
+        consumer = None if parent is None else self.slots.get(parent)
+        if (not self._may_fold or self.folding or consumer is None or not consumer.task
+                or consumer.version is None or consumer.node in self.dead):
+            return None
+        aligned = self._aligned(start)
+        for child in shape.children[slot]:
+            c = self.slots.get(child)
+            if c is None or c.version is None or c.node in self.dead or c.start > aligned:
+                return None
+        hosted = sorted(s for s, placed in self.slots.items()
+                        if placed.node == node and placed.task and placed.version is not None)
+        ancestors = [s for s in redo_path(shape, slot)[1:] if s in hosted]
+        best = ancestors or hosted
+        return best[0] if best else None
+
+    def _aligned(self, offset: int) -> int:
+        """``offset`` rounded down to a whole element: folds switch sources between elements."""
+        assert self.meta is not None
+        item = np.dtype(self.meta.dtype).itemsize
+        return offset - offset % item
+
+    def _fold(self, slot: int, redo: Redo, into: int, node: str,
+              ev: InputReady) -> list[Instruction]:
+        shape = self.shape
+        parent = None if shape is None else shape.parent[slot]
+        target = self.slots[into]
+        assert shape is not None and parent is not None and target.version is not None
+        fold = FoldState(slot, ev.oid, ev.version, node, into, parent,
+                         self._aligned(redo.start), redo.gen, list(shape.children[slot]))
+        self.folding[slot] = fold
+        return [Fold(slot, into, node, target.version, ev.oid, ev.version, fold.start)]
+
+    def _folded(self, ev: Folded) -> list[Instruction]:
+        """The input is in ``into``'s sums from ``ev.at``: reshape the consumer."""
+        fold = self.folding.get(ev.slot)
+        consumer = None if fold is None else self.slots.get(fold.parent)
+        if (self.complete or fold is None or fold.into != ev.into or fold.at >= 0
+                or consumer is None or consumer.version is None):
+            return []
+        fold.at = max(ev.at, fold.start)
+        more = len(fold.children) + (1 if fold.at > fold.start else 0)
+        return [Reshape(fold.parent, consumer.node, consumer.version, ev.slot, fold.start, more)]
+
+    def _fold_failed(self, ev: FoldFailed) -> list[Instruction]:
+        """The slot to fold into is gone: the lost slot is placed as usual after all."""
+        fold = self.folding.pop(ev.slot, None)
+        if self.complete or fold is None:
+            return []
+        if fold.node in self.dead:
+            return self._want(fold.slot, Redo(fold.input, fold.node, fold.gen, fold.start))
+        return self._put(fold.slot, fold.node, fold.input, fold.version, fold.gen, fold.start)
+
+    def _reshaped(self, ev: Reshaped) -> list[Instruction]:
+        """The consumer took the new shape: the lost slot's children hang on it from the fold
+        on, and it pulls the input's bytes the fold came too late for."""
+        shape = self.shape
+        fold = self.folding.get(ev.slot)
+        if self.complete or shape is None or fold is None or fold.at < 0:
+            return []
+        consumer = self.slots.get(fold.parent)
+        children = [self.slots.get(c) for c in fold.children]
+        if consumer is None or any(c is None or c.version is None for c in children):
+            return self._restart_all()
+        del self.folding[ev.slot]
+        self.folds[ev.slot] = fold
+        siblings = [c for c in shape.children[fold.parent] if c != ev.slot]
+        shape.children[fold.parent] = sorted(siblings + fold.children)
+        shape.children[ev.slot] = []
+        shape.parent[ev.slot] = None
+        out: list[Instruction] = []
+        for slot, c in zip(fold.children, children, strict=True):
+            assert c is not None and c.version is not None
+            shape.parent[slot] = fold.parent
+            c.connected = True
+            out.append(Connect(fold.parent, consumer.node, slot, c.node, c.output, c.version,
+                               fold.start))
+        return out + self._extra_connect(fold)
+
+    def _extra_connect(self, fold: FoldState) -> list[Instruction]:
+        """The consumer pulls the input's bytes from the fold's start to where it took
+        effect, under a child key beyond the slots (none if it took effect at the start)."""
+        shape = self.shape
+        consumer = self.slots.get(fold.parent)
+        if shape is None or consumer is None or fold.at <= fold.start:
+            return []
+        return [Connect(fold.parent, consumer.node, shape.size + fold.slot, fold.node,
+                        fold.input, fold.version, fold.start, fold.at)]
+
+    def _fold_nodes(self) -> set[str]:
+        """Nodes whose loss a fold cannot survive: where its input was added, its consumer,
+        and (until it is in effect) the lost slot's children."""
+        nodes: set[str] = set()
+        for fold in [*self.folds.values(), *self.folding.values()]:
+            slots = [fold.parent] + (fold.children if fold.slot in self.folding else [])
+            nodes.add(fold.node)
+            nodes.update(self.slots[s].node for s in slots if s in self.slots)
+        return nodes
+
+    def _fold_relies_on(self, slot: int) -> bool:
+        return any(slot in (f.into, f.parent) or (f.slot in self.folding and slot in f.children)
+                   for f in [*self.folds.values(), *self.folding.values()])
+
+    def _restart_all(self) -> list[Instruction]:
+        """A node a fold relied on is lost: the lost bytes are spread over the fold's slots,
+        so the result starts again from byte 0 over the tree's first shape; every live slot's
+        task starts again, lost inputs are waited for again (docs/design.md §5)."""
+        assert self.meta is not None
+        folded = {**self.folds, **self.folding}
+        self.folds.clear()
+        self.folding.clear()
+        self._may_fold = False
+        self._broken.clear()
+        self._reconnects.clear()
+        self.shape = shape = tree_shape(self.k, self._depth(self.k, self.meta.size))
+        out: list[Instruction] = [RestartResult()]
+        placed, self.slots = self.slots, {}  # none is linked to before it is placed anew
+        for slot in range(shape.size):
+            fold, old = folded.get(slot), placed.get(slot)
+            if fold is not None:
+                node, oid, version, gen = fold.node, fold.input, fold.version, fold.gen + 1
+            elif old is not None:  # a leaf's version is its input's; a task's is made anew
+                version = b"" if old.task else old.version or b""
+                node, oid, gen = old.node, old.input, old.gen + 1
+            else:
+                if slot in self.redo:
+                    self.redo[slot].start = 0
+                continue
+            if node in self.dead:
+                out += self._want(slot, Redo(oid, node, gen, 0))
+            else:
+                out += self._put(slot, node, oid, version, gen, 0)
         return out
 
     def _fail(self, error: HopliteError) -> list[Instruction]:

@@ -8,7 +8,10 @@ to the coordinator, which decides what happens to the reduce. A child's pull tha
 its bytes and is reported (``ReduceChildLost``): the coordinator reconnects it or places the
 child again, and the next ``ReduceChild`` for it resumes where the pull stopped. A repaired
 slot's task computes only from ``start`` on, because its consumer already holds the bytes
-before (docs/design.md §5).
+before (docs/design.md §5). A fold changes a running task's shape: ``ReduceFold`` adds a
+second input from the first byte not combined yet, ``ReduceReshape`` ends a lost child's range
+and announces children that take over from there; each child and input covers a byte range,
+and the combine loop re-reads them whenever they change.
 """
 
 from __future__ import annotations
@@ -30,11 +33,14 @@ from hoplite_client.wire.errors import (
 )
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
+    Folded,
     Ok,
     ReduceChild,
     ReduceChildLost,
     ReduceDone,
     ReduceFailed,
+    ReduceFold,
+    ReduceReshape,
     ReduceTask,
     TaskStarted,
     WireMessage,
@@ -53,6 +59,9 @@ COMPUTE_BLOCK = 4 * 1024 * 1024
 # Blocks at least this big are combined in a worker thread (numpy drops the GIL meanwhile).
 THREAD_BLOCK = 512 * 1024
 
+# The most children a reshape may add: a lost slot's children and its folded input.
+MAX_NEW_CHILDREN = 3
+
 Tell = Callable[[str, WireMessage], None]
 
 
@@ -70,9 +79,28 @@ class SlotTask:
     expected: int
     start: int  # the first byte computed: a whole element's
     children: dict[int, StoredObject] = field(default_factory=dict)  # by child slot
+    ranges: dict[int, tuple[int, int]] = field(default_factory=dict)  # child -> bytes it adds
+    cut: set[int] = field(default_factory=set)  # children that end before any byte of ours
+    extras: list[tuple[int, StoredObject]] = field(default_factory=list)  # folded, from byte
     all_children: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: bool = False  # ranges or inputs changed since the combine loop read them
+    wake: asyncio.Future[None] | None = None  # the combine loop's wait for a change
+    combined: int = 0  # the first byte not combined yet (nor being combined)
     runner: asyncio.Task[None] | None = None
     pulls: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+
+    def change(self) -> None:
+        """A fold or reshape changed what the combine loop reads: it reads it again."""
+        self.changed = True
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
+
+    def check_children(self) -> None:
+        """Set ``all_children`` once every expected child is known (or cut)."""
+        if len(self.children) + len(self.cut) >= self.expected:
+            self.all_children.set()
+        else:
+            self.all_children.clear()
 
 
 class ReduceWorker:
@@ -87,6 +115,7 @@ class ReduceWorker:
         self._tasks = tasks
         self._is_alive = is_alive
         self.slots: dict[tuple[ObjectID, int], SlotTask] = {}
+        self.folds = 0  # lost inputs folded into a slot here, ever (status, metrics)
 
     def in_flight(self) -> list[dict[str, Any]]:
         """Every slot computed here: its reduce, its children (the tree's edges into it) and
@@ -96,7 +125,8 @@ class ReduceWorker:
                  "size": t.expected} for t in self.slots.values()]
 
     def handlers(self) -> dict[type[WireMessage], Handler]:
-        return {ReduceTask: self.on_task, ReduceChild: self.on_child, ReduceDone: self.on_done}
+        return {ReduceTask: self.on_task, ReduceChild: self.on_child, ReduceDone: self.on_done,
+                ReduceFold: self.on_fold, ReduceReshape: self.on_reshape}
 
     def on_task(self, coordinator: str, msg: ReduceTask,
                 payload: memoryview | None) -> TaskStarted:
@@ -133,9 +163,8 @@ class ReduceWorker:
         store.pin(own)
         store.pin(out)
         task = SlotTask(msg.reduce_id, msg.slot, coordinator, msg.op, dtype, own, out,
-                        msg.children, start)
-        if msg.children == 0:
-            task.all_children.set()
+                        msg.children, start, combined=start)
+        task.check_children()
         self.slots[(msg.reduce_id, msg.slot)] = task
         if out.temporary:
             self._populate(task, out)
@@ -146,20 +175,24 @@ class ReduceWorker:
     def on_child(self, peer: str, msg: ReduceChild, payload: memoryview | None) -> Ok:
         """A child of one of our slots is placed: pull its output into a buffer of ours (again:
         resume the buffer from where the last pull stopped, from the child's new place)."""
-        task = self.slots.get((msg.reduce_id, msg.slot))
-        if task is None:
-            raise ObjectNotFoundError(f"no task for slot {msg.slot} of {msg.reduce_id.hex()}")
+        task = self._task(msg.reduce_id, msg.slot)
+        size = task.out.size
+        until = msg.until or size
+        if not 0 <= msg.start <= until <= size:
+            raise InvalidArgumentError(f"child bytes {msg.start}..{msg.until} outside 0..{size}")
         buf = task.children.get(msg.child)
         if buf is None:
-            if len(task.children) == task.expected:
+            if msg.child in task.cut or len(task.children) + len(task.cut) >= task.expected:
                 raise InvalidArgumentError(f"slot {msg.slot} has all its {task.expected} "
                                            f"children; {msg.child} is not one")
             store = self._store
             buf = store.create(derived_id(msg.reduce_id, msg.slot, b"in%d" % msg.child),
                                task.own.size, task.own.dtype, task.own.shape, temporary=True)
-            buf.advance(task.start)  # the task computes from its start only
+            first = max(task.start, msg.start)
+            buf.advance(first)  # the task computes from its start only
             store.pin(buf)
             task.children[msg.child] = buf
+            task.ranges[msg.child] = (first, until)
             self._populate(task, buf)
         old = task.pulls.get(msg.child)
         if old is not None:
@@ -167,14 +200,64 @@ class ReduceWorker:
         task.pulls[msg.child] = self._tasks.spawn(self._pull_child(task, buf, msg),
                                                   name="reduce-pull",
                                                   on_error=functools.partial(self._failed, task))
-        if len(task.children) == task.expected:
-            task.all_children.set()
+        task.check_children()
         return Ok()
 
+    def on_fold(self, peer: str, msg: ReduceFold, payload: memoryview | None) -> Folded:
+        """Add a lost slot's input, held here, to one of our slots' sums from the first byte
+        it has not combined yet (``at`` at the earliest); the reply says which byte."""
+        task = self._task(msg.reduce_id, msg.slot, msg.version)
+        extra = self._store.get(msg.input)
+        if extra is None or not extra.complete or extra.version != msg.input_version:
+            raise ObjectNotFoundError(f"input {msg.input.hex()} is not complete here")
+        if (extra.size, extra.dtype, extra.shape) != (task.own.size, task.own.dtype,
+                                                      task.own.shape):
+            raise InvalidArgumentError(f"input {msg.input.hex()} is {extra.dtype}{extra.shape}, "
+                                       f"not {task.own.dtype}{task.own.shape}")
+        if not 0 <= msg.at <= extra.size or msg.at % task.dtype.itemsize:
+            raise InvalidArgumentError(f"fold at {msg.at}: not a whole element of 0..{extra.size}")
+        at = max(msg.at, task.combined)
+        self._store.pin(extra)
+        task.extras.append((at, extra))
+        task.change()
+        self.folds += 1
+        return Folded(at=at)
+
+    def on_reshape(self, peer: str, msg: ReduceReshape, payload: memoryview | None) -> Ok:
+        """A lost child's bytes end at ``until``; ``more`` children take over from there."""
+        task = self._task(msg.reduce_id, msg.slot, msg.version)
+        if (not 0 <= msg.until <= task.out.size or msg.until % task.dtype.itemsize
+                or not 0 <= msg.more <= MAX_NEW_CHILDREN):
+            raise InvalidArgumentError(f"reshape at {msg.until} with {msg.more} children")
+        if msg.child in task.children:
+            first, until = task.ranges[msg.child]
+            task.ranges[msg.child] = (first, min(until, max(first, msg.until)))
+            pull = task.pulls.pop(msg.child, None)
+            if pull is not None:
+                pull.cancel()
+        elif msg.until > task.start:
+            raise InvalidArgumentError(f"slot {msg.slot} has no bytes of child {msg.child} "
+                                       f"below {msg.until}")
+        else:
+            task.cut.add(msg.child)
+        task.expected += msg.more
+        task.check_children()
+        task.change()
+        return Ok()
+
+    def _task(self, reduce_id: ObjectID, slot: int, version: bytes | None = None) -> SlotTask:
+        """The task of ``slot`` (whose output has ``version``, if given)."""
+        task = self.slots.get((reduce_id, slot))
+        if task is None or (version is not None and task.out.version != version):
+            raise ObjectNotFoundError(f"no task for slot {slot} of {reduce_id.hex()}")
+        return task
+
     async def _pull_child(self, task: SlotTask, buf: StoredObject, msg: ReduceChild) -> None:
-        """Pull a child's output; a broken pull keeps its bytes and is reported."""
+        """Pull a child's output (up to ``msg.until``, if set: the rest is never read); a
+        broken pull keeps its bytes and is reported."""
         try:
-            await self._fetcher.pull_into(buf, msg.node, msg.oid, msg.version)
+            await self._fetcher.pull_into(buf, msg.node, msg.oid, msg.version,
+                                          until=msg.until or None)
         except HopliteError as error:
             if buf.error is not None:
                 return  # the buffer was dropped: the reduce is over here
@@ -197,7 +280,6 @@ class ReduceWorker:
                           on_error=unbacked)
 
     async def _run(self, task: SlotTask) -> None:
-        await task.all_children.wait()
         await self._compute(task)
 
     def _failed(self, task: SlotTask, exc: BaseException) -> None:
@@ -217,24 +299,68 @@ class ReduceWorker:
         loop = asyncio.get_running_loop()
         size, item = task.out.size, task.dtype.itemsize
         pos = task.start
-        # in slot order, so a slot computed again (repair) writes bit-identical sums
-        children = [task.children[slot] for slot in sorted(task.children)]
         while pos < size:
             if task.out.error is not None:  # failed or dropped: never written any further
                 raise task.out.error
-            ready = size
-            for child in children:
-                ready = min(ready, await child.wait_for(min(pos + item, size)))
-            end = min(ready, pos + COMPUTE_BLOCK)
+            await task.all_children.wait()
+            task.changed = False
+            live, end = self._inputs_at(task, pos)
+            for child in live:  # wait for an element of each, or a change of shape
+                got = await self._wait(task, child, min(pos + item, end))
+                if got is None:
+                    break
+                end = min(end, got)
+            if task.changed or not task.all_children.is_set():
+                continue  # a fold or reshape arrived meanwhile: read the ranges again
             end -= (end - pos) % item
+            task.combined = end
+            # in slot order, so a slot computed again (repair) writes bit-identical sums
             args = (task.op, task.dtype, task.own.buffer[pos:end],
-                    [c.buffer[pos:end] for c in children], task.out.buffer[pos:end])
+                    [c.buffer[pos:end] for c in live]
+                    + [x.buffer[pos:end] for at, x in task.extras if at <= pos],
+                    task.out.buffer[pos:end])
             if end - pos >= THREAD_BLOCK:
                 await loop.run_in_executor(None, combine, *args)
             else:
                 combine(*args)
             task.out.advance(end)
             pos = end
+
+    @staticmethod
+    def _inputs_at(task: SlotTask, pos: int) -> tuple[list[StoredObject], int]:
+        """The children adding byte ``pos``, in slot order, and where the block from ``pos``
+        must end: at most a compute block, and never across a child's or input's range."""
+        end = min(task.out.size, pos + COMPUTE_BLOCK)
+        live = []
+        for key in sorted(task.children):
+            first, until = task.ranges[key]
+            if first <= pos < until:
+                live.append(task.children[key])
+                end = min(end, until)
+            elif pos < first:
+                end = min(end, first)
+        for at, _ in task.extras:
+            if pos < at:
+                end = min(end, at)
+        return live, end
+
+    @staticmethod
+    async def _wait(task: SlotTask, buf: StoredObject, threshold: int) -> int | None:
+        """``buf``'s watermark once it reaches ``threshold``; None if the task's shape
+        changed first (the combine loop then reads it again)."""
+        got = buf.watermark(threshold)
+        if not got.done():
+            task.wake = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait((got, task.wake), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                task.wake.cancel()
+                task.wake = None
+                if not got.done():
+                    got.cancel()
+                elif not got.cancelled():
+                    got.exception()  # read here if the loop itself is being cancelled
+        return None if got.cancelled() else got.result()
 
     def on_done(self, peer: str, msg: ReduceDone, payload: memoryview | None) -> None:
         """The reduce ended: stop its tasks here and free their buffers."""
@@ -256,6 +382,8 @@ class ReduceWorker:
             if t is not None:
                 t.cancel()
         store.unpin(task.own)
+        for _, extra in task.extras:
+            store.unpin(extra)
         for obj in [task.out, *task.children.values()]:
             store.unpin(obj)
             if obj.temporary and store.get(obj.oid) is obj:

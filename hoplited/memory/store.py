@@ -103,9 +103,19 @@ class StoredObject:
             raise self.error
         if self.received >= threshold:
             return self.received
+        return await self.watermark(threshold)
+
+    def watermark(self, threshold: int) -> asyncio.Future[int]:
+        """A future of the watermark once at least ``threshold`` bytes are valid (done at once
+        if they are; failed with the copy's error), for waits raced against other events."""
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._waiters.append((threshold, fut))
-        return await fut
+        if self.error is not None:
+            fut.set_exception(self.error)
+        elif self.received >= threshold:
+            fut.set_result(self.received)
+        else:
+            self._waiters.append((threshold, fut))
+        return fut
 
     def fail(self, error: HopliteError) -> None:
         """This copy will never complete: wake every waiter with ``error``."""

@@ -303,19 +303,24 @@ class Fetcher:
         return obj
 
     async def pull_into(self, obj: StoredObject, source: str, remote: ObjectID, version: bytes,
-                        report: bool = False, stall: float | None = None) -> None:
+                        report: bool = False, stall: float | None = None,
+                        until: int | None = None) -> None:
         """Stream ``source``'s object ``remote`` (at ``version``) into ``obj`` from its
         watermark on; ``report`` tells the directory how far along we are. ``stall``: how long
         the source may send nothing (default: the configured cap; a reduce's pulls keep it,
-        since a partial sum legitimately waits for inputs that have not arrived yet)."""
+        since a partial sum legitimately waits for inputs that have not arrived yet).
+        ``until``: close the stream once the watermark reaches it (bytes past it may land)."""
+        if until is not None and obj.received >= until:
+            return
         self._store.pin(obj)  # its memory stays valid until the stream is closed
         try:
-            await self._pull_pinned(obj, source, remote, version, report, stall)
+            await self._pull_pinned(obj, source, remote, version, report, stall, until)
         finally:
             self._store.unpin(obj)
 
     async def _pull_pinned(self, obj: StoredObject, source: str, remote: ObjectID,
-                           version: bytes, report: bool, stall: float | None) -> None:
+                           version: bytes, report: bool, stall: float | None,
+                           until: int | None) -> None:
         member = self._membership.members.get(source)
         if member is None or not self._membership.is_trusted(source):
             raise PeerUnavailableError(f"source {source} is not a live member, or is silent",
@@ -332,7 +337,8 @@ class Fetcher:
         pulls = self._pulls.setdefault(source, set())
         pulls.add(protocol)
         start = obj.received
-        done: asyncio.Future[Frame[DataStream | Error]] = (
+        # the source's last frame, or None once ``until`` is reached
+        done: asyncio.Future[Frame[DataStream | Error] | None] = (
             asyncio.get_running_loop().create_future())
         last_report = 0.0
 
@@ -346,6 +352,8 @@ class Fetcher:
         def on_stream(got: int) -> None:
             nonlocal last_report
             obj.advance(start + got)
+            if until is not None and obj.received >= until and not done.done():
+                done.set_result(None)
             now = time.monotonic()
             if report and now - last_report >= PROGRESS_INTERVAL:
                 last_report = now
@@ -389,13 +397,13 @@ class Fetcher:
         if obj.received - start >= BANDWIDTH_SAMPLE_MIN:
             self._link_model.observe_bandwidth((obj.received - start)
                                                / max(time.monotonic() - began, 1e-6))
-        if isinstance(frame.msg, Error):
+        if frame is not None and isinstance(frame.msg, Error):
             raise PeerUnavailableError(f"source {source} refused: {frame.msg.message}",
                                        node=source)
 
     async def _watch(self, protocol: FrameProtocol, obj: StoredObject,
-                     done: asyncio.Future[Frame[DataStream | Error]],
-                     stall: float) -> Frame[DataStream | Error]:
+                     done: asyncio.Future[Frame[DataStream | Error] | None],
+                     stall: float) -> Frame[DataStream | Error] | None:
         """Wait for the stream to end; a silent source (no byte for ``stall`` s) fails."""
         seen = obj.received
         while True:

@@ -86,6 +86,34 @@ async def test_allreduce_survives_a_killed_input_holder_whose_input_is_put_again
     assert proxy.bytes_forwarded < value(VICTIM).nbytes, "node 3's output was never all sent"
 
 
+@pytest.mark.parametrize(("again_on", "into"), [(0, "the consumer"), (2, "the child")],
+                         ids=["into-the-consumer", "into-the-child"])
+async def test_a_lost_input_put_again_where_a_slot_runs_is_folded_into_it(
+        proxied: Cluster, again_on: int, into: str) -> None:
+    """Inputs ready in the order 0 (local: the root, on node 0), 1, 2, 3 make the chain
+    node 1 → node 2 → node 3 → root. Node 3 dies while its output streams; its input is put
+    again on a node that computes a slot already, and is added into that slot instead of
+    streamed on its own (docs/design.md §5, "Folding a lost input"): into the root, which had
+    not combined past the lost bytes, or into node 2's slot, which had combined everything
+    (the root then pulls the input itself for those bytes). Every getter gets the exact sum."""
+    cluster, proxy, clients = proxied
+    ids = [ObjectID.random() for _ in clients]
+    result = await clients[0].reduce(ids)
+    for i, c in enumerate(clients):
+        await c.put(value(i), object_id=ids[i])
+        await asyncio.sleep(0.3)  # ready in this order: the slots follow it
+    gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
+    await asyncio.sleep(0.7)
+    cluster.kill(VICTIM)
+    await put_again(clients[again_on], ids[VICTIM], value(VICTIM))
+    check(list(await asyncio.gather(*gets)), range(NODES))
+    assert proxy.bytes_forwarded < value(VICTIM).nbytes, "node 3's output was never all sent"
+    names = {n.node_id: i for i, n in enumerate(cluster.nodes[:VICTIM])}
+    folds = {names[n["node_id"]]: n["reduce_folds"]
+             for n in (await clients[0].status())["nodes"] if n["node_id"] in names}
+    assert folds == {0: int(again_on == 0), 1: 0, 2: int(again_on == 2)}, into
+
+
 async def test_root_slot_on_a_killed_node_is_placed_again(proxied: Cluster) -> None:
     """The coordinator holds no input, so the last input to be ready (node 3's) takes the
     root and node 0 pulls the root's output into the result; node 3 dies mid-stream and the

@@ -30,6 +30,9 @@ from hoplited.collectives.plan import (
     Connect,
     Event,
     Fail,
+    Fold,
+    Folded,
+    FoldFailed,
     InputFailed,
     InputReady,
     Instruction,
@@ -41,6 +44,8 @@ from hoplited.collectives.plan import (
     PullRoot,
     ReducePlan,
     Release,
+    Reshape,
+    Reshaped,
     RestartResult,
     ResultComplete,
     ResultFailed,
@@ -142,6 +147,27 @@ RUNNING_CHAIN: list[tuple[Event, list[Instruction]]] = [
     (ready(2, "n2"), [task(2, "n2", 2, out(2), 1)]),
     (started(1), [conn(1, "n1", 0, "n0", I[0], v(0))]),
     (started(2), [conn(2, "n2", 1, "n1", out(1), t(1)), PullRoot("n2", out(2), t(2))]),
+]
+
+# A chain of four (n0's leaf, n1, n2, root on n3), running.
+RUNNING_CHAIN4: list[tuple[Event, list[Instruction]]] = [
+    (ready(0, "n0"), [OPEN]),
+    (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+    (ready(2, "n2"), [task(2, "n2", 2, out(2), 1)]),
+    (ready(3, "n3"), [task(3, "n3", 3, out(3), 1)]),
+    (started(1), [conn(1, "n1", 0, "n0", I[0], v(0))]),
+    (started(2), [conn(2, "n2", 1, "n1", out(1), t(1))]),
+    (started(3), [conn(3, "n3", 2, "n2", out(2), t(2)), PullRoot("n3", out(3), t(3))]),
+]
+# Slot 2 of that chain lost at byte 802, its input back on n1 (slot 1, below it) and folded
+# there from byte 1200: its consumer takes slot 1's output and the input's bytes 800..1200.
+FOLDED_LATE: list[tuple[Event, list[Instruction]]] = [
+    *RUNNING_CHAIN4,
+    (ChildLost(3, 2, t(2), 802, True, BROKEN, t(3)), [WaitInput(I[2], ("n2",))]),
+    (ready(2, "n1"), [Fold(2, 1, "n1", t(1), I[2], v(2), 800)]),  # a whole element: 800
+    (Folded(2, 1, 1200), [Reshape(3, "n3", t(3), 2, 800, 2)]),
+    (Reshaped(2), [Connect(3, "n3", 1, "n1", out(1), t(1), 800),
+                   Connect(3, "n3", 6, "n1", I[2], v(2), 800, 1200)]),
 ]
 
 # The chain above with two backups (inputs 3 and 4), nothing connected yet.
@@ -471,6 +497,72 @@ CASES = [
         (ready(1, "n5"), [task(1, "n5", 1, out(1, 1), 1, gen=1, start=300)]),
         (started(1, gen=1), [conn(2, "n2", 1, "n5", out(1, 1), t(1) + b".1"),
                              conn(1, "n5", 0, "n6", I[0], v(0))]),
+    ]),
+    # --- folds: a lost input back where a slot runs is added into it (docs/design.md §5) ---
+    Case("input-back-on-the-consumers-node-is-folded-into-the-consumer", k=3, steps=[
+        *RUNNING_CHAIN,
+        (NodeDied("n1"), []),
+        (ChildLost(2, 1, t(1), 500, True, BROKEN, t(2)), [WaitInput(I[1], ("n1",))]),
+        (ready(1, "n2"), [Fold(1, 2, "n2", t(2), I[1], v(1), 500)]),
+        (Folded(1, 2, 500), [Reshape(2, "n2", t(2), 1, 500, 1)]),
+        (Folded(1, 2, 500), []),  # a duplicate
+        (Reshaped(1), [Connect(2, "n2", 0, "n0", I[0], v(0), 500)]),
+        (Reshaped(1), []),
+        (ChildLost(2, 0, v(0), 900, False, BROKEN, t(2)), [After(0.1, Retry(0, v(0)))]),
+        (Retry(0, v(0)), [conn(2, "n2", 0, "n0", I[0], v(0))]),  # slot 0 hangs on slot 2 now
+        DONE,
+        (Published(), [Release(("n2",))]),
+    ]),
+    Case("folded-late-the-input-below-the-fold-is-pulled-and-reconnected", k=4, steps=[
+        *FOLDED_LATE,
+        (ChildLost(3, 6, v(2), 1000, False, BROKEN, t(3)), [After(0.1, Retry(6, v(2)))]),
+        (Retry(6, v(2)), [Connect(3, "n3", 6, "n1", I[2], v(2), 800, 1200)]),
+        (ChildLost(3, 6, b"old", 1000, False, BROKEN, t(3)), []),  # stale
+        DONE,
+        (Published(), [Release(("n1", "n2", "n3"))]),  # n2 is dead in n3's view only
+    ]),
+    Case("the-node-a-fold-is-in-dies-everything-starts-again", k=4, steps=[
+        *FOLDED_LATE,
+        (NodeDied("n1"), [RestartResult(), WaitInput(I[1], ("n1", "n2")),
+                          WaitInput(I[2], ("n1", "n2")),
+                          task(3, "n3", 3, out(3, 1), 1, gen=1)]),
+        (ChildLost(3, 6, v(2), 1000, True, BROKEN, t(3)), []),  # the fold is gone
+        (ready(1, "n5"), [task(1, "n5", 1, out(1, 1), 1, gen=1)]),
+        (ready(2, "n5"), [task(2, "n5", 2, out(2, 2), 1, gen=2)]),  # no second fold
+        (started(1, gen=1), [conn(1, "n5", 0, "n0", I[0], v(0))]),
+        (started(3, gen=1), [PullRoot("n3", out(3, 1), t(3) + b".1")]),
+        (TaskStarted(2, 2, b"t2.2"), [conn(3, "n3", 2, "n5", out(2, 2), b"t2.2"),
+                                      conn(2, "n5", 1, "n5", out(1, 1), t(1) + b".1")]),
+    ]),
+    Case("a-fold-whose-target-is-gone-places-the-slot-as-usual", k=3, steps=[
+        *RUNNING_CHAIN,
+        (ChildLost(2, 1, t(1), 500, True, BROKEN, t(2)), [WaitInput(I[1], ("n1",))]),
+        (ready(1, "n2"), [Fold(1, 2, "n2", t(2), I[1], v(1), 500)]),
+        (FoldFailed(1, GONE), [task(1, "n2", 1, out(1, 1), 1, gen=1, start=500)]),
+        (Folded(1, 2, 500), []),  # too late
+    ]),
+    Case("a-child-of-the-lost-slot-dies-before-the-fold-takes-effect", k=3, steps=[
+        *RUNNING_CHAIN,
+        (ChildLost(2, 1, t(1), 500, True, BROKEN, t(2)), [WaitInput(I[1], ("n1",))]),
+        (ready(1, "n2"), [Fold(1, 2, "n2", t(2), I[1], v(1), 500)]),
+        (NodeDied("n0"), [RestartResult(), WaitInput(I[0], ("n0", "n1")),
+                          task(1, "n2", 1, out(1, 2), 1, gen=2),
+                          task(2, "n2", 2, out(2, 1), 1, gen=1)]),
+        (Folded(1, 2, 500), []),
+    ]),
+    Case("input-back-where-only-a-leaf-runs-is-placed-as-usual", k=3, steps=[
+        *RUNNING_CHAIN,
+        (ChildLost(2, 1, t(1), 500, True, BROKEN, t(2)), [WaitInput(I[1], ("n1",))]),
+        (ready(1, "n0"), [task(1, "n0", 1, out(1, 1), 1, gen=1, start=500)]),
+    ]),
+    Case("no-fold-with-backups", k=3, n=5, steps=[
+        *BACKUP_CHAIN,
+        (started(1), [conn(1, "n1", 0, "n0", I[0], v(0))]),
+        (started(2), [conn(2, "n2", 1, "n1", out(1), t(1)), PullRoot("n2", out(2), t(2))]),
+        (ChildLost(2, 1, t(1), 500, True, BROKEN, t(2)), [WaitInput(I[1], ("n1",)),
+                                                        WaitInput(I[3], ("n1",)),
+                                                        WaitInput(I[4], ("n1",))]),
+        (ready(1, "n2"), [task(1, "n2", 1, out(1, 1), 1, gen=1, start=500)]),
     ]),
     Case("dead-leaf-whose-consumer-had-every-byte-costs-nothing", k=3, steps=[
         *RUNNING_CHAIN,
