@@ -46,8 +46,11 @@ class _Node:
 def _build(count: int, depth: int) -> _Node | None:
     if count == 0:
         return None
-    if depth <= 0:
-        return _Node(_build(count - 1, 0), None)  # a chain, hanging on the left
+    if depth <= 0:  # a chain, hanging on the left; built in a loop: chains may be long
+        chain = None
+        for _ in range(count):
+            chain = _Node(chain, None)
+        return chain
     rest = count - 1
     left = (rest + 1) // 2
     return _Node(_build(left, depth - 1), _build(rest - left, depth - 1))

@@ -40,3 +40,9 @@ def test_depth_formula() -> None:
     assert tree_depth(8, 64 << 20, 125e6, 1e-4) == 0
     assert tree_depth(15, 1024, 125e6, 1e-4) == 4  # log2(16): a perfect tree
     assert tree_depth(2, 1024, 125e6, 1e-4) == 0
+
+
+def test_a_chain_of_thousands_of_slots_is_built() -> None:
+    """One chain is what large objects get; its length is the number of inputs, unbounded."""
+    shape = tree_shape(5000, 0)
+    assert shape.root == 4999 and shape.parent[0] == 1 and shape.children[4999] == [4998]

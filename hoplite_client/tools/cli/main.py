@@ -15,6 +15,7 @@ import hoplite_client
 from hoplite_client.net.endpoints import default_socket
 from hoplite_client.tools.cli.bench import bench
 from hoplite_client.tools.cli.options import tls_from, tls_options
+from hoplite_client.tools.cli.simulate import simulate
 from hoplite_client.tools.cli.soak import soak
 from hoplite_client.tools.cli.testbed import testbed
 from hoplite_client.tools.local_cluster import LocalCluster
@@ -130,6 +131,7 @@ def cluster(nodes: int, capacity: str, tls_cert: str | None, tls_key: str | None
 
 
 main.add_command(bench)
+main.add_command(simulate)
 main.add_command(soak)
 main.add_command(testbed)
 

@@ -1,0 +1,45 @@
+"""What the simulated drivers share: the clock, the links, the directory and the stores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hoplite_client.wire.frames import INLINE_MAX
+from hoplite_client.wire.ids import ObjectID
+from hoplited.sim.clock import Clock
+from hoplited.sim.network import Copy, Network
+from hoplited.sim.shard import Shard
+
+# Every simulated put has this version: nothing is put twice without failures.
+VERSION = b"sim-put"
+
+
+def node_name(i: int) -> str:
+    """The id of simulated node ``i``."""
+    return f"n{i}"
+
+
+@dataclass
+class Cluster:
+    """The simulated cluster: ``copies`` is every node's store, by (node, object id)."""
+
+    clock: Clock
+    net: Network
+    shard: Shard
+    copies: dict[tuple[str, ObjectID], Copy] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, rate: float, latency: float, segment: int, fanout: int) -> Cluster:
+        """Links of ``rate`` bytes/s and ``latency`` s per hop; the shard lives on node 0."""
+        clock = Clock()
+        return cls(clock, Network(clock, rate, latency, segment),
+                   Shard(clock, latency, fanout, node_name(0)))
+
+    def put(self, node: str, oid: ObjectID, size: int, dtype: str,
+            shape: tuple[int, ...]) -> None:
+        """``oid`` exists on ``node`` before the clock starts, published at its shard (with
+        its bytes if it is small, as a put does)."""
+        self.copies[(node, oid)] = copy = Copy(node, self.net.layout(size))
+        copy.fill(self.clock.now)
+        inline = bytes(size) if size <= INLINE_MAX else None
+        self.shard.state.publish(oid, node, size, dtype, list(shape), VERSION, inline)

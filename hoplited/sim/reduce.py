@@ -1,0 +1,173 @@
+"""A simulated reduce: the real ``ReducePlan`` and tree decide, simulated nodes carry out.
+
+The driver mirrors ``collectives/coordinator.py`` (waits for the inputs at the shard, tasks,
+edges, the result) and the tree nodes of ``collectives/worker.py``: a slot's task combines
+block i once every child's buffer holds it. Compute time is not modelled (numpy adds a block
+far faster than a link brings it); the message hops are. Instructions that only follow a
+failure (``WaitInput``, ``After``, ``RestartResult``) stop the simulation: failures are not
+modelled (docs/simulation.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections import deque
+from collections.abc import Callable
+
+from hoplite_client.wire.errors import HopliteError
+from hoplite_client.wire.frames import INLINE_MAX
+from hoplite_client.wire.ids import ObjectID
+from hoplited.collectives import plan as p
+from hoplited.collectives.tree import tree_depth
+from hoplited.directory.state import Entry
+from hoplited.sim.clock import Clock
+from hoplited.sim.cluster import Cluster
+from hoplited.sim.errors import SimulationError
+from hoplited.sim.network import Copy
+
+RESULT_VERSION = b"sim-result"  # the result is created once: no failures, no restart
+
+
+class Combine:
+    """A slot's task: block i of ``out`` is ready (whole) once block i is ready (whole) in
+    the buffer of each of its ``children``; a task without children has its output at once."""
+
+    def __init__(self, clock: Clock, out: Copy, children: int) -> None:
+        self.out, self.children = out, children
+        self.bufs: list[Copy] = []
+        if not children:  # the root of a one-input reduce, computed in place
+            out.fill(clock.now)
+
+    def attach(self, buf: Copy) -> None:
+        """A child's buffer (its ``ReduceChild`` arrived): combine as its blocks land."""
+        self.bufs.append(buf)
+        buf.follow(self._advance)
+        self._advance()
+
+    def _advance(self) -> None:
+        bufs, out = self.bufs, self.out
+        if len(bufs) < self.children:
+            return  # the worker computes only once every child is known
+        while len(out.ready) < min(len(b.ready) for b in bufs):
+            out.add_ready(max(b.ready[len(out.ready)] for b in bufs))
+        while len(out.full) < min(len(b.full) for b in bufs):
+            out.add_full(max(b.full[len(out.full)] for b in bufs))
+
+
+class ReduceRun:
+    """One reduce of ``inputs`` (already put) into ``result``, coordinated on node ``me``."""
+
+    def __init__(self, cluster: Cluster, me: str, result: ObjectID, inputs: list[ObjectID],
+                 op: str = "sum") -> None:
+        self.cluster, self.me, self.result = cluster, me, result
+        self.depth: int | None = None  # the tree depth the plan chose (0: one chain)
+        self.plan = p.ReducePlan(result, inputs, len(inputs), op, me, depth=self._depth)
+        self._inputs = list(dict.fromkeys(inputs))
+        self.tasks: dict[int, Combine] = {}  # by slot
+        self.published_at: float | None = None
+        self._cancelled: set[ObjectID] = set()
+        self._events: deque[p.Event] = deque()
+        self._draining = False
+        self._versions = itertools.count()
+
+    def _depth(self, n: int, size: int) -> int:
+        """The tree depth from the link model, which here knows the links exactly."""
+        net = self.cluster.net
+        self.depth = tree_depth(n, size, net.rate, net.latency)
+        return self.depth
+
+    @property
+    def error(self) -> HopliteError | None:
+        return self.plan.error
+
+    def start(self) -> None:
+        for oid in self._inputs:
+            self.cluster.shard.wait_object(oid, functools.partial(self._ready, oid))
+
+    def feed(self, event: p.Event) -> None:
+        """Hand ``event`` to the plan and carry out what it says (queued, never re-entered)."""
+        self._events.append(event)
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while self._events:
+                for ins in self.plan.handle(self._events.popleft()):
+                    self._execute(ins)
+        finally:
+            self._draining = False
+
+    def _ready(self, oid: ObjectID, entry: Entry) -> None:
+        if oid in self._cancelled:
+            return
+        holders = tuple(entry.complete_holders())
+        self.feed(p.InputReady(oid, holders, holders, entry.size, entry.dtype,
+                               tuple(entry.shape), entry.version))
+
+    def _hop(self, fn: Callable[[], object]) -> None:
+        self.cluster.clock.after(self.cluster.net.latency, fn)
+
+    def _execute(self, ins: p.Instruction) -> None:
+        c = self.cluster
+        if isinstance(ins, p.OpenResult):
+            self._open(ins)
+        elif isinstance(ins, p.StartTask):
+            self._hop(lambda: self._task(ins))
+        elif isinstance(ins, p.Connect):
+            self._hop(lambda: self._connect(ins))
+        elif isinstance(ins, p.PullRoot):
+            c.net.pull(c.copies[(ins.node, ins.output)], c.copies[(self.me, self.result)],
+                       lambda: None)
+        elif isinstance(ins, p.Publish):
+            m = self.plan.meta
+            assert m is not None
+            inline = bytes(m.size) if m.size <= INLINE_MAX else None  # small: with its bytes
+            c.shard.publish(self.result, self.me, m.size, m.dtype, list(m.shape),
+                            RESULT_VERSION, inline)
+            self._hop(lambda: self._hop(self._published))
+        elif isinstance(ins, p.CombineInline):
+            self._create(self.me, self.result, ins.size).fill(c.clock.now)
+            self.feed(p.ResultComplete())
+        elif isinstance(ins, p.CancelWaits):
+            self._cancelled.update(ins.oids)
+        elif isinstance(ins, p.Fail):  # the shard records it: gets of the result fail with it
+            c.shard.fail(self.result, ins.error)
+        elif not isinstance(ins, p.Release):  # nothing to release: no memory is modelled
+            raise SimulationError(f"{ins} only follows a failure, which is not modelled")
+
+    def _open(self, ins: p.OpenResult) -> None:
+        """Create the result here and announce it, so gets chain behind it at once."""
+        c = self.cluster
+        out = self._create(self.me, self.result, ins.size)
+        c.shard.publish(self.result, self.me, ins.size, ins.dtype, list(ins.shape),
+                        RESULT_VERSION, None, received=0, producing=True)
+        out.when_complete(lambda t: c.clock.at(t, lambda: self.feed(p.ResultComplete())))
+
+    def _task(self, ins: p.StartTask) -> None:
+        """``ReduceTask`` reached ``ins.node``: the slot's output exists (the result itself
+        for the root computed in place); the reply carries its version a hop later."""
+        c = self.cluster
+        out = c.copies[(self.me, self.result)] if ins.output == self.result else self._create(
+            ins.node, ins.output, c.copies[(ins.node, ins.input)].layout.size)
+        self.tasks[ins.slot] = Combine(c.clock, out, ins.children)
+        version = b"task-%d" % next(self._versions)
+        self._hop(lambda: self.feed(p.TaskStarted(ins.slot, ins.gen, version)))
+
+    def _connect(self, ins: p.Connect) -> None:
+        """``ReduceChild`` reached the parent: it pulls the child's output into a buffer."""
+        c = self.cluster
+        source = c.copies[(ins.child_node, ins.child_output)]
+        buf = Copy(ins.parent_node, source.layout)
+        self.tasks[ins.parent_slot].attach(buf)
+        c.net.pull(source, buf, lambda: None)
+
+    def _published(self) -> None:
+        """The shard's reply to ``Publish``."""
+        self.published_at = self.cluster.clock.now
+        self.feed(p.Published())
+
+    def _create(self, node: str, oid: ObjectID, size: int) -> Copy:
+        copy = Copy(node, self.cluster.net.layout(size))
+        self.cluster.copies[(node, oid)] = copy
+        return copy

@@ -1,0 +1,121 @@
+"""The collectives of ``hoplite bench``, simulated: who puts what, who gets what, how long.
+
+Each scenario sets up what its benchmark does (hoplite_client/tools/scenarios.py) and times
+it the same way: from the moment every input exists until the last participant holds its
+result. Broadcast: node 0 holds the object, every other node gets it. Reduce: every node
+holds an input, node 0 reduces (sum) and gets the result. Allreduce: the same, and every node
+gets the result, chaining behind it while it grows. Gather: every node holds an object, node
+0 gets them all, ``concurrency`` at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from hoplite_client.wire.ids import ObjectID
+from hoplited.cluster.link_model import DEFAULT_LATENCY
+from hoplited.config import DaemonConfig
+from hoplited.sim.cluster import Cluster, node_name
+from hoplited.sim.errors import SimulationError
+from hoplited.sim.fetch import Fetch
+from hoplited.sim.network import SEGMENT
+from hoplited.sim.reduce import ReduceRun
+
+OPS = ("broadcast", "reduce", "allreduce", "gather")
+# Objects are bytes: the reduce plan checks only that the dtype reduces, and compute is not
+# modelled, so the element type does not matter.
+DTYPE = "uint8"
+
+
+@dataclass
+class SimResult:
+    """One simulated run: its settings, its latency (None if it failed) and its cost."""
+
+    op: str
+    nodes: int
+    size: int
+    rate_bps: float
+    latency: float
+    segment: int
+    fanout: int
+    seconds: float | None
+    error: str | None
+    events: int
+    depth: int | None = None  # of the reduce tree (0: one chain)
+
+    @property
+    def s_over_rate(self) -> float:
+        """S/RATE in seconds: the time one link takes to carry the object once."""
+        return self.size * 8 / self.rate_bps
+
+    @property
+    def ratio(self) -> float | None:
+        """The latency as a multiple of S/RATE (docs/design.md §7)."""
+        return None if self.seconds is None else self.seconds / self.s_over_rate
+
+
+def object_id(name: str) -> ObjectID:
+    """A fixed id per name: a simulation draws nothing at random."""
+    return ObjectID(hashlib.blake2b(name.encode(), digest_size=20).digest())
+
+
+def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
+             latency: float = DEFAULT_LATENCY, segment: int = SEGMENT,
+             fanout: int = DaemonConfig.fanout, concurrency: int | None = None) -> SimResult:
+    """Run ``op`` on ``nodes`` nodes with objects of ``size`` bytes over links of ``rate_bps``
+    bit/s and ``latency`` s per hop; ``concurrency`` bounds a gather's gets (None: none)."""
+    if op not in OPS:
+        raise SimulationError(f"unknown collective {op!r}; one of {', '.join(OPS)}")
+    if nodes < 2 or size < 1 or fanout < 1 or (concurrency is not None and concurrency < 1):
+        raise SimulationError(f"{nodes} nodes, {size} bytes, fan-out {fanout}, concurrency "
+                              f"{concurrency}: need 2 nodes, 1 byte, 1 and 1 at least")
+    c = Cluster.build(rate_bps / 8, latency, segment, fanout)
+    run: ReduceRun | None = None
+    if op == "broadcast":
+        oid = object_id("broadcast")
+        c.put(node_name(0), oid, size, DTYPE, (size,))
+        wanted = [(node_name(i), oid) for i in range(1, nodes)]
+    else:
+        ids = [object_id(f"{op}-{i}") for i in range(nodes)]
+        for i, oid in enumerate(ids):
+            c.put(node_name(i), oid, size, DTYPE, (size,))
+        if op == "gather":
+            wanted = [(node_name(0), oid) for oid in ids]
+        else:
+            result = object_id(f"{op}-result")
+            run = ReduceRun(c, node_name(0), result, ids)
+            run.start()
+            getters = range(nodes) if op == "allreduce" else [0]
+            wanted = [(node_name(i), result) for i in getters]
+    gets = _start_gets(c, wanted, concurrency if op == "gather" else None)
+    c.clock.run()
+    failed = [str(g.error) for g in gets if g.error is not None]
+    if run is not None and run.error is not None:
+        failed.insert(0, f"the reduce failed: {run.error}")
+    done = [g.done_at for g in gets if g.done_at is not None]
+    if len(done) < len(wanted) and not failed:
+        failed.append(f"the simulation stopped with {len(wanted) - len(done)} gets "
+                      f"unfinished ({c.shard.waiting} waiting at the shard)")
+    return SimResult(op, nodes, size, rate_bps, latency, segment, fanout,
+                     None if failed else max(done), failed[0] if failed else None,
+                     c.clock.events, None if run is None else run.depth)
+
+
+def _start_gets(c: Cluster, wanted: list[tuple[str, ObjectID]],
+                limit: int | None) -> list[Fetch]:
+    """Start a get of each (node, id) in order, at most ``limit`` at a time (the next as one
+    ends, like ``Client.gather``); the list grows as they start."""
+    pending = list(reversed(wanted))
+    gets: list[Fetch] = []
+
+    def start_next(_: Fetch | None = None) -> None:
+        if pending:
+            node, oid = pending.pop()
+            fetch = Fetch(c, node, oid, start_next)
+            gets.append(fetch)
+            fetch.start()
+
+    for _ in range(len(wanted) if limit is None else min(limit, len(wanted))):
+        start_next()
+    return gets

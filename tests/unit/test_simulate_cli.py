@@ -1,0 +1,47 @@
+"""``hoplite simulate``: a sweep of node counts as a table or JSON records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from hoplite_client.tools.cli.main import main
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_sweep_prints_one_json_record_per_node_count() -> None:
+    out = CliRunner().invoke(main, ["simulate", "allreduce", "--nodes", "2,8", "--size",
+                                    "8MiB", "--rate", "500Mbit", "--json"])
+    assert out.exit_code == 0, out.output
+    records = [json.loads(line) for line in out.output.splitlines()]
+    assert [r["nodes"] for r in records] == [2, 8]
+    for r in records:
+        assert r["s_over_rate"] == pytest.approx(8 * 2**20 * 8 / 500e6)
+        assert r["ratio"] == pytest.approx(r["seconds"] / r["s_over_rate"])
+        assert r["optimum"] == pytest.approx(2 * r["s_over_rate"])  # tools/scenarios.optimum
+        assert r["ratio_to_optimum"] == pytest.approx(r["ratio"] / 2)
+        assert (r["error"], r["depth"], r["fanout"], r["segment"]) == (None, 0, 1, 65536)
+
+
+def test_the_table_names_the_settings_and_each_run() -> None:
+    out = CliRunner().invoke(main, ["simulate", "broadcast", "--nodes", "4", "--size", "1MiB",
+                                    "--latency", "0.001"])
+    assert out.exit_code == 0, out.output
+    header, columns, row = out.output.splitlines()
+    assert header.startswith("broadcast of 1048576 bytes") and "1 ms per hop" in header
+    assert columns.split()[:3] == ["N", "simulated", "S/RATE"]
+    assert row.split()[0] == "4"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "8,x"], "not a node count"),
+    (["--nodes", "1"], "at least 2"),
+    (["--rate", "1MB"], "not a link rate"),
+    (["--size", "lots"], "not a size"),
+])
+def test_bad_options_are_usage_errors(args: list[str], message: str) -> None:
+    out = CliRunner().invoke(main, ["simulate", "broadcast", *args])
+    assert out.exit_code == 2 and message in out.output
