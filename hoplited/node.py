@@ -129,6 +129,8 @@ class Daemon:
             if suspected:
                 fetcher.source_died(node)  # pulls from it resume elsewhere now
                 reductions.node_suspected(node)
+            else:
+                reductions.node_trusted(node)
 
         membership.listeners.append(membership_changed)
         membership.suspicion_listeners.append(suspicion_changed)

@@ -61,6 +61,7 @@ class FailureRun:
     failure_free: list[float]
     outcomes: list[Outcome] = field(default_factory=list)
     backup: bool = False  # a backup input replaced the victim's, instead of it put again
+    folds: dict[int, int] = field(default_factory=dict)  # node -> lost inputs folded there
 
     @property
     def all_survived(self) -> bool:
@@ -132,6 +133,15 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
         return list(await asyncio.gather(*(one(i) for i in survivors)))
     finally:
         killer.cancel()
+
+
+async def folds_by_node(client: hoplite_client.Client, cluster: LocalCluster) -> dict[int, int]:
+    """How many lost reduce inputs each live node folded into a slot of its own so far
+    (docs/design.md §5): how the repair went, for the report."""
+    index = {node.node_id: i for i, node in enumerate(cluster.nodes)}
+    status = await client.status()
+    return {index[n["node_id"]]: n["reduce_folds"] for n in status["nodes"]
+            if n["node_id"] in index and n.get("reduce_folds")}
 
 
 Step = Callable[[int, hoplite_client.Client], Awaitable[bool]]

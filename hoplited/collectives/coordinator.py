@@ -142,6 +142,12 @@ class Reductions:
         for coordinator in list(self._running.values()):
             coordinator.feed(p.NodeSuspected(node))
 
+    def node_trusted(self, node: str) -> None:
+        """A suspected member answers again before any verdict: inputs lost with it may be
+        found on it again (docs/design.md §5, "Suspicion")."""
+        for coordinator in list(self._running.values()):
+            coordinator.feed(p.NodeTrusted(node))
+
     def on_slot_failed(self, peer: str, msg: ReduceFailed,
                        payload: memoryview | None) -> None:
         coordinator = self._running.get(msg.reduce_id)
@@ -188,6 +194,10 @@ class ReduceCoordinator:
             self._wait(oid, ())
 
     def _wait(self, oid: ObjectID, exclude: tuple[str, ...]) -> None:
+        """Wait for ``oid`` (again: the wait under way, with another exclude list, ends)."""
+        old = self._waits.get(oid)
+        if old is not None:
+            old.cancel()
         self._waits[oid] = self._spawn(self._wait_ready(oid, exclude),
                                        f"reduce-wait-{oid.short()}",
                                        functools.partial(p.InputFailed, oid))
@@ -208,7 +218,8 @@ class ReduceCoordinator:
     # --- events in ---
     def feed(self, event: p.Event) -> None:
         """Hand ``event`` to the plan and carry out what it says (queued: never re-entered)."""
-        if isinstance(event, p.ChildLost | p.NodeDied | p.NodeSuspected) and not self._ended:
+        if isinstance(event, p.ChildLost | p.NodeDied | p.NodeSuspected | p.NodeTrusted) and (
+                not self._ended):
             log.info("reduce %s: %s", self.result.short(), event)
         self._events.append(event)
         if self._draining:

@@ -155,6 +155,14 @@ class NodeSuspected:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeTrusted:
+    """``node`` answers again after a suspicion (no verdict came): an input lost with it may
+    come from it again, since nobody may put it elsewhere."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
 class Folded:
     """Lost slot ``slot``'s input now enters slot ``into``'s sums from byte ``at`` on."""
 
@@ -196,8 +204,8 @@ class Published:
 
 
 Event = (InputReady | InputFailed | TaskStarted | SlotFailed | ChildLost | Retry | NodeDied
-         | NodeSuspected | Folded | FoldFailed | Reshaped | ResultComplete | ResultFailed
-         | Published)
+         | NodeSuspected | NodeTrusted | Folded | FoldFailed | Reshaped | ResultComplete
+         | ResultFailed | Published)
 
 
 # --- instructions: what the driver does, in order ---
@@ -452,6 +460,8 @@ class ReducePlan:
             self.dead.add(event.node)
         if isinstance(event, NodeDied):
             self.declared.add(event.node)
+        if isinstance(event, NodeTrusted) and event.node not in self.declared:
+            self.dead.discard(event.node)
         if self.error is None and not self.published:
             out = self._handle(event)
         self.history.append((event, tuple(out)))
@@ -479,6 +489,8 @@ class ReducePlan:
             return self._retry(ev)
         if isinstance(ev, NodeDied | NodeSuspected):
             return self._node_died(ev.node)
+        if isinstance(ev, NodeTrusted):  # every lost input is waited for anew, it included
+            return [WaitInput(oid, tuple(sorted(self.dead))) for oid in self._wanted]
         if isinstance(ev, Folded):
             return self._folded(ev)
         if isinstance(ev, FoldFailed):

@@ -348,6 +348,8 @@ class ReduceWorker:
     async def _wait(task: SlotTask, buf: StoredObject, threshold: int) -> int | None:
         """``buf``'s watermark once it reaches ``threshold``; None if the task's shape
         changed first (the combine loop then reads it again)."""
+        if task.changed:
+            return None
         got = buf.watermark(threshold)
         if not got.done():
             task.wake = asyncio.get_running_loop().create_future()

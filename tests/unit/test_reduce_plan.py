@@ -38,6 +38,7 @@ from hoplited.collectives.plan import (
     Instruction,
     NodeDied,
     NodeSuspected,
+    NodeTrusted,
     OpenResult,
     Publish,
     Published,
@@ -426,6 +427,16 @@ CASES = [
                              conn(1, "n5", 0, "n0", I[0], v(0))]),
         DONE,
         (Published(), [Release(("n1", "n2", "n5"))]),  # n1 may be back: it frees its buffers
+    ]),
+    Case("a-suspected-node-that-answers-again-may-hold-its-input-again", k=3, steps=[
+        *RUNNING_CHAIN,
+        (NodeSuspected("n1"), []),
+        (ChildLost(2, 1, t(1), 500, False, BROKEN, t(2)), [WaitInput(I[1], ("n1",))]),
+        (NodeTrusted("n1"), [WaitInput(I[1], ())]),  # nobody puts it elsewhere: n1 will do
+        (ready(1, "n1"), [task(1, "n1", 1, out(1, 1), 1, gen=1, start=500)]),
+        (NodeTrusted("n2"), []),
+        DONE,
+        (Published(), [Release(("n1", "n2"))]),
     ]),
     Case("suspected-before-connected-is-redone-from-0-then-dies", k=3, steps=[
         (ready(0, "n0"), [OPEN]),

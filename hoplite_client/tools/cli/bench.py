@@ -17,7 +17,13 @@ import click
 import uvloop
 
 from hoplite_client.tools.cli.options import tls_from, tls_options
-from hoplite_client.tools.failures import SIGNALS, FailureRun, check_victim, run_with_failure
+from hoplite_client.tools.failures import (
+    SIGNALS,
+    FailureRun,
+    check_victim,
+    folds_by_node,
+    run_with_failure,
+)
 from hoplite_client.tools.scenarios import (
     SCENARIOS,
     BenchContext,
@@ -109,6 +115,8 @@ def _print_failure(run: FailureRun) -> None:
         at = "" if o.seconds is None else f" at {o.seconds * 1e3:.1f} ms"
         what = f"ok{at}" if o.error is None else f"FAILED{at}: {o.error}"
         click.echo(f"  node {o.node}: {what}")
+    for node, folds in sorted(run.folds.items()):
+        click.echo(f"  repair: node {node} added {folds} lost input(s) into its own slot")
     if run.last is None:
         last = run.last_error
         click.echo(f"failure-free {free * 1e3:.1f} ms; with the failure: not every survivor "
@@ -178,6 +186,7 @@ def _make_command(op: str) -> click.Command:
                                                 backup=backup)
                     result.failure.outcomes = await run_with_failure(
                         op, ctx, cluster, kill_node, kill_after, sig, backup)
+                    result.failure.folds = await folds_by_node(clients[0], cluster)
                 return result
 
         try:
