@@ -557,7 +557,7 @@ class EvictAnswer(Reply):
     reason: str
 
 
-# --- 66-68: a lost input folded into another slot (docs/design.md §5) ---
+# --- 66-69: a lost input folded into another slot (docs/design.md §5) ---
 @message(66, shape="request", roles=(PEER,))
 class ReduceFold(Request["Folded"]):
     """Slot ``slot`` (output ``version``) adds ``input`` (at ``input_version``, held here) to
@@ -581,9 +581,10 @@ class Folded(Reply):
 
 
 @message(68, shape="request", roles=(PEER,))
-class ReduceReshape(Request["Ok"]):
-    """Slot ``slot`` (output ``version``) takes child ``child``'s bytes below ``until`` only,
-    and ``more`` new children (each connected by ``ReduceChild``) from ``until`` on."""
+class ReduceReshape(Request["ReshapeDone"]):
+    """Slot ``slot`` (output ``version``) takes child ``child``'s bytes below ``until`` only
+    (-1: below the first byte it has not combined yet), and ``more`` new children (each
+    connected by ``ReduceChild``) from there on."""
 
     rid: int = 0
     reduce_id: ObjectID
@@ -592,6 +593,14 @@ class ReduceReshape(Request["Ok"]):
     child: int
     until: int
     more: int
+
+
+@message(69, shape="reply")
+class ReshapeDone(Reply):
+    """The byte the child's bytes now end at."""
+
+    rid: int = 0
+    until: int
 
 
 _resolve_replies(globals())

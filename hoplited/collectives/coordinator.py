@@ -395,10 +395,10 @@ class ReduceCoordinator:
         self.feed(p.Folded(ins.slot, ins.into, frame.msg.at))
 
     async def _reshape(self, ins: p.Reshape) -> None:
-        await self.d.rpc.call_node(ins.parent_node, ReduceReshape(
+        frame = await self.d.rpc.call_node(ins.parent_node, ReduceReshape(
             reduce_id=self.result, slot=ins.parent, version=ins.version, child=ins.child,
             until=ins.until, more=ins.more))
-        self.feed(p.Reshaped(ins.child))
+        self.feed(p.Reshaped(ins.child, frame.msg.until))
 
     async def _publish(self, out: StoredObject) -> None:
         await self.d.directory.publish(out)

@@ -181,9 +181,11 @@ class FoldFailed:
 
 @dataclass(frozen=True, slots=True)
 class Reshaped:
-    """The consumer of lost slot ``slot`` took the fold's new shape."""
+    """The consumer of child ``slot`` took its new shape: that child's bytes end at
+    ``until`` (chosen by the consumer when the plan asked for "where you are")."""
 
     slot: int
+    until: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,8 +270,9 @@ class Fold:
 @dataclass(frozen=True, slots=True)
 class Reshape:
     """Tell ``parent_node`` (``ReduceReshape``) that its slot ``parent`` (output ``version``)
-    takes lost child ``child``'s bytes below ``until`` only, and ``more`` new children from
-    ``until`` on; report ``Reshaped``, or SlotFailed of the parent."""
+    takes child ``child``'s bytes below ``until`` only (-1: below the first byte it has not
+    combined yet), and ``more`` new children from there on; report ``Reshaped``, or
+    SlotFailed of the parent."""
 
     parent: int
     parent_node: str
@@ -400,6 +403,28 @@ class FoldState:
     at: int = -1
 
 
+@dataclass(slots=True)
+class Absorb:
+    """Lost slot ``slot``'s input is back on ``node``, where only leaf ``leaf`` runs: the
+    slot is placed there as usual, and takes the leaf's input (``leaf_input`` at
+    ``leaf_version``) into its sums from byte ``cut`` on, where the leaf's consumer stopped
+    adding it, so ``node``'s link carries one stream. ``version``: the new task's output's,
+    held back until the leaf's input is in (no child may feed it before)."""
+
+    slot: int
+    node: str
+    input: ObjectID
+    input_version: bytes
+    gen: int
+    start: int
+    leaf: int
+    leaf_input: ObjectID
+    leaf_version: bytes
+    consumer: int
+    cut: int = -1
+    version: bytes | None = None
+
+
 def redo_path(shape: TreeShape, slot: int) -> list[int]:
     """The slots whose partial sums are lost with ``slot``'s: it and its ancestors, to the root."""
     path = [slot]
@@ -446,6 +471,8 @@ class ReducePlan:
         self._may_fold = len(inputs) == k  # with backups, a lost slot may restart from 0
         self.folding: dict[int, FoldState] = {}  # lost slot -> its fold, not in effect yet
         self.folds: dict[int, FoldState] = {}  # lost slot -> its fold, in effect
+        self.absorbing: dict[int, Absorb] = {}  # lost slot -> a leaf it takes over, not yet
+        self.absorbed: dict[int, Absorb] = {}  # lost slot -> the leaf it took over
         self.history: deque[tuple[Event, tuple[Instruction, ...]]] = deque(maxlen=HISTORY_MAX)
 
     @property
@@ -479,6 +506,11 @@ class ReducePlan:
             if (slot is None or not slot.task or slot.version is not None
                     or slot.gen != ev.gen):
                 return []
+            absorb = self.absorbing.get(ev.slot)
+            if absorb is not None and absorb.cut >= 0:  # the leaf's input first, then edges
+                absorb.version = ev.version
+                return [Fold(ev.slot, ev.slot, slot.node, ev.version, absorb.leaf_input,
+                             absorb.leaf_version, absorb.cut)]
             slot.version = ev.version
             return self._links(ev.slot)
         if isinstance(ev, SlotFailed):
@@ -866,8 +898,11 @@ class ReducePlan:
         for slot in slots:
             redo = self.redo.pop(slot)
             into = self._fold_target(slot, node, redo.start) if len(slots) == 1 else None
+            leaf = self._absorb_target(node) if len(slots) == 1 and into is None else None
             if into is not None:
                 out += self._fold(slot, redo, into, node, ev)
+            elif leaf is not None:
+                out += self._absorb(slot, redo, leaf, node, ev)
             else:
                 out += self._put(slot, node, ev.oid, ev.version, redo.gen, redo.start)
         return out
@@ -913,8 +948,58 @@ class ReducePlan:
         self.folding[slot] = fold
         return [Fold(slot, into, node, target.version, ev.oid, ev.version, fold.start)]
 
+    def _absorb_target(self, node: str) -> int | None:
+        """The leaf on ``node`` whose input a lost slot placed there can take over, when no
+        slot there computes (None: no such leaf, or its consumer is not a live task)."""
+        shape = self.shape
+        if shape is None or not self._may_fold or self.folding or self.absorbing:
+            return None
+        taken = {a.leaf for a in self.absorbed.values()}
+        for leaf, placed in sorted(self.slots.items()):
+            parent = shape.parent[leaf]
+            if leaf in taken:
+                continue
+            consumer = None if parent is None else self.slots.get(parent)
+            if (placed.node == node and not placed.task and consumer is not None
+                    and consumer.task and consumer.version is not None
+                    and consumer.node not in self.dead):
+                return leaf
+        return None
+
+    def _absorb(self, slot: int, redo: Redo, leaf: int, node: str,
+                ev: InputReady) -> list[Instruction]:
+        """Ask the leaf's consumer to stop adding the leaf's input where it is (the lost slot
+        is placed once it answered)."""
+        shape = self.shape
+        placed = self.slots[leaf]
+        parent = None if shape is None else shape.parent[leaf]
+        consumer = None if parent is None else self.slots.get(parent)
+        assert parent is not None and consumer is not None and consumer.version is not None
+        self.absorbing[slot] = Absorb(slot, node, ev.oid, ev.version, redo.gen, redo.start,
+                                      leaf, placed.input, placed.version or b"", parent)
+        return [Reshape(parent, consumer.node, consumer.version, leaf, -1, 0)]
+
+    def _cut(self, absorb: Absorb, until: int) -> list[Instruction]:
+        """The leaf's consumer adds its input below ``until`` only: place the lost slot."""
+        absorb.cut = until
+        return self._put(absorb.slot, absorb.node, absorb.input, absorb.input_version,
+                         absorb.gen, absorb.start)
+
+    def _absorbed(self, ev: Folded) -> list[Instruction]:
+        """The leaf's input is in the placed slot's sums: its edges may carry bytes now."""
+        absorb = self.absorbing.get(ev.slot)
+        placed = self.slots.get(ev.slot)
+        if absorb is None or absorb.version is None or placed is None or placed.gen != absorb.gen:
+            return []
+        del self.absorbing[ev.slot]
+        self.absorbed[ev.slot] = absorb
+        placed.version = absorb.version
+        return self._links(ev.slot)
+
     def _folded(self, ev: Folded) -> list[Instruction]:
         """The input is in ``into``'s sums from ``ev.at``: reshape the consumer."""
+        if ev.slot in self.absorbing:
+            return self._absorbed(ev)
         fold = self.folding.get(ev.slot)
         consumer = None if fold is None else self.slots.get(fold.parent)
         if (self.complete or fold is None or fold.into != ev.into or fold.at >= 0
@@ -925,7 +1010,10 @@ class ReducePlan:
         return [Reshape(fold.parent, consumer.node, consumer.version, ev.slot, fold.start, more)]
 
     def _fold_failed(self, ev: FoldFailed) -> list[Instruction]:
-        """The slot to fold into is gone: the lost slot is placed as usual after all."""
+        """The slot to fold into is gone: the lost slot is placed as usual after all (a leaf's
+        consumer already stopped adding its input: everything starts again)."""
+        if ev.slot in self.absorbing and not self.complete:
+            return self._restart_all()
         fold = self.folding.pop(ev.slot, None)
         if self.complete or fold is None:
             return []
@@ -937,6 +1025,9 @@ class ReducePlan:
         """The consumer took the new shape: the lost slot's children hang on it from the fold
         on, and it pulls the input's bytes the fold came too late for."""
         shape = self.shape
+        cut = [a for a in self.absorbing.values() if a.leaf == ev.slot and a.cut < 0]
+        if cut and not self.complete:
+            return self._cut(cut[0], ev.until)
         fold = self.folding.get(ev.slot)
         if self.complete or shape is None or fold is None or fold.at < 0:
             return []
@@ -977,20 +1068,29 @@ class ReducePlan:
             slots = [fold.parent] + (fold.children if fold.slot in self.folding else [])
             nodes.add(fold.node)
             nodes.update(self.slots[s].node for s in slots if s in self.slots)
+        for absorb in [*self.absorbed.values(), *self.absorbing.values()]:
+            nodes.add(absorb.node)
+            if absorb.consumer in self.slots:
+                nodes.add(self.slots[absorb.consumer].node)
         return nodes
 
     def _fold_relies_on(self, slot: int) -> bool:
+        absorbs = [*self.absorbed.values(), *self.absorbing.values()]
         return any(slot in (f.into, f.parent) or (f.slot in self.folding and slot in f.children)
-                   for f in [*self.folds.values(), *self.folding.values()])
+                   for f in [*self.folds.values(), *self.folding.values()]) or any(
+            slot in (a.slot, a.leaf, a.consumer) for a in absorbs)
 
     def _restart_all(self) -> list[Instruction]:
         """A node a fold relied on is lost: the lost bytes are spread over the fold's slots,
         so the result starts again from byte 0 over the tree's first shape; every live slot's
         task starts again, lost inputs are waited for again (docs/design.md §5)."""
         assert self.meta is not None
-        folded = {**self.folds, **self.folding}
+        folded: dict[int, FoldState | Absorb] = {**self.folds, **self.folding}
+        folded.update((a.slot, a) for a in self.absorbing.values() if a.slot not in self.slots)
         self.folds.clear()
         self.folding.clear()
+        self.absorbing.clear()
+        self.absorbed.clear()
         self._may_fold = False
         self._broken.clear()
         self._reconnects.clear()
@@ -999,7 +1099,9 @@ class ReducePlan:
         placed, self.slots = self.slots, {}  # none is linked to before it is placed anew
         for slot in range(shape.size):
             fold, old = folded.get(slot), placed.get(slot)
-            if fold is not None:
+            if isinstance(fold, Absorb):
+                node, oid, version, gen = fold.node, fold.input, fold.input_version, fold.gen + 1
+            elif fold is not None:
                 node, oid, version, gen = fold.node, fold.input, fold.version, fold.gen + 1
             elif old is not None:  # a leaf's version is its input's; a task's is made anew
                 version = b"" if old.task else old.version or b""

@@ -42,6 +42,7 @@ from hoplite_client.wire.messages import (
     ReduceFold,
     ReduceReshape,
     ReduceTask,
+    ReshapeDone,
     TaskStarted,
     WireMessage,
 )
@@ -223,27 +224,31 @@ class ReduceWorker:
         self.folds += 1
         return Folded(at=at)
 
-    def on_reshape(self, peer: str, msg: ReduceReshape, payload: memoryview | None) -> Ok:
-        """A lost child's bytes end at ``until``; ``more`` children take over from there."""
+    def on_reshape(self, peer: str, msg: ReduceReshape,
+                   payload: memoryview | None) -> ReshapeDone:
+        """A child's bytes end at ``until`` (-1: at the first byte not combined yet); ``more``
+        children take over from there. The reply says where the child's bytes end."""
         task = self._task(msg.reduce_id, msg.slot, msg.version)
-        if (not 0 <= msg.until <= task.out.size or msg.until % task.dtype.itemsize
-                or not 0 <= msg.more <= MAX_NEW_CHILDREN):
+        if (not -1 <= msg.until <= task.out.size or msg.until % task.dtype.itemsize
+                and msg.until != -1 or not 0 <= msg.more <= MAX_NEW_CHILDREN):
             raise InvalidArgumentError(f"reshape at {msg.until} with {msg.more} children")
+        cut = task.combined if msg.until == -1 else msg.until
         if msg.child in task.children:
             first, until = task.ranges[msg.child]
-            task.ranges[msg.child] = (first, min(until, max(first, msg.until)))
+            cut = min(until, max(first, cut))
+            task.ranges[msg.child] = (first, cut)
             pull = task.pulls.pop(msg.child, None)
             if pull is not None:
                 pull.cancel()
-        elif msg.until > task.start:
+        elif cut > task.start:
             raise InvalidArgumentError(f"slot {msg.slot} has no bytes of child {msg.child} "
-                                       f"below {msg.until}")
+                                       f"below {cut}")
         else:
             task.cut.add(msg.child)
         task.expected += msg.more
         task.check_children()
         task.change()
-        return Ok()
+        return ReshapeDone(until=cut)
 
     def _task(self, reduce_id: ObjectID, slot: int, version: bytes | None = None) -> SlotTask:
         """The task of ``slot`` (whose output has ``version``, if given)."""

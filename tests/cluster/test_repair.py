@@ -86,8 +86,9 @@ async def test_allreduce_survives_a_killed_input_holder_whose_input_is_put_again
     assert proxy.bytes_forwarded < value(VICTIM).nbytes, "node 3's output was never all sent"
 
 
-@pytest.mark.parametrize(("again_on", "into"), [(0, "the consumer"), (2, "the child")],
-                         ids=["into-the-consumer", "into-the-child"])
+@pytest.mark.parametrize(("again_on", "into"), [
+    (0, "the consumer"), (2, "the child"), (1, "the lost slot, placed where the leaf runs")],
+    ids=["into-the-consumer", "into-the-child", "taking-the-leaf-over"])
 async def test_a_lost_input_put_again_where_a_slot_runs_is_folded_into_it(
         proxied: Cluster, again_on: int, into: str) -> None:
     """Inputs ready in the order 0 (local: the root, on node 0), 1, 2, 3 make the chain
@@ -95,7 +96,9 @@ async def test_a_lost_input_put_again_where_a_slot_runs_is_folded_into_it(
     again on a node that computes a slot already, and is added into that slot instead of
     streamed on its own (docs/design.md §5, "Folding a lost input"): into the root, which had
     not combined past the lost bytes, or into node 2's slot, which had combined everything
-    (the root then pulls the input itself for those bytes). Every getter gets the exact sum."""
+    (the root then pulls the input itself for those bytes). Put again on node 1, where only
+    the leaf runs, the lost slot is placed there and adds the leaf's input from where node 2
+    stopped adding it. Every getter gets the exact sum."""
     cluster, proxy, clients = proxied
     ids = [ObjectID.random() for _ in clients]
     result = await clients[0].reduce(ids)
@@ -111,7 +114,7 @@ async def test_a_lost_input_put_again_where_a_slot_runs_is_folded_into_it(
     names = {n.node_id: i for i, n in enumerate(cluster.nodes[:VICTIM])}
     folds = {names[n["node_id"]]: n["reduce_folds"]
              for n in (await clients[0].status())["nodes"] if n["node_id"] in names}
-    assert folds == {0: int(again_on == 0), 1: 0, 2: int(again_on == 2)}, into
+    assert folds == {i: int(again_on == i) for i in range(VICTIM)}, into
 
 
 async def test_root_slot_on_a_killed_node_is_placed_again(proxied: Cluster) -> None:

@@ -171,6 +171,19 @@ FOLDED_LATE: list[tuple[Event, list[Instruction]]] = [
                    Connect(3, "n3", 6, "n1", I[2], v(2), 800, 1200)]),
 ]
 
+# Slot 2 of that chain lost at 802, its input back on n0 where only leaf 0 runs: slot 1 stops
+# adding the leaf's input at 1600 and slot 2, placed on n0, adds it from there.
+ABSORBED: list[tuple[Event, list[Instruction]]] = [
+    *RUNNING_CHAIN4,
+    (ChildLost(3, 2, t(2), 802, True, BROKEN, t(3)), [WaitInput(I[2], ("n2",))]),
+    (ready(2, "n0"), [Reshape(1, "n1", t(1), 0, -1, 0)]),
+    (Reshaped(0, 1600), [task(2, "n0", 2, out(2, 1), 1, gen=1, start=802)]),
+    (started(2, gen=1), [Fold(2, 2, "n0", t(2) + b".1", I[0], v(0), 1600)]),  # edges wait
+    (Folded(2, 2, 1600), [conn(3, "n3", 2, "n0", out(2, 1), t(2) + b".1"),
+                          conn(2, "n0", 1, "n1", out(1), t(1))]),
+    (Folded(2, 2, 1600), []),
+]
+
 # The chain above with two backups (inputs 3 and 4), nothing connected yet.
 BACKUP_CHAIN: list[tuple[Event, list[Instruction]]] = [
     (ready(0, "n0"), [OPEN]),
@@ -561,10 +574,31 @@ CASES = [
                           task(2, "n2", 2, out(2, 1), 1, gen=1)]),
         (Folded(1, 2, 500), []),
     ]),
-    Case("input-back-where-only-a-leaf-runs-is-placed-as-usual", k=3, steps=[
+    Case("input-back-where-only-its-own-child-runs-is-placed-as-usual", k=3, steps=[
         *RUNNING_CHAIN,
         (ChildLost(2, 1, t(1), 500, True, BROKEN, t(2)), [WaitInput(I[1], ("n1",))]),
         (ready(1, "n0"), [task(1, "n0", 1, out(1, 1), 1, gen=1, start=500)]),
+    ]),
+    Case("input-back-where-a-leaf-runs-takes-the-leafs-input-over", k=4, steps=[
+        *ABSORBED,
+        DONE,
+        (Published(), [Release(("n1", "n2", "n3", "n0"))]),
+    ]),
+    Case("the-consumer-of-a-taken-over-leaf-dies-everything-starts-again", k=4, steps=[
+        *ABSORBED,
+        (NodeDied("n1"), [RestartResult(), WaitInput(I[1], ("n1", "n2")),
+                          task(2, "n0", 2, out(2, 2), 1, gen=2),
+                          task(3, "n3", 3, out(3, 1), 1, gen=1)]),
+    ]),
+    Case("a-leaf-taken-over-before-the-slot-starts-then-its-node-dies", k=4, steps=[
+        *RUNNING_CHAIN4,
+        (ChildLost(3, 2, t(2), 802, True, BROKEN, t(3)), [WaitInput(I[2], ("n2",))]),
+        (ready(2, "n0"), [Reshape(1, "n1", t(1), 0, -1, 0)]),
+        (NodeDied("n0"), [RestartResult(), WaitInput(I[0], ("n0", "n2")),
+                          task(1, "n1", 1, out(1, 1), 1, gen=1),
+                          WaitInput(I[2], ("n0", "n2")),
+                          task(3, "n3", 3, out(3, 1), 1, gen=1)]),
+        (Reshaped(0, 1600), []),  # too late
     ]),
     Case("no-fold-with-backups", k=3, n=5, steps=[
         *BACKUP_CHAIN,
