@@ -27,6 +27,14 @@ broke while its source still looks alive is reconnected after a backoff, a few t
 input that does not come back within the reduce's timeout fails the reduce, naming the dead
 node.
 
+Folds (docs/design.md §5, "Folding a lost input"). A lost input back on a node that computes
+another slot is added into that slot from the first byte it has not combined (``Fold``), and
+the lost slot's consumer takes the lost slot's children from the fold's element on
+(``Reshape``), plus the input's own bytes up to where the fold took effect; on a node where
+only a leaf runs, the lost slot is placed there and takes the leaf's input over from where
+the leaf's consumer stopped adding it. Either way that node's link carries one stream. A later
+loss that a fold relies on starts the result again from byte 0 (``_restart_all``).
+
 Backups. With ``k`` below the number of inputs, a repair also waits again for the inputs not
 used (their waits were cancelled once ``k`` were chosen); whichever comes first takes the lost
 slot: the same id (resumed as above) or a backup, and a backup already ready is used at once.
