@@ -582,9 +582,10 @@ class Folded(Reply):
 
 @message(68, shape="request", roles=(PEER,))
 class ReduceReshape(Request["ReshapeDone"]):
-    """Slot ``slot`` (output ``version``) takes child ``child``'s bytes below ``until`` only
-    (-1: below the first byte it has not combined yet), and ``more`` new children (each
-    connected by ``ReduceChild``) from there on."""
+    """Slot ``slot`` (output ``version``) takes child ``child``'s bytes below ``until`` only,
+    or below the first byte it has not combined yet if that is later (-1: there); ``more``
+    new children (each connected by ``ReduceChild``) take over from there, which must then be
+    ``until`` itself."""
 
     rid: int = 0
     reduce_id: ObjectID

@@ -190,7 +190,7 @@ class FoldFailed:
 @dataclass(frozen=True, slots=True)
 class Reshaped:
     """The consumer of child ``slot`` took its new shape: that child's bytes end at
-    ``until`` (chosen by the consumer when the plan asked for "where you are")."""
+    ``until`` (at least where the plan asked; later if the consumer had combined further)."""
 
     slot: int
     until: int = 0
@@ -278,9 +278,9 @@ class Fold:
 @dataclass(frozen=True, slots=True)
 class Reshape:
     """Tell ``parent_node`` (``ReduceReshape``) that its slot ``parent`` (output ``version``)
-    takes child ``child``'s bytes below ``until`` only (-1: below the first byte it has not
-    combined yet), and ``more`` new children from there on; report ``Reshaped``, or
-    SlotFailed of the parent."""
+    takes child ``child``'s bytes below ``until`` only, or below the first byte it has not
+    combined yet if that is later, and ``more`` new children from there on; report
+    ``Reshaped``, or SlotFailed of the parent."""
 
     parent: int
     parent_node: str
@@ -894,7 +894,8 @@ class ReducePlan:
     def _replace(self, ev: InputReady) -> list[Instruction]:
         """A lost input is back: fold it into a slot its node computes already, or place the
         slots waiting for it on a live holder."""
-        assert self.meta is not None
+        shape = self.shape
+        assert self.meta is not None and shape is not None
         alive = [n for n in ev.alive if n not in self.dead]
         if not alive and ev.size == self.meta.size:  # the shard's view of deaths lags ours
             return [WaitInput(ev.oid, tuple(sorted(self.dead)))]
@@ -906,7 +907,8 @@ class ReducePlan:
         for slot in slots:
             redo = self.redo.pop(slot)
             into = self._fold_target(slot, node, redo.start) if len(slots) == 1 else None
-            leaf = self._absorb_target(node) if len(slots) == 1 and into is None else None
+            leaf = (self._absorb_target(node) if len(slots) == 1 and into is None
+                    and shape.children[slot] else None)  # a leaf placed has no task to add to
             if into is not None:
                 out += self._fold(slot, redo, into, node, ev)
             elif leaf is not None:
@@ -985,7 +987,10 @@ class ReducePlan:
         assert parent is not None and consumer is not None and consumer.version is not None
         self.absorbing[slot] = Absorb(slot, node, ev.oid, ev.version, redo.gen, redo.start,
                                       leaf, placed.input, placed.version or b"", parent)
-        return [Reshape(parent, consumer.node, consumer.version, leaf, -1, 0)]
+        # not below the slot's start: the leaf may be on another branch, whose bytes below
+        # it the lost slot's consumer never had
+        start = self._aligned(redo.start)
+        return [Reshape(parent, consumer.node, consumer.version, leaf, start, 0)]
 
     def _cut(self, absorb: Absorb, until: int) -> list[Instruction]:
         """The leaf's consumer adds its input below ``until`` only: place the lost slot."""

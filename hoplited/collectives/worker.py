@@ -226,13 +226,17 @@ class ReduceWorker:
 
     def on_reshape(self, peer: str, msg: ReduceReshape,
                    payload: memoryview | None) -> ReshapeDone:
-        """A child's bytes end at ``until`` (-1: at the first byte not combined yet); ``more``
-        children take over from there. The reply says where the child's bytes end."""
+        """A child's bytes end at ``until``, or at the first byte not combined yet if that is
+        later (-1: there); ``more`` children take over from there. The reply says where the
+        child's bytes end."""
         task = self._task(msg.reduce_id, msg.slot, msg.version)
         if (not -1 <= msg.until <= task.out.size or msg.until % task.dtype.itemsize
                 and msg.until != -1 or not 0 <= msg.more <= MAX_NEW_CHILDREN):
             raise InvalidArgumentError(f"reshape at {msg.until} with {msg.more} children")
-        cut = task.combined if msg.until == -1 else msg.until
+        cut = max(msg.until, task.combined)  # never below what was combined with the child
+        if msg.more and cut != msg.until:
+            raise InvalidArgumentError(f"slot {msg.slot} combined up to {task.combined}, past "
+                                       f"{msg.until} where new children were to take over")
         if msg.child in task.children:
             first, until = task.ranges[msg.child]
             cut = min(until, max(first, cut))

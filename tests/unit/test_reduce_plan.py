@@ -176,7 +176,7 @@ FOLDED_LATE: list[tuple[Event, list[Instruction]]] = [
 ABSORBED: list[tuple[Event, list[Instruction]]] = [
     *RUNNING_CHAIN4,
     (ChildLost(3, 2, t(2), 802, True, BROKEN, t(3)), [WaitInput(I[2], ("n2",))]),
-    (ready(2, "n0"), [Reshape(1, "n1", t(1), 0, -1, 0)]),
+    (ready(2, "n0"), [Reshape(1, "n1", t(1), 0, 800, 0)]),
     (Reshaped(0, 1600), [task(2, "n0", 2, out(2, 1), 1, gen=1, start=802)]),
     (started(2, gen=1), [Fold(2, 2, "n0", t(2) + b".1", I[0], v(0), 1600)]),  # edges wait
     (Folded(2, 2, 1600), [conn(3, "n3", 2, "n0", out(2, 1), t(2) + b".1"),
@@ -584,6 +584,21 @@ CASES = [
         DONE,
         (Published(), [Release(("n1", "n2", "n3", "n0"))]),
     ]),
+    Case("a-lost-leaf-is-folded-into-its-consumer", k=4, steps=[
+        *RUNNING_CHAIN4,
+        (ChildLost(1, 0, v(0), 400, True, BROKEN, t(1)), [WaitInput(I[0], ("n0",))]),
+        (NodeDied("n0"), []),
+        (ready(0, "n1"), [Fold(0, 1, "n1", t(1), I[0], v(0), 400)]),  # no child to hang on 1
+    ]),
+    Case("a-lost-leaf-has-no-task-to-take-another-leaf-over", k=3, depth=1, steps=[
+        (ready(0, "n0"), [OPEN]),  # slot 0, a leaf
+        (ready(1, "n1"), []),  # slot 2, a leaf
+        (ready(2, "n2"), [task(1, "n2", 2, out(1), 2)]),  # the root
+        (started(1), [conn(1, "n2", 0, "n0", I[0], v(0)), conn(1, "n2", 2, "n1", I[1], v(1)),
+                      PullRoot("n2", out(1), t(1))]),
+        (ChildLost(1, 0, v(0), 400, True, BROKEN, t(1)), [WaitInput(I[0], ("n0",))]),
+        (ready(0, "n1"), [conn(1, "n2", 0, "n1", I[0], v(0))]),  # a leaf again, no cut
+    ]),
     Case("the-consumer-of-a-taken-over-leaf-dies-everything-starts-again", k=4, steps=[
         *ABSORBED,
         (NodeDied("n1"), [RestartResult(), WaitInput(I[1], ("n1", "n2")),
@@ -593,7 +608,7 @@ CASES = [
     Case("a-leaf-taken-over-before-the-slot-starts-then-its-node-dies", k=4, steps=[
         *RUNNING_CHAIN4,
         (ChildLost(3, 2, t(2), 802, True, BROKEN, t(3)), [WaitInput(I[2], ("n2",))]),
-        (ready(2, "n0"), [Reshape(1, "n1", t(1), 0, -1, 0)]),
+        (ready(2, "n0"), [Reshape(1, "n1", t(1), 0, 800, 0)]),
         (NodeDied("n0"), [RestartResult(), WaitInput(I[0], ("n0", "n2")),
                           task(1, "n1", 1, out(1, 1), 1, gen=1),
                           WaitInput(I[2], ("n0", "n2")),
