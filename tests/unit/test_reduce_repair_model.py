@@ -1,0 +1,353 @@
+"""ReducePlan's repairs against a model of the tree nodes: every byte holds every input once.
+
+The plan is driven by a small, synchronous model of what the daemons do with its instructions
+(hoplited/collectives/worker.py, coordinator.py): tasks combine element by element from their
+start, each child and folded input over its byte range; pulls copy a source's valid prefix a
+few bytes at a time and resume from their watermark; a fold adds an input from the first
+element not combined yet; a reshape cuts a child at the later of its bound and what was
+combined. Each element of every object is the multiset of inputs summed into it, so a lost,
+doubled or misplaced input shows. Random trees, random interleavings, one node killed at a
+random step, its input put again on a random live node (and a second node too): the result must be complete and
+exact every time (docs/design.md §5); with two nodes killed, folds give way to restarts.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+
+from hoplite_client.wire.errors import ObjectNotFoundError, PeerUnavailableError
+from hoplite_client.wire.ids import ObjectID
+from hoplited.collectives import plan as p
+
+pytestmark = pytest.mark.unit
+
+ITEM = 4  # float32
+ELEMENTS = 12
+SIZE = ELEMENTS * ITEM  # bytes the model moves per object
+ME = "me"
+R = ObjectID(b"\xee" * 20)
+BIG = 1 << 20  # the size the plan is told (a tree, not inline); the model moves SIZE bytes
+
+
+@dataclass
+class Obj:
+    """An object on a node: valid bytes from 0, and each element's inputs once complete."""
+
+    valid: int
+    data: list[Counter[ObjectID]]
+    version: bytes
+
+    def element(self, e: int) -> Counter[ObjectID]:
+        return self.data[e]
+
+
+@dataclass
+class Buf:
+    obj: Obj
+    first: int
+    until: int
+    source: tuple[str, ObjectID, bytes] | None = None  # node, object, version; None: stopped
+    stop: int = SIZE
+
+
+@dataclass
+class Task:
+    node: str
+    slot: int
+    gen: int
+    own: ObjectID
+    out: Obj
+    out_id: ObjectID
+    start: int
+    expected: int
+    combined: int
+    children: dict[int, Buf] = field(default_factory=dict)
+    cut: set[int] = field(default_factory=set)
+    extras: list[tuple[int, Obj]] = field(default_factory=list)
+
+
+class World:
+    """The cluster as the plan's driver would see it, one instruction or step at a time."""
+
+    def __init__(self, rng: random.Random, k: int, depth: int, local: bool) -> None:
+        self.rng = rng
+        self.versions = 0
+        self.inputs = [ObjectID(bytes([i + 1]) * 20) for i in range(k)]
+        self.nodes = [ME if (local and i == 0) else f"n{i}" for i in range(k)]
+        self.objects: dict[tuple[str, ObjectID], Obj] = {}
+        for oid, node in zip(self.inputs, self.nodes, strict=True):
+            self.put(node, oid)
+        self.dead: set[str] = set()
+        self.tasks: dict[tuple[str, int], Task] = {}
+        self.result: Obj | None = None
+        self.root_pull: Buf | None = None
+        self.waits: dict[ObjectID, tuple[str, ...]] = {}
+        self.events: list[p.Event] = []
+        self.plan = p.ReducePlan(R, list(self.inputs), k, "sum", ME,
+                                 depth=lambda n, size: depth)
+
+    def put(self, node: str, oid: ObjectID) -> None:
+        self.versions += 1
+        self.objects[(node, oid)] = Obj(SIZE, [Counter({oid: 1}) for _ in range(ELEMENTS)],
+                                        b"v%d" % self.versions)
+
+    def ready(self, oid: ObjectID) -> p.InputReady | None:
+        holders = tuple(n for (n, o) in self.objects if o == oid)
+        if not holders:
+            return None
+        version = self.objects[(holders[-1], oid)].version
+        return p.InputReady(oid, holders, tuple(n for n in holders if n not in self.dead),
+                            BIG, "<f4", (BIG // 4,), version)
+
+    # --- instructions ---
+    def execute(self, ins: p.Instruction) -> None:
+        if isinstance(ins, p.OpenResult):
+            self.result = self._new_result()
+        elif isinstance(ins, p.StartTask):
+            self._start(ins)
+        elif isinstance(ins, p.Connect):
+            self._connect(ins)
+        elif isinstance(ins, p.PullRoot):
+            assert self.result is not None
+            if self.root_pull is None or self.root_pull.obj is not self.result:
+                self.root_pull = Buf(self.result, 0, SIZE)
+            self.root_pull.source = (ins.node, ins.output, ins.version)
+        elif isinstance(ins, p.Fold):
+            self._fold(ins)
+        elif isinstance(ins, p.Reshape):
+            self._reshape(ins)
+        elif isinstance(ins, p.WaitInput):
+            self.waits[ins.oid] = ins.exclude
+        elif isinstance(ins, p.After):
+            self.events.append(ins.event)
+        elif isinstance(ins, p.CancelWaits):
+            for oid in ins.oids:
+                self.waits.pop(oid, None)
+        elif isinstance(ins, p.RestartResult):
+            self.result = self._new_result()
+            self.root_pull = None
+        elif isinstance(ins, p.Publish):
+            self.events.append(p.Published())
+        elif isinstance(ins, p.Fail):
+            raise AssertionError(f"the reduce failed: {ins.error}")
+        else:
+            assert isinstance(ins, p.Release | p.CombineInline), ins
+
+    def _new_result(self) -> Obj:
+        self.versions += 1
+        return Obj(0, [Counter() for _ in range(ELEMENTS)], b"r%d" % self.versions)
+
+    def _start(self, ins: p.StartTask) -> None:
+        if ins.node in self.dead:
+            self.events.append(p.SlotFailed(ins.slot, ins.gen, PeerUnavailableError("gone")))
+            return
+        start = ins.start - ins.start % ITEM
+        old = self.tasks.pop((ins.node, ins.slot), None)  # replaced: its output is dropped
+        if old is not None and old.out_id != R:
+            self.objects.pop((ins.node, old.out_id), None)
+        if ins.output == R:
+            assert self.result is not None
+            out = self.result
+            assert out.valid == ins.start, "the result holds other bytes than the task's start"
+        else:
+            self.versions += 1
+            out = Obj(start, [Counter() for _ in range(ELEMENTS)], b"t%d" % self.versions)
+            self.objects[(ins.node, ins.output)] = out
+        assert (ins.node, ins.input) in self.objects, "a task's input is not on its node"
+        self.tasks[(ins.node, ins.slot)] = Task(ins.node, ins.slot, ins.gen, ins.input, out,
+                                               ins.output, start, ins.children, start)
+        self.events.append(p.TaskStarted(ins.slot, ins.gen, out.version))
+
+    def _task(self, node: str, slot: int, version: bytes | None = None) -> Task | None:
+        task = None if node in self.dead else self.tasks.get((node, slot))
+        if task is None or (version is not None and task.out.version != version):
+            return None
+        return task
+
+    def _connect(self, ins: p.Connect) -> None:
+        task = self._task(ins.parent_node, ins.parent_slot)
+        if task is None:
+            self.events.append(p.SlotFailed(ins.parent_slot, None, PeerUnavailableError("x")))
+            return
+        buf = task.children.get(ins.child_slot)
+        if buf is None:
+            assert ins.child_slot not in task.cut
+            assert len(task.children) + len(task.cut) < task.expected, "a child too many"
+            first = max(task.start, ins.start)
+            buf = Buf(Obj(first, [Counter() for _ in range(ELEMENTS)], b""), first,
+                      ins.until or SIZE)
+            task.children[ins.child_slot] = buf
+        buf.source = (ins.child_node, ins.child_output, ins.child_version)
+        buf.stop = ins.until or SIZE
+
+    def _fold(self, ins: p.Fold) -> None:
+        task = self._task(ins.node, ins.into, ins.version)
+        extra = self.objects.get((ins.node, ins.input))
+        if task is None or extra is None or extra.version != ins.input_version:
+            self.events.append(p.FoldFailed(ins.slot, ObjectNotFoundError("no such task")))
+            return
+        assert ins.at % ITEM == 0
+        at = max(ins.at, task.combined)
+        task.extras.append((at, extra))
+        self.events.append(p.Folded(ins.slot, ins.into, at))
+
+    def _reshape(self, ins: p.Reshape) -> None:
+        task = self._task(ins.parent_node, ins.parent, ins.version)
+        if task is None:
+            self.events.append(p.SlotFailed(ins.parent, None, PeerUnavailableError("gone")))
+            return
+        cut = max(ins.until, task.combined)
+        assert not ins.more or cut == ins.until, "new children past what was combined"
+        buf = task.children.get(ins.child)
+        if buf is not None:
+            buf.until = min(buf.until, max(buf.first, cut))
+            buf.source = None
+        else:
+            assert cut <= task.start, "no bytes of a child below the cut"
+            task.cut.add(ins.child)
+        task.expected += ins.more
+        self.events.append(p.Reshaped(ins.child, cut))
+
+    # --- steps: the daemons' progress, in a random order ---
+    def step(self) -> bool:
+        """Advance one random pull or combine; False if nothing can move."""
+        moves: list[tuple[str, Task | None, int]] = [
+            ("pull", t, k) for t in self.tasks.values() if t.node not in self.dead
+            for k, b in t.children.items() if b.source is not None]
+        if self.root_pull is not None and self.root_pull.source is not None:
+            moves.append(("root", None, 0))
+        moves += [("combine", t, 0) for t in self.tasks.values()
+                  if t.node not in self.dead and t.combined < SIZE]
+        self.rng.shuffle(moves)
+        return any(self._move(kind, task, key) for kind, task, key in moves)
+
+    def _move(self, kind: str, task: Task | None, key: int) -> bool:
+        if kind == "combine":
+            assert task is not None
+            return self._combine(task)
+        buf = self.root_pull if task is None else task.children[key]
+        assert buf is not None and buf.source is not None
+        node, oid, version = buf.source
+        source = None if node in self.dead else self.objects.get((node, oid))
+        if source is None or source.version != version:
+            buf.source = None
+            if kind == "root":
+                self.events.append(p.ChildLost(None, self._root_slot(), version, buf.obj.valid,
+                                               node in self.dead, PeerUnavailableError("x")))
+            else:
+                assert task is not None
+                self.events.append(p.ChildLost(task.slot, key, version, buf.obj.valid,
+                                               node in self.dead, PeerUnavailableError("x"),
+                                               task.out.version))
+            return True
+        if source.valid <= buf.obj.valid:
+            return False
+        end = min(source.valid, buf.obj.valid + self.rng.randint(1, 2 * ITEM))
+        for e in range(buf.obj.valid // ITEM, end // ITEM):
+            buf.obj.data[e] = Counter(source.data[e])
+        buf.obj.valid = end
+        if kind == "root" and end == SIZE:
+            self.events.append(p.ResultComplete())
+        if end >= buf.stop:
+            buf.source = None
+        return True
+
+    def _root_slot(self) -> int:
+        assert self.plan.shape is not None
+        return self.plan.shape.root
+
+    def _combine(self, task: Task) -> bool:
+        if len(task.children) + len(task.cut) < task.expected:
+            return False
+        pos = task.combined
+        e = pos // ITEM
+        live = [b for k, b in sorted(task.children.items()) if b.first <= pos < b.until]
+        if any(b.obj.valid < pos + ITEM for b in live):
+            return False
+        own = self.objects.get((task.node, task.own))
+        assert own is not None, "a task's input vanished under it"
+        total = Counter(own.data[e])
+        for b in live:
+            total.update(b.obj.data[e])
+        for at, extra in task.extras:
+            if at <= pos:
+                total.update(extra.data[e])
+        task.out.data[e] = total
+        task.combined = pos + ITEM
+        task.out.valid = max(task.out.valid, pos + ITEM)
+        if task.out is self.result and task.out.valid == SIZE:
+            self.events.append(p.ResultComplete())
+        return True
+
+    # --- failures ---
+    def kill(self, node: str) -> None:
+        self.dead.add(node)
+        for key in [k for k in self.objects if k[0] == node]:
+            del self.objects[key]
+        self.events.append(p.NodeDied(node))
+
+    def check_waits(self) -> None:
+        for oid, exclude in list(self.waits.items()):
+            ev = self.ready(oid)
+            if ev is not None and any(n not in exclude for n in ev.alive):
+                del self.waits[oid]
+                self.events.append(ev)
+
+    def drain(self) -> None:
+        while self.events:
+            for ins in self.plan.handle(self.events.pop(0)):
+                self.execute(ins)
+
+
+def run(seed: int, deaths: int) -> tuple[World, str]:
+    """One reduce with ``deaths`` nodes killed at random steps, each one's input put again on
+    a random live node (or a new one) a random number of steps later."""
+    rng = random.Random(seed)
+    k = rng.randint(3, 7)
+    depth = rng.choice([0, 0, 1, 2])
+    world = World(rng, k, depth, local=rng.random() < 0.5)
+    order = list(range(k))
+    rng.shuffle(order)
+    for i in order:  # inputs become ready in a random order
+        ev = world.ready(world.inputs[i])
+        assert ev is not None
+        world.events.append(ev)
+        world.drain()
+    victims = rng.sample([n for n in world.nodes if n != ME], deaths)
+    kills = sorted(rng.randint(1, 6 * ELEMENTS) for _ in victims)
+    again: dict[int, list[ObjectID]] = {}
+    story = f"k={k} depth={depth} nodes={world.nodes} kills={list(zip(victims, kills))}"
+    steps = 0
+    while not world.plan.published:
+        steps += 1
+        assert steps < 20000, f"no progress: {story}"
+        for victim, at in zip(victims, kills, strict=True):
+            if steps == at and victim not in world.dead:
+                lost = [o for (n, o) in world.objects if n == victim and o in world.inputs]
+                world.kill(victim)
+                again.setdefault(steps + rng.randint(0, 3 * ELEMENTS), []).extend(lost)
+        for oid in again.pop(steps, []):
+            live = [n for n in world.nodes if n not in world.dead] + ["n9"]
+            world.put(rng.choice(live), oid)
+        world.check_waits()
+        world.drain()
+        if not world.step() and not world.events and not again:
+            world.check_waits()
+            assert world.events or world.plan.published, (
+                f"stuck: {story}; {list(world.plan.history)[-5:]}")
+        world.drain()
+    return world, story
+
+
+@pytest.mark.parametrize("deaths", [1, 2])
+@pytest.mark.parametrize("seed", range(300))
+def test_every_byte_of_the_result_holds_every_input_once(seed: int, deaths: int) -> None:
+    world, story = run(seed, deaths)
+    want = Counter(world.inputs)
+    assert world.result is not None and world.result.valid == SIZE, story
+    for e, got in enumerate(world.result.data):
+        assert got == want, f"element {e}: {dict(got)} != {dict(want)}; {story}"
