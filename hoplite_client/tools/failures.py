@@ -43,7 +43,8 @@ OPS = ("broadcast", "reduce", "allreduce", "gather")
 
 @dataclass
 class Outcome:
-    """One survivor: seconds until it held its checked result or got its error (``error``)."""
+    """One survivor: seconds until it held its result or got its error (``error``; a result
+    checked wrong afterwards: "wrong result")."""
 
     node: int
     seconds: float | None = None
@@ -119,20 +120,24 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
         if ids and not backup:  # the restarted task: the lost input again, elsewhere
             await put_again(helper, ids[victim], ctx.data(victim))
 
-    async def one(i: int) -> Outcome:
+    async def one(i: int) -> tuple[Outcome, Check | None]:
         try:
-            ok = await setup(i, clients[i])
+            check = await setup(i, clients[i])
         except HopliteError as exc:
-            return Outcome(i, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}")
-        if not ok:
-            return Outcome(i, time.perf_counter() - t0, "wrong result")
-        return Outcome(i, seconds=time.perf_counter() - t0)
+            return Outcome(i, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"), None
+        return Outcome(i, seconds=time.perf_counter() - t0), check
 
     killer = asyncio.ensure_future(kill())
     try:
-        return list(await asyncio.gather(*(one(i) for i in survivors)))
+        ended = await asyncio.gather(*(one(i) for i in survivors))
     finally:
         killer.cancel()
+    # checked once every survivor is done: a check takes a core for a moment, and done
+    # inside the run it would hold up the next survivor's clock
+    for outcome, check in ended:
+        if check is not None and not await check():
+            outcome.error = "wrong result"
+    return [outcome for outcome, _ in ended]
 
 
 async def folds_by_node(client: hoplite_client.Client, cluster: LocalCluster) -> dict[int, int]:
@@ -144,7 +149,9 @@ async def folds_by_node(client: hoplite_client.Client, cluster: LocalCluster) ->
             if n["node_id"] in index and n.get("reduce_folds")}
 
 
-Step = Callable[[int, hoplite_client.Client], Awaitable[bool]]
+# What a survivor does until it holds its result; it returns how to check that result.
+Check = Callable[[], Awaitable[bool]]
+Step = Callable[[int, hoplite_client.Client], Awaitable[Check]]
 
 
 async def put_again(client: hoplite_client.Client, oid: hoplite_client.ObjectID,
@@ -172,15 +179,22 @@ async def _prepare(op: str, ctx: BenchContext, backup_for: int | None
     if op == "broadcast":
         oid = await clients[0].put(ctx.data(0))
 
-        async def get_one(i: int, c: hoplite_client.Client) -> bool:
-            return same_bytes(await c.get(oid, timeout=FAILURE_TIMEOUT), ctx.data(0))
+        async def get_one(i: int, c: hoplite_client.Client) -> Check:
+            got = await c.get(oid, timeout=FAILURE_TIMEOUT)
+
+            async def check() -> bool:
+                return same_bytes(got, ctx.data(0))
+            return check
         return get_one, list(range(1, n)), []
     ids = [hoplite_client.ObjectID.random() for _ in clients]
     await put_all(ctx, ids)
     if op == "gather":
-        async def gather(i: int, c: hoplite_client.Client) -> bool:
+        async def gather(i: int, c: hoplite_client.Client) -> Check:
             arrays = await c.gather(ids, timeout=FAILURE_TIMEOUT)
-            return all(same_bytes(a, ctx.data(k)) for k, a in enumerate(arrays))
+
+            async def check() -> bool:
+                return all(same_bytes(a, ctx.data(k)) for k, a in enumerate(arrays))
+            return check
         return gather, [0], ids
     if backup_for is not None:
         ids.append(hoplite_client.ObjectID.random())
@@ -188,12 +202,15 @@ async def _prepare(op: str, ctx: BenchContext, backup_for: int | None
             ctx.expected_sum(used)  # made now (the backup's data too): the clock is not running
     result = await clients[0].reduce(ids, "sum", num_objects=n, timeout=FAILURE_TIMEOUT)
 
-    async def get_sum(i: int, c: hoplite_client.Client) -> bool:
+    async def get_sum(i: int, c: hoplite_client.Client) -> Check:
         got = await c.get(result, timeout=FAILURE_TIMEOUT)
-        if backup_for is None:
-            return reduced_ok(ctx, got)
-        # the backup is used only if the node died before the result was complete
-        used = await clients[0].reduced_inputs(result, timeout=FAILURE_TIMEOUT)
-        return reduced_ok(ctx, got, tuple(sorted(ids.index(oid) for oid in used)))
+
+        async def check() -> bool:
+            if backup_for is None:
+                return reduced_ok(ctx, got)
+            # the backup is used only if the node died before the result was complete
+            used = await clients[0].reduced_inputs(result, timeout=FAILURE_TIMEOUT)
+            return reduced_ok(ctx, got, tuple(sorted(ids.index(oid) for oid in used)))
+        return check
     return get_sum, (list(range(n)) if op == "allreduce" else [0]), ids
 
