@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -182,8 +181,7 @@ class ReduceCoordinator:
         self._waits: dict[ObjectID, asyncio.Task[None]] = {}
         self._root_pull: asyncio.Task[None] | None = None
         self._deadline: float | None = None
-        self._events: deque[p.Event] = deque()
-        self._draining = False
+        self._queue = p.EventQueue(plan, self._execute)
         self._ended = False
         self.deleted = False  # its result was deleted while it ran: nothing to record
 
@@ -221,16 +219,7 @@ class ReduceCoordinator:
         if isinstance(event, p.ChildLost | p.NodeDied | p.NodeSuspected | p.NodeTrusted) and (
                 not self._ended):
             log.info("reduce %s: %s", self.result.short(), event)
-        self._events.append(event)
-        if self._draining:
-            return
-        self._draining = True
-        try:
-            while self._events:
-                for instruction in self.plan.handle(self._events.popleft()):
-                    self._execute(instruction)
-        finally:
-            self._draining = False
+        self._queue.feed(event)
         if (self.plan.error is not None or self.plan.published) and not self._ended:
             self._end()
 

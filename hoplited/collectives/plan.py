@@ -1145,3 +1145,27 @@ class ReducePlan:
         dead in another node's view) may still hold pinned buffers of ours."""
         nodes = tuple(n for n in self.task_nodes if n not in self.declared)
         return [Release(nodes)] if nodes else []
+
+
+class EventQueue:
+    """Feeds a plan its events one at a time, in arrival order, and hands each instruction to
+    ``execute``: an outcome fed back while instructions run is queued, never handled inside
+    the event that caused it (the daemon's driver and the simulator's share this order)."""
+
+    def __init__(self, plan: ReducePlan, execute: Callable[[Instruction], None]) -> None:
+        self._plan = plan
+        self._execute = execute
+        self._events: deque[Event] = deque()
+        self._draining = False
+
+    def feed(self, event: Event) -> None:
+        self._events.append(event)
+        if self._draining:
+            return
+        self._draining = True
+        try:
+            while self._events:
+                for instruction in self._plan.handle(self._events.popleft()):
+                    self._execute(instruction)
+        finally:
+            self._draining = False

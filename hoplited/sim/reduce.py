@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections import deque
 from collections.abc import Callable
 
 from hoplite_client.wire.errors import HopliteError
@@ -67,8 +66,7 @@ class ReduceRun:
         self.tasks: dict[int, Combine] = {}  # by slot
         self.published_at: float | None = None
         self._cancelled: set[ObjectID] = set()
-        self._events: deque[p.Event] = deque()
-        self._draining = False
+        self._queue = p.EventQueue(self.plan, self._execute)
         self._versions = itertools.count()
 
     def _depth(self, n: int, size: int) -> int:
@@ -87,16 +85,7 @@ class ReduceRun:
 
     def feed(self, event: p.Event) -> None:
         """Hand ``event`` to the plan and carry out what it says (queued, never re-entered)."""
-        self._events.append(event)
-        if self._draining:
-            return
-        self._draining = True
-        try:
-            while self._events:
-                for ins in self.plan.handle(self._events.popleft()):
-                    self._execute(ins)
-        finally:
-            self._draining = False
+        self._queue.feed(event)
 
     def _ready(self, oid: ObjectID, entry: Entry) -> None:
         if oid in self._cancelled:
