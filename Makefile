@@ -46,15 +46,25 @@ bench-loopback: install
 
 # Every collective with node 3 of 8 SIGKILLed or SIGSTOPped 1 s in, on emulated 1 Gbit links
 # (root: network namespaces), its input put again; then reduce and allreduce whose lost input
-# a backup replaces. The table in docs/benchmarks.md "Failures".
+# a backup replaces; then the same signals where node 3's shard owns the id that matters; then
+# a broadcast whose original holder (node 0) dies once node 1 has a copy. The tables in
+# docs/benchmarks.md "Failures".
 FAILURE_RUNS := broadcast:KILL broadcast:STOP reduce:KILL allreduce:KILL gather:KILL reduce:STOP allreduce:STOP
 BACKUP_RUNS := reduce allreduce
-FAILURE_ARGS := --nodes 8 --size 256MiB --repeat 3 --emulate 1Gbit --capacity 2GiB --kill-node 3 --kill-after 1
+OWNER_RUNS := broadcast:STOP reduce:STOP allreduce:STOP reduce:KILL
+FAILURE_SIZE := --nodes 8 --size 256MiB --repeat 3 --emulate 1Gbit --capacity 2GiB --kill-after 1
+FAILURE_ARGS := $(FAILURE_SIZE) --kill-node 3
 bench-failures: install
 	@for run in $(FAILURE_RUNS); do \
 	  $(BIN)/hoplite bench $${run%%:*} $(FAILURE_ARGS) --signal $${run##*:} || exit 1; \
 	done
 	@for op in $(BACKUP_RUNS); do $(BIN)/hoplite bench $$op $(FAILURE_ARGS) --backup || exit 1; done
+	@for run in $(OWNER_RUNS); do \
+	  $(BIN)/hoplite bench $${run%%:*} $(FAILURE_ARGS) --victim-owns --signal $${run##*:} || exit 1; \
+	done
+	@for sig in KILL STOP; do \
+	  $(BIN)/hoplite bench broadcast $(FAILURE_SIZE) --kill-node 0 --victim-owns --signal $$sig || exit 1; \
+	done
 
 # Heavy, optional: OpenMPI from Debian, then torch (gloo), mpi4py, Ray, Dask and matplotlib.
 bench-deps: install

@@ -119,9 +119,14 @@ class Daemon:
                 reductions.node_died(node)
                 worker.node_died(node)
                 fetcher.source_died(node)
+
+        def owners_changed(previous: list[str]) -> None:
+            """Objects moved between shards (a death, a join, a suspicion raised or
+            cleared): hand over and re-announce (docs/design.md §5, "Ownership")."""
             moved = shard.membership_changed()
             if moved:
                 log.info("%d directory entries moved to other shards", moved)
+            rpc.owners_changed()
             directory.reannounce(previous)
             reductions.reannounce(previous)
 
@@ -134,6 +139,7 @@ class Daemon:
 
         membership.listeners.append(membership_changed)
         membership.suspicion_listeners.append(suspicion_changed)
+        membership.owner_listeners.append(owners_changed)
         rpc.listen(sock)
         listener.start()
         if cfg.metrics_port is not None:

@@ -5,7 +5,8 @@ Outbound (:class:`Rpc`): a request to this node itself takes the same handler pa
 from a peer (the peer :class:`~hoplited.dispatch.Dispatcher`, called directly); to another
 member it goes over our control link to it. ``call_owner`` follows ownership while membership
 moves: a shard that is not (or no longer) the owner, or a dead one, is retried at the new owner
-for as long as it takes to detect a death and move ownership.
+for as long as it takes to detect a death and move ownership, and a request pending at an
+owner that falls under suspicion is sent again to the member standing in for it.
 
 Inbound (:meth:`Rpc.listen`): every TCP connection starts with the authenticated handshake
 (inside TLS when the node has certificates: docs/security.md);
@@ -59,6 +60,10 @@ def owner_moved(exc: HopliteError) -> bool:
 DataServer = Callable[[FrameProtocol, str], Awaitable[None]]  # the connection, the peer
 
 
+def _retrieved(exc: BaseException) -> None:
+    """A request's failure reaches the ``call_owner`` that awaits it: nothing else to do."""
+
+
 class Rpc:
     """Requests and one-ways to members and owner shards; the accepting side of TCP."""
 
@@ -78,6 +83,7 @@ class Rpc:
         self._inbound: set[FrameProtocol] = set()
         self._listening: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
+        self._moved: asyncio.Future[None] | None = None  # done at the next move
 
     @property
     def retry_window(self) -> float:
@@ -112,7 +118,11 @@ class Rpc:
         while True:
             owner = self._membership.owner(oid)
             try:
-                return await self.call_node(owner, msg, payload, timeout)
+                frame = await self._call_while_owner(oid, owner, msg, payload, timeout)
+                if frame is None:
+                    log.info("%s moved from shard %s; asking again", oid.short(), owner)
+                    continue
+                return frame
             except HopliteError as exc:
                 if give_up is None:
                     give_up = loop.time() + self._retry_window
@@ -121,6 +131,39 @@ class Rpc:
                 log.info("owner %s of %s unreachable (%s); retrying", owner, oid.short(), exc)
                 await asyncio.sleep(min(RETRY_PAUSE_MAX, 0.02 * 2 ** attempt))
                 attempt += 1
+
+    async def _call_while_owner(self, oid: ObjectID, owner: str, msg: Request[R],
+                                payload: Any, timeout: float | None) -> Frame[R] | None:
+        """``owner``'s reply, or None once ``oid`` is owned elsewhere while it is pending (its
+        owner fell under suspicion: the request must not wait on a silent node). Our own
+        shard wakes its waiters itself when ownership moves."""
+        if owner == self.me:
+            return await self.call_node(owner, msg, payload, timeout)
+        # its own task, so that a move can abandon it without cancelling the caller; the
+        # caller retrieves its outcome (or cancels it), hence no error callback
+        request = self._tasks.spawn(self.call_node(owner, msg, payload, timeout),
+                                    name=f"ask-{type(msg).__name__}", on_error=_retrieved)
+        try:
+            while not request.done():
+                await asyncio.wait((request, self._next_move()),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if not request.done() and self._membership.owner(oid) != owner:
+                    return None
+            return request.result()
+        finally:
+            request.cancel()
+
+    def owners_changed(self) -> None:
+        """Objects moved between shards: pending requests re-check their object's owner."""
+        moved, self._moved = self._moved, None
+        if moved is not None and not moved.done():
+            moved.set_result(None)
+
+    def _next_move(self) -> asyncio.Future[None]:
+        """Done at the next move of objects between shards."""
+        if self._moved is None:
+            self._moved = asyncio.get_running_loop().create_future()
+        return self._moved
 
     def tell(self, node: str, msg: WireMessage, payload: Any = None) -> None:
         """One-way message to ``node`` (ourselves: handled on the next loop iteration)."""

@@ -14,6 +14,12 @@ reduce chose its N inputs (a straggler, ready by the time the node dies): the ba
 the lost slot and the result is checked against the sum it makes. The figure of merit is the
 last survivor's time over the failure-free median (docs/design.md §5, §8: at most 1.5 for
 SIGKILL).
+
+Broadcast also takes node 0, the object's original holder, as the victim: node 1 first gets a
+whole copy (untimed), then nodes 2.. receive while node 0 dies; the failure-free runs of that
+case are the same shape without the signal. ``--victim-owns`` picks the ids so that the
+victim's directory shard owns the one that matters (the broadcast object, the victim's input):
+the hardest placement, where the silent or dead node is also the id's owner.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import hoplite_client
 from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.tools.scenarios import BenchContext, put_all, reduced_ok, same_bytes
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError
+from hoplited.cluster.membership import rendezvous_owner
 
 # A survivor that has nothing after this long counts as hung: the run must end.
 FAILURE_TIMEOUT = 120.0
@@ -63,6 +70,7 @@ class FailureRun:
     outcomes: list[Outcome] = field(default_factory=list)
     backup: bool = False  # a backup input replaced the victim's, instead of it put again
     folds: dict[int, int] = field(default_factory=dict)  # node -> lost inputs folded there
+    victim_owns: bool = False  # the victim's shard owned the object's or its input's id
 
     @property
     def all_survived(self) -> bool:
@@ -90,23 +98,31 @@ class FailureRun:
 
 def check_victim(op: str, victim: int, nodes: int, backup: bool = False) -> None:
     """Refuse what this run cannot measure: an unknown op, a victim outside 1..nodes-1 (node
-    0 is the op's root: its death is the caller's own error, not a survivor's), a backup
-    input for an op that is not a reduce."""
+    0 is the op's root: its death is the caller's own error, not a survivor's; a broadcast's
+    node 0 is only its original holder, and may die once node 1 has a copy), a backup input
+    for an op that is not a reduce."""
     if op not in OPS:
         raise InvalidArgumentError(f"failure runs measure {', '.join(OPS)}, not {op}")
-    if not 1 <= victim < nodes:
-        raise InvalidArgumentError(f"--kill-node must be between 1 and {nodes - 1}")
+    lowest = 0 if op == "broadcast" else 1
+    if nodes < 3 or not lowest <= victim < nodes:
+        raise InvalidArgumentError(f"--kill-node must be between {lowest} and {nodes - 1} "
+                                   f"(of at least 3 nodes)")
     if backup and op not in ("reduce", "allreduce"):
         raise InvalidArgumentError(f"--backup is for reduce and allreduce, not {op}")
 
 
 async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, victim: int,
-                           kill_after: float, sig: str, backup: bool = False) -> list[Outcome]:
-    """Run ``op`` once, signalling node ``victim`` ``kill_after`` seconds in; survivors'
-    outcomes, in node order. ``backup``: a reduce's lost input is replaced by a backup."""
+                           kill_after: float, sig: str | None, backup: bool = False,
+                           victim_owns: bool = False) -> list[Outcome]:
+    """Run ``op`` once, signalling node ``victim`` ``kill_after`` seconds in (``sig`` None:
+    the same run without the signal); survivors' outcomes, in node order. ``backup``: a
+    reduce's lost input is replaced by a backup. ``victim_owns``: the victim's shard owns
+    the ids that matter."""
     clients = ctx.clients
     n = len(clients)
-    setup, participants, ids = await _prepare(op, ctx, victim if backup else None)
+    owner = cluster.nodes[victim].node_id if victim_owns else None
+    setup, participants, ids = await _prepare(op, ctx, victim if backup else None, victim,
+                                              owner, [node.node_id for node in cluster.nodes])
     survivors = [i for i in participants if i != victim]
     t0 = time.perf_counter()
 
@@ -115,6 +131,8 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     async def kill() -> None:
         if backup:  # a straggler's input: not chosen, ready before the node dies
             await helper.put(ctx.data(n), object_id=ids[n])
+        if sig is None:
+            return
         await asyncio.sleep(max(0.0, t0 + kill_after - time.perf_counter()))
         cluster.kill(victim, SIGNALS[sig])
         if ids and not backup:  # the restarted task: the lost input again, elsewhere
@@ -169,15 +187,29 @@ async def put_again(client: hoplite_client.Client, oid: hoplite_client.ObjectID,
             await asyncio.sleep(REPUT_POLL)
 
 
-async def _prepare(op: str, ctx: BenchContext, backup_for: int | None
+def owned_id(owner: str | None, nodes: list[str]) -> hoplite_client.ObjectID:
+    """A fresh id whose directory shard is ``owner`` among ``nodes`` (None: any)."""
+    oid = hoplite_client.ObjectID.random()
+    while owner is not None and rendezvous_owner(oid, nodes) != owner:
+        oid = hoplite_client.ObjectID.random()
+    return oid
+
+
+async def _prepare(op: str, ctx: BenchContext, backup_for: int | None, victim: int,
+                   owner: str | None, nodes: list[str]
                    ) -> tuple[Step, list[int], list[hoplite_client.ObjectID]]:
     """Put the op's inputs; returns what each participant does, who participates, and the
-    inputs a restarted task puts again (none for broadcast: its root is not a victim).
-    ``backup_for``: a reduce gets one more input, not put yet, to replace that node's."""
+    inputs a restarted task puts again (none for broadcast). ``backup_for``: a reduce gets
+    one more input, not put yet, to replace that node's. ``owner``: the shard of the
+    broadcast object, or of the victim's input."""
     clients = ctx.clients
     n = len(clients)
     if op == "broadcast":
-        oid = await clients[0].put(ctx.data(0))
+        oid = await clients[0].put(ctx.data(0), object_id=owned_id(owner, nodes))
+        receivers = list(range(1, n))
+        if victim == 0:  # the original holder dies after node 1 has a whole copy
+            await clients[1].get(oid, timeout=FAILURE_TIMEOUT)
+            receivers = receivers[1:]
 
         async def get_one(i: int, c: hoplite_client.Client) -> Check:
             got = await c.get(oid, timeout=FAILURE_TIMEOUT)
@@ -185,8 +217,8 @@ async def _prepare(op: str, ctx: BenchContext, backup_for: int | None
             async def check() -> bool:
                 return same_bytes(got, ctx.data(0))
             return check
-        return get_one, list(range(1, n)), []
-    ids = [hoplite_client.ObjectID.random() for _ in clients]
+        return get_one, receivers, []
+    ids = [owned_id(owner if i == victim else None, nodes) for i in range(n)]
     await put_all(ctx, ids)
     if op == "gather":
         async def gather(i: int, c: hoplite_client.Client) -> Check:

@@ -1,8 +1,11 @@
 """Cluster membership and object ownership by rendezvous hashing.
 
-The owner shard of an object is the live member with the highest hash of (object id, node id):
-every node computes the same owner from the same membership, and losing or adding one member
-moves only the entries that member owned or now owns.
+The owner shard of an object is the *trusted* member (alive, not suspected) with the highest
+hash of (object id, node id): every node computes the same owner from the same view, and
+losing or adding one member moves only the entries that member owned or now owns. A suspected
+member's objects are served meanwhile by the member that owns them once it is declared dead,
+so a verdict moves nothing more, and a member trusted again takes its objects back
+(docs/design.md §5, "Ownership").
 """
 
 from __future__ import annotations
@@ -37,7 +40,11 @@ class Membership:
         self.suspected: set[str] = set()
         self.listeners: list[Callable[[list[str]], None]] = []
         self.suspicion_listeners: list[Callable[[str, bool], None]] = []
+        # called with the previous owner set whenever it changes (a death, a join, a
+        # suspicion raised or cleared), after ``listeners``
+        self.owner_listeners: list[Callable[[list[str]], None]] = []
         self._alive = [me.node_id]
+        self._owners = [me.node_id]
 
     def alive_ids(self) -> list[str]:
         return self._alive
@@ -45,13 +52,18 @@ class Membership:
     def is_alive(self, node_id: str) -> bool:
         return node_id in self.members and node_id not in self.dead
 
+    def owner_ids(self) -> list[str]:
+        """The members that own objects now: the trusted ones, sorted (never empty: a node
+        never suspects itself)."""
+        return self._owners
+
     def is_trusted(self, node_id: str) -> bool:
         """Alive and not suspected: a node worth waiting on."""
         return self.is_alive(node_id) and node_id not in self.suspected
 
     def suspect(self, node_id: str, suspected: bool) -> None:
         """A live member fell silent (``suspected``) or answered again; listeners hear of a
-        change. Ownership does not move: only a verdict changes the live set."""
+        change, then its objects move (to a stand-in, or back to it)."""
         if node_id == self.me.node_id or not self.is_alive(node_id):
             return
         if suspected == (node_id in self.suspected):
@@ -64,9 +76,10 @@ class Membership:
             log.info("member %s answers again", node_id)
         for listener in self.suspicion_listeners:
             listener(node_id, suspected)
+        self._owners_changed()
 
     def owner(self, oid: ObjectID) -> str:
-        return rendezvous_owner(oid, self._alive)
+        return rendezvous_owner(oid, self._owners)
 
     def add(self, member: MemberInfo) -> bool:
         """Add (or revive) a member; returns True if the live set changed."""
@@ -95,3 +108,11 @@ class Membership:
         self._alive = sorted(n for n in self.members if n not in self.dead)
         for listener in self.listeners:
             listener(previous)
+        self._owners_changed()
+
+    def _owners_changed(self) -> None:
+        previous = self._owners
+        self._owners = [n for n in self._alive if n not in self.suspected]
+        if self._owners != previous:
+            for listener in self.owner_listeners:
+                listener(previous)

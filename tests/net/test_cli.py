@@ -87,6 +87,22 @@ async def test_bench_failure_run_reports_every_survivor(tmp_path) -> None:
     assert failure["kill_after"] == 0 and failure["signal"] == "KILL" and failure["victim"] == 2
 
 
+async def test_bench_failure_run_of_the_original_holder_owning_the_object(tmp_path) -> None:
+    """Broadcast, --kill-node 0 --victim-owns: node 1 copies the object first (in the
+    failure-free runs of this shape too), then node 0, its original holder and its owner
+    shard, is SIGKILLed at once; nodes 2 and 3 still get the checked object."""
+    out_json = tmp_path / "holder.json"
+    code, out, err = await run(*CLI, "bench", "broadcast", "--nodes", "4", "--size", "16MiB",
+                               "--repeat", "2", "--capacity", "256MiB", "--kill-node", "0",
+                               "--kill-after", "0", "--victim-owns", "--json", str(out_json))
+    assert code == 0, err
+    assert "node 0 is the original holder" in out and "shard owns the object" in out, out
+    failure = json.loads(out_json.read_text())["failure"]
+    assert [o["node"] for o in failure["outcomes"]] == [2, 3]
+    assert all(o["error"] is None for o in failure["outcomes"]), failure
+    assert len(failure["failure_free"]) == 2 and failure["victim_owns"] is True
+
+
 async def test_bench_failure_run_with_a_backup_input(tmp_path) -> None:
     """--backup: the allreduce has one input beyond the first N, put as the run starts; node 2
     is SIGKILLed and every survivor's result is checked against the inputs the reduce says
@@ -103,7 +119,7 @@ async def test_bench_failure_run_with_a_backup_input(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(("args", "says"), [
-    (["reduce", "--backup"], "--backup goes with --kill-node"),
+    (["reduce", "--backup"], "--backup and --victim-owns go with --kill-node"),
     (["broadcast", "--kill-node", "1", "--backup"], "--backup is for reduce and allreduce"),
 ], ids=["without-kill-node", "not-a-reduce"])
 async def test_bench_backup_misuse_is_a_usage_error(args: list[str], says: str) -> None:

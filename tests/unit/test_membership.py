@@ -196,13 +196,8 @@ SUSPICION = [
 ]
 
 
-@pytest.mark.parametrize(("ops", "suspected", "heard"), SUSPICION)
-def test_suspicion(ops: list[tuple[str, str]], suspected: set[str],
-                   heard: list[tuple[str, bool]]) -> None:
-    m = Membership(member(ME))
-    m.add(member("a"))
-    got: list[tuple[str, bool]] = []
-    m.suspicion_listeners.append(lambda node, s: got.append((node, s)))
+def apply(m: Membership, ops: list[tuple[str, str]]) -> None:
+    """Carry out ("suspect" | "trust" | "dead" | "add", node) operations in order."""
     for op, node in ops:
         if op == "dead":
             m.mark_dead(node)
@@ -210,7 +205,64 @@ def test_suspicion(ops: list[tuple[str, str]], suspected: set[str],
             m.add(member(node))
         else:
             m.suspect(node, op == "suspect")
+
+
+@pytest.mark.parametrize(("ops", "suspected", "heard"), SUSPICION)
+def test_suspicion(ops: list[tuple[str, str]], suspected: set[str],
+                   heard: list[tuple[str, bool]]) -> None:
+    m = Membership(member(ME))
+    m.add(member("a"))
+    got: list[tuple[str, bool]] = []
+    m.suspicion_listeners.append(lambda node, s: got.append((node, s)))
+    apply(m, ops)
     assert m.suspected == suspected
     assert got == heard
     assert m.is_trusted("a") == (m.is_alive("a") and "a" not in suspected)
-    assert m.owner(ObjectID.random()) in m.alive_ids()  # suspicion never moves ownership
+    assert m.owner(ObjectID.random()) in m.owner_ids()  # a trusted member
+
+
+# --- ownership follows trust: a suspected member's objects are served by a stand-in ---
+OWNER_MOVES = [
+    # (operations on a cluster of a, b (us), c; owner sets before each move heard; owners after)
+    ([("suspect", "a")], [["a", "b", "c"]], ["b", "c"]),
+    ([("suspect", "a"), ("trust", "a")], [["a", "b", "c"], ["b", "c"]], ["a", "b", "c"]),
+    # the verdict on a suspected member moves nothing more: its stand-ins own its objects
+    ([("suspect", "a"), ("dead", "a")], [["a", "b", "c"]], ["b", "c"]),
+    ([("dead", "a")], [["a", "b", "c"]], ["b", "c"]),
+    ([("suspect", "a"), ("dead", "a"), ("add", "a")], [["a", "b", "c"], ["b", "c"]],
+     ["a", "b", "c"]),
+    ([("suspect", "a"), ("suspect", "c")], [["a", "b", "c"], ["b", "c"]], ["b"]),
+    ([("suspect", ME)], [], ["a", "b", "c"]),
+]
+
+
+@pytest.mark.parametrize(("ops", "heard", "owners_after"), OWNER_MOVES)
+def test_owner_set_follows_trust(ops: list[tuple[str, str]], heard: list[list[str]],
+                                 owners_after: list[str]) -> None:
+    m = Membership(member(ME))
+    m.add(member("a"))
+    m.add(member("c"))
+    got: list[list[str]] = []
+    m.owner_listeners.append(got.append)
+    apply(m, ops)
+    assert got == heard
+    assert m.owner_ids() == owners_after
+
+
+def test_a_suspected_members_objects_go_where_its_death_would_send_them() -> None:
+    """Stand-ins are the owners a verdict would choose, so suspicion then death moves each
+    object once; trust restored gives every object back."""
+    m = Membership(member(ME))
+    for n in "acd":
+        m.add(member(n))
+    before = {oid: m.owner(oid) for oid in IDS}
+    m.suspect("a", True)
+    standing_in = {oid: m.owner(oid) for oid in IDS}
+    assert "a" not in standing_in.values()
+    assert all(standing_in[oid] == before[oid] for oid in IDS if before[oid] != "a")
+    assert standing_in == {oid: rendezvous_owner(oid, ["b", "c", "d"]) for oid in IDS}
+    m.suspect("a", False)
+    assert {oid: m.owner(oid) for oid in IDS} == before
+    m.suspect("a", True)
+    m.mark_dead("a")
+    assert {oid: m.owner(oid) for oid in IDS} == standing_in

@@ -24,9 +24,11 @@ from hoplite_client.tools.failures import (
     folds_by_node,
     run_with_failure,
 )
+from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.tools.scenarios import (
     SCENARIOS,
     BenchContext,
+    BenchError,
     Progress,
     bench_clients,
     optimum,
@@ -111,6 +113,12 @@ def _print_failure(run: FailureRun) -> None:
     then = "a backup input put" if run.backup else "its input put again"
     click.echo(f"failure run: SIG{run.signal} to node {run.victim} at {run.kill_after:.2f} s"
                f"{'' if run.op == 'broadcast' else f', {then}'}")
+    if run.op == "broadcast" and run.victim == 0:
+        click.echo("  node 0 is the original holder; node 1 got a whole copy before the clock, "
+                   "in the failure-free runs of this case too")
+    if run.victim_owns:
+        click.echo(f"  node {run.victim}'s directory shard owns "
+                   f"{'the object' if run.op == 'broadcast' else 'its input'}")
     for o in run.outcomes:
         at = "" if o.seconds is None else f" at {o.seconds * 1e3:.1f} ms"
         what = f"ok{at}" if o.error is None else f"FAILED{at}: {o.error}"
@@ -127,6 +135,16 @@ def _print_failure(run: FailureRun) -> None:
                    f"(last survivor): {run.ratio:.2f}x")
 
 
+async def _shaped_run(ctx: BenchContext, cluster: LocalCluster, i: int, repeat: int) -> float:
+    """One failure-free broadcast shaped like the original holder's failure run (node 1 holds
+    a copy first): the last receiver's time."""
+    ctx.progress.update(f"failure-free runs of that shape: {i + 1}/{repeat}")
+    outcomes = await run_with_failure("broadcast", ctx, cluster, 0, 0.0, None)
+    if not all(o.error is None and o.seconds is not None for o in outcomes):
+        raise BenchError(f"a failure-free run failed: {outcomes}")
+    return max(o.seconds for o in outcomes if o.seconds is not None)
+
+
 def _make_command(op: str) -> click.Command:
     """``hoplite bench OP``: run scenario ``op``, print the median, optionally write JSON."""
     @common_options
@@ -136,7 +154,8 @@ def _make_command(op: str) -> click.Command:
                        "last one).")
     @click.option("--kill-node", default=None, type=int, metavar="I",
                   help="After the failure-free runs, run once more and signal node I's daemon "
-                       "(1..N-1) mid-run; print both times, the ratio and every survivor.")
+                       "(1..N-1; broadcast: also 0, its original holder, once node 1 has a "
+                       "copy) mid-run; print both times, the ratio and every survivor.")
     @click.option("--kill-after", default=1.0, show_default=True, type=click.FloatRange(0),
                   help="Seconds into the failure run at which the signal is sent.")
     @click.option("--signal", "sig", default="KILL", show_default=True,
@@ -146,18 +165,21 @@ def _make_command(op: str) -> click.Command:
                   help="reduce, allreduce: the failure run's reduce has one backup input "
                        "beyond the first N, of another value, put right after the signal "
                        "(instead of the victim's input put again).")
+    @click.option("--victim-owns", is_flag=True,
+                  help="Pick the ids so that node I's directory shard owns the broadcast "
+                       "object, or node I's input: the hardest placement.")
     def command(nodes: int, size: str | None, repeat: int, warmup: int,
                 json_path: str | None, join: str | None, token_file: str | None,
                 capacity: str, emulate: str | None, tls_cert: str | None, tls_key: str | None,
                 tls_ca: str | None, arrival_interval: float, kill_node: int | None,
-                kill_after: float, sig: str, backup: bool) -> None:
+                kill_after: float, sig: str, backup: bool, victim_owns: bool) -> None:
         tls = tls_from(tls_cert, tls_key, tls_ca)
         nbytes = parse_size(size or ("1KB" if op == "roundtrip" else "64MiB"))
         if emulate is not None and join is not None:
             raise click.UsageError("--emulate starts its own cluster; it excludes --join")
         rate = parse_rate(emulate) if emulate is not None else None
-        if backup and kill_node is None:
-            raise click.UsageError("--backup goes with --kill-node")
+        if (backup or victim_owns) and kill_node is None:
+            raise click.UsageError("--backup and --victim-owns go with --kill-node")
         if kill_node is not None:
             if join is not None:
                 raise click.UsageError("--kill-node signals daemons it started; not with --join")
@@ -181,12 +203,16 @@ def _make_command(op: str) -> click.Command:
                                      "local" if join is None else join, rate, arrival_interval)
                 result.runs = await run_scenario(op, ctx, warmup, repeat)
                 if kill_node is not None and cluster is not None:
+                    free = result.runs
+                    if kill_node == 0:  # another shape: node 1 holds a copy before the clock
+                        free = [await _shaped_run(ctx, cluster, i, repeat) for i in range(repeat)]
                     progress.update(f"failure run: {sig} node {kill_node} at {kill_after}s...")
-                    result.failure = FailureRun(op, kill_node, sig, kill_after, result.runs,
-                                                backup=backup)
+                    result.failure = FailureRun(op, kill_node, sig, kill_after, free,
+                                                backup=backup, victim_owns=victim_owns)
                     result.failure.outcomes = await run_with_failure(
-                        op, ctx, cluster, kill_node, kill_after, sig, backup)
-                    result.failure.folds = await folds_by_node(clients[0], cluster)
+                        op, ctx, cluster, kill_node, kill_after, sig, backup, victim_owns)
+                    result.failure.folds = await folds_by_node(
+                        clients[1 if kill_node == 0 else 0], cluster)  # a survivor
                 return result
 
         try:
