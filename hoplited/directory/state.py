@@ -47,7 +47,7 @@ class Holder:
     """A node holding (part of) an object, as the shard last heard."""
 
     received: int
-    seq: int  # enrolment order; sources must have a smaller one (no cycles)
+    seq: int  # enrolment order: where a chain's sources are unknown, sources come first
     serving: int = 0  # transfers it is sending to others now
     source: str | None = None
 
@@ -351,11 +351,31 @@ class DirectoryState:
             if node == requester or node in exclude or not self.is_alive(node):
                 continue
             complete = h.received >= entry.size
-            if not complete and me is not None and h.seq > me.seq:
-                continue  # it may be downstream of the requester
+            if not complete and me is not None:
+                fed = self._fed_by(entry, node, requester)
+                if fed or (fed is None and h.seq > me.seq):
+                    continue  # it is (or, enrolled later, may be) downstream of the requester
             candidates.append((h.serving >= self.fanout, not complete, -h.received,
                                h.serving, h.seq, node))
         return min(candidates)[-1] if candidates else None
+
+    def _fed_by(self, entry: Entry, node: str, requester: str) -> bool | None:
+        """Whether ``node``'s bytes come through ``requester``, following each holder's
+        source: False once the chain reaches a complete copy or the object's producer, None
+        where it breaks off (a holder whose source is unknown: its pull ended, or the entry
+        was rebuilt from announcements after ownership moved)."""
+        seen: set[str] = set()
+        while node != requester:
+            h = entry.holders.get(node)
+            if h is None or node in seen:
+                return None
+            if h.received >= entry.size or node == entry.producer:
+                return False
+            if h.source is None:
+                return None
+            seen.add(node)
+            node = h.source
+        return True
 
     def _enrol(self, entry: Entry, requester: str, source: str, offset: int) -> None:
         me = entry.holders.get(requester)

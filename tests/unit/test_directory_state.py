@@ -194,6 +194,23 @@ CASES = [
         (locate("a", ["src"], 100), "b"),
         (holders(), {"src": full(0), "a": (100, 1, "b"), "b": full(1, "a")}),
     ]),
+    Case("an-orphaned-chain-reattaches-to-another-chains-idle-tail", [
+        # two chains: src -> a -> c and h1 -> b -> d; then src dies
+        (put("src"), WAKE), (put("h1"), WAKE),
+        (locate("a"), "src"), (locate("b"), "h1"), (locate("c"), "a"), (locate("d"), "b"),
+        (progress("a", 500), []), (progress("b", 500), []), (progress("c", 400), []),
+        (progress("d", 400), []), (forget("src"), []),
+        # d (enrolled after a, but fed by h1's chain) is idle; c is fed through a; h1 is busy
+        (locate("a", ["src"], 500), "d"),
+        (holders(), {"h1": full(1), "a": (500, 1, "d"), "b": (500, 1, "h1"),
+                     "c": (400, 0, "a"), "d": (400, 1, "b")}),
+    ]),
+    Case("where-a-chain-is-unknown-enrolment-order-decides", [
+        # rebuilt from announcements (ownership moved): nobody's source is known
+        (put("src"), WAKE), (put("a", received=100), WAKE), (put("b", received=50), WAKE),
+        (locate("a", ["src"], 100), NO_SOURCE),  # b, enrolled later, may be downstream of a
+        (locate("b", ["src"], 50), "a"),
+    ]),
     Case("exclude-list", [
         (put("src"), WAKE), (put("other"), WAKE),
         (locate("r", ["src"]), "other"),
