@@ -91,6 +91,7 @@ class Daemon:
         fetcher = Fetcher(self.identity, store, arena, directory, membership, link_model,
                           traffic, tasks, cfg.stall_timeout, links.refused,
                           patience=verdict_within, space=space)
+        sender = Sender(store, traffic)
         worker = ReduceWorker(store, arena, fetcher, rpc.tell, tasks, membership.is_alive)
         reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, directory, rpc,
                                                 fetcher, link_model, membership.is_alive,
@@ -111,7 +112,7 @@ class Daemon:
                     **worker.handlers(), **reductions.handlers()}
         rpc.serve(peer=Dispatcher(PEER, handlers, tasks, errors),
                   tool=Dispatcher(TOOL, handlers, tasks, errors),
-                  data=Sender(store, traffic).serve)
+                  data=sender.serve)
 
         def membership_changed(previous: list[str]) -> None:
             for node in set(previous) - set(membership.alive_ids()):
@@ -127,7 +128,7 @@ class Daemon:
             if moved:
                 log.info("%d directory entries moved to other shards", moved)
             rpc.owners_changed()
-            directory.reannounce(previous)
+            directory.reannounce(previous, fetcher.pulling_from, sender.sending)
             reductions.reannounce(previous)
 
         def suspicion_changed(node: str, suspected: bool) -> None:

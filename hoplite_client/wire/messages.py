@@ -126,7 +126,10 @@ class MemberInfo:
 class Holding:
     """One object a store holds, as re-announced to the object's directory shard.
     ``producing``: the sender is computing it (a reduce's result), so if the sender dies
-    before any copy is complete, the object will never exist."""
+    before any copy is complete, the object will never exist. ``source``: the member a
+    partial copy is being pulled from, and ``serving``: how many pulls the sender serves
+    from it now, so a shard rebuilt from announcements still knows each chain
+    (docs/design.md §3)."""
 
     oid: ObjectID
     size: int
@@ -135,6 +138,8 @@ class Holding:
     version: bytes
     received: int
     producing: bool
+    source: str | None
+    serving: int
 
 
 # --- 1-4: handshake on TCP connections (daemon to daemon, tools) ---

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.frames import INLINE_MAX, Frame
@@ -106,8 +107,11 @@ class DirectoryClient:
         """Whether the owner shard of ``oid`` is another than among the ``previous`` members."""
         return not previous or rendezvous_owner(oid, previous) != self._membership.owner(oid)
 
-    def reannounce(self, previous: list[str]) -> None:
-        """Tell each object's new owner shard what we hold (the directory is soft state)."""
+    def reannounce(self, previous: list[str], source_of: Callable[[ObjectID], str | None],
+                   serving: Callable[[ObjectID], int]) -> None:
+        """Tell each object's new owner shard what we hold (the directory is soft state),
+        where each partial copy is pulled from (``source_of``) and how many pulls each copy
+        serves (``serving``), so the shard knows the chains."""
         holdings: list[Holding] = []
         for obj in self._store.objects.values():
             if obj.error is not None or obj.temporary:
@@ -118,7 +122,7 @@ class DirectoryClient:
                 if obj.complete:
                     self._tasks.spawn(self.publish(obj), name="republish")
                 continue
-            holdings.append(_holding(obj))
+            holdings.append(_holding(obj, source_of(obj.oid), serving(obj.oid)))
         if holdings:
             self._tasks.spawn(self._announce(holdings), name="reannounce")
 
@@ -148,7 +152,8 @@ class DirectoryClient:
                 attempt += 1
 
 
-def _holding(obj: StoredObject) -> Holding:
+def _holding(obj: StoredObject, source: str | None = None, serving: int = 0) -> Holding:
     return Holding(oid=obj.oid, size=obj.size, dtype=obj.dtype, shape=obj.shape,
                    version=obj.version, received=obj.received,
-                   producing=obj.producing and not obj.complete)
+                   producing=obj.producing and not obj.complete,
+                   source=None if obj.complete else source, serving=serving)

@@ -103,7 +103,8 @@ class DirectoryService:
         for h in msg.holdings:
             if self._owner_of(h.oid) == self._me:
                 self.shard.publish(h.oid, peer, h.size, h.dtype, h.shape, h.version, None,
-                                   received=h.received, producing=h.producing)
+                                   received=h.received, producing=h.producing,
+                                   source=h.source, serving=h.serving)
             else:
                 refused += 1
         if refused:

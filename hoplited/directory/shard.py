@@ -118,11 +118,13 @@ class DirectoryShard:
 
     def publish(self, oid: ObjectID, holder: str, size: int, dtype: str, shape: list[int],
                 version: bytes, inline: bytes | None, received: int | None = None,
-                producing: bool = False) -> None:
+                producing: bool = False, source: str | None = None,
+                serving: int = 0) -> None:
         """Record that ``holder`` has ``received`` bytes (default: all) of the object
-        (``producing``: it computes the object, which dies with it until a copy is whole)."""
+        (``producing``: it computes the object, which dies with it until a copy is whole;
+        ``source``: where it pulls its partial copy from; ``serving``: pulls it serves)."""
         self._apply(self.state.publish(oid, holder, size, dtype, shape, version, inline,
-                                       received, producing))
+                                       received, producing, source, serving))
 
     def progress(self, oid: ObjectID, holder: str, received: int) -> None:
         """A receiver reports how far along it is."""

@@ -185,9 +185,14 @@ class DirectoryState:
     # --- mutators: each returns the instructions to carry out ---
     def publish(self, oid: ObjectID, holder: str, size: int, dtype: str, shape: list[int],
                 version: bytes, inline: bytes | None,
-                received: int | None = None, producing: bool = False) -> list[Instruction]:
+                received: int | None = None, producing: bool = False,
+                source: str | None = None, serving: int = 0) -> list[Instruction]:
         """Record that ``holder`` has ``received`` bytes (default: all) of the object;
-        ``producing``: the holder computes it, so it dies with the holder until complete."""
+        ``producing``: the holder computes it, so it dies with the holder until complete;
+        ``source`` and ``serving``: the member it pulls its partial copy from and how many
+        pulls it serves, as it announces after ownership moved (so the no-cycle rule can
+        follow its chain and a busy holder is not taken for an idle one, whichever of a
+        chain's members announces first)."""
         self.check_owner(oid)
         got = size if received is None else received
         event = f"publish by {holder} {got}/{size} bytes"
@@ -210,9 +215,16 @@ class DirectoryState:
             entry.producer = holder
         h = entry.holders.get(holder)
         if h is None:
-            entry.holders[holder] = Holder(received=got, seq=next(self._seq))
+            h = entry.holders[holder] = Holder(received=got, seq=next(self._seq))
         else:
             h.received = max(h.received, got)
+        h.serving = max(h.serving, serving, self._readers(entry, holder))
+        if (source is not None and h.source is None and source != holder
+                and h.received < entry.size):
+            h.source = source
+            if source in entry.holders:
+                src = entry.holders[source]
+                src.serving = max(src.serving, self._readers(entry, source))
         self._record(oid, event, outcome)
         return [Wake(oid)]
 
@@ -358,6 +370,11 @@ class DirectoryState:
             candidates.append((h.serving >= self.fanout, not complete, -h.received,
                                h.serving, h.seq, node))
         return min(candidates)[-1] if candidates else None
+
+    @staticmethod
+    def _readers(entry: Entry, node: str) -> int:
+        """How many holders the shard knows to pull from ``node``."""
+        return sum(other.source == node for other in entry.holders.values())
 
     def _fed_by(self, entry: Entry, node: str, requester: str) -> bool | None:
         """Whether ``node``'s bytes come through ``requester``, following each holder's

@@ -86,6 +86,11 @@ class Fetcher:
                         "size": plan.size})
         return out
 
+    def pulling_from(self, oid: ObjectID) -> str | None:
+        """The member ``oid`` is being pulled from now (None: no pull under way)."""
+        fetch = self._fetches.get(oid)
+        return None if fetch is None else fetch[1].source
+
     async def fetch(self, oid: ObjectID, timeout: float | None) -> StoredObject:
         """The complete local copy of ``oid``, pulling it from the cluster if needed; waits at
         most ``timeout`` (this caller's own, whoever else is fetching the same id). The copy is

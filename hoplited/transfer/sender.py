@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from typing import Any
 
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, ObjectNotFoundError
 from hoplite_client.wire.frames import Frame, encode_header
+from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import DataStream, Error, Pull
 from hoplited.memory.store import ObjectStore
 from hoplited.transfer.traffic import Traffic
@@ -32,6 +34,11 @@ class Sender:
     def __init__(self, store: ObjectStore, traffic: Traffic) -> None:
         self._store = store
         self._traffic = traffic
+        self._streams: Counter[ObjectID] = Counter()  # streams being sent, by object
+
+    def sending(self, oid: ObjectID) -> int:
+        """How many pulls of ``oid`` this node serves now."""
+        return self._streams[oid]
 
     async def serve(self, protocol: FrameProtocol, peer: str) -> None:
         """Answer ``peer``'s Pull requests on an accepted data connection until it closes."""
@@ -74,6 +81,7 @@ class Sender:
                                 message=f"offset {pull.offset} outside 0..{obj.size}", data={}))
             return
         store.pin(obj)
+        self._streams[obj.oid] += 1
         try:
             protocol.write_raw(memoryview(encode_header(
                 DataStream(rid=pull.rid, offset=pull.offset, size=obj.size),
@@ -89,3 +97,6 @@ class Sender:
             await protocol.flush()
         finally:
             store.unpin(obj)
+            self._streams[obj.oid] -= 1
+            if not self._streams[obj.oid]:
+                del self._streams[obj.oid]

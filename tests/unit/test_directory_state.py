@@ -56,9 +56,10 @@ Step = Callable[[World], object]
 
 # --- steps: each does one thing to the world and returns what a test compares ---
 def put(holder: str, version: bytes = b"v1", received: int | None = None,
-        inline: bytes | None = None, oid: ObjectID = OID, producing: bool = False) -> Step:
+        inline: bytes | None = None, oid: ObjectID = OID, producing: bool = False,
+        source: str | None = None, serving: int = 0) -> Step:
     return lambda w: w.state.publish(oid, holder, SIZE, "<f4", [SIZE // 4], version, inline,
-                                     received, producing)
+                                     received, producing, source, serving)
 
 
 def locate(requester: str, exclude: Sequence[str] = (), offset: int = 0,
@@ -210,6 +211,26 @@ CASES = [
         (put("src"), WAKE), (put("a", received=100), WAKE), (put("b", received=50), WAKE),
         (locate("a", ["src"], 100), NO_SOURCE),  # b, enrolled later, may be downstream of a
         (locate("b", ["src"], 50), "a"),
+    ]),
+    Case("a-shard-rebuilt-from-announcements-knows-the-chains", [
+        # ownership moved: holders announce what they pull from, in any order
+        (put("c", received=400, source="a"), WAKE), (put("src"), WAKE),
+        (put("a", received=500, source="src"), WAKE), (put("h1"), WAKE),
+        (put("d", received=400, source="b"), WAKE), (put("b", received=500, source="h1"), WAKE),
+        (holders(), {"src": full(1), "a": (500, 1, "src"), "c": (400, 0, "a"),
+                     "h1": full(1), "b": (500, 1, "h1"), "d": (400, 0, "b")}),
+        (forget("src"), []),
+        (locate("a", ["src"], 500), "d"),  # not c: its bytes come through a
+    ]),
+    Case("a-busy-holder-announced-before-its-reader-is-not-taken-for-idle", [
+        # b says it serves one pull; d, its reader, has not announced yet: the idle d
+        # (enrolled later, chain unknown) is not eligible, and b must not look idle
+        (put("h1"), WAKE), (put("b", received=500, source="h1", serving=1), WAKE),
+        (put("a", received=500), WAKE), (put("e", received=450, source="h1"), WAKE),
+        (locate("a", ["src"], 500), "e"),  # idle, fed by h1; b is busier
+        (put("d", received=400, source="b"), WAKE),
+        (holders(), {"h1": full(2), "b": (500, 1, "h1"), "a": (500, 0, "e"),
+                     "e": (450, 1, "h1"), "d": (400, 0, "b")}),
     ]),
     Case("exclude-list", [
         (put("src"), WAKE), (put("other"), WAKE),
