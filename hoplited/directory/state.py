@@ -214,11 +214,12 @@ class DirectoryState:
         if producing:
             entry.producer = holder
         h = entry.holders.get(holder)
-        if h is None:
-            h = entry.holders[holder] = Holder(received=got, seq=next(self._seq))
+        if h is None:  # holders announced before it may already pull from it
+            h = entry.holders[holder] = Holder(received=got, seq=next(self._seq),
+                                               serving=self._readers(entry, holder))
         else:
             h.received = max(h.received, got)
-        h.serving = max(h.serving, serving, self._readers(entry, holder))
+        h.serving = max(h.serving, serving)
         if (source is not None and h.source is None and source != holder
                 and h.received < entry.size):
             h.source = source
