@@ -88,7 +88,9 @@ def families(info: Mapping[str, Any]) -> list[Metric]:
             gauge.add_metric([node], float(directory[key]))
             out.append(gauge)
     for key, doc in (("clients", "Clients connected to this daemon."),
-                     ("reduce_tasks", "Reduce tasks (partial sums) running on this node.")):
+                     ("reduce_tasks", "Reduce tasks (partial sums) running on this node."),
+                     ("idle_data_connections", "Data connections to other daemons kept idle "
+                      "for the next pull (docs/design.md §3).")):
         if key in info:
             gauge = GaugeMetricFamily(f"hoplite_{key}", doc, labels=["node"])
             gauge.add_metric([node], float(info[key]))

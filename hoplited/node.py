@@ -38,6 +38,7 @@ from hoplited.metrics import MetricsServer, registry_for
 from hoplited.rpc import Rpc
 from hoplited.status import NodeStatus
 from hoplited.tasks import Tasks
+from hoplited.transfer.data_connections import DataConnections
 from hoplited.transfer.fetcher import Fetcher
 from hoplited.transfer.sender import Sender
 from hoplited.transfer.traffic import Traffic
@@ -61,6 +62,7 @@ class Daemon:
         self._listener: ClientListener | None = None
         self._links: Links | None = None
         self._rpc: Rpc | None = None
+        self._connections: DataConnections | None = None
         self._metrics: MetricsServer | None = None
         self._stopped = asyncio.Event()
         self.membership: Membership
@@ -88,9 +90,11 @@ class Daemon:
         shard = DirectoryShard(cfg.fanout, membership.is_trusted, membership.owner, self.node_id)
         directory = DirectoryClient(rpc, store, membership, tasks)
         space = Space(store, directory.may_drop, tasks)  # evicts what the shards agree to
+        self._connections = connections = DataConnections(self.identity, tasks,
+                                                           membership.is_alive)
         fetcher = Fetcher(self.identity, store, arena, directory, membership, link_model,
                           traffic, tasks, cfg.stall_timeout, links.refused,
-                          patience=verdict_within, space=space)
+                          patience=verdict_within, space=space, connections=connections)
         sender = Sender(store, traffic)
         worker = ReduceWorker(store, arena, fetcher, rpc.tell, tasks, membership.is_alive)
         reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, directory, rpc,
@@ -100,6 +104,7 @@ class Daemon:
         status = NodeStatus(membership, store, shard, link_model, traffic, rpc, gauges={
             "clients": lambda: len(listener), "reduce_tasks": lambda: len(worker.slots),
             "reduce_folds": lambda: worker.folds,
+            "idle_data_connections": lambda: len(connections),
             "transfers": fetcher.in_flight, "reduce_slots": worker.in_flight},
             errors=errors)
         listener = self._listener = ClientListener(cfg.socket_path, self.node_id, arena,
@@ -115,6 +120,9 @@ class Daemon:
                   data=sender.serve)
 
         def membership_changed(previous: list[str]) -> None:
+            for node in set(membership.alive_ids()) - set(previous) - {self.node_id}:
+                member = membership.members[node]
+                connections.warm(node, member.host, member.port)
             for node in set(previous) - set(membership.alive_ids()):
                 shard.forget_node(node)
                 reductions.node_died(node)
@@ -178,6 +186,8 @@ class Daemon:
             self._links.close_all()
         if self._rpc is not None:
             self._rpc.close_inbound()
+        if self._connections is not None:
+            self._connections.close()
         await self.tasks.cancel_all()
         log.info("node %s stopped", self.node_id)
 

@@ -41,6 +41,7 @@ from hoplited.memory.space import Space
 from hoplited.memory.store import ObjectStore, StoredObject
 from hoplited.tasks import Tasks
 from hoplited.transfer import fetch_plan as fp
+from hoplited.transfer.data_connections import DataConnections
 from hoplited.transfer.sender import SEND_SLICE
 from hoplited.transfer.traffic import Traffic
 
@@ -57,7 +58,7 @@ class Fetcher:
                  directory: DirectoryClient, membership: Membership, link_model: LinkModel,
                  traffic: Traffic, tasks: Tasks, stall_timeout: float,
                  refused: Callable[[str], None], patience: float = 0.0, *,
-                 space: Space) -> None:
+                 space: Space, connections: DataConnections) -> None:
         self.me = identity.node_id
         self._identity = identity
         self._store = store
@@ -72,6 +73,7 @@ class Fetcher:
         self._refused = refused  # a source refused our dial: its liveness hears it at once
         self._patience = patience  # how long a death verdict may take (fetch_plan.py)
         self._pulls: dict[str, set[FrameProtocol]] = {}  # live data connections by source
+        self._connections = connections  # idle ones, kept for the next pull
         self._fetches: dict[ObjectID, tuple[asyncio.Task[StoredObject], fp.FetchPlan]] = {}
         self._callers: Counter[ObjectID] = Counter()  # gets waiting on each fetch
 
@@ -291,6 +293,7 @@ class Fetcher:
         """A member was declared dead or fell silent: abort our pulls from it now (they resume
         elsewhere, from their watermarks) instead of waiting out a stall."""
         error = PeerUnavailableError(f"source {node} died", node=node)
+        self._connections.drop(node)
         for protocol in list(self._pulls.pop(node, ())):
             protocol.abort(error)
 
@@ -330,12 +333,32 @@ class Fetcher:
         if member is None or not self._membership.is_trusted(source):
             raise PeerUnavailableError(f"source {source} is not a live member, or is silent",
                                        node=source)
+        idle = self._connections.take(source)
+        if idle is not None:
+            try:
+                await self._stream(idle, obj, source, remote, version, report, stall, until)
+                return
+            except _Unanswered:
+                # closed before the source said a word: the end of a kept connection, no news
+                # about the source, which a fresh connection asks again (docs/design.md §3)
+                pass
         try:
             protocol, _ = await dial(member.host, member.port, "data", self._identity)
         except ConnectionLostError as exc:
             if refused(exc):
                 self._refused(source)
             raise
+        try:
+            await self._stream(protocol, obj, source, remote, version, report, stall, until)
+        except _Unanswered as exc:
+            raise exc.error from None
+
+    async def _stream(self, protocol: FrameProtocol, obj: StoredObject, source: str,
+                      remote: ObjectID, version: bytes, report: bool, stall: float | None,
+                      until: int | None) -> None:
+        """One Pull on ``protocol``; the connection goes back to the idle pool when the
+        source's answer ended cleanly, and is closed otherwise. Raises :class:`_Unanswered`
+        when it closed before any answer."""
         if obj.error is not None:  # failed or deleted while we connected: nothing to fill
             protocol.close()
             raise obj.error
@@ -346,8 +369,11 @@ class Fetcher:
         done: asyncio.Future[Frame[DataStream | Error] | None] = (
             asyncio.get_running_loop().create_future())
         last_report = 0.0
+        answered = False
 
         def sink(msg: DataStream, length: int) -> memoryview:
+            nonlocal answered
+            answered = True
             if msg.offset != start or msg.size != obj.size or length != obj.size - start:
                 raise RemoteProtocolError(
                     f"stream of bytes {msg.offset}..{msg.size} does not match the directory's "
@@ -365,6 +391,8 @@ class Fetcher:
                 self._directory.progress(obj.oid, obj.received)
 
         def on_frame(frame: Frame[Any]) -> None:  # any kind may arrive; checked here
+            nonlocal answered
+            answered = True
             if done.done():
                 return
             if isinstance(frame.msg, DataStream):
@@ -383,13 +411,20 @@ class Fetcher:
         protocol.handler = on_frame
         obj.on_fail.append(on_fail)
         began = time.monotonic()
+        frame: Frame[DataStream | Error] | None = None
         try:
             protocol.send(Pull(rid=1, oid=remote, version=version, offset=start))
             frame = await self._watch(protocol, obj, done,
                                       self._stall_timeout if stall is None else stall)
+        except ConnectionLostError as exc:
+            if not answered and obj.error is None:
+                raise _Unanswered(exc) from None
+            raise
         except HopliteError:
-            raise  # some are OSErrors too (a lost connection, a stall): kept as they are
+            raise  # some are OSErrors too (a stall, say): kept as they are
         except OSError as exc:
+            if not answered:
+                raise _Unanswered(ConnectionLostError(f"pull from {source}: {exc}")) from None
             raise ConnectionLostError(f"pull from {source}: {exc}") from exc
         finally:
             _settle(done)
@@ -397,7 +432,10 @@ class Fetcher:
             if not pulls and self._pulls.get(source) is pulls:
                 del self._pulls[source]
             obj.on_fail.remove(on_fail)
-            protocol.close()
+            if frame is not None:  # the answer ended: nothing more comes on this connection
+                self._connections.give_back(source, protocol)
+            else:
+                protocol.close()
             self._traffic.add_received(source, obj.received - start)
         if obj.received - start >= BANDWIDTH_SAMPLE_MIN:
             self._link_model.observe_bandwidth((obj.received - start)
@@ -423,6 +461,14 @@ class Fetcher:
             if obj.received == seen:
                 raise HopliteTimeoutError(f"source sent nothing for {stall}s")
             seen = obj.received
+
+
+class _Unanswered(Exception):
+    """A data connection closed before its source answered the Pull (``error``: how)."""
+
+    def __init__(self, error: ConnectionLostError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _settle(fut: asyncio.Future[Any]) -> None:
