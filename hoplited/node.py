@@ -95,7 +95,7 @@ class Daemon:
         fetcher = Fetcher(self.identity, store, arena, directory, membership, link_model,
                           traffic, tasks, cfg.stall_timeout, links.refused,
                           patience=verdict_within, space=space, connections=connections)
-        sender = Sender(store, traffic)
+        sender = Sender(store, traffic, fetcher.fetching)
         worker = ReduceWorker(store, arena, fetcher, rpc.tell, tasks, membership.is_alive)
         reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, directory, rpc,
                                                 fetcher, link_model, membership.is_alive,

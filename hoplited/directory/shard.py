@@ -28,6 +28,7 @@ from hoplited.directory.state import (
     Wake,
     WakeAll,
 )
+from hoplited.waiters import KeyedWaiters
 
 __all__ = ["DirectoryShard", "Entry", "Holder", "Source"]
 
@@ -40,7 +41,7 @@ class DirectoryShard:
     def __init__(self, fanout: int, is_alive: Callable[[str], bool],
                  owner_of: Callable[[ObjectID], str], me: str) -> None:
         self.state = DirectoryState(fanout, is_alive, owner_of, me)
-        self._waiters: dict[ObjectID, list[asyncio.Future[None]]] = {}
+        self._waiters: KeyedWaiters[ObjectID] = KeyedWaiters()
 
     @property
     def entries(self) -> dict[ObjectID, Entry]:
@@ -75,36 +76,16 @@ class DirectoryShard:
             if remaining is not None and remaining <= 0:
                 raise HopliteTimeoutError(f"object {oid.hex()} was not available within "
                                           f"{timeout}s ({answer.reason})", oid=oid.hex())
-            await self._wait_change(oid, remaining)
-
-    async def _wait_change(self, oid: ObjectID, remaining: float | None) -> None:
-        """Sleep until the waiters of ``oid`` are woken, or ``remaining`` seconds passed."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(oid, []).append(fut)
-        try:
-            await asyncio.wait_for(fut, remaining)
-        except TimeoutError:
-            pass
-        finally:
-            waiters = self._waiters.get(oid)
-            if waiters is not None and fut in waiters:
-                waiters.remove(fut)
-                if not waiters:
-                    del self._waiters[oid]
+            await self._waiters.wait(oid, remaining)  # until its entry changes
 
     def _apply(self, instructions: Iterable[Instruction]) -> None:
         """Carry out the state's wake-ups (other instructions are returned to the caller)."""
         for ins in instructions:
             if isinstance(ins, Wake):
-                self._wake(ins.oid)
+                self._waiters.wake(ins.oid)
             elif isinstance(ins, WakeAll):
-                for oid in list(self._waiters):
-                    self._wake(oid)
-
-    def _wake(self, oid: ObjectID) -> None:
-        for fut in self._waiters.pop(oid, []):
-            if not fut.done():
-                fut.set_result(None)
+                for oid in self._waiters.waited():
+                    self._waiters.wake(oid)
 
     # --- events, forwarded to the state ---
     def check_owner(self, oid: ObjectID) -> None:
@@ -162,4 +143,4 @@ class DirectoryShard:
 
     def stats(self) -> dict[str, int]:
         return {"entries": len(self.entries),
-                "waiting_gets": sum(len(w) for w in self._waiters.values())}
+                "waiting_gets": len(self._waiters)}

@@ -27,6 +27,7 @@ from hoplite_client.wire.errors import (
 )
 from hoplite_client.wire.ids import ObjectID
 from hoplited.memory.arena import Arena
+from hoplited.waiters import KeyedWaiters
 
 log = logging.getLogger("hoplited.store")
 
@@ -137,6 +138,7 @@ class ObjectStore:
         self._doomed: dict[int, StoredObject] = {}  # deleted but pinned, by offset
         self._uses = itertools.count(1)
         self._space_waiters: list[asyncio.Future[None]] = []
+        self._arrivals: KeyedWaiters[ObjectID] = KeyedWaiters()  # for an id to be created
         self.space_events = 0  # frees and unpins so far: a waiter can tell it missed one
         self.evictions = 0
         self.evicted_bytes = 0
@@ -157,7 +159,14 @@ class ObjectStore:
                            temporary)
         self.objects[oid] = obj
         self.touch(obj)
+        self._arrivals.wake(oid)
         return obj
+
+    async def wait_created(self, oid: ObjectID, timeout: float) -> StoredObject | None:
+        """The object ``oid`` once it is created here, or None after ``timeout`` s."""
+        if oid not in self.objects:
+            await self._arrivals.wait(oid, timeout)
+        return self.objects.get(oid)
 
     def touch(self, obj: StoredObject) -> None:
         """``obj`` was used now: it becomes the last the eviction policy would pick."""

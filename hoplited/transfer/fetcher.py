@@ -88,6 +88,10 @@ class Fetcher:
                         "size": plan.size})
         return out
 
+    def fetching(self, oid: ObjectID) -> bool:
+        """True while a fetch of ``oid`` is under way here (its copy may not exist yet)."""
+        return oid in self._fetches
+
     def pulling_from(self, oid: ObjectID) -> str | None:
         """The member ``oid`` is being pulled from now (None: no pull under way)."""
         fetch = self._fetches.get(oid)

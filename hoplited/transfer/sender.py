@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from hoplite_client.net.protocol import FrameProtocol
@@ -26,14 +27,20 @@ log = logging.getLogger("hoplited.transfer")
 # Largest slice handed to the transport at once: big enough for few syscalls, small enough
 # that a freshly landed prefix is forwarded without waiting for a whole block.
 SEND_SLICE = 8 * 1024 * 1024
+# A Pull may reach a node that its shard enrolled as a source before the node's own fetch has
+# created the copy (the Locate's answer is still on its way): the sender waits this long for
+# it, rather than refusing and sending the puller to another source (docs/design.md §3).
+ENROLLED_WAIT = 2.0
 
 
 class Sender:
     """Streams local objects to the receivers that pull them."""
 
-    def __init__(self, store: ObjectStore, traffic: Traffic) -> None:
+    def __init__(self, store: ObjectStore, traffic: Traffic,
+                 fetching: Callable[[ObjectID], bool]) -> None:
         self._store = store
         self._traffic = traffic
+        self._fetching = fetching  # this node is fetching the id: its copy is on its way
         self._streams: Counter[ObjectID] = Counter()  # streams being sent, by object
 
     def sending(self, oid: ObjectID) -> int:
@@ -71,6 +78,8 @@ class Sender:
     async def _send(self, protocol: FrameProtocol, pull: Pull, peer: str) -> None:
         store = self._store
         obj = store.get(pull.oid)
+        if obj is None and self._fetching(pull.oid):
+            obj = await store.wait_created(pull.oid, ENROLLED_WAIT)
         if obj is None or obj.version != pull.version or obj.error is not None:
             protocol.send(Error(rid=pull.rid, code=ObjectNotFoundError.code,
                                 message=f"no copy of {pull.oid.hex()} (version "

@@ -157,3 +157,22 @@ async def test_a_get_during_the_shards_verdict_waits_for_it(world) -> None:
     await put
     kept = store.objects[oids[1]]
     assert await space.settled(kept) is kept
+
+
+async def test_a_sender_waiting_for_an_enrolled_copy_gets_it_once_created() -> None:
+    """A Pull may reach a node before its own fetch created the copy (transfer/sender.py):
+    ``wait_created`` hands over the copy once it exists, or None after the wait, leaving no
+    waiter behind either way."""
+    arena = Arena(4 * SLOT)
+    store = ObjectStore(arena)
+    oid, absent = ObjectID.random(), ObjectID.random()
+    waiting = asyncio.ensure_future(store.wait_created(oid, 30.0))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    obj = store.create(oid, SLOT, "uint8", [SLOT])
+    assert await waiting is obj
+    assert await store.wait_created(oid, 0.0) is obj  # already there: at once
+    assert await store.wait_created(absent, 0.01) is None
+    assert not len(store._arrivals)
+    store.remove(oid)
+    arena.close()
