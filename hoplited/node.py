@@ -145,6 +145,8 @@ class Daemon:
                 reductions.node_suspected(node)
             else:
                 reductions.node_trusted(node)
+                member = membership.members[node]
+                connections.warm(node, member.host, member.port)  # dropped at the suspicion
 
         membership.listeners.append(membership_changed)
         membership.suspicion_listeners.append(suspicion_changed)

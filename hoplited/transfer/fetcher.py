@@ -18,7 +18,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
 
-from hoplite_client.net.handshake import Identity, dial, refused
+from hoplite_client.net.handshake import Identity, refused
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import (
     CapacityError,
@@ -60,7 +60,6 @@ class Fetcher:
                  refused: Callable[[str], None], patience: float = 0.0, *,
                  space: Space, connections: DataConnections) -> None:
         self.me = identity.node_id
-        self._identity = identity
         self._store = store
         self._space = space  # a copy makes room by evicting; it does not wait (architecture §6)
         self._arena = arena
@@ -347,7 +346,7 @@ class Fetcher:
                 # about the source, which a fresh connection asks again (docs/design.md §3)
                 pass
         try:
-            protocol, _ = await dial(member.host, member.port, "data", self._identity)
+            protocol = await self._connections.dial(member.host, member.port)
         except ConnectionLostError as exc:
             if refused(exc):
                 self._refused(source)
@@ -427,7 +426,7 @@ class Fetcher:
         except HopliteError:
             raise  # some are OSErrors too (a stall, say): kept as they are
         except OSError as exc:
-            if not answered:
+            if not answered and obj.error is None:
                 raise _Unanswered(ConnectionLostError(f"pull from {source}: {exc}")) from None
             raise ConnectionLostError(f"pull from {source}: {exc}") from exc
         finally:
