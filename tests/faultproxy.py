@@ -181,10 +181,10 @@ class FaultProxy:
             sock.setblocking(False)
             try:
                 await asyncio.get_running_loop().sock_connect(sock, (self.target_host, self.port))
-            except BaseException:  # refused, or cancelled by cut() or stop()
+                target, target_writer = await asyncio.open_connection(sock=sock, limit=CHUNK)
+            except BaseException:  # refused, or cancelled by cut() or stop(), either step
                 sock.close()
                 raise
-            target, target_writer = await asyncio.open_connection(sock=sock, limit=CHUNK)
             writers.append(target_writer)
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._pump(client, target_writer, self._up))
