@@ -451,7 +451,9 @@ class FailEntry(Request["Ok"]):
 @message(56, shape="request", roles=(PEER,))
 class ReduceTask(Request["TaskStarted"]):
     """Compute slot ``slot``: ``output`` = ``input`` combined with ``children`` child outputs,
-    from byte ``start`` on (a repaired slot's consumer already holds the bytes before it)."""
+    from byte ``start`` on (a repaired slot's consumer already holds the bytes before it).
+    ``hi`` > 0: a stripe, the inputs' bytes ``lo..hi`` only (``dtype``/``shape``: the
+    stripe's, a flat array)."""
 
     rid: int = 0
     reduce_id: ObjectID
@@ -463,6 +465,8 @@ class ReduceTask(Request["TaskStarted"]):
     shape: list[int]
     children: int
     start: int
+    lo: int
+    hi: int
 
 
 @message(57, shape="reply")

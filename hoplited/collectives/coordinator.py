@@ -368,7 +368,7 @@ class ReduceCoordinator:
         frame = await self.d.rpc.call_node(ins.node, ReduceTask(
             reduce_id=self.result, slot=ins.slot, input=ins.input, output=ins.output,
             op=ins.op, dtype=ins.dtype, shape=list(ins.shape), children=ins.children,
-            start=ins.start))
+            start=ins.start, lo=ins.lo, hi=ins.hi))
         self.feed(p.TaskStarted(ins.slot, ins.gen, frame.msg.version))
 
     async def _connect(self, ins: p.Connect) -> None:

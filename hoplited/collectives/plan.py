@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -243,6 +243,8 @@ class StartTask:
     shape: tuple[int, ...]
     children: int
     start: int
+    lo: int = 0  # a stripe: the slot reads its inputs' bytes lo..hi (hi 0: all of them)
+    hi: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -446,21 +448,29 @@ def redo_path(shape: TreeShape, slot: int) -> list[int]:
 class ReducePlan:
     """One reduce into ``result`` coordinated on node ``me``; ``depth(k, size)`` is the tree
     depth for ``k`` inputs of ``size`` bytes (the driver's link model); ``patience``: seconds
-    a node that looks alive may stay unreachable before the reduce fails."""
+    a node that looks alive may stay unreachable before the reduce fails. ``window``: reduce
+    only the inputs' bytes ``lo..hi`` (a stripe of a striped allreduce, docs/design.md §4);
+    the result is then that stripe, a flat array of ``hi - lo`` bytes."""
 
     def __init__(self, result: ObjectID, inputs: list[ObjectID], k: int, op: str, me: str,
-                 depth: Callable[[int, int], int], patience: float = 6.0) -> None:
+                 depth: Callable[[int, int], int], patience: float = 6.0,
+                 window: tuple[int, int] | None = None) -> None:
         if not inputs or not 1 <= k <= len(inputs):
             raise InvalidArgumentError(f"num_objects must be between 1 and the "
                                        f"{len(inputs)} inputs")
+        if window is not None and not 0 <= window[0] < window[1] - INLINE_MAX:
+            raise InvalidArgumentError(f"a stripe {window} must hold more than {INLINE_MAX} "
+                                       f"bytes")
         check_op(op)
+        self.window = window
         self.result, self.k, self.op, self.me, self._depth = result, k, op, me, depth
         self.patience = patience
         self._waiting: dict[ObjectID, int] = {}  # input -> times listed, until ready
         for oid in inputs:
             self._waiting[oid] = self._waiting.get(oid, 0) + 1
         self.used: list[ObjectID] = []
-        self.meta: InputReady | None = None
+        self.meta: InputReady | None = None  # the result's size and type (the stripe's)
+        self.whole: InputReady | None = None  # the first input's: the others must agree
         self.shape: TreeShape | None = None
         self.slots: dict[int, Slot] = {}
         self.task_nodes: list[str] = []
@@ -562,11 +572,20 @@ class ReducePlan:
                 return self._fail(exc)
             except TypeError:  # numpy does not know the dtype at all
                 return self._fail(InvalidArgumentError(f"cannot reduce dtype {ev.dtype}"))
-            self.meta = ev
-            if ev.size > INLINE_MAX:
-                self.shape = tree_shape(self.k, self._depth(self.k, ev.size))
-                out.append(OpenResult(ev.size, ev.dtype, ev.shape))
-        elif (ev.dtype, ev.shape) != (self.meta.dtype, self.meta.shape):
+            self.whole = self.meta = ev
+            if self.window is not None:
+                lo, hi = self.window
+                item = np.dtype(ev.dtype).itemsize
+                if hi > ev.size or lo % item or hi % item:
+                    return self._fail(InvalidArgumentError(
+                        f"stripe {lo}..{hi} is not whole elements of the {ev.size}-byte input "
+                        f"{ev.oid.hex()}", oid=ev.oid.hex()))
+                self.meta = replace(ev, size=hi - lo, shape=((hi - lo) // item,))
+            m = self.meta
+            if m.size > INLINE_MAX:
+                self.shape = tree_shape(self.k, self._depth(self.k, m.size))
+                out.append(OpenResult(m.size, m.dtype, m.shape))
+        elif not self._fits(ev):
             return self._fail(self._mismatch(ev))
         for _ in range(min(times, self.k - len(self.used))):
             self.used.append(ev.oid)
@@ -583,11 +602,17 @@ class ReducePlan:
                 out.append(CombineInline(tuple(self.used), self.op, m.size, m.dtype, m.shape))
         return out
 
+    def _fits(self, ev: InputReady) -> bool:
+        """``ev`` has the first input's size, type and shape."""
+        w = self.whole
+        assert w is not None
+        return (ev.size, ev.dtype, ev.shape) == (w.size, w.dtype, w.shape)
+
     def _mismatch(self, ev: InputReady) -> InvalidArgumentError:
-        assert self.meta is not None
+        assert self.whole is not None
         return InvalidArgumentError(
             f"input {ev.oid.hex()} is {ev.dtype}{list(ev.shape)} but the first input was "
-            f"{self.meta.dtype}{list(self.meta.shape)}", oid=ev.oid.hex())
+            f"{self.whole.dtype}{list(self.whole.shape)}", oid=ev.oid.hex())
 
     def _place(self, ev: InputReady) -> list[Instruction]:
         shape, me = self.shape, self.me
@@ -617,8 +642,9 @@ class ReducePlan:
         if node not in self.task_nodes:
             self.task_nodes.append(node)
         m = self.meta
+        lo, hi = self.window or (0, 0)
         return [StartTask(slot, gen, node, oid, output, self.op, m.dtype, m.shape, children,
-                          start)]
+                          start, lo, hi)]
 
     def _links(self, slot: int) -> list[Instruction]:
         """Edges around ``slot`` (parent's first) and the root pull, that ``slot``'s placement or
@@ -803,9 +829,7 @@ class ReducePlan:
 
     def _usable(self, ev: InputReady) -> list[str]:
         """The live holders of a backup that fits the reduce (none: it cannot be used)."""
-        m = self.meta
-        assert m is not None
-        if (ev.size, ev.dtype, ev.shape) != (m.size, m.dtype, m.shape):
+        if not self._fits(ev):
             return []
         return [n for n in ev.alive if n not in self.dead]
 
@@ -897,10 +921,10 @@ class ReducePlan:
         shape = self.shape
         assert self.meta is not None and shape is not None
         alive = [n for n in ev.alive if n not in self.dead]
-        if not alive and ev.size == self.meta.size:  # the shard's view of deaths lags ours
+        if not alive and self._fits(ev):  # the shard's view of deaths lags ours
             return [WaitInput(ev.oid, tuple(sorted(self.dead)))]
         slots = self._wanted.pop(ev.oid)
-        if (ev.size, ev.dtype, ev.shape) != (self.meta.size, self.meta.dtype, self.meta.shape):
+        if not self._fits(ev):
             return self._fail(self._mismatch(ev))
         node = self.me if self.me in alive else alive[0]
         out: list[Instruction] = []

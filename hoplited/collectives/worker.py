@@ -79,6 +79,7 @@ class SlotTask:
     out: StoredObject
     expected: int
     start: int  # the first byte computed: a whole element's
+    lo: int = 0  # a stripe: where the output's bytes are in the inputs
     children: dict[int, StoredObject] = field(default_factory=dict)  # by child slot
     ranges: dict[int, tuple[int, int]] = field(default_factory=dict)  # child -> bytes it adds
     cut: set[int] = field(default_factory=set)  # children that end before any byte of ours
@@ -136,16 +137,11 @@ class ReduceWorker:
         own = store.get(msg.input)
         if own is None or not own.complete:
             raise ObjectNotFoundError(f"input {msg.input.hex()} is not complete here")
-        if own.dtype != msg.dtype or own.shape != msg.shape:
-            raise InvalidArgumentError(f"input {msg.input.hex()} is {own.dtype}{own.shape}, "
-                                       f"not {msg.dtype}{msg.shape}")
-        if not 0 <= msg.start <= own.size or msg.children < 0:
-            raise InvalidArgumentError(f"start {msg.start} outside 0..{own.size} or "
+        size, shape = self._extent(own, msg)
+        if not 0 <= msg.start <= size or msg.children < 0:
+            raise InvalidArgumentError(f"start {msg.start} outside 0..{size} or "
                                        f"{msg.children} children")
         dtype = np.dtype(msg.dtype)
-        if own.size % dtype.itemsize:
-            raise InvalidArgumentError(f"input {msg.input.hex()} of {own.size} bytes is not "
-                                       f"whole {msg.dtype} elements")
         self._release(msg.reduce_id, msg.slot)  # a slot placed here again replaces its task
         # whole elements from the element holding byte ``start``: the bytes below it that
         # this rewrites are the same sums (children are combined in slot order)
@@ -155,16 +151,17 @@ class ReduceWorker:
             if out is None:  # the reduce failed (or its result was deleted) meanwhile: a
                 # buffer under the result's id would be found by gets and fail them wrongly
                 raise ObjectNotFoundError(f"the result {msg.output.hex()} is not here any more")
-            if out.received != msg.start:
-                raise InvalidArgumentError(f"the result holds {out.received} bytes, the task "
-                                           f"was to start at {msg.start}")
+            if out.received != msg.start or out.size != size:
+                raise InvalidArgumentError(f"the result holds {out.received} of {out.size} "
+                                           f"bytes, the task was to start at {msg.start} of "
+                                           f"{size}")
         else:
-            out = store.create(msg.output, own.size, own.dtype, own.shape, temporary=True)
+            out = store.create(msg.output, size, msg.dtype, shape, temporary=True)
             out.advance(start)  # never read below: the consumer holds those bytes
         store.pin(own)
         store.pin(out)
         task = SlotTask(msg.reduce_id, msg.slot, coordinator, msg.op, dtype, own, out,
-                        msg.children, start, combined=start)
+                        msg.children, start, msg.lo if msg.hi else 0, combined=start)
         task.check_children()
         self.slots[(msg.reduce_id, msg.slot)] = task
         if out.temporary:
@@ -172,6 +169,25 @@ class ReduceWorker:
         task.runner = self._tasks.spawn(self._run(task), name=f"reduce-{msg.slot}",
                                         on_error=functools.partial(self._failed, task))
         return TaskStarted(version=out.version)
+
+    @staticmethod
+    def _extent(own: StoredObject, msg: ReduceTask) -> tuple[int, list[int]]:
+        """The size and shape of the task's output: the input's, or its stripe's."""
+        dtype = np.dtype(msg.dtype)
+        if own.dtype != msg.dtype or own.size % dtype.itemsize:
+            raise InvalidArgumentError(f"input {msg.input.hex()} is {own.dtype}{own.shape} "
+                                       f"({own.size} bytes), not whole {msg.dtype} elements")
+        if not msg.hi:
+            if own.shape != msg.shape:
+                raise InvalidArgumentError(f"input {msg.input.hex()} is {own.dtype}{own.shape},"
+                                           f" not {msg.dtype}{msg.shape}")
+            return own.size, own.shape
+        size = msg.hi - msg.lo
+        if (not 0 <= msg.lo < msg.hi <= own.size or msg.lo % dtype.itemsize
+                or size % dtype.itemsize or msg.shape != [size // dtype.itemsize]):
+            raise InvalidArgumentError(f"stripe {msg.lo}..{msg.hi} {msg.shape} is not whole "
+                                       f"elements of input {msg.input.hex()} ({own.size} bytes)")
+        return size, list(msg.shape)
 
     def on_child(self, peer: str, msg: ReduceChild, payload: memoryview | None) -> Ok:
         """A child of one of our slots is placed: pull its output into a buffer of ours (again:
@@ -188,7 +204,7 @@ class ReduceWorker:
                                            f"children; {msg.child} is not one")
             store = self._store
             buf = store.create(derived_id(msg.reduce_id, msg.slot, b"in%d" % msg.child),
-                               task.own.size, task.own.dtype, task.own.shape, temporary=True)
+                               size, task.out.dtype, task.out.shape, temporary=True)
             first = max(task.start, msg.start)
             buf.advance(first)  # the task computes from its start only
             store.pin(buf)
@@ -215,8 +231,9 @@ class ReduceWorker:
                                                       task.own.shape):
             raise InvalidArgumentError(f"input {msg.input.hex()} is {extra.dtype}{extra.shape}, "
                                        f"not {task.own.dtype}{task.own.shape}")
-        if not 0 <= msg.at <= extra.size or msg.at % task.dtype.itemsize:
-            raise InvalidArgumentError(f"fold at {msg.at}: not a whole element of 0..{extra.size}")
+        if not 0 <= msg.at <= task.out.size or msg.at % task.dtype.itemsize:
+            raise InvalidArgumentError(f"fold at {msg.at}: not a whole element of "
+                                       f"0..{task.out.size}")
         at = max(msg.at, task.combined)
         self._store.pin(extra)
         task.extras.append((at, extra))
@@ -324,9 +341,10 @@ class ReduceWorker:
             end -= (end - pos) % item
             task.combined = end
             # in slot order, so a slot computed again (repair) writes bit-identical sums
-            args = (task.op, task.dtype, task.own.buffer[pos:end],
+            lo = task.lo
+            args = (task.op, task.dtype, task.own.buffer[lo + pos:lo + end],
                     [c.buffer[pos:end] for c in live]
-                    + [x.buffer[pos:end] for at, x in task.extras if at <= pos],
+                    + [x.buffer[lo + pos:lo + end] for at, x in task.extras if at <= pos],
                     task.out.buffer[pos:end])
             if end - pos >= THREAD_BLOCK:
                 await loop.run_in_executor(None, combine, *args)

@@ -110,7 +110,7 @@ class Space:
             complete=o.complete, temporary=o.temporary, producing=o.producing,
             evicting=o.evicting is not None,
             refused=o.refused_use == o.last_use and now - o.refused_at < REFUSAL_MEMORY)
-            for o in self._store.objects.values()]
+            for o in self._store.objects.values() if not o.is_view]  # a view frees nothing
 
     async def _evict(self, obj: StoredObject, verdict: asyncio.Future[bool]) -> None:
         """Ask ``obj``'s shard; drop the copy if it agreed, remember a refusal; ``verdict``

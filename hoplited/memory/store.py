@@ -6,6 +6,12 @@ never a polling loop). Objects are freed only when deleted *and* unpinned: clien
 outgoing transfers pin them. Each object records when it was last used (put, got by a client,
 sent to a peer) for the eviction policy (:mod:`.eviction`); allocations that wait for room
 (:mod:`.space`) wait here for memory to be freed or unpinned, woken by a future, never polled.
+
+A **composite** object (a striped allreduce's result, docs/design.md §4 "Striped allreduce") is
+allocated once; each of its stripes is an object of its own id whose memory is a region of the
+composite's (a *view*): a transfer or reduce writes a stripe in place, and the composite
+completes when every region has been filled, with no copy. Creating a stripe's id makes its
+view; removing it keeps the bytes it completed.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ import itertools
 import logging
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -76,6 +83,14 @@ class StoredObject:
         self.error: HopliteError | None = None
         self.on_fail: list[Callable[[HopliteError], None]] = []
         self._waiters: list[tuple[int, asyncio.Future[int]]] = []
+        self.whole: StoredObject | None = None  # a view: the composite whose memory it is
+        self.region = 0  # a view: its index among the composite's regions
+        self.regions: list[Region] = []  # a composite: its stripes, in byte order
+
+    @property
+    def is_view(self) -> bool:
+        """A stripe of a composite: it owns no memory of its own."""
+        return self.whole is not None
 
     @property
     def complete(self) -> bool:
@@ -86,6 +101,8 @@ class StoredObject:
         if received <= self.received:
             return
         self.received = received
+        if self.whole is not None and received == self.size and self.error is None:
+            self.whole.region_filled(self.region)
         if not self._waiters:
             return
         still = []
@@ -128,6 +145,24 @@ class StoredObject:
         for callback in self.on_fail:
             callback(error)
 
+    def region_filled(self, index: int) -> None:
+        """A composite's region ``index`` holds all its bytes; once every region does, the
+        composite is complete (its watermark jumps: nobody reads a composite before)."""
+        self.regions[index].filled = True
+        if all(r.filled for r in self.regions):
+            self.advance(self.size)
+
+
+@dataclass
+class Region:
+    """One stripe of a composite: its id, its bytes ``lo..hi``, and whether they are all
+    there (they stay, whatever happens to the stripe's object afterwards)."""
+
+    oid: ObjectID
+    lo: int
+    hi: int
+    filled: bool = False
+
 
 class ObjectStore:
     """Objects of this host by id; allocation, pinning and deferred freeing."""
@@ -135,10 +170,11 @@ class ObjectStore:
     def __init__(self, arena: Arena) -> None:
         self.arena = arena
         self.objects: dict[ObjectID, StoredObject] = {}
-        self._doomed: dict[int, StoredObject] = {}  # deleted but pinned, by offset
+        self._doomed: dict[int, StoredObject] = {}  # deleted but pinned, by id()
         self._uses = itertools.count(1)
         self._space_waiters: list[asyncio.Future[None]] = []
         self._arrivals: KeyedWaiters[ObjectID] = KeyedWaiters()  # for an id to be created
+        self._regions: dict[ObjectID, tuple[StoredObject, int]] = {}  # stripe id -> composite
         self.space_events = 0  # frees and unpins so far: a waiter can tell it missed one
         self.evictions = 0
         self.evicted_bytes = 0
@@ -153,13 +189,57 @@ class ObjectStore:
         if oid in self.objects:
             raise ObjectExistsError(f"object {oid.hex()} already exists on this node",
                                     oid=oid.hex())
+        if oid in self._regions:
+            return self._view(oid, size, dtype, shape, version or os.urandom(VERSION_SIZE))
         offset = self.arena.alloc(size)
         obj = StoredObject(oid, offset, size, dtype, list(shape),
                            version or os.urandom(VERSION_SIZE), self.arena.buffer(offset, size),
                            temporary)
-        self.objects[oid] = obj
+        self._add(obj)
+        return obj
+
+    def _add(self, obj: StoredObject) -> None:
+        self.objects[obj.oid] = obj
         self.touch(obj)
-        self._arrivals.wake(oid)
+        self._arrivals.wake(obj.oid)
+
+    def create_composite(self, oid: ObjectID, size: int, dtype: str, shape: list[int],
+                         stripes: Sequence[tuple[ObjectID, int, int]]) -> StoredObject:
+        """Allocate a composite object: ``stripes`` (id, lo, hi) tile its bytes in order, and
+        creating one of those ids later makes a view of that region. It is temporary (never
+        announced, never evicted) until it is complete, and pinned while a view lives."""
+        ends = [lo for _, lo, _ in stripes] + [size]
+        if (not stripes or ends[0] != 0 or any(hi != ends[i + 1] or hi <= lo
+                                               for i, (_, lo, hi) in enumerate(stripes))):
+            raise InvalidArgumentError(f"stripes {[(lo, hi) for _, lo, hi in stripes]} do not "
+                                       f"tile 0..{size}")
+        ids = [s for s, _, _ in stripes]
+        if len(set(ids)) != len(ids) or any(s in self.objects or s in self._regions
+                                            for s in [oid, *ids]):
+            raise ObjectExistsError(f"object {oid.hex()} or one of its stripes exists here",
+                                    oid=oid.hex())
+        obj = self.create(oid, size, dtype, shape, temporary=True)
+        obj.regions = [Region(s, lo, hi) for s, lo, hi in stripes]
+        for index, s in enumerate(ids):
+            self._regions[s] = (obj, index)
+        return obj
+
+    def _view(self, oid: ObjectID, size: int, dtype: str, shape: list[int],
+              version: bytes) -> StoredObject:
+        """The object ``oid``, a stripe of a composite: a view of the composite's memory."""
+        whole, index = self._regions[oid]
+        region = whole.regions[index]
+        if size != region.hi - region.lo or np.dtype(dtype) != np.dtype(whole.dtype):
+            raise InvalidArgumentError(f"stripe {oid.hex()} is {region.hi - region.lo} bytes "
+                                       f"of {whole.dtype}, not {size} of {dtype}")
+        if region.filled:
+            raise ObjectExistsError(f"stripe {oid.hex()} of {whole.oid.hex()} is complete here "
+                                    f"already", oid=oid.hex())
+        obj = StoredObject(oid, whole.offset + region.lo, size, dtype, list(shape), version,
+                           whole.buffer[region.lo:region.hi])
+        obj.whole, obj.region = whole, index
+        self.pin(whole)
+        self._add(obj)
         return obj
 
     async def wait_created(self, oid: ObjectID, timeout: float) -> StoredObject | None:
@@ -218,18 +298,25 @@ class ObjectStore:
         obj = self.objects.pop(oid, None)
         if obj is None:
             return None
+        for region in obj.regions:  # a composite takes its stripes with it (first: their
+            self._regions.pop(region.oid, None)  # unpins must not free it half-removed)
+            if self.objects.get(region.oid) is not None:
+                self.remove(region.oid, error)
         obj.deleted = True
         if obj.received < obj.size or error is not None:
             obj.fail(error or ObjectDeletedError(f"object {oid.hex()} was deleted"))
         if obj.pins <= 0:
             self._free(obj)
         else:
-            self._doomed[obj.offset] = obj
+            self._doomed[id(obj)] = obj
         return obj
 
     def _free(self, obj: StoredObject) -> None:
-        self._doomed.pop(obj.offset, None)
+        self._doomed.pop(id(obj), None)
         obj.buffer.release()
+        if obj.whole is not None:  # a view: its memory is the composite's
+            self.unpin(obj.whole)
+            return
         self.arena.free(obj.offset, obj.size)
         self._space_changed()
 
@@ -238,7 +325,7 @@ class ObjectStore:
         return {
             "objects": len(self.objects),
             "complete_objects": len(complete),
-            "stored_bytes": sum(o.size for o in self.objects.values()),
+            "stored_bytes": sum(o.size for o in self.objects.values() if not o.is_view),
             "arena_used": self.arena.used,
             "capacity": self.arena.capacity,
             "pinned_deleted": len(self._doomed),

@@ -871,3 +871,48 @@ def test_fail_carries_the_reported_error() -> None:
 
 def test_pure_module_imports_no_io() -> None:
     assert not top_level_imports(plan_module) & {"asyncio", "socket", "time", "logging", "random"}
+
+
+# --- a stripe (window) of the inputs: a striped allreduce's reduces (docs/design.md §4) ---
+WIN = (BIG // 4, BIG // 2)
+WSIZE = WIN[1] - WIN[0]
+WSHAPE = (WSIZE // 4,)
+
+
+def stripe_plan(k: int = 2) -> ReducePlan:
+    return ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0, window=WIN)
+
+
+def test_a_stripe_reduces_only_its_bytes_and_its_result_is_a_flat_array() -> None:
+    p = stripe_plan()
+    assert p.handle(ready(0, ME)) == [OpenResult(WSIZE, DT, WSHAPE), StartTask(
+        1, 0, ME, I[0], R, "sum", DT, WSHAPE, 1, 0, *WIN)]
+    assert p.handle(ready(1, "n1")) == []  # a leaf: its output is its input's stripe
+    assert p.handle(started(1)) == [Connect(1, ME, 0, "n1", I[1], v(1))]
+
+
+@pytest.mark.parametrize("other,why", [
+    (ready(1, "n1", shape=(BIG // 8, 2)), "another shape of the same size"),
+    (ready(1, "n1", size=BIG * 2, shape=(BIG // 2,)), "a bigger input"),
+    (ready(1, "n1", dtype="<i4"), "another dtype"),
+])
+def test_stripe_inputs_must_agree_as_whole_inputs(other: InputReady, why: str) -> None:
+    p = stripe_plan()
+    p.handle(ready(0, ME))
+    fail = p.handle(other)[0]
+    assert isinstance(fail, Fail) and isinstance(fail.error, InvalidArgumentError), why
+
+
+def test_a_stripe_outside_the_inputs_or_across_elements_fails() -> None:
+    outside = ReducePlan(R, I[:2], 2, "sum", ME, depth=lambda n, s: 0, window=(0, BIG * 2))
+    fail = outside.handle(ready(0, ME))[0]
+    assert isinstance(fail, Fail) and isinstance(fail.error, InvalidArgumentError)
+    odd = ReducePlan(R, I[:2], 2, "sum", ME, depth=lambda n, s: 0, window=(2, BIG // 2))
+    fail = odd.handle(ready(0, ME))[0]
+    assert isinstance(fail, Fail) and "whole elements" in str(fail.error)
+
+
+@pytest.mark.parametrize("window", [(0, INLINE_MAX), (-4, BIG), (BIG, BIG)])
+def test_a_stripe_must_be_larger_than_inline(window: tuple[int, int]) -> None:
+    with pytest.raises(InvalidArgumentError):
+        ReducePlan(R, I[:2], 2, "sum", ME, depth=lambda n, s: 0, window=window)
