@@ -38,6 +38,7 @@ from hoplite_client.wire.frames import (
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
     Abort,
+    Allreduce,
     ClientHello,
     ClientWelcome,
     Create,
@@ -244,6 +245,27 @@ class Client:
         result = object_id or ObjectID.random()
         await self._channel.request(Reduce(result=result, inputs=ids, op=op, num_objects=k,
                                            timeout=timeout))
+        return result
+
+    async def allreduce(self, object_ids: Sequence[ObjectID], op: str = "sum",
+                        object_id: ObjectID | None = None,
+                        timeout: float | None = None) -> ObjectID:
+        """Start reducing every object with ``op``; returns the result's id at once. The result
+        lands on every node holding an input, each already getting it as the inputs arrive,
+        so a ``get`` there returns as soon as it is complete; it can be got anywhere else too.
+        Large objects are cut into one stripe per input, each reduced towards another node
+        and gathered from there (docs/design.md §4), which loads every link about half as
+        much as a reduce followed by gets. ``timeout`` bounds the wait for the inputs; at
+        most ``MAX_IDS_PER_FRAME`` inputs."""
+        timeout = check_timeout(timeout)
+        ids = list(object_ids)
+        if len(ids) > MAX_IDS_PER_FRAME:
+            raise InvalidArgumentError(
+                f"an allreduce takes at most {MAX_IDS_PER_FRAME} inputs, not {len(ids)}",
+                limit=MAX_IDS_PER_FRAME)
+        result = object_id or ObjectID.random()
+        await self._channel.request(Allreduce(result=result, inputs=ids, op=op,
+                                              timeout=timeout))
         return result
 
     async def reduced_inputs(self, result_id: ObjectID,

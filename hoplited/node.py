@@ -25,6 +25,7 @@ from hoplited.cluster.links import Links
 from hoplited.cluster.membership import Membership
 from hoplited.cluster.service import ClusterService
 from hoplited.collectives.coordinator import CoordinatorDeps, Reductions
+from hoplited.collectives.allreduce import AllreduceDeps, Allreduces
 from hoplited.collectives.worker import ReduceWorker
 from hoplited.config import DaemonConfig
 from hoplited.directory.client import DirectoryClient
@@ -100,21 +101,24 @@ class Daemon:
         reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, directory, rpc,
                                                 fetcher, link_model, membership.is_alive,
                                                 tasks, patience=verdict_within))
+        allreduces = Allreduces(AllreduceDeps(self.node_id, store, directory, rpc, fetcher,
+                                              reductions, membership.is_alive, tasks))
         cluster = ClusterService(self.identity, membership, links)
         status = NodeStatus(membership, store, shard, link_model, traffic, rpc, gauges={
             "clients": lambda: len(listener), "reduce_tasks": lambda: len(worker.slots),
-            "reduce_folds": lambda: worker.folds,
+            "reduce_folds": lambda: worker.folds, "allreduces": lambda: len(allreduces),
             "idle_data_connections": lambda: len(connections),
             "transfers": fetcher.in_flight, "reduce_slots": worker.in_flight},
             errors=errors)
         listener = self._listener = ClientListener(cfg.socket_path, self.node_id, arena,
                                                    SessionDeps(store, arena, fetcher, directory,
-                                                               reductions, status.cluster, tasks,
-                                                               errors, space))
+                                                               reductions, allreduces,
+                                                               status.cluster, tasks, errors,
+                                                               space))
         handlers = {**cluster.handlers(), **status.handlers(), **directory.handlers(),
                     **DirectoryService(shard, self.node_id, membership.owner,
                                        membership.is_alive, rpc).handlers(),
-                    **worker.handlers(), **reductions.handlers()}
+                    **worker.handlers(), **reductions.handlers(), **allreduces.handlers()}
         rpc.serve(peer=Dispatcher(PEER, handlers, tasks, errors),
                   tool=Dispatcher(TOOL, handlers, tasks, errors),
                   data=sender.serve)
@@ -126,6 +130,7 @@ class Daemon:
             for node in set(previous) - set(membership.alive_ids()):
                 shard.forget_node(node)
                 reductions.node_died(node)
+                allreduces.node_died(node)
                 worker.node_died(node)
                 fetcher.source_died(node)
 
@@ -143,6 +148,7 @@ class Daemon:
             if suspected:
                 fetcher.source_died(node)  # pulls from it resume elsewhere now
                 reductions.node_suspected(node)
+                allreduces.node_lost(node)
             else:
                 reductions.node_trusted(node)
                 member = membership.members[node]

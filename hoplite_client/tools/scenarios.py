@@ -240,14 +240,15 @@ async def run_broadcast(ctx: BenchContext, run: int) -> float:
 async def _reduce(ctx: BenchContext, everyone_gets: bool) -> float:
     ids = [hoplite_client.ObjectID.random() for _ in ctx.clients]
     root = ctx.clients[0]
+    start_reduce = root.allreduce if everyone_gets else root.reduce
     if ctx.interval > 0:  # asynchrony: the reduce waits for inputs that arrive one by one
-        result = await root.reduce(ids, "sum", timeout=GET_TIMEOUT)
+        result = await start_reduce(ids, "sum", timeout=GET_TIMEOUT)
         getters = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT))
                    for c in (ctx.clients if everyone_gets else [root])]
         start = await put_all(ctx, ids)
     else:
         start = await put_all(ctx, ids)
-        result = await root.reduce(ids, "sum", timeout=GET_TIMEOUT)
+        result = await start_reduce(ids, "sum", timeout=GET_TIMEOUT)
         getters = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT))
                    for c in (ctx.clients if everyone_gets else [root])]
     arrays = await asyncio.gather(*getters)
@@ -265,7 +266,7 @@ async def run_reduce(ctx: BenchContext, run: int) -> float:
 
 
 async def run_allreduce(ctx: BenchContext, run: int) -> float:
-    """Every node puts an input; node 0 reduces; every node gets the result."""
+    """Every node puts an input; node 0 starts an allreduce; every node gets the result."""
     return await _reduce(ctx, everyone_gets=True)
 
 

@@ -312,6 +312,18 @@ class InputList(Reply):
     inputs: list[ObjectID]
 
 
+@message(34, shape="request", roles=(CLIENT,))
+class Allreduce(Request["Ok"]):
+    """Reduce every input with ``op`` into ``result``, which lands on every node holding an
+    input (striped: docs/design.md §4, "Striped allreduce"); gets of it work anywhere."""
+
+    rid: int = 0
+    result: ObjectID
+    inputs: list[ObjectID]
+    op: str
+    timeout: float | None
+
+
 # --- 40-43: membership and liveness ---
 @message(40, shape="request", roles=(PEER,))
 class Join(Request["Members"]):
@@ -611,6 +623,48 @@ class ReshapeDone(Reply):
 
     rid: int = 0
     until: int
+
+
+# --- 70-72: a striped allreduce (docs/design.md §4, "Striped allreduce") ---
+@message(70, shape="request", roles=(PEER,))
+class StripeTask(Request["Ok"]):
+    """Caller's node to a node holding an input: hold ``result`` (``size`` bytes of
+    ``dtype``/``shape`` at ``version``, cut in ``stripes`` stripes), fetching every stripe not reduced here;
+    ``stripe`` >= 0: reduce that one (assignment ``gen``) over ``inputs`` with ``op``."""
+
+    rid: int = 0
+    result: ObjectID
+    inputs: list[ObjectID]
+    op: str
+    size: int
+    dtype: str
+    shape: list[int]
+    version: bytes
+    stripes: int
+    stripe: int
+    gen: int
+    timeout: float | None
+
+
+@message(71, shape="oneway", roles=(PEER,))
+class StripeReport(WireMessage):
+    """Member to the caller's node: ``code`` empty and ``stripe`` -1: the result is complete
+    here; otherwise stripe ``stripe`` (assignment ``gen``; -1: the member) failed."""
+
+    result: ObjectID
+    stripe: int
+    gen: int
+    code: str
+    message: str
+
+
+@message(72, shape="oneway", roles=(PEER,))
+class AllreduceFailed(WireMessage):
+    """Caller's node to every member: the allreduce failed; drop the partial result."""
+
+    result: ObjectID
+    code: str
+    message: str
 
 
 _resolve_replies(globals())

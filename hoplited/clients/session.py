@@ -26,6 +26,7 @@ from hoplite_client.wire.messages import (
     Abort,
     Create,
     Created,
+    Allreduce,
     Delete,
     Found,
     Get,
@@ -40,6 +41,7 @@ from hoplite_client.wire.messages import (
     StatusReply,
     WireMessage,
 )
+from hoplited.collectives.allreduce import Allreduces
 from hoplited.collectives.coordinator import Reductions
 from hoplited.directory.client import DirectoryClient
 from hoplited.dispatch import Dispatcher
@@ -62,6 +64,7 @@ class SessionDeps:
     fetcher: Fetcher
     directory: DirectoryClient
     reductions: Reductions
+    allreduces: Allreduces
     cluster_status: Callable[[], Awaitable[dict[str, Any]]]
     tasks: Tasks
     errors: Counter[str]  # error replies by type (the metrics)
@@ -145,7 +148,7 @@ class ClientSession:
         """Remove every copy in the cluster and the directory entry; a reduce into the id
         issued here stops, even before its result exists."""
         local = self.d.store.get(msg.oid) is not None
-        reducing = self.d.reductions.forget(msg.oid)
+        reducing = self.d.reductions.forget(msg.oid) | self.d.allreduces.forget(msg.oid)
         try:
             await self.d.directory.delete(msg.oid)
         except HopliteError:
@@ -161,6 +164,16 @@ class ClientSession:
             raise InvalidArgumentError(f"a reduce takes at most {MAX_IDS_PER_FRAME} inputs, "
                                        f"not {len(msg.inputs)}", limit=MAX_IDS_PER_FRAME)
         self.d.reductions.start(msg.result, msg.inputs, msg.op, msg.num_objects, msg.timeout)
+        return Ok()
+
+    def on_allreduce(self, me: str, msg: Allreduce, payload: memoryview | None) -> Ok:
+        """Start the allreduce (docs/design.md §4, "Striped allreduce"); as for a reduce,
+        more inputs than one frame lists are refused."""
+        if len(msg.inputs) > MAX_IDS_PER_FRAME:
+            raise InvalidArgumentError(f"an allreduce takes at most {MAX_IDS_PER_FRAME} "
+                                       f"inputs, not {len(msg.inputs)}",
+                                       limit=MAX_IDS_PER_FRAME)
+        self.d.allreduces.start(msg.result, msg.inputs, msg.op, msg.timeout)
         return Ok()
 
     async def on_reduced_inputs(self, me: str, msg: ReducedInputs,
@@ -204,5 +217,5 @@ class ClientSession:
 # is complete when it starts, before any client connects.
 HANDLERS: dict[type[WireMessage], str] = {
     Get: "on_get", Put: "on_put", Create: "on_create", Seal: "on_seal", Abort: "on_abort",
-    Delete: "on_delete", Reduce: "on_reduce", ReducedInputs: "on_reduced_inputs",
+    Delete: "on_delete", Reduce: "on_reduce", Allreduce: "on_allreduce", ReducedInputs: "on_reduced_inputs",
     Status: "on_status", Release: "on_release"}

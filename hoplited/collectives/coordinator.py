@@ -28,9 +28,10 @@ from hoplite_client.wire.errors import (
     ObjectNotFoundError,
     error_from_wire,
 )
-from hoplite_client.wire.frames import INLINE_MAX
+from hoplite_client.wire.frames import INLINE_MAX, Frame
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
+    ObjectInfo,
     ReduceChild,
     ReduceChildLost,
     ReduceDone,
@@ -74,6 +75,34 @@ class CoordinatorDeps:
     patience: float
 
 
+async def wait_ready(directory: DirectoryClient, is_alive: Callable[[str], bool],
+                     oid: ObjectID, deadline: float | None,
+                     exclude: tuple[str, ...] = ()) -> Frame[ObjectInfo]:
+    """The shard's record of ``oid`` once a live node not in ``exclude`` holds all of it (or it
+    comes inline), in bounded polls as :class:`InputWait` decides (it never lets us spin);
+    raises the typed error it gave up with."""
+    loop = asyncio.get_running_loop()
+    wait = InputWait(oid, deadline)
+    step: Step = wait.poll(loop.time())
+    while not isinstance(step, Ready):
+        if isinstance(step, GiveUp):
+            raise step.error
+        if isinstance(step, Sleep):  # the shard has not heard of a death yet
+            await asyncio.sleep(step.delay)
+            step = wait.poll(loop.time())
+            continue
+        try:
+            frame = await directory.wait_object(oid, step.timeout)
+        except HopliteError as exc:
+            step = wait.failed(loop.time(), exc)
+            continue
+        info = frame.msg
+        usable = info.size <= INLINE_MAX or any(
+            n not in exclude and is_alive(n) for n in info.holders)
+        step = wait.answered(loop.time(), usable, info.holders)
+    return frame
+
+
 class Reductions:
     """The reduces coordinated on this node, by result id; owns their lifetime."""
 
@@ -88,16 +117,27 @@ class Reductions:
         return len(self._running)
 
     def start(self, result: ObjectID, inputs: list[ObjectID], op: str, k: int,
-              timeout: float | None) -> None:
-        """Validate and start a reduce into ``result``; it runs in the background."""
+              timeout: float | None, window: tuple[int, int] | None = None) -> None:
+        """Validate and start a reduce into ``result`` (of the inputs' bytes ``window`` only,
+        if given); it runs in the background."""
         model = self._deps.link_model
         plan = p.ReducePlan(result, inputs, k, op, self._deps.me, depth=lambda n, size: (
-            tree_depth(n, size, model.bandwidth, model.latency)), patience=self._deps.patience)
+            tree_depth(n, size, model.bandwidth, model.latency)), patience=self._deps.patience,
+            window=window)
         if result in self._running or self._deps.store.get(result) is not None:
             raise ObjectExistsError(f"object {result.hex()} already exists")
         coordinator = ReduceCoordinator(self._deps, plan, inputs, timeout)
         self._running[result] = coordinator
         coordinator.start()
+
+    async def outcome(self, result: ObjectID) -> HopliteError | None:
+        """Once the reduce into ``result`` (started here) ended: its error, None if it
+        published its result."""
+        coordinator = self._running.get(result)
+        if coordinator is None:
+            return ObjectNotFoundError(f"no reduce into {result.hex()} runs here")
+        await coordinator.ended.wait()
+        return coordinator.plan.error
 
     async def reduced_inputs(self, result: ObjectID, timeout: float | None) -> list[ObjectID]:
         """Which inputs the reduce into ``result`` used, once it has chosen them."""
@@ -234,28 +274,9 @@ class ReduceCoordinator:
         return self.d.tasks.spawn(coro, name=name, on_error=failed)
 
     async def _wait_ready(self, oid: ObjectID, exclude: tuple[str, ...]) -> None:
-        """Wait for ``oid`` until a live node not in ``exclude`` holds all of it (or it comes
-        inline), in bounded polls as :class:`InputWait` decides (it never lets us spin)."""
-        loop = asyncio.get_running_loop()
-        wait = InputWait(oid, self._deadline)
-        step: Step = wait.poll(loop.time())
-        while not isinstance(step, Ready):
-            if isinstance(step, GiveUp):
-                self.feed(p.InputFailed(oid, step.error))
-                return
-            if isinstance(step, Sleep):  # the shard has not heard of a death yet
-                await asyncio.sleep(step.delay)
-                step = wait.poll(loop.time())
-                continue
-            try:
-                frame = await self.d.directory.wait_object(oid, step.timeout)
-            except HopliteError as exc:
-                step = wait.failed(loop.time(), exc)
-                continue
-            info = frame.msg
-            usable = info.size <= INLINE_MAX or any(
-                n not in exclude and self.d.is_alive(n) for n in info.holders)
-            step = wait.answered(loop.time(), usable, info.holders)
+        """Wait for ``oid`` (:func:`wait_ready`) and feed its holders and metadata."""
+        frame = await wait_ready(self.d.directory, self.d.is_alive, oid, self._deadline, exclude)
+        info = frame.msg
         if info.size <= INLINE_MAX:
             self._inline[oid] = bytes(frame.payload) if frame.payload is not None else b""
         self.feed(p.InputReady(oid, tuple(info.holders),

@@ -634,7 +634,8 @@ class ReducePlan:
         assert shape is not None and self.meta is not None
         children = len(shape.children[slot])
         in_place = slot == shape.root and node == self.me
-        if children == 0 and not in_place:
+        if children == 0 and not in_place and self.window is None:  # a stripe's leaf copies
+            # its bytes into an output of its own, which its parent pulls from byte 0
             self.slots[slot] = Slot(node, oid, oid, version, task=False, gen=gen, start=start)
             return self._links(slot)
         output = self.result if in_place else derived_id(self.result, slot, b"out%d" % gen)

@@ -204,7 +204,8 @@ class ObjectStore:
         self._arrivals.wake(obj.oid)
 
     def create_composite(self, oid: ObjectID, size: int, dtype: str, shape: list[int],
-                         stripes: Sequence[tuple[ObjectID, int, int]]) -> StoredObject:
+                         stripes: Sequence[tuple[ObjectID, int, int]],
+                         version: bytes | None = None) -> StoredObject:
         """Allocate a composite object: ``stripes`` (id, lo, hi) tile its bytes in order, and
         creating one of those ids later makes a view of that region. It is temporary (never
         announced, never evicted) until it is complete, and pinned while a view lives."""
@@ -218,7 +219,7 @@ class ObjectStore:
                                             for s in [oid, *ids]):
             raise ObjectExistsError(f"object {oid.hex()} or one of its stripes exists here",
                                     oid=oid.hex())
-        obj = self.create(oid, size, dtype, shape, temporary=True)
+        obj = self.create(oid, size, dtype, shape, version, temporary=True)
         obj.regions = [Region(s, lo, hi) for s, lo, hi in stripes]
         for index, s in enumerate(ids):
             self._regions[s] = (obj, index)

@@ -67,14 +67,16 @@ WITH_TIMEOUT = [cls for cls in m.MESSAGES.values() if "timeout" in cls.__datacla
 def with_timeout(cls: type[m.WireMessage], timeout: Any) -> Any:
     """A ``cls`` message whose ``timeout`` is ``timeout`` (other fields: plain values)."""
     values = {"oid": OID, "result": OID, "inputs": [OID], "op": "sum", "num_objects": 1,
-              "exclude": [], "offset": 0, "size": 4, "dtype": "<f4", "shape": [1]}
+              "exclude": [], "offset": 0, "size": 4, "dtype": "<f4", "shape": [1],
+              "version": b"v", "stripes": 1, "stripe": 0, "gen": 0}
     fields = [f for f in cls.__dataclass_fields__ if f not in ("rid", "timeout")]
     return cls(rid=3, timeout=timeout, **{f: values[f] for f in fields})
 
 
 def test_every_waiting_kind_is_covered() -> None:
     assert {c.__name__ for c in WITH_TIMEOUT} == {"Get", "Reduce", "ReducedInputs", "Locate",
-                                                   "WaitObject", "Put", "Create"}
+                                                   "WaitObject", "Put", "Create", "Allreduce",
+                                                   "StripeTask"}
 
 
 @pytest.mark.parametrize("cls", WITH_TIMEOUT, ids=lambda c: c.__name__)
@@ -167,10 +169,16 @@ def test_release_notices_carry_every_id_in_frames_that_fit(n: int) -> None:
 
 
 def test_largest_reduce_and_its_input_list_fit_with_margin() -> None:
-    """The largest Reduce (long op name, largest ints, a timeout) and InputList fit."""
+    """The largest Reduce, Allreduce and StripeTask (long op name, largest ints, a timeout)
+    and InputList fit."""
     inputs = ids(MAX_IDS_PER_FRAME)
     reduce = m.Reduce(rid=2**64 - 1, result=OID, inputs=inputs, op="x" * 64,
                       num_objects=2**64 - 1, timeout=1e300)
     reply = m.InputList(rid=2**64 - 1, inputs=inputs)
-    for msg in (reduce, reply):
+    allreduce = m.Allreduce(rid=2**64 - 1, result=OID, inputs=inputs, op="x" * 64,
+                            timeout=1e300)
+    stripe = m.StripeTask(rid=2**64 - 1, result=OID, inputs=inputs, op="x" * 64,
+                          size=2**64 - 1, dtype="<c16", shape=[2**62] * 32, version=b"v" * 8,
+                          stripes=2**32, stripe=2**32, gen=2**32, timeout=1e300)
+    for msg in (reduce, reply, allreduce, stripe):
         assert len(encode_header(msg)) <= MAX_HEADER - HEADER_MARGIN

@@ -891,8 +891,10 @@ def test_a_stripe_reduces_only_its_bytes_and_its_result_is_a_flat_array() -> Non
     p = stripe_plan()
     assert p.handle(ready(0, ME)) == [OpenResult(WSIZE, DT, WSHAPE), StartTask(
         1, 0, ME, I[0], R, "sum", DT, WSHAPE, 1, 0, *WIN)]
-    assert p.handle(ready(1, "n1")) == []  # a leaf: its output is its input's stripe
-    assert p.handle(started(1)) == [Connect(1, ME, 0, "n1", I[1], v(1))]
+    leaf = StartTask(0, 0, "n1", I[1], out(0), "sum", DT, WSHAPE, 0, 0, *WIN)
+    assert p.handle(ready(1, "n1")) == [leaf]  # a leaf copies its stripe: pulled from byte 0
+    assert p.handle(started(1)) == []
+    assert p.handle(started(0)) == [Connect(1, ME, 0, "n1", out(0), t(0))]
 
 
 @pytest.mark.parametrize("other,why", [
