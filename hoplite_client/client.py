@@ -248,15 +248,16 @@ class Client:
         return result
 
     async def allreduce(self, object_ids: Sequence[ObjectID], op: str = "sum",
-                        object_id: ObjectID | None = None,
-                        timeout: float | None = None) -> ObjectID:
-        """Start reducing every object with ``op``; returns the result's id at once. The result
-        lands on every node holding an input, each already getting it as the inputs arrive,
-        so a ``get`` there returns as soon as it is complete; it can be got anywhere else too.
-        Large objects are cut into one stripe per input, each reduced towards another node
-        and gathered from there (docs/design.md §4), which loads every link about half as
-        much as a reduce followed by gets. ``timeout`` bounds the wait for the inputs; at
-        most ``MAX_IDS_PER_FRAME`` inputs."""
+                        object_id: ObjectID | None = None, timeout: float | None = None,
+                        striped: bool = False) -> ObjectID:
+        """Start reducing every object with ``op``; returns the result's id at once; every
+        participant then gets it. By default the reduce computes the result on this node and
+        gets chain behind it (each link carries the object about twice). ``striped``: large
+        objects are cut into one stripe per input, each reduced towards another input's node
+        and gathered from there, and the result lands on every node holding an input
+        (docs/design.md §4, "Striped allreduce": 1.75 copies per link at 8 inputs, in theory;
+        docs/benchmarks.md has what it does on the test bed today). ``timeout`` bounds the
+        wait for the inputs; at most ``MAX_IDS_PER_FRAME`` inputs."""
         timeout = check_timeout(timeout)
         ids = list(object_ids)
         if len(ids) > MAX_IDS_PER_FRAME:
@@ -265,7 +266,7 @@ class Client:
                 limit=MAX_IDS_PER_FRAME)
         result = object_id or ObjectID.random()
         await self._channel.request(Allreduce(result=result, inputs=ids, op=op,
-                                              timeout=timeout))
+                                              striped=striped, timeout=timeout))
         return result
 
     async def reduced_inputs(self, result_id: ObjectID,

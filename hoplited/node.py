@@ -24,8 +24,8 @@ from hoplited.cluster.link_model import LinkModel
 from hoplited.cluster.links import Links
 from hoplited.cluster.membership import Membership
 from hoplited.cluster.service import ClusterService
-from hoplited.collectives.coordinator import CoordinatorDeps, Reductions
 from hoplited.collectives.allreduce import AllreduceDeps, Allreduces
+from hoplited.collectives.coordinator import CoordinatorDeps, Reductions
 from hoplited.collectives.worker import ReduceWorker
 from hoplited.config import DaemonConfig
 from hoplited.directory.client import DirectoryClient

@@ -157,6 +157,7 @@ class BenchContext:
     interval: float
     progress: Progress
     label: str = ""
+    striped: bool = False  # allreduce: in stripes (Client.allreduce)
     _data: dict[int, NDArray[Any]] = field(default_factory=dict)
     _expected: dict[str, NDArray[Any]] = field(default_factory=dict)
 
@@ -240,7 +241,12 @@ async def run_broadcast(ctx: BenchContext, run: int) -> float:
 async def _reduce(ctx: BenchContext, everyone_gets: bool) -> float:
     ids = [hoplite_client.ObjectID.random() for _ in ctx.clients]
     root = ctx.clients[0]
-    start_reduce = root.allreduce if everyone_gets else root.reduce
+    def start_reduce(ids: list[hoplite_client.ObjectID], op: str,
+                     timeout: float) -> Awaitable[hoplite_client.ObjectID]:
+        if everyone_gets:
+            return root.allreduce(ids, op, timeout=timeout, striped=ctx.striped)
+        return root.reduce(ids, op, timeout=timeout)
+
     if ctx.interval > 0:  # asynchrony: the reduce waits for inputs that arrive one by one
         result = await start_reduce(ids, "sum", timeout=GET_TIMEOUT)
         getters = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT))
@@ -266,7 +272,8 @@ async def run_reduce(ctx: BenchContext, run: int) -> float:
 
 
 async def run_allreduce(ctx: BenchContext, run: int) -> float:
-    """Every node puts an input; node 0 starts an allreduce; every node gets the result."""
+    """Every node puts an input; node 0 starts an allreduce (striped if the context says);
+    every node gets the result."""
     return await _reduce(ctx, everyone_gets=True)
 
 

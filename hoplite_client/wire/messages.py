@@ -314,13 +314,15 @@ class InputList(Reply):
 
 @message(34, shape="request", roles=(CLIENT,))
 class Allreduce(Request["Ok"]):
-    """Reduce every input with ``op`` into ``result``, which lands on every node holding an
-    input (striped: docs/design.md §4, "Striped allreduce"); gets of it work anywhere."""
+    """Reduce every input with ``op`` into ``result``; ``striped``: in stripes, and the result
+    lands on every node holding an input (docs/design.md §4, "Striped allreduce"), else the
+    reduce computes it on this node. Gets of it work anywhere."""
 
     rid: int = 0
     result: ObjectID
     inputs: list[ObjectID]
     op: str
+    striped: bool
     timeout: float | None
 
 
@@ -629,8 +631,8 @@ class ReshapeDone(Reply):
 @message(70, shape="request", roles=(PEER,))
 class StripeTask(Request["Ok"]):
     """Caller's node to a node holding an input: hold ``result`` (``size`` bytes of
-    ``dtype``/``shape`` at ``version``, cut in ``stripes`` stripes), fetching every stripe not reduced here;
-    ``stripe`` >= 0: reduce that one (assignment ``gen``) over ``inputs`` with ``op``."""
+    ``dtype``/``shape`` at ``version``, cut in ``stripes`` stripes), fetching every stripe not
+    reduced here; ``stripe`` >= 0: reduce that one (assignment ``gen``) over ``inputs``."""
 
     rid: int = 0
     result: ObjectID

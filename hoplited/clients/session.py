@@ -24,9 +24,9 @@ from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
     CLIENT,
     Abort,
+    Allreduce,
     Create,
     Created,
-    Allreduce,
     Delete,
     Found,
     Get,
@@ -173,7 +173,11 @@ class ClientSession:
             raise InvalidArgumentError(f"an allreduce takes at most {MAX_IDS_PER_FRAME} "
                                        f"inputs, not {len(msg.inputs)}",
                                        limit=MAX_IDS_PER_FRAME)
-        self.d.allreduces.start(msg.result, msg.inputs, msg.op, msg.timeout)
+        if msg.striped:
+            self.d.allreduces.start(msg.result, msg.inputs, msg.op, msg.timeout)
+        else:
+            self.d.reductions.start(msg.result, msg.inputs, msg.op, len(msg.inputs),
+                                    msg.timeout)
         return Ok()
 
     async def on_reduced_inputs(self, me: str, msg: ReducedInputs,
@@ -217,5 +221,5 @@ class ClientSession:
 # is complete when it starts, before any client connects.
 HANDLERS: dict[type[WireMessage], str] = {
     Get: "on_get", Put: "on_put", Create: "on_create", Seal: "on_seal", Abort: "on_abort",
-    Delete: "on_delete", Reduce: "on_reduce", Allreduce: "on_allreduce", ReducedInputs: "on_reduced_inputs",
-    Status: "on_status", Release: "on_release"}
+    Delete: "on_delete", Reduce: "on_reduce", Allreduce: "on_allreduce",
+    ReducedInputs: "on_reduced_inputs", Status: "on_status", Release: "on_release"}

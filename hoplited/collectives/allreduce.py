@@ -42,7 +42,7 @@ from hoplited.collectives import stripes as s
 from hoplited.collectives.coordinator import Reductions, wait_ready
 from hoplited.directory.client import DirectoryClient
 from hoplited.dispatch import Handler
-from hoplited.memory.store import ObjectStore, StoredObject
+from hoplited.memory.store import ObjectStore
 from hoplited.rpc import Rpc
 from hoplited.tasks import Tasks
 from hoplited.transfer.fetcher import Fetcher
@@ -101,11 +101,11 @@ class Allreduces:
         """``result`` was deleted: whatever runs into it here stops. Whether anything did."""
         orchestrator = self._orchestrators.pop(result, None)
         member = self._members.pop(result, None)
+        error = ObjectDeletedError(f"the result {result.hex()} was deleted", oid=result.hex())
         if orchestrator is not None:
-            orchestrator.end()
+            orchestrator.abort(error)
         if member is not None:
-            member.stop(ObjectDeletedError(f"the result {result.hex()} was deleted",
-                                           oid=result.hex()))
+            member.stop(error)
         return orchestrator is not None or member is not None
 
     def node_lost(self, node: str) -> None:
@@ -163,6 +163,7 @@ class Orchestrator:
         self._timeout = timeout
         self._forget = forget
         self._waits: list[asyncio.Task[None]] = []
+        self._assigning: list[asyncio.Task[None]] = []  # StripeTask requests under way
         self._version = os.urandom(VERSION_SIZE)
         self._ended = False
 
@@ -211,17 +212,17 @@ class Orchestrator:
             if ins.gen:
                 log.info("allreduce %s: stripe %d reduced again on %s", plan.result.short(),
                          ins.stripe, ins.node)
-            self._spawn(self._assign(ins), f"allreduce-assign-{ins.stripe}",
-                        functools.partial(self._unassigned, ins))
+            self._assigning.append(self._spawn(self._assign(ins),
+                                               f"allreduce-assign-{ins.stripe}",
+                                               functools.partial(self._unassigned, ins)))
         elif isinstance(ins, s.Cleanup):
             for oid in ins.stripes:
                 d.tasks.spawn(self._drop(oid), name="allreduce-cleanup")
         else:
             log.warning("allreduce %s failed: %s", plan.result.short(), ins.error)
             d.tasks.spawn(d.directory.fail(plan.result, ins.error), name="allreduce-fail")
-            for node in ins.members:
-                d.rpc.tell(node, AllreduceFailed(result=plan.result, code=ins.error.code,
-                                                 message=str(ins.error)))
+            d.tasks.spawn(self._tell_failed(ins.members, ins.error), name="allreduce-failed")
+            self._drop_stripes()
 
     def _unassigned(self, ins: s.Assign, error: HopliteError) -> s.Event:
         """A stripe task that could not be delivered: an unreachable node is lost to us."""
@@ -240,8 +241,32 @@ class Orchestrator:
     async def _drop(self, oid: ObjectID) -> None:
         try:
             await self.d.directory.delete(oid)
-        except ObjectNotFoundError:
-            pass  # no member announced it (each held it complete before it was asked for)
+        except HopliteError as exc:  # no entry (nobody announced it), or its shard is gone
+            log.debug("allreduce %s: stripe %s not dropped: %s", self.plan.result.short(),
+                      oid.short(), exc)
+
+    async def _tell_failed(self, members: tuple[str, ...], error: HopliteError) -> None:
+        """Tell ``members`` to drop the result, once every stripe task sent them arrived (or
+        failed): a notice that overtook its task would find nothing to stop."""
+        await asyncio.gather(*self._assigning, return_exceptions=True)
+        for node in members:
+            self.d.rpc.tell(node, AllreduceFailed(result=self.plan.result, code=error.code,
+                                                  message=str(error)))
+
+    def abort(self, error: HopliteError) -> None:
+        """The result was deleted: every member drops its partial result, and the plan ends."""
+        if not self._ended:
+            others = tuple(n for n in self.plan.members if n != self.d.me)
+            self.d.tasks.spawn(self._tell_failed(others, error), name="allreduce-failed")
+            self._drop_stripes()
+        self.end()
+
+    def _drop_stripes(self) -> None:
+        """Drop the entries of the stripes assigned so far: their reducers announced them
+        and their fetchers enrolled, and a failed allreduce's stripes name nothing."""
+        for stripe in self.plan.owner:
+            self.d.tasks.spawn(self._drop(s.stripe_id(self.plan.result, stripe)),
+                               name="allreduce-cleanup")
 
     def end(self) -> None:
         if self._ended:
@@ -303,9 +328,10 @@ class Member:
         view, stays until the stripes are dropped)."""
         oid = self.ids[stripe]
         error = await self.d.reductions.outcome(oid)
-        if error is not None and not self._ended:
-            self._report(stripe, gen, error)
         self.d.reductions.forget(oid)
+        if error is not None and not self._ended:  # no result without this stripe
+            self._report(stripe, gen, error)
+            self.stop(error)
 
     async def _fetch(self, stripe: int) -> None:
         """Fetch ``stripe`` into its view, from wherever its shard says, until it is here."""
@@ -337,6 +363,13 @@ class Member:
             self._report(-1, 0, error)
             self.stop(error)
 
+    async def _drop(self, oid: ObjectID) -> None:
+        try:
+            await self.d.directory.delete(oid)
+        except HopliteError as exc:  # no entry (never announced), or its shard is gone
+            log.debug("allreduce %s: stripe %s not dropped: %s", self.result.short(),
+                      oid.short(), exc)
+
     def _report(self, stripe: int, gen: int, error: HopliteError) -> None:
         self.d.rpc.tell(self.caller, StripeReport(result=self.result, stripe=stripe, gen=gen,
                                                   code=error.code, message=str(error)))
@@ -345,8 +378,9 @@ class Member:
         """The allreduce failed (or its result was deleted): drop the partial result here."""
         if self._ended:
             return
-        for stripe in self._reducing:
+        for stripe in self._reducing:  # their announcements go too (after them, in order)
             self.d.reductions.forget(self.ids[stripe])
+            self.d.tasks.spawn(self._drop(self.ids[stripe]), name="allreduce-cleanup")
         if not self.whole.complete and self.d.store.get(self.result) is self.whole:
             self.d.store.remove(self.result, error)
         self._complete.cancel()

@@ -165,6 +165,8 @@ def _make_command(op: str) -> click.Command:
                   help="reduce, allreduce: the failure run's reduce has one backup input "
                        "beyond the first N, of another value, put right after the signal "
                        "(instead of the victim's input put again).")
+    @click.option("--striped", is_flag=True,
+                  help="allreduce: in stripes, one per input (docs/design.md §4).")
     @click.option("--victim-owns", is_flag=True,
                   help="Pick the ids so that node I's directory shard owns the broadcast "
                        "object, or node I's input: the hardest placement.")
@@ -172,7 +174,8 @@ def _make_command(op: str) -> click.Command:
                 json_path: str | None, join: str | None, token_file: str | None,
                 capacity: str, emulate: str | None, tls_cert: str | None, tls_key: str | None,
                 tls_ca: str | None, arrival_interval: float, kill_node: int | None,
-                kill_after: float, sig: str, backup: bool, victim_owns: bool) -> None:
+                kill_after: float, sig: str, backup: bool, striped: bool,
+                victim_owns: bool) -> None:
         tls = tls_from(tls_cert, tls_key, tls_ca)
         nbytes = parse_size(size or ("1KB" if op == "roundtrip" else "64MiB"))
         if emulate is not None and join is not None:
@@ -198,7 +201,8 @@ def _make_command(op: str) -> click.Command:
                 n = len(clients)
                 what = DESCRIPTIONS[op].format(size=f"{nbytes / 2**20:.2f} MiB", n=n, n1=n - 1)
                 click.echo(f"{op} {what} ({where}, {n} daemons)")
-                ctx = BenchContext(clients, nbytes, arrival_interval, progress)
+                ctx = BenchContext(clients, nbytes, arrival_interval, progress,
+                                   striped=striped)
                 result = BenchResult(op, n, nbytes, "emulated" if rate else
                                      "local" if join is None else join, rate, arrival_interval)
                 result.runs = await run_scenario(op, ctx, warmup, repeat)

@@ -1,0 +1,156 @@
+"""AllreducePlan and stripe bounds, the striped allreduce's pure core: events in, instructions
+out (docs/design.md §4, "Striped allreduce")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from helpers import top_level_imports
+
+import hoplited.collectives.stripes as stripes_module
+from hoplite_client.wire.errors import (
+    HopliteTimeoutError,
+    InvalidArgumentError,
+    PeerUnavailableError,
+)
+from hoplite_client.wire.ids import ObjectID
+from hoplited.collectives.stripes import (
+    ALIGN,
+    AllreducePlan,
+    Assign,
+    Cleanup,
+    Event,
+    Fail,
+    InputFailed,
+    InputReady,
+    Instruction,
+    MemberDone,
+    NodeLost,
+    Plain,
+    StripeFailed,
+    stripe_bounds,
+    stripe_id,
+)
+
+pytestmark = pytest.mark.unit
+
+R = ObjectID(b"\xee" * 20)
+I = [ObjectID(bytes([i + 1]) * 20) for i in range(4)]  # noqa: E741 - inputs by index
+MIB = 1 << 20
+BIG = 4 * MIB  # four inputs: one MiB stripes, the smallest worth striping
+DT = "<f4"
+TIMEOUT = HopliteTimeoutError("input wait timed out")
+STOPPED = PeerUnavailableError("slot 2 lost child 1")
+
+
+def ready(i: int, *alive: str, size: int = BIG, dtype: str = DT,
+          shape: tuple[int, ...] = (BIG // 4,)) -> InputReady:
+    return InputReady(I[i], alive, size, dtype, shape)
+
+
+CLEANUP = Cleanup(tuple(stripe_id(R, s) for s in range(4)))
+
+
+def all_ready() -> list[tuple[Event, list[Instruction]]]:
+    """Inputs 0..3 ready on n0..n3 in that order: stripe i on node ni."""
+    return [(ready(i, f"n{i}"), [Assign(f"n{i}", i, 0)]) for i in range(4)]
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    steps: list[tuple[Event, list[Instruction]]]
+    n: int = 4
+
+
+CASES = [
+    Case("stripes follow readiness, one per input, and end when every member holds it",
+         [(ready(2, "n2"), [Assign("n2", 0, 0)]), (ready(0, "n0"), [Assign("n0", 1, 0)]),
+          (ready(3, "n3"), [Assign("n3", 2, 0)]), (MemberDone("n2"), []),
+          (ready(1, "n1"), [Assign("n1", 3, 0)]), (MemberDone("n0"), []),
+          (MemberDone("n3"), []), (MemberDone("n1"), [CLEANUP]),
+          (MemberDone("n1"), [])]),
+    Case("a node holding two inputs reduces two stripes; the least loaded holder is chosen",
+         [(ready(0, "n0"), [Assign("n0", 0, 0)]), (ready(1, "n0", "n1"), [Assign("n1", 1, 0)]),
+          (ready(2, "n0"), [Assign("n0", 2, 0)]), (ready(3, "n1", "n0"), [Assign("n1", 3, 0)]),
+          (MemberDone("n0"), []), (MemberDone("n1"), [CLEANUP])]),
+    Case("too small to give every input a stripe of a MiB: a plain reduce",
+         [(ready(1, "n1", size=BIG - 4, shape=(BIG // 4 - 1,)), [Plain()]),
+          (ready(0, "n0"), []), (NodeLost("n1"), [])]),
+    Case("a lone input: a plain reduce", [(ready(0, "n0"), [Plain()])], n=1),
+    Case("a dtype that cannot be reduced: the plain reduce reports it",
+         [(ready(0, "n0", dtype="|S4"), [Plain()])]),
+    Case("inputs that disagree fail it, naming the input",
+         [(ready(0, "n0"), [Assign("n0", 0, 0)]), (MemberDone("n0"), []),
+          (ready(1, "n1", dtype="<i4"), [Fail(InvalidArgumentError(
+              f"input {I[1].hex()} is <i4[{BIG // 4}] but the first input was "
+              f"<f4[{BIG // 4}]", oid=I[1].hex()), ("n0",))]),
+          (ready(2, "n2"), [])]),
+    Case("an input that never comes fails it; members drop the result",
+         [(ready(0, "n0"), [Assign("n0", 0, 0)]), (InputFailed(I[3], TIMEOUT),
+                                                   [Fail(TIMEOUT, ("n0",))])]),
+    Case("a member's death: its stripes go to the least loaded live member, once",
+         [*all_ready(), (MemberDone("n0"), []),
+          (NodeLost("n2"), [Assign("n0", 2, 1)]), (NodeLost("n2"), []),
+          (MemberDone("n1"), []), (MemberDone("n3"), []), (MemberDone("n0"), [CLEANUP])]),
+    Case("a report of a replaced assignment is stale; the live one's failure is not",
+         [*all_ready(), (NodeLost("n1"), [Assign("n0", 1, 1)]),
+          (StripeFailed("n1", 1, 0, STOPPED), []),
+          (StripeFailed("n1", -1, 0, STOPPED), []),
+          (StripeFailed("n0", 1, 1, STOPPED), [Fail(STOPPED, ("n0", "n2", "n3"))])]),
+    Case("a lost node holding an input not ready yet is not a member: nothing to redo",
+         [(ready(0, "n0"), [Assign("n0", 0, 0)]), (NodeLost("n9"), []),
+          (ready(1, "n9", "n1"), [Assign("n1", 1, 0)])]),
+    Case("an input whose only holders are lost fails it",
+         [(ready(0, "n0"), [Assign("n0", 0, 0)]), (NodeLost("n1"), []),
+          (ready(1, "n1"), [Fail(PeerUnavailableError(
+              f"input {I[1].hex()} has no live holder", oid=I[1].hex()), ("n0",))])]),
+    Case("every member lost: it fails",
+         [(ready(0, "n0"), [Assign("n0", 0, 0)]), (NodeLost("n0"), [Fail(PeerUnavailableError(
+             f"every node reducing a stripe of {R.hex()} died (last: n0)", node="n0"), ())])]),
+    Case("a member that fails on its own fails it",
+         [*all_ready(), (StripeFailed("n3", -1, 0, STOPPED), [
+             Fail(STOPPED, ("n0", "n1", "n2", "n3"))]), (MemberDone("n0"), [])]),
+]
+
+
+def norm(instructions: list[Instruction]) -> list[object]:
+    return [("Fail", type(x.error).__name__, str(x.error), x.error.data, x.members)
+            if isinstance(x, Fail) else x for x in instructions]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_plan(case: Case) -> None:
+    plan = AllreducePlan(R, I[:case.n], "sum")
+    for event, expected in case.steps:
+        assert norm(plan.handle(event)) == norm(expected), event
+
+
+@pytest.mark.parametrize("size,itemsize,m", [
+    (BIG, 4, 4), (BIG + 4, 4, 4), (256 * MIB, 4, 8), (12 * MIB + 8, 8, 7), (3 * ALIGN, 4, 5),
+    (MIB, 12, 3)])
+def test_stripes_tile_the_object_on_aligned_whole_elements(size: int, itemsize: int,
+                                                           m: int) -> None:
+    bounds = stripe_bounds(size, itemsize, m)
+    assert len(bounds) == m and bounds[0][0] == 0 and bounds[-1][1] == size
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    assert all(lo % itemsize == 0 and lo % ALIGN == 0 for lo, _ in bounds)
+    sizes = [hi - lo for lo, hi in bounds]
+    assert max(sizes) - min(sizes) <= 2 * ALIGN * itemsize or size < m * ALIGN
+
+
+def test_no_inputs_or_an_unknown_op_is_refused() -> None:
+    with pytest.raises(InvalidArgumentError):
+        AllreducePlan(R, [], "sum")
+    with pytest.raises(InvalidArgumentError):
+        AllreducePlan(R, I, "median")
+
+
+def test_stripe_ids_are_distinct_and_stable() -> None:
+    ids = {stripe_id(R, s) for s in range(64)}
+    assert len(ids) == 64 and stripe_id(R, 3) == stripe_id(R, 3) and R not in ids
+
+
+def test_the_core_does_no_io() -> None:
+    assert not {"asyncio", "socket", "time"} & top_level_imports(stripes_module)
