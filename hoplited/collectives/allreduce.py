@@ -24,12 +24,14 @@ import numpy as np
 
 from hoplite_client.wire.errors import (
     HopliteError,
+    InvalidArgumentError,
     ObjectDeletedError,
     ObjectExistsError,
     ObjectNotFoundError,
     PeerUnavailableError,
     error_from_wire,
 )
+from hoplite_client.wire.frames import INLINE_MAX, MAX_IDS_PER_FRAME
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
     AllreduceFailed,
@@ -40,9 +42,10 @@ from hoplite_client.wire.messages import (
 )
 from hoplited.collectives import stripes as s
 from hoplited.collectives.coordinator import Reductions, wait_ready
+from hoplited.collectives.ops import check_op
 from hoplited.directory.client import DirectoryClient
 from hoplited.dispatch import Handler
-from hoplited.memory.store import ObjectStore
+from hoplited.memory.store import ObjectStore, check_meta
 from hoplited.rpc import Rpc
 from hoplited.tasks import Tasks
 from hoplited.transfer.fetcher import Fetcher
@@ -130,6 +133,7 @@ class Allreduces:
                     self._d.rpc.tell(peer, StripeReport(result=msg.result, stripe=-1, gen=0,
                                                         code="", message=""))
                 return Ok()
+            check_task(msg)
             member = Member(self._d, msg, peer, lambda: self._members.pop(msg.result, None))
             self._members[msg.result] = member
         if msg.stripe >= 0:
@@ -150,6 +154,20 @@ class Allreduces:
         member = self._members.get(msg.result)
         if member is not None and member.caller == peer:
             member.stop(error_from_wire(msg.code, msg.message, {}))
+
+
+def check_task(msg: StripeTask) -> None:
+    """Refuse a stripe task no orchestrator sends: bad metadata, an unknown op, stripes that
+    do not fit the inputs or the object (each must be larger than an inline object)."""
+    check_meta(msg.dtype, list(msg.shape), msg.size)
+    check_op(msg.op)
+    n = len(msg.inputs)
+    if (not 2 <= msg.stripes <= min(n, MAX_IDS_PER_FRAME) or not -1 <= msg.stripe < msg.stripes
+            or msg.gen < 0 or len(msg.version) != VERSION_SIZE
+            or msg.size // msg.stripes <= INLINE_MAX + s.ALIGN):
+        raise InvalidArgumentError(f"a stripe task of {msg.size} bytes in {msg.stripes} "
+                                   f"stripes of {n} inputs (stripe {msg.stripe}, generation "
+                                   f"{msg.gen})")
 
 
 class Orchestrator:

@@ -83,6 +83,8 @@ def some_value(rng: random.Random, kind: str) -> Any:
         return [some_id(rng, fresh_ok=False) for _ in range(n)]
     if kind == "op":
         return rng.choice(OPS)
+    if kind == "bool":
+        return rng.choice([True, False])
     raise AssertionError(kind)
 
 
@@ -97,6 +99,7 @@ FIELDS: dict[str, list[str]] = {
     "Release": ["ids"],
     "Status": [],
     "Reduce": ["oid", "ids", "op", "int", "timeout"],
+    "Allreduce": ["oid", "ids", "op", "bool", "timeout"],
     "ReducedInputs": ["oid", "timeout"],
 }
 
@@ -107,7 +110,7 @@ def request(rng: random.Random, rid: int) -> tuple[str, bytes]:
     name = cls.__name__
     fields: list[Any] = [] if cls.SHAPE == "oneway" else [rid]
     fields += [some_value(rng, kind) for kind in FIELDS[name]]
-    if name == "Reduce" and fields[-1] in (None, math.inf):
+    if name in ("Reduce", "Allreduce") and fields[-1] in (None, math.inf):
         fields[-1] = 1.0  # a reduce without a timeout waits for ever for inputs never put
     if rng.random() < 0.03:
         fields = fields[: rng.randrange(len(fields) + 1)]  # too few fields
