@@ -45,7 +45,7 @@ from hoplited.collectives.coordinator import Reductions, wait_ready
 from hoplited.collectives.ops import check_op
 from hoplited.directory.client import DirectoryClient
 from hoplited.dispatch import Handler
-from hoplited.memory.store import ObjectStore, check_meta
+from hoplited.memory.store import VERSION_SIZE, ObjectStore, check_meta
 from hoplited.rpc import Rpc
 from hoplited.tasks import Tasks
 from hoplited.transfer.fetcher import Fetcher
@@ -56,7 +56,6 @@ log = logging.getLogger("hoplited.allreduce")
 # after this long, until the result is complete here or the allreduce ends: the stripe is
 # being reduced again elsewhere (its shard names the new reducer once it announces).
 STRIPE_RETRY = 0.2
-VERSION_SIZE = 8
 
 
 @dataclass(frozen=True)
@@ -170,6 +169,14 @@ def check_task(msg: StripeTask) -> None:
                                    f"{msg.gen})")
 
 
+async def drop_entry(directory: DirectoryClient, oid: ObjectID) -> None:
+    """Delete a stripe's directory entry and its copies, if it has any."""
+    try:
+        await directory.delete(oid)
+    except HopliteError as exc:  # no entry (nobody announced it), or its shard is gone
+        log.debug("stripe %s not dropped: %s", oid.short(), exc)
+
+
 class Orchestrator:
     """Carries out one allreduce's plan on the caller's node."""
 
@@ -235,7 +242,7 @@ class Orchestrator:
                                                functools.partial(self._unassigned, ins)))
         elif isinstance(ins, s.Cleanup):
             for oid in ins.stripes:
-                d.tasks.spawn(self._drop(oid), name="allreduce-cleanup")
+                d.tasks.spawn(drop_entry(d.directory, oid), name="allreduce-cleanup")
         else:
             log.warning("allreduce %s failed: %s", plan.result.short(), ins.error)
             d.tasks.spawn(d.directory.fail(plan.result, ins.error), name="allreduce-fail")
@@ -255,13 +262,6 @@ class Orchestrator:
             result=self.plan.result, inputs=self._inputs, op=self.plan.op, size=first.size,
             dtype=first.dtype, shape=list(first.shape), version=self._version,
             stripes=self.plan.stripes, stripe=ins.stripe, gen=ins.gen, timeout=self._timeout))
-
-    async def _drop(self, oid: ObjectID) -> None:
-        try:
-            await self.d.directory.delete(oid)
-        except HopliteError as exc:  # no entry (nobody announced it), or its shard is gone
-            log.debug("allreduce %s: stripe %s not dropped: %s", self.plan.result.short(),
-                      oid.short(), exc)
 
     async def _tell_failed(self, members: tuple[str, ...], error: HopliteError) -> None:
         """Tell ``members`` to drop the result, once every stripe task sent them arrived (or
@@ -283,7 +283,8 @@ class Orchestrator:
         """Drop the entries of the stripes assigned so far: their reducers announced them
         and their fetchers enrolled, and a failed allreduce's stripes name nothing."""
         for stripe in self.plan.owner:
-            self.d.tasks.spawn(self._drop(s.stripe_id(self.plan.result, stripe)),
+            self.d.tasks.spawn(drop_entry(self.d.directory,
+                                          s.stripe_id(self.plan.result, stripe)),
                                name="allreduce-cleanup")
 
     def end(self) -> None:
@@ -381,13 +382,6 @@ class Member:
             self._report(-1, 0, error)
             self.stop(error)
 
-    async def _drop(self, oid: ObjectID) -> None:
-        try:
-            await self.d.directory.delete(oid)
-        except HopliteError as exc:  # no entry (never announced), or its shard is gone
-            log.debug("allreduce %s: stripe %s not dropped: %s", self.result.short(),
-                      oid.short(), exc)
-
     def _report(self, stripe: int, gen: int, error: HopliteError) -> None:
         self.d.rpc.tell(self.caller, StripeReport(result=self.result, stripe=stripe, gen=gen,
                                                   code=error.code, message=str(error)))
@@ -398,7 +392,8 @@ class Member:
             return
         for stripe in self._reducing:  # their announcements go too (after them, in order)
             self.d.reductions.forget(self.ids[stripe])
-            self.d.tasks.spawn(self._drop(self.ids[stripe]), name="allreduce-cleanup")
+            self.d.tasks.spawn(drop_entry(self.d.directory, self.ids[stripe]),
+                               name="allreduce-cleanup")
         if not self.whole.complete and self.d.store.get(self.result) is self.whole:
             self.d.store.remove(self.result, error)
         self._complete.cancel()

@@ -31,8 +31,6 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
-
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, PeerUnavailableError
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
@@ -156,11 +154,6 @@ class AllreducePlan:
     @property
     def over(self) -> bool:
         return self.phase in ("plain", "failed", "over")
-
-    def bounds(self) -> list[tuple[int, int]]:
-        assert self.first is not None and self.stripes
-        return stripe_bounds(self.first.size, np.dtype(self.first.dtype).itemsize,
-                             self.stripes)
 
     def handle(self, ev: Event) -> list[Instruction]:
         if isinstance(ev, NodeLost):
