@@ -966,11 +966,13 @@ class ReducePlan:
         best = ancestors or hosted
         return best[0] if best else None
 
+    def _item(self) -> int:
+        assert self.meta is not None
+        return np.dtype(self.meta.dtype).itemsize
+
     def _aligned(self, offset: int) -> int:
         """``offset`` rounded down to a whole element: folds switch sources between elements."""
-        assert self.meta is not None
-        item = np.dtype(self.meta.dtype).itemsize
-        return offset - offset % item
+        return offset - offset % self._item()
 
     def _fold(self, slot: int, redo: Redo, into: int, node: str,
               ev: InputReady) -> list[Instruction]:
@@ -1013,8 +1015,10 @@ class ReducePlan:
         self.absorbing[slot] = Absorb(slot, node, ev.oid, ev.version, redo.gen, redo.start,
                                       leaf, placed.input, placed.version or b"", parent)
         # not below the slot's start: the leaf may be on another branch, whose bytes below
-        # it the lost slot's consumer never had
-        start = self._aligned(redo.start)
+        # it the lost slot's consumer never had; and from a whole element *above* it when the
+        # consumer stopped inside one: the lost slot's new output must hold the old value up
+        # to that element's end, which the consumer completes from it
+        start = self._aligned(redo.start + self._item() - 1)
         return [Reshape(parent, consumer.node, consumer.version, leaf, start, 0)]
 
     def _cut(self, absorb: Absorb, until: int) -> list[Instruction]:

@@ -172,11 +172,12 @@ FOLDED_LATE: list[tuple[Event, list[Instruction]]] = [
 ]
 
 # Slot 2 of that chain lost at 802, its input back on n0 where only leaf 0 runs: slot 1 stops
-# adding the leaf's input at 1600 and slot 2, placed on n0, adds it from there.
+# adding the leaf's input at 1600 (asked: from 804, the first whole element its consumer
+# has no byte of) and slot 2, placed on n0, adds it from there.
 ABSORBED: list[tuple[Event, list[Instruction]]] = [
     *RUNNING_CHAIN4,
     (ChildLost(3, 2, t(2), 802, True, BROKEN, t(3)), [WaitInput(I[2], ("n2",))]),
-    (ready(2, "n0"), [Reshape(1, "n1", t(1), 0, 800, 0)]),
+    (ready(2, "n0"), [Reshape(1, "n1", t(1), 0, 804, 0)]),  # lost at 802: from 804
     (Reshaped(0, 1600), [task(2, "n0", 2, out(2, 1), 1, gen=1, start=802)]),
     (started(2, gen=1), [Fold(2, 2, "n0", t(2) + b".1", I[0], v(0), 1600)]),  # edges wait
     (Folded(2, 2, 1600), [conn(3, "n3", 2, "n0", out(2, 1), t(2) + b".1"),
@@ -608,7 +609,7 @@ CASES = [
     Case("a-leaf-taken-over-before-the-slot-starts-then-its-node-dies", k=4, steps=[
         *RUNNING_CHAIN4,
         (ChildLost(3, 2, t(2), 802, True, BROKEN, t(3)), [WaitInput(I[2], ("n2",))]),
-        (ready(2, "n0"), [Reshape(1, "n1", t(1), 0, 800, 0)]),
+        (ready(2, "n0"), [Reshape(1, "n1", t(1), 0, 804, 0)]),  # lost at 802: from 804
         (NodeDied("n0"), [RestartResult(), WaitInput(I[0], ("n0", "n2")),
                           task(1, "n1", 1, out(1, 1), 1, gen=1),
                           WaitInput(I[2], ("n0", "n2")),

@@ -6,7 +6,8 @@ start, each child and folded input over its byte range; pulls copy a source's va
 few bytes at a time and resume from their watermark; a fold adds an input from the first
 element not combined yet; a reshape cuts a child at the later of its bound and what was
 combined. Each element of every object is the multiset of inputs summed into it, so a lost,
-doubled or misplaced input shows. Random trees, random interleavings, one node killed at a
+doubled or misplaced input shows, and so does an element whose first bytes were pulled from
+one value and the rest from another (a pull resumed inside an element). Random trees, random interleavings, one node killed at a
 random step, its input put again on a random live node (and a second node too): the result must be complete and
 exact every time (docs/design.md §5); with two nodes killed, folds give way to restarts.
 """
@@ -31,6 +32,7 @@ SIZE = ELEMENTS * ITEM  # bytes the model moves per object
 ME = "me"
 R = ObjectID(b"\xee" * 20)
 BIG = 1 << 20  # the size the plan is told (a tree, not inline); the model moves SIZE bytes
+SPLICED = ObjectID(b"\x5b" * 20)  # marks an element whose bytes came from two values
 
 
 @dataclass
@@ -40,6 +42,7 @@ class Obj:
     valid: int
     data: list[Counter[ObjectID]]
     version: bytes
+    partial: Counter[ObjectID] | None = None  # the value the element at ``valid`` began as
 
     def element(self, e: int) -> Counter[ObjectID]:
         return self.data[e]
@@ -248,7 +251,12 @@ class World:
             return False
         end = min(source.valid, buf.obj.valid + self.rng.randint(1, 2 * ITEM))
         for e in range(buf.obj.valid // ITEM, end // ITEM):
-            buf.obj.data[e] = Counter(source.data[e])
+            got = Counter(source.data[e])
+            if e * ITEM < buf.obj.valid and buf.obj.partial != got:  # its first bytes came
+                got = Counter({SPLICED: 1})  # from another value: an element of garbage
+            buf.obj.data[e] = got
+        # a pull that stops inside an element holds its first bytes: of which value
+        buf.obj.partial = Counter(source.data[end // ITEM]) if end % ITEM else None
         buf.obj.valid = end
         if kind == "root" and end == SIZE:
             self.events.append(p.ResultComplete())
@@ -343,8 +351,17 @@ def run(seed: int, deaths: int) -> tuple[World, str]:
     return world, story
 
 
-@pytest.mark.parametrize("deaths", [1, 2])
-@pytest.mark.parametrize("seed", range(300))
+# Two deaths where a slot restarted after a fold gives its consumer, which resumes inside an
+# element, another value than the one that element began as: a known defect, open in issue 10
+# (strict: these fail the run once they pass, so the mark goes with the fix).
+SPLICED_AFTER_TWO_DEATHS = {(33, 2), (72, 2)}
+
+
+@pytest.mark.parametrize("seed,deaths", [
+    pytest.param(seed, deaths, marks=pytest.mark.xfail(
+        strict=True, reason="a second death splices an element (SPLICED_AFTER_TWO_DEATHS)"))
+    if (seed, deaths) in SPLICED_AFTER_TWO_DEATHS else (seed, deaths)
+    for deaths in (1, 2) for seed in range(300)])
 def test_every_byte_of_the_result_holds_every_input_once(seed: int, deaths: int) -> None:
     world, story = run(seed, deaths)
     want = Counter(world.inputs)
