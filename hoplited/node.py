@@ -102,7 +102,8 @@ class Daemon:
                                                 fetcher, link_model, membership.is_alive,
                                                 tasks, patience=verdict_within))
         allreduces = Allreduces(AllreduceDeps(self.node_id, store, directory, rpc, fetcher,
-                                              reductions, membership.is_alive, tasks))
+                                              reductions, membership.is_alive, tasks,
+                                              membership.alive_ids))
         cluster = ClusterService(self.identity, membership, links)
         status = NodeStatus(membership, store, shard, link_model, traffic, rpc, gauges={
             "clients": lambda: len(listener), "reduce_tasks": lambda: len(worker.slots),

@@ -361,6 +361,7 @@ class Locate(Request["Located"]):
     timeout: float | None
     exclude: list[str]
     offset: int
+    ring: bool = False
 
 
 @message(45, shape="reply", payload="small")

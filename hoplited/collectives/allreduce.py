@@ -61,7 +61,7 @@ STRIPE_RETRY = 0.2
 @dataclass(frozen=True)
 class AllreduceDeps:
     """What allreduces use: this node's id, store, the directory, peers, the fetcher, the
-    reduces (each stripe is one) and liveness."""
+    reduces (each stripe is one), liveness and the live members (the ring, in id order)."""
 
     me: str
     store: ObjectStore
@@ -71,6 +71,7 @@ class AllreduceDeps:
     reductions: Reductions
     is_alive: Callable[[str], bool]
     tasks: Tasks
+    members: Callable[[], list[str]]
 
 
 class Allreduces:
@@ -339,7 +340,7 @@ class Member:
         self._reducing[stripe] = gen
         m = self._msg
         d.reductions.start(oid, m.inputs, m.op, len(m.inputs), m.timeout,
-                           window=self.bounds[stripe])
+                           window=self.bounds[stripe], ring=tuple(sorted(d.members())))
         d.tasks.spawn(self._watch(stripe, gen), name="stripe-reduce", on_error=self._failed)
 
     async def _watch(self, stripe: int, gen: int) -> None:
@@ -357,7 +358,7 @@ class Member:
         region = self.whole.regions[stripe]
         while not region.filled:
             try:
-                await self.d.fetcher.fetch(self.ids[stripe], None)
+                await self.d.fetcher.fetch(self.ids[stripe], None, ring=True)
             except HopliteError as exc:
                 if region.filled or self._ended:
                     return

@@ -450,11 +450,14 @@ class ReducePlan:
     depth for ``k`` inputs of ``size`` bytes (the driver's link model); ``patience``: seconds
     a node that looks alive may stay unreachable before the reduce fails. ``window``: reduce
     only the inputs' bytes ``lo..hi`` (a stripe of a striped allreduce, docs/design.md §4);
-    the result is then that stripe, a flat array of ``hi - lo`` bytes."""
+    the result is then that stripe, a flat array of ``hi - lo`` bytes. ``ring``: the nodes in
+    ring order; an input held elsewhere then takes the free slot nearest its node's distance
+    after ``me`` there, rather than the first free one (docs/design.md §4, "Ring-ordered
+    stripes")."""
 
     def __init__(self, result: ObjectID, inputs: list[ObjectID], k: int, op: str, me: str,
                  depth: Callable[[int, int], int], patience: float = 6.0,
-                 window: tuple[int, int] | None = None) -> None:
+                 window: tuple[int, int] | None = None, ring: tuple[str, ...] = ()) -> None:
         if not inputs or not 1 <= k <= len(inputs):
             raise InvalidArgumentError(f"num_objects must be between 1 and the "
                                        f"{len(inputs)} inputs")
@@ -463,6 +466,7 @@ class ReducePlan:
                                        f"bytes")
         check_op(op)
         self.window = window
+        self.ring = ring
         self.result, self.k, self.op, self.me, self._depth = result, k, op, me, depth
         self.patience = patience
         self._waiting: dict[ObjectID, int] = {}  # input -> times listed, until ready
@@ -621,10 +625,28 @@ class ReducePlan:
                 and s not in self.folding and s not in self.folds]
         others = [s for s in free if s != shape.root]
         local = me in ev.holders
-        slot = shape.root if shape.root in free and local else (others or [shape.root])[0]
         alive = [n for n in ev.alive if n not in self.dead]
         node = me if local else (alive or list(ev.holders))[0]
+        if shape.root in free and local:
+            slot = shape.root
+        elif others:
+            slot = self._ring_slot(node, others)
+        else:
+            slot = shape.root
         return self._put(slot, node, ev.oid, ev.version, gen=0, start=0)
+
+    def _ring_slot(self, node: str, free: list[int]) -> int:
+        """The free non-root slot for an input on ``node``: in readiness order, or with a
+        ring, the one nearest the node's place after this node (so each stripe's chain runs
+        round the ring and ends here)."""
+        ring, shape = self.ring, self.shape
+        assert shape is not None
+        if node not in ring or self.me not in ring or len(ring) < 3:
+            return free[0]
+        order = [s for s in range(shape.size) if s != shape.root]  # the non-root slots
+        distance = (ring.index(node) - ring.index(self.me)) % len(ring)  # 1 .. len(ring) - 1
+        ideal = (distance - 1) * (len(order) - 1) / (len(ring) - 2)
+        return min(free, key=lambda s: (abs(order.index(s) - ideal), s))
 
     def _put(self, slot: int, node: str, oid: ObjectID, version: bytes, gen: int,
              start: int) -> list[Instruction]:

@@ -55,10 +55,12 @@ class DirectoryClient:
         return {Drop: self.on_drop}
 
     async def locate(self, oid: ObjectID, timeout: float | None, exclude: list[str],
-                     offset: int) -> Frame[Located]:
-        """A source for ``oid`` (this node is enrolled as a receiver resuming at ``offset``)."""
+                     offset: int, ring: bool = False) -> Frame[Located]:
+        """A source for ``oid`` (this node is enrolled as a receiver resuming at ``offset``;
+        ``ring``: behind its predecessor in the ring, docs/design.md §4)."""
         return await self._rpc.call_owner(oid, Locate(oid=oid, timeout=timeout,
-                                                      exclude=list(exclude), offset=offset))
+                                                      exclude=list(exclude), offset=offset,
+                                                      ring=ring))
 
     async def wait_object(self, oid: ObjectID, timeout: float | None) -> Frame[ObjectInfo]:
         """Holders and metadata of ``oid`` once it is complete somewhere (small ones inline)."""

@@ -62,7 +62,8 @@ class DirectoryService:
 
     async def on_locate(self, peer: str, msg: Locate,
                         payload: memoryview | None) -> tuple[Located, bytes | None]:
-        src = await self.shard.locate(msg.oid, peer, msg.timeout, msg.exclude, msg.offset)
+        src = await self.shard.locate(msg.oid, peer, msg.timeout, msg.exclude, msg.offset,
+                                     msg.ring)
         e = src.entry
         return Located(source=src.node, size=e.size, dtype=e.dtype, shape=e.shape,
                        version=e.version), e.inline

@@ -10,6 +10,7 @@ wake its id, then asks again.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
@@ -34,6 +35,11 @@ __all__ = ["DirectoryShard", "Entry", "Holder", "Source"]
 
 T = TypeVar("T")
 
+# A ring requester waits this long at most for its predecessor to enrol, then takes the usual
+# choice: a predecessor that lags (its request is still on its way, or it waits for a source
+# for another reason) costs the chain its order, never a stall (docs/design.md §4).
+RING_WAIT = 0.5
+
 
 class DirectoryShard:
     """Entries for the object ids this node owns; ``is_alive`` filters dead holders."""
@@ -42,6 +48,7 @@ class DirectoryShard:
                  owner_of: Callable[[ObjectID], str], me: str) -> None:
         self.state = DirectoryState(fanout, is_alive, owner_of, me)
         self._waiters: KeyedWaiters[ObjectID] = KeyedWaiters()
+        self._ring: dict[ObjectID, Counter[str]] = {}  # ring requesters without a source yet
 
     @property
     def entries(self) -> dict[ObjectID, Entry]:
@@ -53,19 +60,48 @@ class DirectoryShard:
 
     # --- waits ---
     async def locate(self, oid: ObjectID, requester: str, timeout: float | None,
-                     exclude: list[str], offset: int) -> Source:
-        """Pick a source for ``requester``, waiting up to ``timeout`` for the object to exist."""
-        return await self._until(
-            oid, timeout, lambda: self.state.try_locate(oid, requester, exclude, offset))
+                     exclude: list[str], offset: int, ring: bool = False) -> Source:
+        """Pick a source for ``requester``, waiting up to ``timeout`` for the object to exist;
+        ``ring``: its predecessor in the ring, if it enrols within RING_WAIT."""
+        if not ring:
+            return await self._until(
+                oid, timeout, lambda: self.state.try_locate(oid, requester, exclude, offset))
+        loop = asyncio.get_running_loop()
+        give_up: float | None = None  # when waiting for the predecessor stops
+
+        def attempt() -> Source | NotYet:
+            nonlocal give_up
+            patient = give_up is None or loop.time() < give_up
+            peers = [n for n in self._ring[oid] if n != requester] if patient else None
+            answer = self.state.try_locate(oid, requester, exclude, offset, peers)
+            if isinstance(answer, NotYet) and answer.ring and give_up is None:
+                give_up = loop.time() + RING_WAIT
+            elif not isinstance(answer, NotYet):
+                self._waiters.wake(oid)  # ring requesters behind it may chain on now
+            return answer
+
+        self._ring.setdefault(oid, Counter())[requester] += 1
+        try:
+            return await self._until(oid, timeout, attempt, lambda: (
+                give_up if give_up is not None and loop.time() < give_up else None))
+        finally:
+            waiting = self._ring[oid]
+            waiting[requester] -= 1
+            if waiting[requester] <= 0:
+                del waiting[requester]
+            if not waiting:
+                del self._ring[oid]
 
     async def wait_object(self, oid: ObjectID, timeout: float | None) -> Entry:
         """The entry of ``oid`` once a live member holds all of it (or it is inline)."""
         return await self._until(oid, timeout, lambda: self.state.try_wait_object(oid))
 
     async def _until(self, oid: ObjectID, timeout: float | None,
-                     attempt: Callable[[], T | NotYet]) -> T:
-        """Ask ``attempt`` until it answers, sleeping between changes of ``oid``; raises
-        HopliteTimeoutError once ``timeout`` passed (after one last attempt)."""
+                     attempt: Callable[[], T | NotYet],
+                     recheck: Callable[[], float | None] = lambda: None) -> T:
+        """Ask ``attempt`` until it answers, sleeping between changes of ``oid`` (and until
+        ``recheck()``'s time at most); raises HopliteTimeoutError once ``timeout`` passed
+        (after one last attempt)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
@@ -76,6 +112,10 @@ class DirectoryShard:
             if remaining is not None and remaining <= 0:
                 raise HopliteTimeoutError(f"object {oid.hex()} was not available within "
                                           f"{timeout}s ({answer.reason})", oid=oid.hex())
+            again = recheck()
+            if again is not None:
+                wait = max(0.0, again - loop.time())
+                remaining = wait if remaining is None else min(remaining, wait)
             await self._waiters.wait(oid, remaining)  # until its entry changes
 
     def _apply(self, instructions: Iterable[Instruction]) -> None:

@@ -11,6 +11,14 @@ never form a cycle. A holder short of memory may drop its copy only with the sha
 live member holds the whole object and nobody is reading from the asker. ``failed`` holds
 tombstones of ids that will never exist (a failed reduce); a later put lifts them.
 
+Ring order (docs/design.md §4, "Ring-ordered stripes"). A requester may ask to follow the ring:
+the live participants (holders and the other ring requesters still waiting) in node-id order,
+cyclically. It then takes its predecessor there as its source once that predecessor is
+enrolled, waiting while it is not; a predecessor that cannot serve it (busy, downstream, no
+participant holds anything) gives way to the usual choice. Requesters that arrive together thus
+chain around the ring from the producer, so a striped allreduce's stripes, each started at a
+different node, load every link equally.
+
 Nothing here waits or reads a clock: ``try_*`` answer now or say ``NotYet``, and every mutator
 returns the instructions its caller must carry out (``Wake`` the waiters of an id, ``DropCopy``
 on a holder, ...). ``hoplited.directory.shard`` is the asyncio adapter that owns the waiters
@@ -22,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from hoplite_client.wire.errors import (
@@ -81,9 +89,11 @@ class Source:
 
 @dataclass(frozen=True, slots=True)
 class NotYet:
-    """No answer now; ask again when the id's waiters are woken. ``reason`` says why."""
+    """No answer now; ask again when the id's waiters are woken. ``reason`` says why;
+    ``ring``: only because the requester's predecessor in the ring has not enrolled yet."""
 
     reason: str
+    ring: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +157,13 @@ class DirectoryState:
             raise NotOwnerError(f"object {oid.hex()} belongs to shard {owner}", owner=owner)
 
     def try_locate(self, oid: ObjectID, requester: str, exclude: Iterable[str],
-                   offset: int) -> Source | NotYet:
-        """Pick a source for ``requester`` (enrolling it behind that source) or say NotYet."""
+                   offset: int, ring: Collection[str] | None = None) -> Source | NotYet:
+        """Pick a source for ``requester`` (enrolling it behind that source) or say NotYet;
+        ``ring``: follow the ring order, ``ring`` naming the other ring requesters of ``oid``
+        still waiting for a source."""
         excluded = set(exclude)
-        event = f"locate by {requester} exclude={sorted(excluded)} offset={offset}"
+        event = (f"locate by {requester} exclude={sorted(excluded)} offset={offset}"
+                 + ("" if ring is None else " ring"))
         entry = self._current(oid, event)
         if entry is None:
             return self._not_yet(oid, event, "not put yet")
@@ -161,7 +174,13 @@ class DirectoryState:
         mine = entry.holders.get(requester)
         if mine is not None and mine.received >= entry.size:
             return self._answer(oid, event, Source(entry, requester), "requester holds it")
-        node = self._choose(entry, requester, excluded)
+        node = None
+        if ring is not None:
+            node, wait = self._ring_choice(entry, requester, excluded, ring)
+            if wait is not None:
+                return self._not_yet(oid, event, f"waiting for {wait}, before it in the ring",
+                                     ring=True)
+        node = node or self._choose(entry, requester, excluded)
         if node is None:
             return self._not_yet(oid, event, "no eligible source")
         h = entry.holders[node]
@@ -358,19 +377,42 @@ class DirectoryState:
         return any(self.is_alive(n) for n in entry.complete_holders())
 
     def _choose(self, entry: Entry, requester: str, exclude: set[str]) -> str | None:
-        me = entry.holders.get(requester)
         candidates = []
         for node, h in entry.holders.items():
-            if node == requester or node in exclude or not self.is_alive(node):
+            if (node == requester or node in exclude or not self.is_alive(node)
+                    or not self._eligible(entry, node, requester)):
                 continue
-            complete = h.received >= entry.size
-            if not complete and me is not None:
-                fed = self._fed_by(entry, node, requester)
-                if fed or (fed is None and h.seq > me.seq):
-                    continue  # it is (or, enrolled later, may be) downstream of the requester
-            candidates.append((h.serving >= self.fanout, not complete, -h.received,
+            candidates.append((h.serving >= self.fanout, h.received < entry.size, -h.received,
                                h.serving, h.seq, node))
         return min(candidates)[-1] if candidates else None
+
+    def _eligible(self, entry: Entry, node: str, requester: str) -> bool:
+        """``node`` may serve ``requester``: it is not (and, enrolled later, may not be)
+        downstream of it."""
+        me = entry.holders.get(requester)
+        h = entry.holders[node]
+        if h.received >= entry.size or me is None:
+            return True
+        fed = self._fed_by(entry, node, requester)
+        return not (fed or (fed is None and h.seq > me.seq))
+
+    def _ring_choice(self, entry: Entry, requester: str, exclude: set[str],
+                     waiting: Collection[str]) -> tuple[str | None, str | None]:
+        """(source, None): ``requester``'s predecessor in the ring, enrolled and able to serve
+        it; (None, node): wait for that predecessor ``node`` to enrol; (None, None): choose as
+        usual."""
+        holders = {n for n in entry.holders if n not in exclude and self.is_alive(n)}
+        if not holders - {requester}:
+            return None, None  # nobody to chain behind: no ring
+        peers = {n for n in waiting if n not in exclude and self.is_alive(n)}
+        ring = sorted(holders | peers | {requester})
+        pred = ring[ring.index(requester) - 1]
+        if pred not in holders:
+            return None, pred
+        if entry.holders[pred].serving >= self.fanout or not self._eligible(entry, pred,
+                                                                            requester):
+            return None, None
+        return pred, None
 
     @staticmethod
     def _readers(entry: Entry, node: str) -> int:
@@ -413,9 +455,9 @@ class DirectoryState:
         self._record(oid, event, f"source {why}")
         return answer
 
-    def _not_yet(self, oid: ObjectID, event: str, reason: str) -> NotYet:
+    def _not_yet(self, oid: ObjectID, event: str, reason: str, ring: bool = False) -> NotYet:
         self._record(oid, event, f"not yet: {reason}")
-        return NotYet(reason)
+        return NotYet(reason, ring)
 
     def _record(self, oid: ObjectID, event: str, outcome: str) -> None:
         """Append to ``oid``'s story, skipping a repeat of the last record (waiters re-ask)."""

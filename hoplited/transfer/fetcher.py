@@ -96,19 +96,21 @@ class Fetcher:
         fetch = self._fetches.get(oid)
         return None if fetch is None else fetch[1].source
 
-    async def fetch(self, oid: ObjectID, timeout: float | None) -> StoredObject:
+    async def fetch(self, oid: ObjectID, timeout: float | None,
+                    ring: bool = False) -> StoredObject:
         """The complete local copy of ``oid``, pulling it from the cluster if needed; waits at
         most ``timeout`` (this caller's own, whoever else is fetching the same id). The copy is
-        still in the store when this returns: the caller may pin it before anything else runs."""
+        still in the store when this returns: the caller may pin it before anything else runs.
+        ``ring``: a fetch this call starts asks for its ring predecessor (docs/design.md §4)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         try:
             async with asyncio.timeout_at(deadline):
-                obj = await self._complete_copy(oid, deadline)
+                obj = await self._complete_copy(oid, deadline, ring)
                 while obj.deleted and obj.evicted and obj.error is None:
                     # evicted to make room between the copy's completion and our turn to
                     # run: it is complete elsewhere (its shard said so), so fetch it again
-                    obj = await self._complete_copy(oid, deadline)
+                    obj = await self._complete_copy(oid, deadline, ring)
         except HopliteError:
             raise  # the fetch's own end: a timeout the shard recorded (a failed reduce's) too
         except TimeoutError:
@@ -119,14 +121,15 @@ class Fetcher:
                                                   oid=oid.hex())
         return obj
 
-    async def _complete_copy(self, oid: ObjectID, deadline: float | None) -> StoredObject:
+    async def _complete_copy(self, oid: ObjectID, deadline: float | None,
+                             ring: bool) -> StoredObject:
         """Join (or start) the one fetch of ``oid``, or wait for the local copy to complete."""
         running = self._fetches.get(oid)  # first: a fetch in progress has allocated already
         obj = self._store.get(oid)
         if running is not None or obj is None:
             if running is None:
                 plan = fp.FetchPlan(oid, self.me, deadline, patience=self._patience)
-                task = self._tasks.spawn(self._fetch(plan), name=f"fetch-{oid.short()}")
+                task = self._tasks.spawn(self._fetch(plan, ring), name=f"fetch-{oid.short()}")
                 self._fetches[oid] = (task, plan)
                 task.add_done_callback(lambda done: self._forget(oid, done))
             else:
@@ -150,7 +153,7 @@ class Fetcher:
                     raise
                 obj = again  # a reduce started its result again (docs/design.md §5)
 
-    async def _fetch(self, plan: fp.FetchPlan) -> StoredObject:
+    async def _fetch(self, plan: fp.FetchPlan, ring: bool) -> StoredObject:
         """Carry out ``plan``: ask, allocate, pull, report, feeding each outcome back."""
         oid, store = plan.oid, self._store
         loop = asyncio.get_running_loop()
@@ -163,7 +166,7 @@ class Fetcher:
             while todo:
                 ins = todo.popleft()
                 if isinstance(ins, fp.AskOwner):
-                    answer = await self._ask(oid, ins, obj, loop)
+                    answer = await self._ask(oid, ins, obj, loop, ring)
                     if not isinstance(answer, Frame):
                         todo.extend(plan.handle(answer))
                         continue
@@ -230,7 +233,7 @@ class Fetcher:
         task.cancel()
 
     async def _ask(self, oid: ObjectID, ins: fp.AskOwner, obj: StoredObject | None,
-                   loop: asyncio.AbstractEventLoop
+                   loop: asyncio.AbstractEventLoop, ring: bool
                    ) -> Frame[Located] | fp.LocateFailed | fp.CopyFailed:
         """Ask the owner for a source. If our partial copy fails meanwhile (it was deleted),
         the ask ends with that: the shard would wait for a put that may never come, and the
@@ -248,7 +251,7 @@ class Fetcher:
         try:
             async with scope:
                 return await self._directory.locate(oid, ins.timeout, list(ins.exclude),
-                                                    ins.offset)
+                                                    ins.offset, ring)
         except HopliteError as exc:  # the shard's answer, its timeout included
             return fp.LocateFailed(loop.time(), exc)
         except TimeoutError:

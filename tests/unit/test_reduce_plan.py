@@ -923,3 +923,42 @@ def test_a_stripe_outside_the_inputs_or_across_elements_fails() -> None:
 def test_a_stripe_must_be_larger_than_inline(window: tuple[int, int]) -> None:
     with pytest.raises(InvalidArgumentError):
         ReducePlan(R, I[:2], 2, "sum", ME, depth=lambda n, s: 0, window=window)
+
+
+# --- ring order: a stripe's chain runs round the ring and ends at its reducer (§4) ---
+RING = ("n1", "n2", "n3", ME, "n5", "n6")
+
+
+def slots_taken(k: int, ring: tuple[str, ...], order: list[str]) -> dict[str, int]:
+    """Which slot each node's input takes (its last) when they become ready in ``order``."""
+    p = ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0, window=WIN, ring=ring)
+    got: dict[str, int] = {}
+    for i, node in enumerate(order):
+        for ins in p.handle(ready(i, node)):
+            if isinstance(ins, StartTask):
+                got[node] = ins.slot
+    return got
+
+
+@pytest.mark.parametrize("order", [
+    ["n3", "n2", ME, "n6", "n1", "n5"], [ME, "n1", "n2", "n3", "n5", "n6"],
+    ["n6", "n5", "n3", "n2", "n1", ME]], ids=["shuffled", "in order", "reversed"])
+def test_a_ring_orders_the_chain_from_this_nodes_successor(order: list[str]) -> None:
+    """Whatever order the inputs come in, the chain starts after this node and ends here."""
+    assert slots_taken(6, RING, order) == {"n5": 0, "n6": 1, "n1": 2, "n2": 3, "n3": 4, ME: 5}
+
+
+def test_without_a_ring_the_chain_follows_readiness() -> None:
+    assert slots_taken(4, (), ["n3", ME, "n1", "n2"]) == {"n3": 0, ME: 3, "n1": 1, "n2": 2}
+
+
+@pytest.mark.parametrize("k,order,expected", [
+    # fewer inputs than ring members: positions scale to the chain, nearest free slot
+    (3, ["n2", "n5", ME], {"n5": 0, "n2": 1, ME: 2}),
+    # two inputs on one node: the second takes the nearest free slot
+    (4, ["n6", "n6", "n1", ME], {"n6": 1, "n1": 2, ME: 3}),
+    # a node outside the ring takes the first free slot
+    (3, ["x", "n5", ME], {"x": 0, "n5": 1, ME: 2}),
+])
+def test_ring_slots_are_nearest_free(k: int, order: list[str], expected: dict[str, int]) -> None:
+    assert slots_taken(k, RING, order) == expected
