@@ -149,7 +149,6 @@ class Daemon:
             if suspected:
                 fetcher.source_died(node)  # pulls from it resume elsewhere now
                 reductions.node_suspected(node)
-                allreduces.node_lost(node)
             else:
                 reductions.node_trusted(node)
                 member = membership.members[node]

@@ -111,21 +111,19 @@ class Allreduces:
             member.stop(error)
         return orchestrator is not None or member is not None
 
-    def node_lost(self, node: str) -> None:
-        """A member fell silent or died: its stripes are reduced again elsewhere."""
+    def node_died(self, node: str) -> None:
+        """A member died: its stripes are reduced again elsewhere. A member whose caller's
+        node died stops: nobody would reassign a stripe or end the allreduce any more. (A
+        member only suspected keeps its stripes, docs/design.md §4.)"""
         for orchestrator in list(self._orchestrators.values()):
             orchestrator.feed(s.NodeLost(node))
-
-    def node_died(self, node: str) -> None:
-        """...and a member whose caller's node died stops: nobody would reassign a stripe or
-        end the allreduce any more."""
-        self.node_lost(node)
         for member in [m for m in self._members.values() if m.caller == node]:
             member.stop(PeerUnavailableError(f"node {node}, which ran the allreduce into "
                                              f"{member.result.hex()}, died", node=node))
 
     def on_stripe_task(self, peer: str, msg: StripeTask, payload: memoryview | None) -> Ok:
         member = self._members.get(msg.result)
+        check_task(msg)
         if member is None:
             existing = self._d.store.get(msg.result)
             if existing is not None:  # complete here already, or fetched the plain way
@@ -133,7 +131,6 @@ class Allreduces:
                     self._d.rpc.tell(peer, StripeReport(result=msg.result, stripe=-1, gen=0,
                                                         code="", message=""))
                 return Ok()
-            check_task(msg)
             member = Member(self._d, msg, peer, lambda: self._members.pop(msg.result, None))
             self._members[msg.result] = member
         if msg.stripe >= 0:

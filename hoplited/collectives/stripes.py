@@ -15,9 +15,11 @@ takes a stripe is a *member*: it holds the result, fetches the stripes it does n
 reports when the result is complete there (``MemberDone``). Once every live member has, the
 stripes' own ids are dropped (``Cleanup``); the result stays, a plain object.
 
-A member that dies (or falls silent) takes its stripes' reduces with it: each is assigned
-again, under a new generation, to the live member with the fewest stripes; the stripe reduces'
-own repair (docs/design.md §5) handles the lost input in every stripe's tree. A stripe that
+A member that dies takes its stripes' reduces with it: each is assigned again, under a new
+generation, to the live member with the fewest stripes; the stripe reduces' own repair
+(docs/design.md §5) handles the lost input in every stripe's tree. A member that only falls
+silent is not lost: it still holds its part of the result and reduces its stripes once it
+answers, and reassigning them would leave two reducers of one stripe id. A stripe that
 fails for any other reason, or an input that never comes, fails the allreduce (``Fail``);
 a report of an assignment that was replaced is stale and changes nothing.
 
@@ -76,7 +78,7 @@ class InputFailed:
 
 @dataclass(frozen=True, slots=True)
 class NodeLost:
-    """A member died or fell silent: it reduces nothing any more."""
+    """A member died (or could not be given its task): it reduces nothing any more."""
 
     node: str
 

@@ -5,6 +5,7 @@ put again elsewhere, and nothing of the stripes is left once the result is delet
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import numpy as np
 import pytest
@@ -88,6 +89,29 @@ async def test_a_member_killed_mid_allreduce_is_replaced(make_cluster, connect) 
     expected = sum(data(i) for i in range(4))
     for i in (0, 1, 3):
         arr = await asyncio.wait_for(clients[i].get(result, timeout=GET_TIMEOUT), GET_TIMEOUT)
+        np.testing.assert_array_equal(arr, expected)
+
+
+async def test_a_member_only_suspected_keeps_its_stripes(make_cluster, connect) -> None:
+    """Node 2 is frozen (SIGSTOP) mid-allreduce long enough to be suspected, never long
+    enough to be declared dead, then runs again: its stripe is not given to another node
+    (two reducers of one stripe id would each announce their own version), it finishes it,
+    and every node, node 2 included, gets the sum."""
+    cluster = await make_cluster(4, daemon_args=[
+        "--heartbeat-interval", "0.5", "--heartbeat-timeout", "600", "--suspect-after", "1"])
+    clients = [await connect(s) for s in cluster.sockets]
+    ids = [await clients[i].put(data(i)) for i in range(3)] + [ObjectID.random()]
+    result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
+    await asyncio.sleep(0.5)  # stripes 0-2 assigned, every stripe waiting for input 3
+    cluster.kill(2, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(2.0)  # suspected by every other node meanwhile
+    finally:
+        cluster.kill(2, signal.SIGCONT)
+    await clients[3].put(data(3), object_id=ids[3])
+    expected = sum(data(i) for i in range(4))
+    for c in clients:
+        arr = await asyncio.wait_for(c.get(result, timeout=GET_TIMEOUT), GET_TIMEOUT)
         np.testing.assert_array_equal(arr, expected)
 
 
