@@ -113,13 +113,25 @@ class Allreduces:
 
     def node_died(self, node: str) -> None:
         """A member died: its stripes are reduced again elsewhere. A member whose caller's
-        node died stops: nobody would reassign a stripe or end the allreduce any more. (A
-        member only suspected keeps its stripes, docs/design.md §4.)"""
+        node died stops (nobody would reassign a stripe or end the allreduce any more) and
+        records the failure at the result's shard, as the caller's node would have: gets of
+        the result anywhere then fail with that error instead of waiting out their timeouts
+        (a result already complete somewhere is left alone). A member only suspected keeps
+        its stripes (docs/design.md §4)."""
         for orchestrator in list(self._orchestrators.values()):
             orchestrator.feed(s.NodeLost(node))
         for member in [m for m in self._members.values() if m.caller == node]:
-            member.stop(PeerUnavailableError(f"node {node}, which ran the allreduce into "
-                                             f"{member.result.hex()}, died", node=node))
+            error = PeerUnavailableError(f"node {node}, which ran the allreduce into "
+                                         f"{member.result.hex()}, died", node=node)
+            member.stop(error)
+            self._d.tasks.spawn(self._record(member.result, error), name="allreduce-fail")
+
+    async def _record(self, result: ObjectID, error: HopliteError) -> None:
+        """Record the allreduce's failure at its result's shard, if that shard can be reached."""
+        try:
+            await self._d.directory.fail(result, error)
+        except HopliteError as exc:  # its shard died too: gets there time out as before
+            log.warning("allreduce %s: failure not recorded: %s", result.short(), exc)
 
     def on_stripe_task(self, peer: str, msg: StripeTask, payload: memoryview | None) -> Ok:
         member = self._members.get(msg.result)

@@ -19,7 +19,8 @@ A member that dies takes its stripes' reduces with it: each is assigned again, u
 generation, to the live member with the fewest stripes; the stripe reduces' own repair
 (docs/design.md §5) handles the lost input in every stripe's tree. A member that only falls
 silent is not lost: it still holds its part of the result and reduces its stripes once it
-answers, and reassigning them would leave two reducers of one stripe id. A stripe that
+answers, and reassigning them would leave two reducers of one stripe id. If the caller's node
+dies, no plan is left: the members stop and record the failure themselves. A stripe that
 fails for any other reason, or an input that never comes, fails the allreduce (``Fail``);
 a report of an assignment that was replaced is stale and changes nothing.
 

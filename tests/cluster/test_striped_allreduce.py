@@ -12,7 +12,7 @@ import pytest
 from helpers import FAST_HEARTBEAT, IO_TIMEOUT, MiB, eventually, wait_member_dead
 
 import hoplite_client as hc
-from hoplite_client.wire.errors import InvalidArgumentError
+from hoplite_client.wire.errors import InvalidArgumentError, PeerUnavailableError
 from hoplite_client.wire.ids import ObjectID
 
 GET_TIMEOUT = 120.0
@@ -90,6 +90,24 @@ async def test_a_member_killed_mid_allreduce_is_replaced(make_cluster, connect) 
     for i in (0, 1, 3):
         arr = await asyncio.wait_for(clients[i].get(result, timeout=GET_TIMEOUT), GET_TIMEOUT)
         np.testing.assert_array_equal(arr, expected)
+
+
+async def test_the_callers_death_fails_every_get_typed(make_cluster, connect) -> None:
+    """Node 3 starts the allreduce and dies while its stripes wait for an input: the members
+    stop and record why, so every get of the result fails with a typed error naming the dead
+    node long before its own timeout."""
+    cluster = await make_cluster(4, daemon_args=FAST_HEARTBEAT)
+    clients = [await connect(s) for s in cluster.sockets]
+    ids = [await clients[i].put(data(i)) for i in range(4)] + [ObjectID.random()]
+    result = await clients[3].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
+    await asyncio.sleep(0.5)  # stripes assigned, every stripe waiting for the last input
+    caller = cluster.nodes[3].node_id
+    cluster.kill(3)
+    await asyncio.wait_for(cluster.nodes[3].process.wait(), IO_TIMEOUT)
+    await wait_member_dead(clients[0], caller)
+    for c in clients[:3]:
+        with pytest.raises(PeerUnavailableError, match=caller):
+            await asyncio.wait_for(c.get(result, timeout=GET_TIMEOUT), GET_TIMEOUT / 2)
 
 
 async def test_a_member_only_suspected_keeps_its_stripes(make_cluster, connect) -> None:
