@@ -211,6 +211,11 @@ class ReduceWorker:
             task.children[msg.child] = buf
             task.ranges[msg.child] = (first, until)
             self._populate(task, buf)
+        else:  # pulled again, from a new placement: resume at a whole element, never mix
+            # one element's bytes from two values (docs/design.md §5, "Resuming inside an
+            # element"); the slot has combined only whole elements, so nothing it used goes
+            item = task.dtype.itemsize
+            buf.rewind(max(task.ranges[msg.child][0], buf.received - buf.received % item))
         old = task.pulls.get(msg.child)
         if old is not None:
             old.cancel()

@@ -96,6 +96,13 @@ class StoredObject:
     def complete(self) -> bool:
         return self.received == self.size and self.error is None
 
+    def rewind(self, received: int) -> None:
+        """Move the watermark back to ``received``: a reduce's child buffer pulled again
+        from a new placement drops the bytes of an element it holds only in part, since the
+        new placement's value of that element may differ (docs/design.md §5). Only for a
+        buffer nobody reads beyond ``received``."""
+        self.received = min(self.received, received)
+
     def advance(self, received: int) -> None:
         """Move the watermark forward and wake the waiters it satisfies."""
         if received <= self.received:

@@ -7,7 +7,8 @@ few bytes at a time and resume from their watermark; a fold adds an input from t
 element not combined yet; a reshape cuts a child at the later of its bound and what was
 combined. Each element of every object is the multiset of inputs summed into it, so a lost,
 doubled or misplaced input shows, and so does an element whose first bytes were pulled from
-one value and the rest from another (a pull resumed inside an element). Random trees, random interleavings, one node killed at a
+one value and the rest from another (a pull resumed inside an element: a consumer pulling a
+child again resumes at the element boundary, as worker.on_child does). Random trees, random interleavings, one node killed at a
 random step, its input put again on a random live node (and a second node too): the result must be complete and
 exact every time (docs/design.md §5); with two nodes killed, folds give way to restarts.
 """
@@ -184,6 +185,9 @@ class World:
             buf = Buf(Obj(first, [Counter() for _ in range(ELEMENTS)], b""), first,
                       ins.until or SIZE)
             task.children[ins.child_slot] = buf
+        else:  # pulled again: the bytes of a partial element go (worker.on_child)
+            buf.obj.valid = max(buf.first, buf.obj.valid - buf.obj.valid % ITEM)
+            buf.obj.partial = None
         buf.source = (ins.child_node, ins.child_output, ins.child_version)
         buf.stop = ins.until or SIZE
 
@@ -351,17 +355,8 @@ def run(seed: int, deaths: int) -> tuple[World, str]:
     return world, story
 
 
-# Two deaths where a slot restarted after a fold gives its consumer, which resumes inside an
-# element, another value than the one that element began as: a known defect, open in issue 10
-# (strict: these fail the run once they pass, so the mark goes with the fix).
-SPLICED_AFTER_TWO_DEATHS = {(33, 2), (72, 2)}
-
-
-@pytest.mark.parametrize("seed,deaths", [
-    pytest.param(seed, deaths, marks=pytest.mark.xfail(
-        strict=True, reason="a second death splices an element (SPLICED_AFTER_TWO_DEATHS)"))
-    if (seed, deaths) in SPLICED_AFTER_TWO_DEATHS else (seed, deaths)
-    for deaths in (1, 2) for seed in range(300)])
+@pytest.mark.parametrize("seed,deaths", [(seed, deaths) for deaths in (1, 2)
+                                          for seed in range(300)])
 def test_every_byte_of_the_result_holds_every_input_once(seed: int, deaths: int) -> None:
     world, story = run(seed, deaths)
     want = Counter(world.inputs)
