@@ -490,7 +490,9 @@ class ReducePlan:
         self._rewaiting: set[ObjectID] = set()  # backups waited for again, for a repair
         self.spares: list[InputReady] = []  # backups ready, not used (yet)
         self._reconnects: dict[int, tuple[int, float]] = {}  # slot -> (tries, delays summed)
-        self._may_fold = len(inputs) == k  # with backups, a lost slot may restart from 0
+        # with backups, a lost slot may restart from 0; in a stripe, a fold's consumer may
+        # have to pull the input's own bytes, which only a slot reads at the window's offset
+        self._may_fold = len(inputs) == k and window is None
         self.folding: dict[int, FoldState] = {}  # lost slot -> its fold, not in effect yet
         self.folds: dict[int, FoldState] = {}  # lost slot -> its fold, in effect
         self.absorbing: dict[int, Absorb] = {}  # lost slot -> a leaf it takes over, not yet
@@ -651,7 +653,9 @@ class ReducePlan:
     def _put(self, slot: int, node: str, oid: ObjectID, version: bytes, gen: int,
              start: int) -> list[Instruction]:
         """Place ``slot`` on ``node`` with input ``oid``: a leaf's output is its input, any
-        other slot starts a task (the root on this node computes the result in place)."""
+        other slot starts a task (the root on this node computes the result in place). A
+        child that computes only from a later byte than ``start`` (redone after an earlier
+        loss) starts again: this slot reads it from ``start``."""
         shape = self.shape
         assert shape is not None and self.meta is not None
         children = len(shape.children[slot])
@@ -666,8 +670,16 @@ class ReducePlan:
             self.task_nodes.append(node)
         m = self.meta
         lo, hi = self.window or (0, 0)
-        return [StartTask(slot, gen, node, oid, output, self.op, m.dtype, m.shape, children,
-                          start, lo, hi)]
+        out: list[Instruction] = [StartTask(slot, gen, node, oid, output, self.op, m.dtype,
+                                            m.shape, children, start, lo, hi)]
+        for child in shape.children[slot]:
+            c = self.slots.get(child)
+            if c is None and child in self.redo:  # waiting for its input: placed from here
+                self.redo[child].start = min(self.redo[child].start, start)
+            elif (c is not None and c.task and c.node not in self.dead
+                  and self._aligned(c.start) > self._aligned(start)):
+                out += self._restart(child)
+        return out
 
     def _links(self, slot: int) -> list[Instruction]:
         """Edges around ``slot`` (parent's first) and the root pull, that ``slot``'s placement or

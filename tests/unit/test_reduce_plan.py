@@ -962,3 +962,21 @@ def test_without_a_ring_the_chain_follows_readiness() -> None:
 ])
 def test_ring_slots_are_nearest_free(k: int, order: list[str], expected: dict[str, int]) -> None:
     assert slots_taken(k, RING, order) == expected
+
+
+def test_a_stripe_places_a_lost_input_again_rather_than_folding_it() -> None:
+    """In a stripe, an input put again on a node that computes another slot is placed there
+    as a slot of its own: a fold's consumer may have to pull the input's own bytes, and a pull
+    of an input does not know the window (a whole reduce folds it, test above)."""
+    p = stripe_plan(3)
+    p.handle(ready(0, ME))
+    p.handle(ready(1, "n1"))
+    p.handle(ready(2, "n2"))
+    for slot in (2, 0, 1):
+        p.handle(started(slot))
+    p.handle(NodeDied("n1"))
+    assert p.handle(ChildLost(1, 0, t(0), 64, True, BROKEN, t(1))) == [
+        WaitInput(I[1], ("n1",))]
+    out = p.handle(ready(1, "n2"))
+    assert not any(isinstance(x, Fold) for x in out)
+    assert any(isinstance(x, StartTask) and x.slot == 0 and x.node == "n2" for x in out)

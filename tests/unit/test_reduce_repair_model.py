@@ -355,8 +355,18 @@ def run(seed: int, deaths: int) -> tuple[World, str]:
     return world, story
 
 
-@pytest.mark.parametrize("seed,deaths", [(seed, deaths) for deaths in (1, 2)
-                                          for seed in range(300)])
+# Beyond the first 300 seeds: two deaths that once spliced an element or read a redone
+# child's bytes from before its start (fixed), and the two-death cases still open in issue 10
+# (docs/design.md §5; strict: they fail the run once they pass, so the mark goes with a fix).
+FIXED = [(311, 2), (339, 2), (509, 2), (823, 2), (2019, 2)]
+OPEN = {(362, 2): "stuck", (1601, 2): "stuck", (1879, 2): "stuck",
+        (963, 2): "an absorbed leaf's input counted twice", (2261, 2): "a wrong sum"}
+
+
+@pytest.mark.parametrize("seed,deaths", [
+    (seed, deaths) for deaths in (1, 2) for seed in range(300)] + FIXED + [
+    pytest.param(seed, deaths, marks=pytest.mark.xfail(strict=True, reason=why))
+    for (seed, deaths), why in OPEN.items()])
 def test_every_byte_of_the_result_holds_every_input_once(seed: int, deaths: int) -> None:
     world, story = run(seed, deaths)
     want = Counter(world.inputs)
