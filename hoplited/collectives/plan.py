@@ -655,9 +655,15 @@ class ReducePlan:
         """Place ``slot`` on ``node`` with input ``oid``: a leaf's output is its input, any
         other slot starts a task (the root on this node computes the result in place). A
         child that computes only from a later byte than ``start`` (redone after an earlier
-        loss) starts again: this slot reads it from ``start``."""
+        loss) starts again: this slot reads it from ``start``; if a fold relies on that child,
+        the result starts again from byte 0 instead (a restarted child would lose its cut)."""
         shape = self.shape
         assert shape is not None and self.meta is not None
+        late = [c for c in shape.children[slot] if (placed := self.slots.get(c)) is not None
+                and placed.task and placed.node not in self.dead
+                and self._aligned(placed.start) > self._aligned(start)]
+        if any(self._fold_relies_on(c) for c in late):
+            return self._restart_all()
         children = len(shape.children[slot])
         in_place = slot == shape.root and node == self.me
         if children == 0 and not in_place and self.window is None:  # a stripe's leaf copies
@@ -673,12 +679,10 @@ class ReducePlan:
         out: list[Instruction] = [StartTask(slot, gen, node, oid, output, self.op, m.dtype,
                                             m.shape, children, start, lo, hi)]
         for child in shape.children[slot]:
-            c = self.slots.get(child)
-            if c is None and child in self.redo:  # waiting for its input: placed from here
+            if self.slots.get(child) is None and child in self.redo:  # placed from here later
                 self.redo[child].start = min(self.redo[child].start, start)
-            elif (c is not None and c.task and c.node not in self.dead
-                  and self._aligned(c.start) > self._aligned(start)):
-                out += self._restart(child)
+        for child in late:
+            out += self._restart(child)
         return out
 
     def _links(self, slot: int) -> list[Instruction]:
