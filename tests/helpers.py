@@ -262,5 +262,7 @@ async def assert_healthy_after_abuse(cluster: Any) -> None:
     assert max(used) < IDLE_CPU, f"daemons busy after the abuse: {used} CPU s"
     for node in cluster.nodes:
         with open(node.log_path, errors="replace") as f:
-            assert "Traceback" not in f.read(), f"a traceback in daemon {node.index}'s log"
+            log = f.read()
+        at = log.find("Traceback")
+        assert at < 0, f"a traceback in daemon {node.index}'s log:\n{log[max(0, at - 400):at + 3000]}"
     await put_get_roundtrip(cluster.sockets[0], cluster.sockets[1])

@@ -13,6 +13,7 @@ import numpy as np
 
 from hoplite_client.wire.errors import InvalidArgumentError
 from hoplite_client.wire.ids import ObjectID
+from hoplited.memory.store import parse_dtype
 
 OPS: dict[str, Any] = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
 NUMERIC_KINDS = "biufc"  # bool, signed, unsigned, float, complex
@@ -33,7 +34,7 @@ def check_op(op: str) -> None:
 def check_reducible(op: str, dtype: str) -> None:
     """Refuse an unknown op or a dtype that is not numeric."""
     check_op(op)
-    if np.dtype(dtype).kind not in NUMERIC_KINDS:
+    if parse_dtype(dtype).kind not in NUMERIC_KINDS:
         raise InvalidArgumentError(f"cannot reduce dtype {dtype}: numeric types only")
 
 

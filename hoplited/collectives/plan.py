@@ -576,8 +576,6 @@ class ReducePlan:
                 check_reducible(self.op, ev.dtype)
             except InvalidArgumentError as exc:
                 return self._fail(exc)
-            except TypeError:  # numpy does not know the dtype at all
-                return self._fail(InvalidArgumentError(f"cannot reduce dtype {ev.dtype}"))
             self.whole = self.meta = ev
             if self.window is not None:
                 lo, hi = self.window

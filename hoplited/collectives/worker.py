@@ -173,8 +173,12 @@ class ReduceWorker:
     @staticmethod
     def _extent(own: StoredObject, msg: ReduceTask) -> tuple[int, list[int]]:
         """The size and shape of the task's output: the input's, or its stripe's."""
-        dtype = np.dtype(msg.dtype)
-        if own.dtype != msg.dtype or own.size % dtype.itemsize:
+        if own.dtype != msg.dtype:  # compared as text first: a peer's text is parsed only
+            # once it is the stored input's, which the store checked
+            raise InvalidArgumentError(f"input {msg.input.hex()} is {own.dtype}{own.shape} "
+                                       f"({own.size} bytes), not {msg.dtype} elements")
+        dtype = np.dtype(own.dtype)
+        if own.size % dtype.itemsize:
             raise InvalidArgumentError(f"input {msg.input.hex()} is {own.dtype}{own.shape} "
                                        f"({own.size} bytes), not whole {msg.dtype} elements")
         if not msg.hi:

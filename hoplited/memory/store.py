@@ -23,6 +23,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -41,12 +42,24 @@ log = logging.getLogger("hoplited.store")
 VERSION_SIZE = 8  # random per put: a resumed transfer never splices two different objects
 
 
+MAX_DTYPE_TEXT = 64  # far above any plain dtype ("<c16", "|S1048576"); parsing stays cheap
+
+
+def parse_dtype(dtype: str) -> np.dtype[Any]:
+    """``dtype`` as numpy reads it; text numpy cannot read is an InvalidArgumentError. Numpy's
+    parser raises TypeError, ValueError or even SyntaxError (a "09d7..." node id read as a
+    repeat count), so every exception it raises on foreign text counts as unknown."""
+    if len(dtype) > MAX_DTYPE_TEXT:
+        raise InvalidArgumentError(f"dtype text of {len(dtype)} characters: unknown")
+    try:
+        return np.dtype(dtype)
+    except Exception as exc:  # any failure to parse foreign text, see the docstring
+        raise InvalidArgumentError(f"unknown dtype {dtype!r}") from exc
+
+
 def check_meta(dtype: str, shape: list[int], size: int) -> None:
     """Reject dtypes numpy cannot rebuild without pickling, and sizes that disagree with them."""
-    try:
-        dt = np.dtype(dtype)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgumentError(f"unknown dtype {dtype!r}") from exc
+    dt = parse_dtype(dtype)
     if dt.hasobject or dt.kind not in "biufcmMSUV" or dt.fields is not None:
         raise InvalidArgumentError(f"dtype {dtype!r} is not a plain numeric or bytes type")
     if any(d < 0 for d in shape) or len(shape) > 32:

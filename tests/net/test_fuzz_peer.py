@@ -41,7 +41,7 @@ MORE_REPLIES = 0.001
 POOL = [ObjectID.random() for _ in range(24)]  # ids reused across requests
 INTS = [0, 1, -1, 3, 65536, 2**31, 2**63 - 1, -(2**63), 2**64 - 1]
 FLOATS = [0.0, 0.01, 1.0, -1.0, math.nan, math.inf, -math.inf, 1e308]
-STRS = ["", "sum", "<f4", "O", "nonexistent-node", "x" * 5000, "\udcff".encode(
+STRS = ["", "sum", "<f4", "O", "09d76a56d9d6", "nonexistent-node", "x" * 5000, "\udcff".encode(
     "utf-8", "surrogateescape").decode("latin-1")]
 
 

@@ -342,7 +342,7 @@ CASES = [
     ]),
     Case("unknown-dtype", k=1, steps=[
         (ready(0, "n0", dtype="nonsense"),
-         [Fail(InvalidArgumentError("cannot reduce dtype nonsense"))]),
+         [Fail(InvalidArgumentError("unknown dtype 'nonsense'"))]),
     ]),
     Case("no-holder", k=1, steps=[
         (ready(0), [Fail(PeerUnavailableError(f"input {I[0].hex()} has no holder",
