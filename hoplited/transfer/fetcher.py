@@ -421,7 +421,7 @@ class Fetcher:
         try:
             protocol.send(Pull(rid=1, oid=remote, version=version, offset=start))
             frame = await self._watch(protocol, obj, done,
-                                      self._stall_timeout if stall is None else stall)
+                                      self._stall_timeout if stall is None else stall, source)
         except ConnectionLostError as exc:
             if not answered and obj.error is None:
                 raise _Unanswered(exc) from None
@@ -452,9 +452,14 @@ class Fetcher:
 
     async def _watch(self, protocol: FrameProtocol, obj: StoredObject,
                      done: asyncio.Future[Frame[DataStream | Error] | None],
-                     stall: float) -> Frame[DataStream | Error] | None:
-        """Wait for the stream to end; a silent source (no byte for ``stall`` s) fails."""
+                     stall: float, source: str) -> Frame[DataStream | Error] | None:
+        """Wait for the stream to end; a silent source (no byte for ``stall`` s) fails, unless
+        the membership still trusts it: then it only waits upstream (a partial holder or a
+        result that has no bytes yet, docs/design.md §5, "Stalls behind a result"), and
+        fails only after the configured cap. A frozen or dead source is not trusted within a
+        second or two, and its pulls are aborted then anyway (``source_died``)."""
         seen = obj.received
+        silent = 0.0
         while True:
             waiters: set[asyncio.Future[Any]] = {done, protocol.closed}
             finished, _ = await asyncio.wait(waiters, timeout=stall,
@@ -464,8 +469,10 @@ class Fetcher:
             if protocol.closed in finished:
                 raise ConnectionLostError(f"source closed the stream at {obj.received}"
                                           f"/{obj.size} bytes")
-            if obj.received == seen:
-                raise HopliteTimeoutError(f"source sent nothing for {stall}s")
+            silent = silent + stall if obj.received == seen else 0.0
+            if silent and (silent >= self._stall_timeout
+                           or not self._membership.is_trusted(source)):
+                raise HopliteTimeoutError(f"source sent nothing for {silent:g}s")
             seen = obj.received
 
 
