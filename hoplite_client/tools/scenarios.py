@@ -191,9 +191,12 @@ Scenario = Callable[[BenchContext, int], Awaitable[float]]
 # the scenarios
 
 
-async def put_all(ctx: BenchContext, ids: list[hoplite_client.ObjectID]) -> float:
+async def put_all(ctx: BenchContext, ids: list[hoplite_client.ObjectID],
+                  then: Callable[[int], None] | None = None) -> float:
     """Every node puts its input under ``ids[i]``, at once or ``interval`` apart; returns the
-    time the last put completed (the moment every input exists)."""
+    time the last put completed (the moment every input exists). ``then(i)`` runs once node
+    i's put is done (``interval`` > 0 only): a participant that waits for the result once it
+    has contributed."""
     if ctx.interval <= 0:
         await asyncio.gather(*(c.put(ctx.data(i), object_id=ids[i])
                                for i, c in enumerate(ctx.clients)))
@@ -202,6 +205,8 @@ async def put_all(ctx: BenchContext, ids: list[hoplite_client.ObjectID]) -> floa
         if i:
             await asyncio.sleep(ctx.interval)
         await c.put(ctx.data(i), object_id=ids[i])
+        if then is not None:
+            then(i)
         ctx.progress.update(f"{ctx.label}: input {i + 1}/{len(ctx.clients)} put")
     return time.perf_counter()
 
@@ -247,11 +252,16 @@ async def _reduce(ctx: BenchContext, everyone_gets: bool) -> float:
             return root.allreduce(ids, op, timeout=timeout, striped=ctx.striped)
         return root.reduce(ids, op, timeout=timeout)
 
-    if ctx.interval > 0:  # asynchrony: the reduce waits for inputs that arrive one by one
+    if ctx.interval > 0:  # asynchrony: the reduce waits for inputs that arrive one by one,
+        # and each participant asks for the result once it has put its input (as a task does)
         result = await start_reduce(ids, "sum", timeout=GET_TIMEOUT)
-        getters = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT))
-                   for c in (ctx.clients if everyone_gets else [root])]
-        start = await put_all(ctx, ids)
+        getters: list[asyncio.Future[NDArray[Any]]] = []
+
+        def wait_result(i: int) -> None:
+            if everyone_gets or i == 0:
+                getters.append(asyncio.ensure_future(
+                    ctx.clients[i].get(result, timeout=GET_TIMEOUT)))
+        start = await put_all(ctx, ids, wait_result)
     else:
         start = await put_all(ctx, ids)
         result = await start_reduce(ids, "sum", timeout=GET_TIMEOUT)

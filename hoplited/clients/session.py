@@ -177,7 +177,7 @@ class ClientSession:
             self.d.allreduces.start(msg.result, msg.inputs, msg.op, msg.timeout)
         else:
             self.d.reductions.start(msg.result, msg.inputs, msg.op, len(msg.inputs),
-                                    msg.timeout)
+                                    msg.timeout, everyone=True)
         return Ok()
 
     async def on_reduced_inputs(self, me: str, msg: ReducedInputs,

@@ -118,13 +118,14 @@ class Reductions:
 
     def start(self, result: ObjectID, inputs: list[ObjectID], op: str, k: int,
               timeout: float | None, window: tuple[int, int] | None = None,
-              ring: tuple[str, ...] = ()) -> None:
+              ring: tuple[str, ...] = (), everyone: bool = False) -> None:
         """Validate and start a reduce into ``result`` (of the inputs' bytes ``window`` only,
-        if given; slots in ``ring`` order, if given); it runs in the background."""
+        if given; slots in ``ring`` order, if given; ``everyone``: an allreduce, every node
+        gets the result); it runs in the background."""
         model = self._deps.link_model
         plan = p.ReducePlan(result, inputs, k, op, self._deps.me, depth=lambda n, size: (
             tree_depth(n, size, model.bandwidth, model.latency)), patience=self._deps.patience,
-            window=window, ring=ring)
+            window=window, ring=ring, everyone=everyone)
         if result in self._running or self._deps.store.get(result) is not None:
             raise ObjectExistsError(f"object {result.hex()} already exists")
         coordinator = ReduceCoordinator(self._deps, plan, inputs, timeout)

@@ -453,11 +453,14 @@ class ReducePlan:
     the result is then that stripe, a flat array of ``hi - lo`` bytes. ``ring``: the nodes in
     ring order; an input held elsewhere then takes the free slot nearest its node's distance
     after ``me`` there, rather than the first free one (docs/design.md §4, "Ring-ordered
-    stripes")."""
+    stripes"). ``everyone``: every node gets the result (a plain allreduce); if the first
+    input is held here, it takes the root and the last input a leaf of the root's
+    (docs/design.md §4, "The last input hangs on the root")."""
 
     def __init__(self, result: ObjectID, inputs: list[ObjectID], k: int, op: str, me: str,
                  depth: Callable[[int, int], int], patience: float = 6.0,
-                 window: tuple[int, int] | None = None, ring: tuple[str, ...] = ()) -> None:
+                 window: tuple[int, int] | None = None, ring: tuple[str, ...] = (),
+                 everyone: bool = False) -> None:
         if not inputs or not 1 <= k <= len(inputs):
             raise InvalidArgumentError(f"num_objects must be between 1 and the "
                                        f"{len(inputs)} inputs")
@@ -467,6 +470,8 @@ class ReducePlan:
         check_op(op)
         self.window = window
         self.ring = ring
+        self.everyone = everyone
+        self._last_leaf = False  # the tree's shape: see tree_shape
         self.result, self.k, self.op, self.me, self._depth = result, k, op, me, depth
         self.patience = patience
         self._waiting: dict[ObjectID, int] = {}  # input -> times listed, until ready
@@ -587,7 +592,9 @@ class ReducePlan:
                 self.meta = replace(ev, size=hi - lo, shape=((hi - lo) // item,))
             m = self.meta
             if m.size > INLINE_MAX:
-                self.shape = tree_shape(self.k, self._depth(self.k, m.size))
+                self._last_leaf = (self.everyone and self.window is None
+                                   and self.me in ev.holders)
+                self.shape = tree_shape(self.k, self._depth(self.k, m.size), self._last_leaf)
                 out.append(OpenResult(m.size, m.dtype, m.shape))
         elif not self._fits(ev):
             return self._fail(self._mismatch(ev))
@@ -1172,7 +1179,8 @@ class ReducePlan:
         self._may_fold = False
         self._broken.clear()
         self._reconnects.clear()
-        self.shape = shape = tree_shape(self.k, self._depth(self.k, self.meta.size))
+        self.shape = shape = tree_shape(self.k, self._depth(self.k, self.meta.size),
+                                        self._last_leaf)
         out: list[Instruction] = [RestartResult()]
         placed, self.slots = self.slots, {}  # none is linked to before it is placed anew
         for slot in range(shape.size):

@@ -56,11 +56,17 @@ def _build(count: int, depth: int) -> _Node | None:
     return _Node(_build(left, depth - 1), _build(rest - left, depth - 1))
 
 
-def tree_shape(n: int, depth: int) -> TreeShape:
-    """The tree for ``n`` slots at ``depth`` (≤ 0: one chain), numbered in order."""
+def tree_shape(n: int, depth: int, last_leaf: bool = False) -> TreeShape:
+    """The tree for ``n`` slots at ``depth`` (≤ 0: one chain), numbered in order.
+    ``last_leaf``: a chain of ``n`` ≥ 3 ends as a chain of ``n - 2`` and a leaf, both children
+    of the root, so the last input pulled is pulled by the root itself (an allreduce whose
+    root is computed in place, docs/design.md §4, "The last input hangs on the root")."""
     if n < 1:
         raise ValueError("a reduce needs at least one input")
-    root = _build(n, depth)
+    if last_leaf and depth <= 0 and n >= 3:
+        root: _Node | None = _Node(_build(n - 2, 0), _Node(None, None))
+    else:
+        root = _build(n, depth)
     order: list[_Node] = []
     stack: list[_Node] = []
     node = root

@@ -55,13 +55,15 @@ class Combine:
 
 
 class ReduceRun:
-    """One reduce of ``inputs`` (already put) into ``result``, coordinated on node ``me``."""
+    """One reduce of ``inputs`` (already put) into ``result``, coordinated on node ``me``;
+    ``everyone``: an allreduce, whose plan may shape the tree for it."""
 
     def __init__(self, cluster: Cluster, me: str, result: ObjectID, inputs: list[ObjectID],
-                 op: str = "sum") -> None:
+                 op: str = "sum", everyone: bool = False) -> None:
         self.cluster, self.me, self.result = cluster, me, result
         self.depth: int | None = None  # the tree depth the plan chose (0: one chain)
-        self.plan = p.ReducePlan(result, inputs, len(inputs), op, me, depth=self._depth)
+        self.plan = p.ReducePlan(result, inputs, len(inputs), op, me, depth=self._depth,
+                                 everyone=everyone)
         self._inputs = list(dict.fromkeys(inputs))
         self.tasks: dict[int, Combine] = {}  # by slot
         self.published_at: float | None = None

@@ -84,7 +84,7 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
             wanted = [(node_name(0), oid) for oid in ids]
         else:
             result = object_id(f"{op}-result")
-            run = ReduceRun(c, node_name(0), result, ids)
+            run = ReduceRun(c, node_name(0), result, ids, everyone=op == "allreduce")
             run.start()
             getters = range(nodes) if op == "allreduce" else [0]
             wanted = [(node_name(i), result) for i in getters]

@@ -8,6 +8,7 @@ import mmap
 import random
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -397,14 +398,41 @@ async def test_allreduce_64mib_on_8_nodes(make_cluster, connect) -> None:
     await asyncio.sleep(0.3)
     assert not any(g.done() for g in gets), "the result exists before its last input"
     await clients[7].put(arrays[7], object_id=ids[7])
+    await every_node_got_the_sum(cluster, clients, gets, arrays)
+
+
+async def every_node_got_the_sum(cluster: Any, clients: list[hc.Client],
+                                 gets: list[asyncio.Task[Any]], arrays: list[Any]) -> None:
+    """Every get returns the same bytes, numpy's sum of ``arrays``; afterwards each node holds
+    its input and the result only (no temporaries)."""
     outs = await asyncio.gather(*gets)
     for i, out in enumerate(outs):
         assert same_bytes(out, outs[0]), f"node {i} got different bytes"
     check_result(outs[0], "sum", arrays, "allreduce")
-    del outs, gets
-    size = 64 * MiB
-    await wait_settled(clients[0], cluster, {i: 2 for i in range(8)},
-                       {i: [size, size] for i in range(8)})
+    del outs
+    gets.clear()
+    size = arrays[0].nbytes
+    await wait_settled(clients[0], cluster, {i: 2 for i in range(len(clients))},
+                       {i: [size, size] for i in range(len(clients))})
+
+
+async def test_allreduce_with_inputs_put_one_by_one(make_cluster, connect) -> None:
+    """An allreduce issued on node 0, whose input comes first, the others put 0.1 s apart,
+    each node asking for the result once it has put its input (the last input then hangs on
+    the root, docs/design.md §4): every node gets numpy's sum; no temporaries remain."""
+    n = 6
+    cluster = await make_cluster(n, capacity="512MiB")
+    clients = [await connect(s) for s in cluster.sockets]
+    rng = np.random.default_rng(56)
+    arrays = [rng.random(2 * MiB, dtype=np.float32) for _ in range(n)]
+    ids = [hc.ObjectID.random() for _ in range(n)]
+    result = await clients[0].allreduce(ids)
+    gets = []
+    for c, oid, x in zip(clients, ids, arrays, strict=True):
+        await c.put(x, object_id=oid)
+        gets.append(asyncio.create_task(c.get(result, timeout=GET_TIMEOUT)))
+        await asyncio.sleep(0.1)
+    await every_node_got_the_sum(cluster, clients, gets, arrays)
 
 
 async def test_no_temporaries_remain_after_reduces(make_cluster, connect) -> None:

@@ -138,6 +138,7 @@ class Case:
     depth: int = 0
     inputs: tuple[int, ...] = ()  # explicit input indices (overrides n)
     patience: float = 1.5
+    everyone: bool = False  # an allreduce
 
 
 DONE: tuple[Event, list[Instruction]] = (ResultComplete(), [Publish()])
@@ -222,6 +223,23 @@ CASES = [
         (started(1), [conn(2, ME, 1, "n2", out(1), t(1)), conn(1, "n2", 0, "n1", I[1], v(1))]),
         DONE,
         (Published(), [Release((ME, "n2"))]),
+    ]),
+    # an allreduce whose first input is here: the root here pulls the chain of the early
+    # inputs and, as a leaf of its own, the last input (docs/design.md §4)
+    Case("allreduce-local-first-last-input-hangs-on-root", k=4, everyone=True, steps=[
+        (ready(0, ME), [OPEN, task(2, ME, 0, R, 2)]),
+        (ready(1, "n1"), []),  # slot 0, the chain's leaf
+        (ready(2, "n2"), [task(1, "n2", 2, out(1), 1)]),
+        (started(2), []),
+        (ready(3, "n3"), [conn(2, ME, 3, "n3", I[3], v(3))]),  # slot 3: the root's leaf
+        (started(1), [conn(2, ME, 1, "n2", out(1), t(1)), conn(1, "n2", 0, "n1", I[1], v(1))]),
+        DONE,
+        (Published(), [Release((ME, "n2"))]),
+    ]),
+    Case("allreduce-first-input-elsewhere-keeps-the-chain", k=3, everyone=True, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, ME), [task(2, ME, 1, R, 1)]),  # the root, as in any reduce
+        (ready(2, "n2"), [task(1, "n2", 2, out(1), 1)]),
     ]),
     Case("tree-local-input-arriving-late-takes-root", k=3, n=4, depth=1, steps=[
         (ready(0, "n0"), [OPEN]),
@@ -747,7 +765,8 @@ CASES = [
 def test_plan(case: Case) -> None:
     idx = case.inputs or tuple(range(case.n or case.k))
     plan = ReducePlan(R, [I[i] for i in idx], case.k, "sum", ME,
-                      depth=lambda k, size: case.depth, patience=case.patience)
+                      depth=lambda k, size: case.depth, patience=case.patience,
+                      everyone=case.everyone)
     for i, (event, expected) in enumerate(case.steps):
         assert norm(plan.handle(event)) == norm(expected), f"step {i}: {event}"
 

@@ -46,3 +46,22 @@ def test_a_chain_of_thousands_of_slots_is_built() -> None:
     """One chain is what large objects get; its length is the number of inputs, unbounded."""
     shape = tree_shape(5000, 0)
     assert shape.root == 4999 and shape.parent[0] == 1 and shape.children[4999] == [4998]
+
+
+@pytest.mark.parametrize("n, root, children", [
+    (1, 0, [[]]),
+    (2, 1, [[], [0]]),  # too short to split: a chain
+    (3, 1, [[], [0, 2], []]),
+    (8, 6, [[], [0], [1], [2], [3], [4], [5, 7], []]),
+])
+def test_the_last_leaf_hangs_on_the_root(n: int, root: int,
+                                         children: list[list[int]]) -> None:
+    """``last_leaf``: a chain of n - 2 and the last slot, a leaf, both under the root, so the
+    input that arrives last is pulled by the root itself; slots stay in order."""
+    shape = tree_shape(n, 0, last_leaf=True)
+    assert shape.root == root and shape.children == children
+
+
+def test_the_last_leaf_leaves_trees_alone() -> None:
+    """A tree (depth > 0) already hangs late inputs on the right: unchanged."""
+    assert tree_shape(15, 3, last_leaf=True) == tree_shape(15, 3)
