@@ -667,7 +667,8 @@ class ReducePlan:
         late = [c for c in shape.children[slot] if (placed := self.slots.get(c)) is not None
                 and placed.task and placed.node not in self.dead
                 and self._aligned(placed.start) > self._aligned(start)]
-        if any(self._fold_relies_on(c) for c in late):
+        if any(self._fold_relies_on(c) for c in late):  # this slot is placed by the restart
+            self.slots[slot] = Slot(node, oid, oid, version, task=False, gen=gen, start=start)
             return self._restart_all()
         children = len(shape.children[slot])
         in_place = slot == shape.root and node == self.me
@@ -1062,6 +1063,10 @@ class ReducePlan:
         # consumer stopped inside one: the lost slot's new output must hold the old value up
         # to that element's end, which the consumer completes from it
         start = self._aligned(redo.start + self._item() - 1)
+        # nor below the byte the consumer reads the leaf from: a fold hung the leaf on it
+        # from the fold's start, and below that the leaf came in the folded slot's old sums
+        start = max([start] + [f.start for f in self.folds.values()
+                               if f.parent == parent and leaf in f.children])
         return [Reshape(parent, consumer.node, consumer.version, leaf, start, 0)]
 
     def _cut(self, absorb: Absorb, until: int) -> list[Instruction]:

@@ -20,7 +20,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -90,6 +90,7 @@ class SlotTask:
     combined: int = 0  # the first byte not combined yet (nor being combined)
     runner: asyncio.Task[None] | None = None
     pulls: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    sources: dict[int, ReduceChild] = field(default_factory=dict)  # child -> its last placing
 
     def change(self) -> None:
         """A fold or reshape changed what the combine loop reads: it reads it again."""
@@ -220,14 +221,19 @@ class ReduceWorker:
             # element"); the slot has combined only whole elements, so nothing it used goes
             item = task.dtype.itemsize
             buf.rewind(max(task.ranges[msg.child][0], buf.received - buf.received % item))
+        self._pull(task, buf, msg)
+        task.check_children()
+        return Ok()
+
+    def _pull(self, task: SlotTask, buf: StoredObject, msg: ReduceChild) -> None:
+        """(Re)start pulling child ``msg.child`` into ``buf`` as ``msg`` says."""
         old = task.pulls.get(msg.child)
         if old is not None:
             old.cancel()
+        task.sources[msg.child] = msg
         task.pulls[msg.child] = self._tasks.spawn(self._pull_child(task, buf, msg),
                                                   name="reduce-pull",
                                                   on_error=functools.partial(self._failed, task))
-        task.check_children()
-        return Ok()
 
     def on_fold(self, peer: str, msg: ReduceFold, payload: memoryview | None) -> Folded:
         """Add a lost slot's input, held here, to one of our slots' sums from the first byte
@@ -268,7 +274,14 @@ class ReduceWorker:
             cut = min(until, max(first, cut))
             task.ranges[msg.child] = (first, cut)
             pull = task.pulls.pop(msg.child, None)
-            if pull is not None:
+            buf, source = task.children[msg.child], task.sources.get(msg.child)
+            if pull is not None and not pull.done() and buf.received < cut and source:
+                # bytes below the cut are still to come: pulled on from the same source and
+                # version up to the cut only (a leaf taken over from a byte past what had
+                # arrived, docs/design.md §5)
+                task.pulls[msg.child] = pull
+                self._pull(task, buf, replace(source, until=cut))
+            elif pull is not None:
                 pull.cancel()
         elif cut > task.start:
             raise InvalidArgumentError(f"slot {msg.slot} has no bytes of child {msg.child} "
