@@ -825,7 +825,11 @@ class ReducePlan:
                 continue
             parent = shape.parent[slot]
             consumer = None if parent is None else self.slots.get(parent)
-            if parent in self.redo or (consumer is not None and consumer.node in self.dead):
+            if parent in self.redo:  # the consumer waits to be placed again: its repair
+                # looked at its children before this death, so this slot is redone now
+                out += self._repair(slot, self.redo[parent].start)
+                continue
+            if consumer is not None and consumer.node in self.dead:
                 continue  # the consumer is lost too: its repair redoes this slot
             offset = self._broken.pop(slot, None)
             if offset is None and not placed.connected:
@@ -1067,6 +1071,18 @@ class ReducePlan:
         # from the fold's start, and below that the leaf came in the folded slot's old sums
         start = max([start] + [f.start for f in self.folds.values()
                                if f.parent == parent and leaf in f.children])
+        # nor below where a slot on the leaf's way up to the lost slot's (up to where the two
+        # ways meet) computes from: below it, its consumer holds an older placement's sums,
+        # which have the leaf's input in them already
+        assert shape is not None
+        ours = set(redo_path(shape, slot))
+        up: int | None = parent
+        while up is not None and up not in ours:
+            placed_up = self.slots.get(up)
+            redone = self.redo.get(up)
+            start = max(start, self._aligned(placed_up.start if placed_up is not None
+                                             else redone.start if redone is not None else 0))
+            up = shape.parent[up]
         return [Reshape(parent, consumer.node, consumer.version, leaf, start, 0)]
 
     def _cut(self, absorb: Absorb, until: int) -> list[Instruction]:

@@ -365,21 +365,18 @@ def run(seed: int, deaths: int, everyone: bool = False) -> tuple[World, str]:
 
 
 # Beyond the first 300 seeds: seeds that once ended wrong (a spliced element, a redone child
-# read from before its start, a leaf taken over below the byte its consumer read it from: a
+# read from before its start, a leaf taken over below where its sums still reach the taker: a
 # wrong sum) or stuck (a cut leaf whose pull stopped short of the cut; a slot dropped by a
-# restart of the whole result), all fixed. Three deaths: the first 100 seeds with four inputs
-# or more, and those still open in issue 10 (docs/design.md §5; strict: they fail the run once
-# they pass, so the mark goes with a fix).
+# restart of the whole result; a child on a dead node whose consumer waited to be placed
+# again), all fixed; and three deaths, the first 100 seeds with four inputs or more.
 FIXED = [(311, 2), (339, 2), (509, 2), (823, 2), (963, 2), (2019, 2), (2261, 2), (362, 2),
-         (1601, 2), (1879, 2), (3404, 2), (6017, 2), (7319, 2), (4317, 1)]
+         (1601, 2), (1879, 2), (3404, 2), (6017, 2), (7319, 2), (4317, 1), (411, 3), (1963, 3),
+         (2902, 3), (3573, 3), (14974, 3)]
 THREE = [(s, 3) for s in range(200) if random.Random(s).randint(3, 7) >= 4][:100]
-OPEN = {(411, 3): "stuck", (1963, 3): "stuck", (2902, 3): "stuck", (3573, 3): "stuck"}
 
 
 @pytest.mark.parametrize("seed,deaths", [
-    (seed, deaths) for deaths in (1, 2) for seed in range(300)] + FIXED + THREE + [
-    pytest.param(seed, deaths, marks=pytest.mark.xfail(strict=True, reason=why))
-    for (seed, deaths), why in OPEN.items()])
+    (seed, deaths) for deaths in (1, 2) for seed in range(300)] + FIXED + THREE)
 def test_every_byte_of_the_result_holds_every_input_once(seed: int, deaths: int) -> None:
     check_every_byte(seed, deaths)
 
@@ -395,15 +392,11 @@ def check_every_byte(seed: int, deaths: int, everyone: bool = False) -> None:
 
 
 # The same model for an allreduce whose first input is here: on a chain the last input hangs
-# on the root (tree_shape's last_leaf). Seeds that ended wrong or stuck on trees before the
-# fixes above, and one three-death seed still open.
-FIXED_ALLREDUCE = [(244, 2), (892, 2), (1043, 2), (1106, 2), (1279, 1)]
-OPEN_ALLREDUCE = {(2194, 3): "stuck"}
+# on the root (tree_shape's last_leaf). Seeds that ended wrong or stuck before the fixes above.
+FIXED_ALLREDUCE = [(244, 2), (892, 2), (1043, 2), (1106, 2), (1279, 1), (2194, 3)]
 
 
 @pytest.mark.parametrize("seed,deaths", [
-    (seed, deaths) for deaths in (1, 2) for seed in range(150)] + FIXED_ALLREDUCE + [
-    pytest.param(seed, deaths, marks=pytest.mark.xfail(strict=True, reason=why))
-    for (seed, deaths), why in OPEN_ALLREDUCE.items()])
+    (seed, deaths) for deaths in (1, 2) for seed in range(150)] + FIXED_ALLREDUCE)
 def test_an_allreduce_root_with_the_last_leaf_is_repaired_too(seed: int, deaths: int) -> None:
     check_every_byte(seed, deaths, everyone=True)
