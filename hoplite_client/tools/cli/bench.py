@@ -65,11 +65,18 @@ class BenchResult:
         return None if self.rate_bps is None else optimum(self.op, self.size, self.nodes,
                                                           self.rate_bps)
 
+    @property
+    def s_over_rate(self) -> float | None:
+        """One object's time on one link, S/RATE: what the issue's targets are ratios to
+        (for an allreduce with staggered inputs, the least time after the last arrival)."""
+        return None if self.rate_bps is None else self.size * 8 / self.rate_bps
+
     def as_dict(self) -> dict[str, Any]:
-        """The JSON record: the fields plus median, optimum and their ratio."""
+        """The JSON record: the fields plus median, optimum, S/RATE and the ratios."""
         ratio = None if self.optimum is None else self.median / self.optimum
+        per_link = None if self.s_over_rate is None else self.median / self.s_over_rate
         return {**asdict(self), "median_s": self.median, "optimum_s": self.optimum,
-                "ratio_to_optimum": ratio}
+                "ratio_to_optimum": ratio, "ratio_to_s_over_rate": per_link}
 
 
 def common_options(fn: F) -> F:
@@ -225,6 +232,8 @@ def _make_command(op: str) -> click.Command:
             raise click.ClickException(str(exc)) from exc
         ratio = "" if result.optimum is None else (
             f", {result.median / result.optimum:.2f}x the optimum {result.optimum * 1e3:.1f} ms")
+        if result.s_over_rate is not None and result.s_over_rate != result.optimum:
+            ratio += f", {result.median / result.s_over_rate:.2f}x S/RATE"
         click.echo(f"median {result.median * 1e3:.1f} ms over {len(result.runs)} runs "
                    f"({nbytes / result.median / 1e6:.1f} MB/s{ratio}); every result checked")
         if result.failure is not None:

@@ -1,0 +1,29 @@
+"""BenchResult's JSON record: ratios to the optimum and to S/RATE (the issue's yardstick)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hoplite_client.tools.cli.bench import BenchResult
+
+pytestmark = pytest.mark.unit
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("op, median, to_optimum, to_link", [
+    ("broadcast", 0.2684, 1.0, 1.0),
+    ("allreduce", 0.4415, 0.822, 1.645),  # the optimum counts the object twice
+    ("allreduce", 0.2822, 0.526, 1.051),  # staggered inputs: after the last arrival
+])
+def test_ratios(op: str, median: float, to_optimum: float, to_link: float) -> None:
+    result = BenchResult(op, 8, 32 * MiB, "local", rate_bps=1_000_000_000,
+                         arrival_interval=0.1, runs=[median])
+    record = result.as_dict()
+    assert record["ratio_to_optimum"] == pytest.approx(to_optimum, abs=1e-3)
+    assert record["ratio_to_s_over_rate"] == pytest.approx(to_link, abs=1e-3)
+
+
+def test_no_ratios_on_loopback() -> None:
+    record = BenchResult("reduce", 4, MiB, "local", runs=[0.01]).as_dict()
+    assert record["ratio_to_optimum"] is None and record["ratio_to_s_over_rate"] is None
