@@ -435,6 +435,25 @@ async def test_allreduce_with_inputs_put_one_by_one(make_cluster, connect) -> No
     await every_node_got_the_sum(cluster, clients, gets, arrays)
 
 
+async def test_a_get_of_a_result_waits_while_its_inputs_are_slow_to_come(make_cluster,
+                                                                          connect) -> None:
+    """The result exists (its first input is here) but the second input comes 15 s later:
+    the get on another node keeps waiting on the result's trusted, silent node and then gets
+    the sum. Leaving a silent source after a second had it give up after about 12 s of
+    fruitless pulls (docs/design.md §5, "Stalls behind a result")."""
+    cluster = await make_cluster(3)
+    clients = [await connect(s) for s in cluster.sockets]
+    rng = np.random.default_rng(57)
+    arrays = [rng.random(MiB // 4, dtype=np.float32) for _ in range(2)]
+    ids = [await clients[0].put(arrays[0]), hc.ObjectID.random()]
+    result = await clients[0].reduce(ids)
+    get = asyncio.create_task(clients[2].get(result, timeout=GET_TIMEOUT))
+    await asyncio.sleep(15)
+    assert not get.done(), "the result exists before its second input"
+    await clients[1].put(arrays[1], object_id=ids[1])
+    check_result(await get, "sum", arrays, "slow inputs")
+
+
 async def test_no_temporaries_remain_after_reduces(make_cluster, connect) -> None:
     """After tree, chain, inline and subset reduces, each store holds only the inputs put
     there and the results on the callers (exact byte counts) and runs no reduce task."""
