@@ -274,15 +274,15 @@ class ReduceWorker:
             cut = min(until, max(first, cut))
             task.ranges[msg.child] = (first, cut)
             pull = task.pulls.pop(msg.child, None)
+            running = pull is not None and not pull.done()
+            if pull is not None:
+                pull.cancel()
             buf, source = task.children[msg.child], task.sources.get(msg.child)
-            if pull is not None and not pull.done() and buf.received < cut and source:
+            if running and buf.received < cut and source is not None:
                 # bytes below the cut are still to come: pulled on from the same source and
                 # version up to the cut only (a leaf taken over from a byte past what had
                 # arrived, docs/design.md §5)
-                task.pulls[msg.child] = pull
                 self._pull(task, buf, replace(source, until=cut))
-            elif pull is not None:
-                pull.cancel()
         elif cut > task.start:
             raise InvalidArgumentError(f"slot {msg.slot} has no bytes of child {msg.child} "
                                        f"below {cut}")
