@@ -1,7 +1,8 @@
 """What this daemon has measured about its links: per-hop latency L and bandwidth B.
 
-The reduce tree's chain length is S / (B·L) (docs/design.md §4); the original compiled L and B in,
-we measure them: L from heartbeat round trips, B from completed transfers of at least 1 MiB.
+The reduce's shape, one chain or a binary tree, follows from the cost of a hop, L plus a
+forwarding unit at B (docs/design.md §4). The original compiled L and B in; we measure them:
+L from heartbeat round trips, B from completed transfers of at least 1 MiB.
 """
 
 from __future__ import annotations

@@ -1,17 +1,25 @@
-"""The shape of a reduce: a binary tree whose leaves are chains (docs/design.md §4), slots in order.
+"""The shape of a reduce: one chain, or a binary tree (docs/design.md §4), slots in order.
 
-Chain length k = round(S / (B·L)) with S the object size, B the link bandwidth and L the
-per-hop latency; depth D = min(ceil(log2((n+1)/(k+1))), floor(log2(n+1))), and D ≤ 0 means a
-single chain. Slots are numbered by in-order traversal and the i-th input to become ready
-takes slot i: every slot's left subtree holds only earlier slots, so a new input can start
-pulling its left child at once, and late inputs fill the right side. A chain hangs on the
-left, so in a chain each input pulls from the one that arrived before it.
+A pipelined hop costs h = L + u/B: the latency L plus the time to pass on one forwarding unit
+u (a 64 KiB GSO segment on the test bed) at the link bandwidth B. A chain of n slots costs
+about S/B + n·h (every link carries the object once); a binary tree of depth D about
+2·S/B + D·h (an inner slot's downlink carries two partial sums). A tree with chains for
+leaves pays the tree's 2·S/B and more hops than the full tree, so the choice is one or the
+other: the chain while it is the cheaper, else the full tree, D = floor(log2(n+1)).
+Slots are numbered by in-order traversal and the i-th input to become ready takes slot i:
+every slot's left subtree holds only earlier slots, so a new input can start pulling its left
+child at once, and late inputs fill the right side. A chain hangs on the left, so in a chain
+each input pulls from the one that arrived before it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+# The forwarding unit of a pipelined hop: the test bed's 64 KiB GSO segment (MTU 65000), which
+# its tbf qdiscs pass whole (docs/simulation.md §1, "Pipelining").
+HOP_UNIT = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -27,13 +35,21 @@ class TreeShape:
         return len(self.parent)
 
 
-def tree_depth(n: int, size: int, bandwidth: float, latency: float) -> int:
-    """D for ``n`` inputs of ``size`` bytes over links of ``bandwidth`` B/s and ``latency`` s."""
+def hop_cost(size: int, bandwidth: float, latency: float, unit: int = HOP_UNIT) -> float:
+    """Seconds a pipelined hop adds: the latency and one forwarding unit at ``bandwidth``."""
+    return latency + min(size, unit) / max(bandwidth, 1.0)
+
+
+def tree_depth(n: int, size: int, bandwidth: float, latency: float,
+               unit: int = HOP_UNIT) -> int:
+    """D for ``n`` inputs of ``size`` bytes over links of ``bandwidth`` B/s and ``latency`` s,
+    forwarded in units of ``unit`` bytes: 0 (one chain) or the full binary tree's depth."""
     if n <= 2:
         return 0
-    chain = max(0, round(size / max(bandwidth * latency, 1.0)))
-    depth = math.ceil(math.log2((n + 1) / (chain + 1)))
-    return max(0, min(depth, math.floor(math.log2(n + 1))))
+    hop = hop_cost(size, bandwidth, latency, unit)
+    full = math.floor(math.log2(n + 1))
+    transfer = size / max(bandwidth, 1.0)
+    return 0 if transfer + n * hop <= 2 * transfer + full * hop else full
 
 
 @dataclass

@@ -74,7 +74,7 @@ class ReduceRun:
     def _depth(self, n: int, size: int) -> int:
         """The tree depth from the link model, which here knows the links exactly."""
         net = self.cluster.net
-        self.depth = tree_depth(n, size, net.rate, net.latency)
+        self.depth = tree_depth(n, size, net.rate, net.latency, net.segment)
         return self.depth
 
     @property

@@ -1,10 +1,10 @@
-"""The reduce tree's shape: chains, depth formula, in-order slots."""
+"""The reduce tree's shape: chains, the chain-or-tree choice, in-order slots."""
 
 from __future__ import annotations
 
 import pytest
 
-from hoplited.collectives.tree import tree_depth, tree_shape
+from hoplited.collectives.tree import HOP_UNIT, hop_cost, tree_depth, tree_shape
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 8, 100])
@@ -35,11 +35,33 @@ def test_balanced_tree_at_full_depth() -> None:
     assert shape.children[3] == [1, 5] and shape.children[1] == [0, 2]
 
 
-def test_depth_formula() -> None:
-    """Large objects on fast links give chains; tiny objects give trees of log depth."""
-    assert tree_depth(8, 64 << 20, 125e6, 1e-4) == 0
-    assert tree_depth(15, 1024, 125e6, 1e-4) == 4  # log2(16): a perfect tree
-    assert tree_depth(2, 1024, 125e6, 1e-4) == 0
+GBIT = 125e6  # bytes per second
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("n, size, latency, depth, why", [
+    (8, 64 * MiB, 1e-4, 0, "large object: hops are cheap next to S/B"),
+    (8, 1 * MiB, 1e-4, 0, "8 hops (5 ms) cost less than a second S/B (8.4 ms)"),
+    (8, 1 * MiB, 1e-3, 0, "8 hops of 1.5 ms (12.2 ms) still beat S/B + 3 hops (13 ms)"),
+    (16, 1 * MiB, 1e-3, 4, "16 hops (24 ms) against S/B + 4 hops (14.5 ms): the full tree"),
+    (15, 1024, 1e-4, 4, "tiny object: log2(16), a perfect tree"),
+    (1000, 32 * MiB, 1e-4, 9, "1000 hops (620 ms) against S/B + 9 hops (274 ms)"),
+    (256, 32 * MiB, 1e-4, 0, "256 hops (159 ms) are cheaper than a second S/B (268 ms)"),
+    (1000, 256 * MiB, 1e-4, 0, "1000 hops (620 ms) against a second S/B (2.1 s)"),
+    (2, 1024, 1e-4, 0, "two inputs: nothing to split"),
+    (3, 1024, 1e-2, 2, "three tiny inputs over slow hops: both under the root"),
+])
+def test_chain_or_full_tree(n: int, size: int, latency: float, depth: int, why: str) -> None:
+    """One chain (S/B + n·h) while it is the cheaper, else the full binary tree
+    (2·S/B + D·h), with h the latency plus a 64 KiB unit at the link's rate."""
+    assert tree_depth(n, size, GBIT, latency) == depth, why
+
+
+def test_a_hop_costs_its_latency_and_one_unit() -> None:
+    """h = L + u/B; an object smaller than the unit is forwarded whole."""
+    assert hop_cost(MiB, GBIT, 1e-4) == pytest.approx(1e-4 + HOP_UNIT / GBIT)
+    assert hop_cost(1000, GBIT, 1e-4) == pytest.approx(1e-4 + 1000 / GBIT)
+    assert hop_cost(MiB, GBIT, 1e-4, unit=9000) == pytest.approx(1e-4 + 9000 / GBIT)
 
 
 def test_a_chain_of_thousands_of_slots_is_built() -> None:

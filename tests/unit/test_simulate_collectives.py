@@ -93,16 +93,17 @@ def test_the_reduce_tree_is_the_plans() -> None:
     run = ReduceRun(c, node_name(0), object_id("out"), ids)
     run.start()
     c.clock.run()
-    depth = tree_depth(n, size, GBIT / 8, latency)
-    assert depth == run.depth == 1
+    depth = tree_depth(n, size, GBIT / 8, latency, SEGMENT)
+    assert depth == run.depth == 4
     assert run.plan.shape == tree_shape(n, depth)
     assert run.plan.published and run.published_at is not None
 
 
 def test_a_chain_of_a_thousand_slots_runs() -> None:
-    """tree.py builds chains recursively: the simulator makes room, then restores the limit."""
+    """A chain of 1000 slots (what 256 MiB over 1 Gbit/s gets) is built and run, and the
+    simulator leaves the recursion limit as it found it."""
     limit = sys.getrecursionlimit()
-    result = simulate("reduce", 1000, 1 * MiB, 1e6)  # slow links: one chain, few events
+    result = simulate("reduce", 1000, 256 * MiB, GBIT)
     assert (result.error, result.depth, sys.getrecursionlimit()) == (None, 0, limit)
 
 
