@@ -26,6 +26,7 @@ from hoplited.cluster.membership import Membership
 from hoplited.cluster.service import ClusterService
 from hoplited.collectives.allreduce import AllreduceDeps, Allreduces
 from hoplited.collectives.coordinator import CoordinatorDeps, Reductions
+from hoplited.collectives.tree import tree_fanout
 from hoplited.collectives.worker import ReduceWorker
 from hoplited.config import DaemonConfig
 from hoplited.directory.client import DirectoryClient
@@ -88,7 +89,9 @@ class Daemon:
                               retry_window=verdict_within)
         # a holder only suspected is no source, and a copy put again replaces its copy: the
         # shard counts trusted members only (docs/design.md §5, "Suspicion")
-        shard = DirectoryShard(cfg.fanout, membership.is_trusted, membership.owner, self.node_id)
+        shard = DirectoryShard(cfg.fanout, membership.is_trusted, membership.owner, self.node_id,
+                               fanout_for=lambda n, size: tree_fanout(
+                                   n, size, link_model.bandwidth, link_model.latency))
         directory = DirectoryClient(rpc, store, membership, tasks)
         space = Space(store, directory.may_drop, tasks)  # evicts what the shards agree to
         self._connections = connections = DataConnections(self.identity, tasks,

@@ -129,7 +129,8 @@ class Holding:
     before any copy is complete, the object will never exist. ``source``: the member a
     partial copy is being pulled from, and ``serving``: how many pulls the sender serves
     from it now, so a shard rebuilt from announcements still knows each chain
-    (docs/design.md §3)."""
+    (docs/design.md §3). ``receivers``: how many members will get it (an allreduce's result:
+    every other input's node), 0 if unknown, so the shard can shape their gets as a tree."""
 
     oid: ObjectID
     size: int
@@ -140,6 +141,7 @@ class Holding:
     producing: bool
     source: str | None
     serving: int
+    receivers: int
 
 
 # --- 1-4: handshake on TCP connections (daemon to daemon, tools) ---

@@ -341,6 +341,7 @@ class ReduceCoordinator:
         self.out = out
         d.store.pin(out)
         out.producing = True  # if this node dies first, its shard fails the result's gets
+        out.receivers = ins.receivers
         self._spawn(d.arena.populate(out.offset, out.size), "reduce-populate", p.ResultFailed)
         self._spawn(d.directory.announce(out), "reduce-announce", p.ResultFailed)
         self._watch = self._spawn(self._until_complete(out), "reduce-result", p.ResultFailed)
@@ -360,7 +361,7 @@ class ReduceCoordinator:
                 f"a lost one's place", oid=self.result.hex()))
         d.store.unpin(old)
         self.out = None
-        self._open_result(p.OpenResult(old.size, old.dtype, tuple(old.shape)))
+        self._open_result(p.OpenResult(old.size, old.dtype, tuple(old.shape), old.receivers))
 
     def _pull_root(self, ins: p.PullRoot) -> None:
         """Pull the root's output into the result from its watermark; a pull that breaks for a

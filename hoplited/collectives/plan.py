@@ -221,11 +221,13 @@ Event = (InputReady | InputFailed | TaskStarted | SlotFailed | ChildLost | Retry
 # --- instructions: what the driver does, in order ---
 @dataclass(frozen=True, slots=True)
 class OpenResult:
-    """Create the result here (pinned), announce it, and report ``ResultComplete`` when full."""
+    """Create the result here (pinned), announce it, and report ``ResultComplete`` when full.
+    ``receivers``: how many other nodes will get it (an allreduce's), 0 if unknown."""
 
     size: int
     dtype: str
     shape: tuple[int, ...]
+    receivers: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -595,7 +597,9 @@ class ReducePlan:
                 self._last_leaf = (self.everyone and self.window is None
                                    and self.me in ev.holders)
                 self.shape = tree_shape(self.k, self._depth(self.k, m.size), self._last_leaf)
-                out.append(OpenResult(m.size, m.dtype, m.shape))
+                # an allreduce's result goes to every input's node: its gets know their number
+                receivers = self.k - 1 if self.everyone and self.window is None else 0
+                out.append(OpenResult(m.size, m.dtype, m.shape, receivers))
         elif not self._fits(ev):
             return self._fail(self._mismatch(ev))
         for _ in range(min(times, self.k - len(self.used))):

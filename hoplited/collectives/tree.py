@@ -1,4 +1,5 @@
-"""The shape of a reduce: one chain, or a binary tree (docs/design.md §4), slots in order.
+"""The shape of a reduce or of a broadcast that knows its receivers: one chain, or a binary
+tree (docs/design.md §4), slots in order.
 
 A pipelined hop costs h = L + u/B: the latency L plus the time to pass on one forwarding unit
 u (a 64 KiB GSO segment on the test bed) at the link bandwidth B. A chain of n slots costs
@@ -38,6 +39,14 @@ class TreeShape:
 def hop_cost(size: int, bandwidth: float, latency: float, unit: int = HOP_UNIT) -> float:
     """Seconds a pipelined hop adds: the latency and one forwarding unit at ``bandwidth``."""
     return latency + min(size, unit) / max(bandwidth, 1.0)
+
+
+def tree_fanout(n: int, size: int, bandwidth: float, latency: float,
+                unit: int = HOP_UNIT) -> int:
+    """How many receivers each holder should feed when ``n`` nodes get an object of ``size``
+    bytes together: 1 (one chain) while the chain is the cheaper, else 2 (a binary tree).
+    The costs are the reduce's: an inner node's uplink carries the object twice."""
+    return 2 if tree_depth(n, size, bandwidth, latency, unit) else 1
 
 
 def tree_depth(n: int, size: int, bandwidth: float, latency: float,

@@ -158,4 +158,5 @@ def _holding(obj: StoredObject, source: str | None = None, serving: int = 0) -> 
     return Holding(oid=obj.oid, size=obj.size, dtype=obj.dtype, shape=obj.shape,
                    version=obj.version, received=obj.received,
                    producing=obj.producing and not obj.complete,
-                   source=None if obj.complete else source, serving=serving)
+                   source=None if obj.complete else source, serving=serving,
+                   receivers=obj.receivers)

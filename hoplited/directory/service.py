@@ -40,6 +40,9 @@ log = logging.getLogger("hoplited.directory")
 # How long a delete waits for a holder to confirm its Drop: a live member answers in
 # milliseconds; a dead or silent one must not hold the delete up (its copy dies with it).
 DROP_TIMEOUT = 5.0
+# The most receivers a holding may announce: far above any cluster (the test bed stops at
+# 999 hosts); a larger count is garbage, refused rather than fed to the fan-out rule.
+MAX_RECEIVERS = 1 << 16
 
 
 class DirectoryService:
@@ -100,12 +103,16 @@ class DirectoryService:
         """Record the holdings we own; if some are not ours (the sender heard of a death that
         makes us their owner before we did), say so after recording the rest: the sender
         announces again once ownership has settled (publishing twice changes nothing)."""
+        for h in msg.holdings:
+            if not 0 <= h.receivers <= MAX_RECEIVERS:
+                raise InvalidArgumentError(f"{h.receivers} receivers announced for "
+                                           f"{h.oid.hex()}: 0 to {MAX_RECEIVERS}")
         refused = 0
         for h in msg.holdings:
             if self._owner_of(h.oid) == self._me:
                 self.shard.publish(h.oid, peer, h.size, h.dtype, h.shape, h.version, None,
                                    received=h.received, producing=h.producing,
-                                   source=h.source, serving=h.serving)
+                                   source=h.source, serving=h.serving, receivers=h.receivers)
             else:
                 refused += 1
         if refused:

@@ -45,8 +45,9 @@ class DirectoryShard:
     """Entries for the object ids this node owns; ``is_alive`` filters dead holders."""
 
     def __init__(self, fanout: int, is_alive: Callable[[str], bool],
-                 owner_of: Callable[[ObjectID], str], me: str) -> None:
-        self.state = DirectoryState(fanout, is_alive, owner_of, me)
+                 owner_of: Callable[[ObjectID], str], me: str,
+                 fanout_for: Callable[[int, int], int] | None = None) -> None:
+        self.state = DirectoryState(fanout, is_alive, owner_of, me, fanout_for)
         self._waiters: KeyedWaiters[ObjectID] = KeyedWaiters()
         self._ring: dict[ObjectID, Counter[str]] = {}  # ring requesters without a source yet
 
@@ -140,12 +141,13 @@ class DirectoryShard:
     def publish(self, oid: ObjectID, holder: str, size: int, dtype: str, shape: list[int],
                 version: bytes, inline: bytes | None, received: int | None = None,
                 producing: bool = False, source: str | None = None,
-                serving: int = 0) -> None:
+                serving: int = 0, receivers: int = 0) -> None:
         """Record that ``holder`` has ``received`` bytes (default: all) of the object
         (``producing``: it computes the object, which dies with it until a copy is whole;
-        ``source``: where it pulls its partial copy from; ``serving``: pulls it serves)."""
+        ``source``: where it pulls its partial copy from; ``serving``: pulls it serves;
+        ``receivers``: how many will get it, if known)."""
         self._apply(self.state.publish(oid, holder, size, dtype, shape, version, inline,
-                                       received, producing, source, serving))
+                                       received, producing, source, serving, receivers))
 
     def progress(self, oid: ObjectID, holder: str, received: int) -> None:
         """A receiver reports how far along it is."""

@@ -4,8 +4,12 @@ Theory of operation. Entries are soft state rebuilt from stores' announcements (
 A receiver asking for a source (``try_locate``) is enrolled at once as a partial holder, so
 receivers that arrive together chain behind each other and the chains split into a tree as
 copies complete. The source is the best of the live, non-excluded holders by, in order: under
-the fan-out limit, complete before partial, furthest along, least busy, enrolled earliest. A
-partial holder may only serve a requester enrolled after it, so re-attaching after a failure can
+the fan-out limit, complete before partial, furthest along, then for complete copies the least
+busy and for partial ones the earliest enrolled (so under a fan-out of 2 receivers that ask
+together grow a binary tree breadth first, not two chains). The fan-out limit is the
+configured one, or 2 for an object whose producer announced how many will get it
+(``receivers``) when the injected cost rule (``fanout_for``) says a tree beats a chain for
+them (docs/design.md §3). A partial holder may only serve a requester enrolled after it, so re-attaching after a failure can
 never form a cycle. A holder short of memory may drop its copy only with the shard's consent
 (``may_drop``): the shard agrees, and forgets that holder in the same step, only while another
 live member holds the whole object and nobody is reading from the asker. ``failed`` holds
@@ -72,6 +76,7 @@ class Entry:
     inline: bytes | None = None
     holders: dict[str, Holder] = field(default_factory=dict)
     producer: str | None = None  # the node computing it (a reduce's result), if any
+    receivers: int = 0  # how many members will get it, as its producer said (0: unknown)
 
     def complete_holders(self) -> list[str]:
         """The holders (alive or not) that have every byte."""
@@ -139,8 +144,10 @@ class DirectoryState:
     (the daemon counts suspected members as gone too: docs/design.md §5, "Suspicion")."""
 
     def __init__(self, fanout: int, is_alive: Callable[[str], bool],
-                 owner_of: Callable[[ObjectID], str], me: str) -> None:
+                 owner_of: Callable[[ObjectID], str], me: str,
+                 fanout_for: Callable[[int, int], int] | None = None) -> None:
         self.fanout = fanout
+        self.fanout_for = fanout_for  # (nodes, size) -> fan-out, for entries that know both
         self.is_alive = is_alive
         self.owner_of = owner_of
         self.me = me
@@ -205,13 +212,15 @@ class DirectoryState:
     def publish(self, oid: ObjectID, holder: str, size: int, dtype: str, shape: list[int],
                 version: bytes, inline: bytes | None,
                 received: int | None = None, producing: bool = False,
-                source: str | None = None, serving: int = 0) -> list[Instruction]:
+                source: str | None = None, serving: int = 0,
+                receivers: int = 0) -> list[Instruction]:
         """Record that ``holder`` has ``received`` bytes (default: all) of the object;
         ``producing``: the holder computes it, so it dies with the holder until complete;
         ``source`` and ``serving``: the member it pulls its partial copy from and how many
         pulls it serves, as it announces after ownership moved (so the no-cycle rule can
         follow its chain and a busy holder is not taken for an idle one, whichever of a
-        chain's members announces first)."""
+        chain's members announces first); ``receivers``: how many members will get it, if
+        its producer knows (the gets then form a tree where a chain would cost more)."""
         self.check_owner(oid)
         got = size if received is None else received
         event = f"publish by {holder} {got}/{size} bytes"
@@ -232,6 +241,8 @@ class DirectoryState:
             entry.inline = inline
         if producing:
             entry.producer = holder
+        if receivers:
+            entry.receivers = receivers
         h = entry.holders.get(holder)
         if h is None:  # holders announced before it may already pull from it
             h = entry.holders[holder] = Holder(received=got, seq=next(self._seq),
@@ -377,14 +388,26 @@ class DirectoryState:
         return any(self.is_alive(n) for n in entry.complete_holders())
 
     def _choose(self, entry: Entry, requester: str, exclude: set[str]) -> str | None:
+        fanout = self._fanout(entry)
         candidates = []
         for node, h in entry.holders.items():
             if (node == requester or node in exclude or not self.is_alive(node)
                     or not self._eligible(entry, node, requester)):
                 continue
-            candidates.append((h.serving >= self.fanout, h.received < entry.size, -h.received,
-                               h.serving, h.seq, node))
+            partial = h.received < entry.size
+            # complete copies share the load; partial ones fill up in enrolment order, so
+            # receivers that ask together grow a tree breadth first under a fan-out above 1
+            order = (h.seq, h.serving) if partial else (h.serving, h.seq)
+            candidates.append((h.serving >= fanout, partial, -h.received, order, node))
         return min(candidates)[-1] if candidates else None
+
+    def _fanout(self, entry: Entry) -> int:
+        """The most pulls one holder of ``entry`` should serve: the configured fan-out, or 2
+        when the producer said how many will get it and a binary tree beats a chain for them
+        (docs/design.md §3, "Who sends to whom")."""
+        if not entry.receivers or self.fanout_for is None:
+            return self.fanout
+        return max(self.fanout, self.fanout_for(entry.receivers + 1, entry.size))
 
     def _eligible(self, entry: Entry, node: str, requester: str) -> bool:
         """``node`` may serve ``requester``: it is not (and, enrolled later, may not be)

@@ -78,6 +78,7 @@ class StoredObject:
         self.oid = oid
         self.temporary = temporary  # a reduce's partial result: never announced to a shard
         self.producing = False  # computed here (a reduce's result): its shard ties it to us
+        self.receivers = 0  # how many members will get it, if known (an allreduce's result)
         self.offset = offset
         self.size = size
         self.dtype = dtype

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
+from hoplited.collectives.tree import tree_fanout
 from hoplited.sim.clock import Clock
 from hoplited.sim.network import Copy, Network
 from hoplited.sim.shard import Shard
@@ -33,7 +34,8 @@ class Cluster:
         """Links of ``rate`` bytes/s and ``latency`` s per hop; the shard lives on node 0."""
         clock = Clock()
         return cls(clock, Network(clock, rate, latency, segment),
-                   Shard(clock, latency, fanout, node_name(0)))
+                   Shard(clock, latency, fanout, node_name(0), lambda n, size: tree_fanout(
+                       n, size, rate, latency, segment)))
 
     def put(self, node: str, oid: ObjectID, size: int, dtype: str,
             shape: tuple[int, ...]) -> None:

@@ -132,7 +132,8 @@ class ReduceRun:
         c = self.cluster
         out = self._create(self.me, self.result, ins.size)
         c.shard.publish(self.result, self.me, ins.size, ins.dtype, list(ins.shape),
-                        RESULT_VERSION, None, received=0, producing=True)
+                        RESULT_VERSION, None, received=0, producing=True,
+                        receivers=ins.receivers)
         out.when_complete(lambda t: c.clock.at(t, lambda: self.feed(p.ResultComplete())))
 
     def _task(self, ins: p.StartTask) -> None:

@@ -23,10 +23,11 @@ Attempt = Callable[[], bool]  # True once answered
 class Shard:
     """``DirectoryState`` (fan-out ``fanout``, every node alive) reached in one hop."""
 
-    def __init__(self, clock: Clock, latency: float, fanout: int, me: str) -> None:
+    def __init__(self, clock: Clock, latency: float, fanout: int, me: str,
+                 fanout_for: Callable[[int, int], int] | None = None) -> None:
         self.clock, self.latency = clock, latency
         self.state = DirectoryState(fanout, is_alive=lambda node: True,
-                                    owner_of=lambda oid: me, me=me)
+                                    owner_of=lambda oid: me, me=me, fanout_for=fanout_for)
         self._waiters: defaultdict[ObjectID, list[Attempt]] = defaultdict(list)
 
     @property
@@ -63,10 +64,11 @@ class Shard:
 
     def publish(self, oid: ObjectID, holder: str, size: int, dtype: str, shape: list[int],
                 version: bytes, inline: bytes | None, received: int | None = None,
-                producing: bool = False) -> None:
+                producing: bool = False, receivers: int = 0) -> None:
         """``Publish`` (``received`` None: complete) or ``Announce`` (a partial holding)."""
         self.clock.after(self.latency, lambda: self._apply(self.state.publish(
-            oid, holder, size, dtype, shape, version, inline, received, producing)))
+            oid, holder, size, dtype, shape, version, inline, received, producing,
+            receivers=receivers)))
 
     def progress(self, oid: ObjectID, holder: str, received: int) -> None:
         self.clock.after(self.latency, lambda: self._apply(

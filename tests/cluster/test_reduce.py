@@ -435,6 +435,26 @@ async def test_allreduce_with_inputs_put_one_by_one(make_cluster, connect) -> No
     await every_node_got_the_sum(cluster, clients, gets, arrays)
 
 
+async def test_allreduce_whose_gets_form_a_tree(make_cluster, connect) -> None:
+    """An allreduce of 256 KiB inputs on 8 nodes: its result announces 7 receivers, and for
+    objects under five 64 KiB units a binary tree beats a chain whatever the links measure
+    (docs/design.md §3), so the gets, issued before the last input exists, hang two on each
+    holder. Every node gets numpy's sum; no temporaries remain."""
+    n = 8
+    cluster = await make_cluster(n)
+    clients = [await connect(s) for s in cluster.sockets]
+    rng = np.random.default_rng(58)
+    arrays = [rng.random(64 * 1024, dtype=np.float32) for _ in range(n)]
+    ids = [await c.put(x) for c, x in zip(clients[:-1], arrays[:-1], strict=True)]
+    ids.append(hc.ObjectID.random())
+    result = await clients[0].allreduce(ids)
+    gets = [asyncio.create_task(c.get(result, timeout=GET_TIMEOUT)) for c in clients]
+    await asyncio.sleep(0.3)
+    assert not any(g.done() for g in gets), "the result exists before its last input"
+    await clients[-1].put(arrays[-1], object_id=ids[-1])
+    await every_node_got_the_sum(cluster, clients, gets, arrays)
+
+
 async def test_a_get_of_a_result_waits_while_its_inputs_are_slow_to_come(make_cluster,
                                                                           connect) -> None:
     """The result exists (its first input is here) but the second input comes 15 s later:

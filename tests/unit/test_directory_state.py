@@ -48,7 +48,13 @@ class World:
         self.dead: set[str] = set()
         self.owners: dict[ObjectID, str] = {}
         self.state = DirectoryState(fanout, lambda n: n not in self.dead,
-                                    lambda oid: self.owners.get(oid, ME), ME)
+                                    lambda oid: self.owners.get(oid, ME), ME,
+                                    fanout_for=tree_pays_above_four)
+
+
+def tree_pays_above_four(nodes: int, size: int) -> int:
+    """The cost rule the shard is given, as a table: a binary tree for more than 4 nodes."""
+    return 2 if nodes > 4 else 1
 
 
 Step = Callable[[World], object]
@@ -57,9 +63,9 @@ Step = Callable[[World], object]
 # --- steps: each does one thing to the world and returns what a test compares ---
 def put(holder: str, version: bytes = b"v1", received: int | None = None,
         inline: bytes | None = None, oid: ObjectID = OID, producing: bool = False,
-        source: str | None = None, serving: int = 0) -> Step:
+        source: str | None = None, serving: int = 0, receivers: int = 0) -> Step:
     return lambda w: w.state.publish(oid, holder, SIZE, "<f4", [SIZE // 4], version, inline,
-                                     received, producing, source, serving)
+                                     received, producing, source, serving, receivers)
 
 
 def locate(requester: str, exclude: Sequence[str] = (), offset: int = 0,
@@ -160,10 +166,11 @@ CASES = [
         (holders(), {"src": full(1), "r0": (0, 1, "src"), "r1": (0, 1, "r0"),
                      "r2": (0, 1, "r1"), "r3": (0, 0, "r2")}),
     ]),
-    Case("fanout-2-each-holder-serves-two", [
+    Case("fanout-2-grows-a-tree-breadth-first", [
+        # partial holders fill up in enrolment order: a binary tree, not two chains
         (put("src"), WAKE),
         (locate("r0"), "src"), (locate("r1"), "src"), (locate("r2"), "r0"),
-        (locate("r3"), "r1"), (locate("r4"), "r2"), (locate("r5"), "r3"),
+        (locate("r3"), "r0"), (locate("r4"), "r1"), (locate("r5"), "r1"), (locate("r6"), "r2"),
     ], fanout=2),
     Case("complete-before-partial-while-under-fanout", [
         (put("src"), WAKE), (locate("a"), "src"), (progress("a", 900), []),
@@ -183,9 +190,34 @@ CASES = [
         (locate("d"), "a"), (progress("a", 600), []), (progress("b", 300), []),
         (locate("e"), "a"),
     ], fanout=3),
-    Case("least-busy-then-enrolment-order", [
+    # a producer that says how many will get its object (an allreduce's result) lets the
+    # shard's cost rule pick the shape of their gets
+    Case("announced-receivers-make-a-tree-where-it-pays", [
+        (put("p", received=0, producing=True, receivers=6), WAKE),
+        (locate("r0"), "p"), (locate("r1"), "p"), (locate("r2"), "r0"), (locate("r3"), "r0"),
+        (locate("r4"), "r1"), (locate("r5"), "r1"),
+    ]),
+    Case("few-announced-receivers-keep-the-chain", [
+        (put("p", received=0, producing=True, receivers=3), WAKE),
+        (locate("r0"), "p"), (locate("r1"), "r0"), (locate("r2"), "r1"),
+    ]),
+    Case("receivers-unknown-keep-the-configured-fanout", [
+        (put("p", received=0, producing=True), WAKE),
+        (locate("r0"), "p"), (locate("r1"), "r0"), (locate("r2"), "r1"), (locate("r3"), "r2"),
+        (locate("r4"), "r3"),
+    ]),
+    Case("a-later-announcement-keeps-the-count", [
+        (put("p", received=0, producing=True, receivers=6), WAKE),
+        (put("p", received=500, producing=True), WAKE),  # a re-announcement without it
+        (locate("r0"), "p"), (locate("r1"), "p"),
+    ]),
+    Case("partial-holders-in-enrolment-order", [
         (put("src"), WAKE), (locate("a"), "src"), (locate("b"), "src"), (locate("c"), "src"),
-        (locate("d"), "a"), (locate("e"), "b"), (locate("f"), "c"), (locate("g"), "d"),
+        (locate("d"), "a"), (locate("e"), "a"), (locate("f"), "a"), (locate("g"), "b"),
+    ], fanout=3),
+    Case("complete-holders-least-busy-first", [
+        (put("src"), WAKE), (put("s2"), WAKE), (locate("a"), "src"), (locate("b"), "s2"),
+        (locate("c"), "src"), (locate("d"), "s2"),
     ], fanout=3),
     Case("no-cycle-on-reattach", [
         (put("src"), WAKE), (locate("a"), "src"), (locate("b"), "a"),

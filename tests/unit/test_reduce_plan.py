@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from helpers import top_level_imports
@@ -227,7 +227,8 @@ CASES = [
     # an allreduce whose first input is here: the root here pulls the chain of the early
     # inputs and, as a leaf of its own, the last input (docs/design.md §4)
     Case("allreduce-local-first-last-input-hangs-on-root", k=4, everyone=True, steps=[
-        (ready(0, ME), [OPEN, task(2, ME, 0, R, 2)]),
+        # the result announces its 3 other getters, so its shard can shape their gets
+        (ready(0, ME), [replace(OPEN, receivers=3), task(2, ME, 0, R, 2)]),
         (ready(1, "n1"), []),  # slot 0, the chain's leaf
         (ready(2, "n2"), [task(1, "n2", 2, out(1), 1)]),
         (started(2), []),
@@ -237,7 +238,7 @@ CASES = [
         (Published(), [Release((ME, "n2"))]),
     ]),
     Case("allreduce-first-input-elsewhere-keeps-the-chain", k=3, everyone=True, steps=[
-        (ready(0, "n0"), [OPEN]),
+        (ready(0, "n0"), [replace(OPEN, receivers=2)]),
         (ready(1, ME), [task(2, ME, 1, R, 1)]),  # the root, as in any reduce
         (ready(2, "n2"), [task(1, "n2", 2, out(1), 1)]),
     ]),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hoplited.collectives.tree import HOP_UNIT, hop_cost, tree_depth, tree_shape
+from hoplited.collectives.tree import HOP_UNIT, hop_cost, tree_depth, tree_fanout, tree_shape
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 8, 100])
@@ -55,6 +55,16 @@ def test_chain_or_full_tree(n: int, size: int, latency: float, depth: int, why: 
     """One chain (S/B + n·h) while it is the cheaper, else the full binary tree
     (2·S/B + D·h), with h the latency plus a 64 KiB unit at the link's rate."""
     assert tree_depth(n, size, GBIT, latency) == depth, why
+
+
+@pytest.mark.parametrize("n, size, fanout", [
+    (8, 32 * MiB, 1), (8, 1 * MiB, 1), (1000, 32 * MiB, 2), (1000, 256 * MiB, 1),
+    (64, 1 * MiB, 2), (2, 1024, 1),
+])
+def test_gets_that_know_their_number_feed_one_or_two_each(n: int, size: int,
+                                                         fanout: int) -> None:
+    """The broadcast's fan-out follows the reduce's choice: 1 for a chain, 2 for a tree."""
+    assert tree_fanout(n, size, GBIT, 1e-4) == fanout
 
 
 def test_a_hop_costs_its_latency_and_one_unit() -> None:
