@@ -1,16 +1,16 @@
 """The directory shard's per-object state, as a pure core: who holds what, who sends to whom.
 
-Theory of operation. Entries are soft state rebuilt from stores' announcements (``publish``).
-A receiver asking for a source (``try_locate``) is enrolled at once as a partial holder, so
+Theory of operation. Entries are soft state rebuilt from stores' announcements (``publish``). A
+receiver asking for a source (``try_locate``) is enrolled at once as a partial holder, so
 receivers that arrive together chain behind each other and the chains split into a tree as
 copies complete. The source is the best of the live, non-excluded holders by, in order: under
 the fan-out limit, complete before partial, furthest along, then for complete copies the least
 busy and for partial ones the earliest enrolled (so under a fan-out of 2 receivers that ask
-together grow a binary tree breadth first, not two chains). The fan-out limit is the
-configured one, or 2 for an object whose producer announced how many will get it
-(``receivers``) when the injected cost rule (``fanout_for``) says a tree beats a chain for
-them (docs/design.md §3). A partial holder may only serve a requester enrolled after it, so
-re-attaching after a failure can never form a cycle. A holder short of memory may drop its copy only with the shard's consent
+together grow a binary tree breadth first, not two chains). The fan-out limit is the configured
+one, or 2 for an object whose producer announced how many will get it (``receivers``) when the
+injected cost rule (``fanout_for``) says a tree beats a chain for them (docs/design.md §3). A
+partial holder may only serve a requester enrolled after it, so re-attaching after a failure can
+never form a cycle. A holder short of memory may drop its copy only with the shard's consent
 (``may_drop``): the shard agrees, and forgets that holder in the same step, only while another
 live member holds the whole object and nobody is reading from the asker. ``failed`` holds
 tombstones of ids that will never exist (a failed reduce); a later put lifts them.
