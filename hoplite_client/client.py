@@ -52,6 +52,7 @@ from hoplite_client.wire.messages import (
     Seal,
     Status,
 )
+from hoplite_client.wire.receivers import check_receivers
 from hoplite_client.wire.timeouts import check_timeout
 
 log = logging.getLogger("hoplite.client")
@@ -202,17 +203,24 @@ class Client:
         await self._channel.request(Seal(oid=oid))
         return oid
 
-    async def get(self, object_id: ObjectID, timeout: float | None = None) -> NDArray[Any]:
+    async def get(self, object_id: ObjectID, timeout: float | None = None,
+                  receivers: int = 0) -> NDArray[Any]:
         """A read-only array of the object, waiting up to ``timeout`` s for it to exist (None
         or inf: forever; 0: only a complete copy already on this node will do).
+
+        ``receivers``: how many nodes get the object at about the same time (a broadcast), if
+        the caller knows; its shard then sends it down a binary tree where that beats a chain
+        (many receivers of a small object). 0: unknown, one chain.
 
         Large objects are zero-copy views of shared memory; the daemon keeps the memory until
         every array derived from the result is gone. Each such view holds a file descriptor
         meanwhile: past the process's limit, get raises CapacityError.
         """
         timeout = check_timeout(timeout)
+        receivers = check_receivers(receivers)
         bound = None if timeout is None else timeout + REPLY_GRACE
-        frame = await self._channel.request(Get(oid=object_id, timeout=timeout), timeout=bound)
+        frame = await self._channel.request(Get(oid=object_id, timeout=timeout,
+                                                receivers=receivers), timeout=bound)
         found = frame.msg
         dtype = np.dtype(found.dtype)
         shape = tuple(found.shape)

@@ -52,12 +52,14 @@ class SyncClient:
         full store it waits up to ``timeout`` s for room, then raises CapacityError."""
         return self._call(self._client.put(value, object_id, timeout))
 
-    def get(self, object_id: ObjectID, timeout: float | None = None) -> NDArray[Any]:
-        """A read-only array of the object, waiting up to ``timeout`` s for it to exist.
+    def get(self, object_id: ObjectID, timeout: float | None = None,
+            receivers: int = 0) -> NDArray[Any]:
+        """A read-only array of the object, waiting up to ``timeout`` s for it to exist;
+        ``receivers``: how many nodes get it together, if known (see ``Client.get``).
 
         Large objects are zero-copy views of shared memory, valid until :meth:`close`.
         """
-        return self._call(self._client.get(object_id, timeout))
+        return self._call(self._client.get(object_id, timeout, receivers))
 
     def delete(self, object_id: ObjectID) -> None:
         """Delete every copy in the cluster (copies in use go when their users are done)."""

@@ -220,7 +220,8 @@ def reduced_ok(ctx: BenchContext, result: NDArray[Any],
 
 
 async def run_broadcast(ctx: BenchContext, run: int) -> float:
-    """Put on node 0, get everywhere else at once."""
+    """Put on node 0, get everywhere else at once, each get saying how many there are (so
+    the shard can take a tree where a chain would cost more, docs/design.md §3)."""
     data, receivers = ctx.data(0), ctx.clients[1:]
     oid = await ctx.clients[0].put(data)
     done = 0
@@ -228,7 +229,7 @@ async def run_broadcast(ctx: BenchContext, run: int) -> float:
 
     async def one(client: hoplite_client.Client) -> NDArray[Any]:
         nonlocal done
-        arr = await client.get(oid, timeout=GET_TIMEOUT)
+        arr = await client.get(oid, timeout=GET_TIMEOUT, receivers=len(receivers))
         done += 1
         ctx.progress.update(f"{ctx.label}: {done}/{len(receivers)} receivers done, "
                             f"{time.perf_counter() - t0:.2f} s")

@@ -249,9 +249,13 @@ class Abort(Request["Ok"]):
 
 @message(25, shape="request", roles=(CLIENT,))
 class Get(Request["Found"]):
+    """A complete local copy of ``oid``; ``receivers``: how many nodes get it together (0:
+    unknown), passed on to its shard (``hoplite_client.wire.receivers``)."""
+
     rid: int = 0
     oid: ObjectID
     timeout: float | None
+    receivers: int = 0
 
 
 @message(26, shape="reply", payload="small")
@@ -364,6 +368,7 @@ class Locate(Request["Located"]):
     exclude: list[str]
     offset: int
     ring: bool = False
+    receivers: int = 0
 
 
 @message(45, shape="reply", payload="small")

@@ -41,6 +41,7 @@ from hoplite_client.wire.messages import (
     StatusReply,
     WireMessage,
 )
+from hoplite_client.wire.receivers import check_receivers
 from hoplited.collectives.allreduce import Allreduces
 from hoplited.collectives.coordinator import Reductions
 from hoplited.directory.client import DirectoryClient
@@ -93,11 +94,12 @@ class ClientSession:
                      ) -> tuple[Found, bytes | None]:
         """A complete copy here is answered at once (so timeout 0 polls it); else fetch. A
         copy whose eviction is being asked about is waited for: if it goes, it is fetched."""
+        receivers = check_receivers(msg.receivers)
         obj = self.d.store.get(msg.oid)
         if obj is not None:
             obj = await self.d.space.settled(obj)
         if obj is None or not obj.complete:
-            obj = await self.d.fetcher.fetch(msg.oid, msg.timeout)
+            obj = await self.d.fetcher.fetch(msg.oid, msg.timeout, receivers=receivers)
         if obj.size <= INLINE_MAX:
             self.d.store.touch(obj)
             return Found(size=obj.size, dtype=obj.dtype, shape=obj.shape, offset=None), \

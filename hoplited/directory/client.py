@@ -55,12 +55,13 @@ class DirectoryClient:
         return {Drop: self.on_drop}
 
     async def locate(self, oid: ObjectID, timeout: float | None, exclude: list[str],
-                     offset: int, ring: bool = False) -> Frame[Located]:
+                     offset: int, ring: bool = False, receivers: int = 0) -> Frame[Located]:
         """A source for ``oid`` (this node is enrolled as a receiver resuming at ``offset``;
-        ``ring``: behind its predecessor in the ring, docs/design.md §4)."""
+        ``ring``: behind its predecessor in the ring, docs/design.md §4; ``receivers``: how
+        many get it together, if known, docs/design.md §3)."""
         return await self._rpc.call_owner(oid, Locate(oid=oid, timeout=timeout,
                                                       exclude=list(exclude), offset=offset,
-                                                      ring=ring))
+                                                      ring=ring, receivers=receivers))
 
     async def wait_object(self, oid: ObjectID, timeout: float | None) -> Frame[ObjectInfo]:
         """Holders and metadata of ``oid`` once it is complete somewhere (small ones inline)."""

@@ -31,6 +31,7 @@ from hoplite_client.wire.messages import (
     WaitObject,
     WireMessage,
 )
+from hoplite_client.wire.receivers import check_receivers
 from hoplited.directory.shard import DirectoryShard
 from hoplited.dispatch import Handler
 from hoplited.rpc import Rpc
@@ -40,9 +41,6 @@ log = logging.getLogger("hoplited.directory")
 # How long a delete waits for a holder to confirm its Drop: a live member answers in
 # milliseconds; a dead or silent one must not hold the delete up (its copy dies with it).
 DROP_TIMEOUT = 5.0
-# The most receivers a holding may announce: far above any cluster (the test bed stops at
-# 999 hosts); a larger count is garbage, refused rather than fed to the fan-out rule.
-MAX_RECEIVERS = 1 << 16
 
 
 class DirectoryService:
@@ -66,7 +64,7 @@ class DirectoryService:
     async def on_locate(self, peer: str, msg: Locate,
                         payload: memoryview | None) -> tuple[Located, bytes | None]:
         src = await self.shard.locate(msg.oid, peer, msg.timeout, msg.exclude, msg.offset,
-                                     msg.ring)
+                                     msg.ring, check_receivers(msg.receivers))
         e = src.entry
         return Located(source=src.node, size=e.size, dtype=e.dtype, shape=e.shape,
                        version=e.version), e.inline
@@ -104,9 +102,7 @@ class DirectoryService:
         makes us their owner before we did), say so after recording the rest: the sender
         announces again once ownership has settled (publishing twice changes nothing)."""
         for h in msg.holdings:
-            if not 0 <= h.receivers <= MAX_RECEIVERS:
-                raise InvalidArgumentError(f"{h.receivers} receivers announced for "
-                                           f"{h.oid.hex()}: 0 to {MAX_RECEIVERS}")
+            check_receivers(h.receivers)
         refused = 0
         for h in msg.holdings:
             if self._owner_of(h.oid) == self._me:

@@ -61,12 +61,14 @@ class DirectoryShard:
 
     # --- waits ---
     async def locate(self, oid: ObjectID, requester: str, timeout: float | None,
-                     exclude: list[str], offset: int, ring: bool = False) -> Source:
+                     exclude: list[str], offset: int, ring: bool = False,
+                     receivers: int = 0) -> Source:
         """Pick a source for ``requester``, waiting up to ``timeout`` for the object to exist;
-        ``ring``: its predecessor in the ring, if it enrols within RING_WAIT."""
+        ``ring``: its predecessor in the ring, if it enrols within RING_WAIT; ``receivers``:
+        how many get it together, if the requester knows."""
         if not ring:
-            return await self._until(
-                oid, timeout, lambda: self.state.try_locate(oid, requester, exclude, offset))
+            return await self._until(oid, timeout, lambda: self.state.try_locate(
+                oid, requester, exclude, offset, receivers=receivers))
         loop = asyncio.get_running_loop()
         give_up: float | None = None  # when waiting for the predecessor stops
 
@@ -74,7 +76,7 @@ class DirectoryShard:
             nonlocal give_up
             patient = give_up is None or loop.time() < give_up
             peers = [n for n in self._ring[oid] if n != requester] if patient else None
-            answer = self.state.try_locate(oid, requester, exclude, offset, peers)
+            answer = self.state.try_locate(oid, requester, exclude, offset, peers, receivers)
             if isinstance(answer, NotYet) and answer.ring and give_up is None:
                 give_up = loop.time() + RING_WAIT
             elif not isinstance(answer, NotYet):

@@ -164,16 +164,19 @@ class DirectoryState:
             raise NotOwnerError(f"object {oid.hex()} belongs to shard {owner}", owner=owner)
 
     def try_locate(self, oid: ObjectID, requester: str, exclude: Iterable[str],
-                   offset: int, ring: Collection[str] | None = None) -> Source | NotYet:
+                   offset: int, ring: Collection[str] | None = None,
+                   receivers: int = 0) -> Source | NotYet:
         """Pick a source for ``requester`` (enrolling it behind that source) or say NotYet;
         ``ring``: follow the ring order, ``ring`` naming the other ring requesters of ``oid``
-        still waiting for a source."""
+        still waiting for a source; ``receivers``: how many get it together, if the requester
+        knows (the largest count heard is kept)."""
         excluded = set(exclude)
         event = (f"locate by {requester} exclude={sorted(excluded)} offset={offset}"
                  + ("" if ring is None else " ring"))
         entry = self._current(oid, event)
         if entry is None:
             return self._not_yet(oid, event, "not put yet")
+        entry.receivers = max(entry.receivers, receivers)
         if entry.inline is not None:  # the requester keeps a copy: a delete must reach it
             if requester not in entry.holders:
                 entry.holders[requester] = Holder(received=entry.size, seq=next(self._seq))

@@ -25,11 +25,13 @@ PROGRESS_INTERVAL = 0.05
 
 
 class Fetch:
-    """One get of ``oid`` on ``node``; ``on_end(self)`` runs when it is done or failed."""
+    """One get of ``oid`` on ``node``; ``on_end(self)`` runs when it is done or failed;
+    ``receivers``: how many get it together, as the get says (0: unknown)."""
 
     def __init__(self, cluster: Cluster, node: str, oid: ObjectID,
-                 on_end: Callable[[Fetch], None]) -> None:
+                 on_end: Callable[[Fetch], None], receivers: int = 0) -> None:
         self.cluster, self.node, self.oid, self.on_end = cluster, node, oid, on_end
+        self.receivers = receivers
         self.plan = fp.FetchPlan(oid, node, deadline=None)
         self.done_at: float | None = None
         self.error: HopliteError | None = None
@@ -48,7 +50,8 @@ class Fetch:
         while self._todo:
             ins = self._todo.popleft()
             if isinstance(ins, fp.AskOwner):
-                c.shard.locate(self.oid, self.node, ins.exclude, ins.offset, self._answered)
+                c.shard.locate(self.oid, self.node, ins.exclude, ins.offset, self._answered,
+                               self.receivers)
                 return
             if isinstance(ins, fp.Allocate):
                 self._copy = self._create(ins.size)

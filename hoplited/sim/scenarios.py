@@ -88,7 +88,9 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
             run.start()
             getters = range(nodes) if op == "allreduce" else [0]
             wanted = [(node_name(i), result) for i in getters]
-    gets = _start_gets(c, wanted, concurrency if op == "gather" else None)
+    # a broadcast's gets say how many they are, as `hoplite bench broadcast`'s do
+    gets = _start_gets(c, wanted, concurrency if op == "gather" else None,
+                       len(wanted) if op == "broadcast" else 0)
     c.clock.run()
     failed = [str(g.error) for g in gets if g.error is not None]
     if run is not None and run.error is not None:
@@ -103,16 +105,16 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
 
 
 def _start_gets(c: Cluster, wanted: list[tuple[str, ObjectID]],
-                limit: int | None) -> list[Fetch]:
+                limit: int | None, receivers: int) -> list[Fetch]:
     """Start a get of each (node, id) in order, at most ``limit`` at a time (the next as one
-    ends, like ``Client.gather``); the list grows as they start."""
+    ends, like ``Client.gather``), each saying ``receivers``; the list grows as they start."""
     pending = list(reversed(wanted))
     gets: list[Fetch] = []
 
     def start_next(_: Fetch | None = None) -> None:
         if pending:
             node, oid = pending.pop()
-            fetch = Fetch(c, node, oid, start_next)
+            fetch = Fetch(c, node, oid, start_next, receivers)
             gets.append(fetch)
             fetch.start()
 

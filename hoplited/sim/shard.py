@@ -36,14 +36,15 @@ class Shard:
         return sum(map(len, self._waiters.values()))
 
     def locate(self, oid: ObjectID, requester: str, exclude: Iterable[str], offset: int,
-               reply: Callable[[Source | HopliteError], None]) -> None:
-        """``Locate``: a source for ``requester`` (enrolled behind it), or the shard's error."""
+               reply: Callable[[Source | HopliteError], None], receivers: int = 0) -> None:
+        """``Locate``: a source for ``requester`` (enrolled behind it), or the shard's error;
+        ``receivers``: how many get the object together, as the get says."""
         excluded = tuple(exclude)
 
         def attempt() -> bool:
             try:
                 answer: Source | NotYet | HopliteError = self.state.try_locate(
-                    oid, requester, excluded, offset)
+                    oid, requester, excluded, offset, receivers=receivers)
             except HopliteError as exc:
                 answer = exc
             if isinstance(answer, NotYet):

@@ -97,20 +97,21 @@ class Fetcher:
         return None if fetch is None else fetch[1].source
 
     async def fetch(self, oid: ObjectID, timeout: float | None,
-                    ring: bool = False) -> StoredObject:
+                    ring: bool = False, receivers: int = 0) -> StoredObject:
         """The complete local copy of ``oid``, pulling it from the cluster if needed; waits at
         most ``timeout`` (this caller's own, whoever else is fetching the same id). The copy is
         still in the store when this returns: the caller may pin it before anything else runs.
-        ``ring``: a fetch this call starts asks for its ring predecessor (docs/design.md §4)."""
+        ``ring``: a fetch this call starts asks for its ring predecessor (docs/design.md §4);
+        ``receivers``: it tells the owner how many get the object together (§3)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         try:
             async with asyncio.timeout_at(deadline):
-                obj = await self._complete_copy(oid, deadline, ring)
+                obj = await self._complete_copy(oid, deadline, ring, receivers)
                 while obj.deleted and obj.evicted and obj.error is None:
                     # evicted to make room between the copy's completion and our turn to
                     # run: it is complete elsewhere (its shard said so), so fetch it again
-                    obj = await self._complete_copy(oid, deadline, ring)
+                    obj = await self._complete_copy(oid, deadline, ring, receivers)
         except HopliteError:
             raise  # the fetch's own end: a timeout the shard recorded (a failed reduce's) too
         except TimeoutError:
@@ -122,14 +123,15 @@ class Fetcher:
         return obj
 
     async def _complete_copy(self, oid: ObjectID, deadline: float | None,
-                             ring: bool) -> StoredObject:
+                             ring: bool, receivers: int) -> StoredObject:
         """Join (or start) the one fetch of ``oid``, or wait for the local copy to complete."""
         running = self._fetches.get(oid)  # first: a fetch in progress has allocated already
         obj = self._store.get(oid)
         if running is not None or obj is None:
             if running is None:
                 plan = fp.FetchPlan(oid, self.me, deadline, patience=self._patience)
-                task = self._tasks.spawn(self._fetch(plan, ring), name=f"fetch-{oid.short()}")
+                task = self._tasks.spawn(self._fetch(plan, ring, receivers),
+                                         name=f"fetch-{oid.short()}")
                 self._fetches[oid] = (task, plan)
                 task.add_done_callback(lambda done: self._forget(oid, done))
             else:
@@ -153,7 +155,7 @@ class Fetcher:
                     raise
                 obj = again  # a reduce started its result again (docs/design.md §5)
 
-    async def _fetch(self, plan: fp.FetchPlan, ring: bool) -> StoredObject:
+    async def _fetch(self, plan: fp.FetchPlan, ring: bool, receivers: int) -> StoredObject:
         """Carry out ``plan``: ask, allocate, pull, report, feeding each outcome back."""
         oid, store = plan.oid, self._store
         loop = asyncio.get_running_loop()
@@ -166,7 +168,7 @@ class Fetcher:
             while todo:
                 ins = todo.popleft()
                 if isinstance(ins, fp.AskOwner):
-                    answer = await self._ask(oid, ins, obj, loop, ring)
+                    answer = await self._ask(oid, ins, obj, loop, ring, receivers)
                     if not isinstance(answer, Frame):
                         todo.extend(plan.handle(answer))
                         continue
@@ -233,7 +235,7 @@ class Fetcher:
         task.cancel()
 
     async def _ask(self, oid: ObjectID, ins: fp.AskOwner, obj: StoredObject | None,
-                   loop: asyncio.AbstractEventLoop, ring: bool
+                   loop: asyncio.AbstractEventLoop, ring: bool, receivers: int
                    ) -> Frame[Located] | fp.LocateFailed | fp.CopyFailed:
         """Ask the owner for a source. If our partial copy fails meanwhile (it was deleted),
         the ask ends with that: the shard would wait for a put that may never come, and the
@@ -251,7 +253,7 @@ class Fetcher:
         try:
             async with scope:
                 return await self._directory.locate(oid, ins.timeout, list(ins.exclude),
-                                                    ins.offset, ring)
+                                                    ins.offset, ring, receivers)
         except HopliteError as exc:  # the shard's answer, its timeout included
             return fp.LocateFailed(loop.time(), exc)
         except TimeoutError:

@@ -29,6 +29,7 @@ from hoplite_client.wire.messages import (
     StatusReply,
     WireMessage,
 )
+from hoplite_client.wire.receivers import MAX_RECEIVERS
 
 NAN, INF = math.nan, math.inf
 # More views than one Release notice may list, and than a single notice could carry at all
@@ -145,6 +146,9 @@ async def test_client_refuses_bad_timeouts_and_honours_zero_and_inf(make_cluster
             await client.gather([small_id], concurrency=concurrency)
     with pytest.raises(hc.InvalidArgumentError, match=str(MAX_IDS_PER_FRAME)):
         await client.reduce([small_id] * (MAX_IDS_PER_FRAME + 1))
+    for receivers in (-1, MAX_RECEIVERS + 1, True, 1.5, "8"):
+        with pytest.raises(hc.InvalidArgumentError, match="receivers"):
+            await client.get(small_id, receivers=receivers)  # type: ignore[arg-type]
 
     for wait in (0, 0.0, INF, None):
         assert np.array_equal(await client.get(small_id, timeout=wait), small)
@@ -170,8 +174,9 @@ async def test_client_refuses_bad_timeouts_and_honours_zero_and_inf(make_cluster
 async def test_hostile_timeouts_on_the_unix_socket_get_typed_errors(make_cluster,
                                                                     connect) -> None:
     """Well-framed requests with NaN, negative or -inf timeouts (and a Reduce over too many
-    inputs) get ``invalid`` Errors with their request ids, a bool timeout fails the header's
-    type check; inf and 0 are served; the daemon keeps serving everyone."""
+    inputs, a Get with a negative or huge receivers count) get ``invalid`` Errors with their
+    request ids, a bool timeout fails the header's type check; inf and 0 are served; the
+    daemon keeps serving everyone."""
     cluster = await make_cluster(1)
     path = cluster.sockets[0]
     client = await connect(path)
@@ -192,6 +197,10 @@ async def test_hostile_timeouts_on_the_unix_socket_get_typed_errors(make_cluster
         8: (encode_header(Get(rid=8, oid=oid, timeout=INF)), "Found"),
         9: (encode_header(Get(rid=9, oid=oid, timeout=0.0)), "Found"),
         10: (encode_header(Status(rid=10)), "StatusReply"),
+        11: (encode_header(Get(rid=11, oid=oid, timeout=None, receivers=-1)), "invalid"),
+        12: (encode_header(Get(rid=12, oid=fresh(), timeout=None,
+                               receivers=MAX_RECEIVERS + 1)), "invalid"),
+        13: (encode_header(Get(rid=13, oid=oid, timeout=None, receivers=7)), "Found"),
     }
 
     def exchange() -> dict[int, tuple[WireMessage, Any]]:

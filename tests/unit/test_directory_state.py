@@ -69,10 +69,11 @@ def put(holder: str, version: bytes = b"v1", received: int | None = None,
 
 
 def locate(requester: str, exclude: Sequence[str] = (), offset: int = 0,
-           oid: ObjectID = OID) -> Step:
+           oid: ObjectID = OID, receivers: int = 0) -> Step:
     """The chosen node (None: inline), or the NotYet."""
     def step(w: World) -> object:
-        answer = w.state.try_locate(oid, requester, list(exclude), offset)
+        answer = w.state.try_locate(oid, requester, list(exclude), offset,
+                                    receivers=receivers)
         return answer if isinstance(answer, NotYet) else answer.node
     return step
 
@@ -210,6 +211,25 @@ CASES = [
         (put("p", received=0, producing=True, receivers=6), WAKE),
         (put("p", received=500, producing=True), WAKE),  # a re-announcement without it
         (locate("r0"), "p"), (locate("r1"), "p"),
+    ]),
+    Case("gets-that-say-their-number-make-a-tree-where-it-pays", [
+        (put("src"), WAKE),
+        (locate("r0", receivers=6), "src"), (locate("r1", receivers=6), "src"),
+        (locate("r2", receivers=6), "r0"), (locate("r3", receivers=6), "r0"),
+    ]),
+    Case("the-largest-count-heard-is-kept", [
+        (put("src"), WAKE),
+        (locate("r0", receivers=6), "src"), (locate("r1"), "src"),  # r1 did not say
+        (locate("r2", receivers=2), "r0"), (locate("r3"), "r0"),
+    ]),
+    Case("a-count-said-while-waiting-for-the-put-counts-once-asked-again", [
+        (locate("r0", receivers=6), NOT_PUT),  # the shard asks again on the put's Wake
+        (put("src"), WAKE), (locate("r0", receivers=6), "src"),
+        (locate("r1"), "src"), (locate("r2"), "r0"), (locate("r3"), "r0"),
+    ]),
+    Case("gets-of-few-receivers-keep-the-chain", [
+        (put("src"), WAKE),
+        (locate("r0", receivers=3), "src"), (locate("r1", receivers=3), "r0"),
     ]),
     Case("partial-holders-in-enrolment-order", [
         (put("src"), WAKE), (locate("a"), "src"), (locate("b"), "src"), (locate("c"), "src"),

@@ -141,7 +141,7 @@ def test_registry_is_consistent():
 def test_float_field_accepts_int_and_optional_none():
     """An int in a float field decodes as float; None is accepted for Optional fields."""
     oid = ObjectID.random()
-    header = msgpack.packb([1, oid.binary(), 3], use_bin_type=True)
+    header = msgpack.packb([1, oid.binary(), 3, 0], use_bin_type=True)
     (ev,) = FrameReader().feed(raw_frame(m.Get.KIND, header))
     assert ev.msg == m.Get(rid=1, oid=oid, timeout=3.0) and type(ev.msg.timeout) is float
     (ev,) = FrameReader().feed(wire(m.Get(rid=1, oid=oid, timeout=None)))
