@@ -7,13 +7,14 @@ copies complete. The source is the best of the live, non-excluded holders by, in
 the fan-out limit, complete before partial, furthest along, then for complete copies the least
 busy and for partial ones the earliest enrolled (so under a fan-out of 2 receivers that ask
 together grow a binary tree breadth first, not two chains). The fan-out limit is the configured
-one, or 2 for an object whose producer announced how many will get it (``receivers``) when the
-injected cost rule (``fanout_for``) says a tree beats a chain for them (docs/design.md §3). A
-partial holder may only serve a requester enrolled after it, so re-attaching after a failure can
-never form a cycle. A holder short of memory may drop its copy only with the shard's consent
-(``may_drop``): the shard agrees, and forgets that holder in the same step, only while another
-live member holds the whole object and nobody is reading from the asker. ``failed`` holds
-tombstones of ids that will never exist (a failed reduce); a later put lifts them.
+one, or 2 for an object whose producer or gets said how many will get it (``receivers``, the
+largest count heard) when the injected cost rule (``fanout_for``) says a tree beats a chain for
+them (docs/design.md §3). A partial holder may only serve a requester enrolled after it, so re-
+attaching after a failure can never form a cycle. A holder short of memory may drop its copy
+only with the shard's consent (``may_drop``): the shard agrees, and forgets that holder in the
+same step, only while another live member holds the whole object and nobody is reading from the
+asker. ``failed`` holds tombstones of ids that will never exist (a failed reduce); a later put
+lifts them.
 
 Ring order (docs/design.md §4, "Ring-ordered stripes"). A requester may ask to follow the ring:
 the live participants (holders and the other ring requesters still waiting) in node-id order,
