@@ -398,11 +398,12 @@ class DirectoryState:
             if (node == requester or node in exclude or not self.is_alive(node)
                     or not self._eligible(entry, node, requester)):
                 continue
-            partial = h.received < entry.size
-            # complete copies share the load; partial ones fill up in enrolment order, so
-            # receivers that ask together grow a tree breadth first under a fan-out above 1
-            order = (h.seq, h.serving) if partial else (h.serving, h.seq)
-            candidates.append((h.serving >= fanout, partial, -h.received, order, node))
+            partial, full = h.received < entry.size, h.serving >= fanout
+            # partial holders with room fill up in enrolment order, so receivers that ask
+            # together grow a tree breadth first under a fan-out above 1; complete copies,
+            # and holders already at the fan-out, share the load (least busy first)
+            order = (h.seq, h.serving) if partial and not full else (h.serving, h.seq)
+            candidates.append((full, partial, -h.received, order, node))
         return min(candidates)[-1] if candidates else None
 
     def _fanout(self, entry: Entry) -> int:
