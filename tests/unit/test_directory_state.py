@@ -235,6 +235,12 @@ CASES = [
         (put("src"), WAKE), (locate("a"), "src"), (locate("b"), "src"), (locate("c"), "src"),
         (locate("d"), "a"), (locate("e"), "a"), (locate("f"), "a"), (locate("g"), "b"),
     ], fanout=3),
+    Case("holders-at-the-fanout-least-busy-first", [
+        # when every candidate is at its fan-out, the least busy serves, partial or not
+        (put("src"), WAKE), (locate("a"), "src"), (locate("b"), "a"), (locate("c"), "b"),
+        (locate("d", ["src", "c"]), "a"),  # a and b serve one each: enrolment order
+        (locate("e", ["src", "c", "d"]), "b"),  # a serves two now
+    ]),
     Case("complete-holders-least-busy-first", [
         (put("src"), WAKE), (put("s2"), WAKE), (locate("a"), "src"), (locate("b"), "s2"),
         (locate("c"), "src"), (locate("d"), "s2"),
