@@ -594,11 +594,11 @@ class ReducePlan:
                 self.meta = replace(ev, size=hi - lo, shape=((hi - lo) // item,))
             m = self.meta
             if m.size > INLINE_MAX:
-                self._last_leaf = (self.everyone and self.window is None
-                                   and self.me in ev.holders)
+                plain_allreduce = self.everyone and self.window is None
+                self._last_leaf = plain_allreduce and self.me in ev.holders
                 self.shape = tree_shape(self.k, self._depth(self.k, m.size), self._last_leaf)
                 # an allreduce's result goes to every input's node: its gets know their number
-                receivers = self.k - 1 if self.everyone and self.window is None else 0
+                receivers = self.k - 1 if plain_allreduce else 0
                 out.append(OpenResult(m.size, m.dtype, m.shape, receivers))
         elif not self._fits(ev):
             return self._fail(self._mismatch(ev))

@@ -245,8 +245,7 @@ class DirectoryState:
             entry.inline = inline
         if producing:
             entry.producer = holder
-        if receivers:
-            entry.receivers = receivers
+        entry.receivers = max(entry.receivers, receivers)
         h = entry.holders.get(holder)
         if h is None:  # holders announced before it may already pull from it
             h = entry.holders[holder] = Holder(received=got, seq=next(self._seq),
