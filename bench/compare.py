@@ -4,7 +4,9 @@ For each node count: one test bed (network namespaces, RATE links), hoplite's da
 then each baseline in the same namespaces; every op at every size; medians and ratios to the
 optimum (docs/design.md §7). Writes JSON, the results section of docs/benchmarks.md and a plot.
 Usage (from the repository root, as root):
-    python -m bench.compare --nodes 4 8 --rate 1Gbit --repeat 5 [--plot docs/compare.png]
+    python -m bench.compare --nodes 4 8 --rate 1Gbit --repeat 5 [--warmup 1] \
+        [--plot docs/compare.png]
+Every system gets the same number of warm-up runs per case (``--warmup``).
 """
 
 from __future__ import annotations
@@ -57,23 +59,25 @@ class Row:
         return statistics.median(self.runs) if self.runs else None
 
 
-async def run_baseline(name: str, testbed: Any, op: str, size: int, repeat: int) -> list[float]:
-    """Latencies of baseline ``name`` (a module of bench.baselines) for ``op``; LookupError if
-    it does not implement ``op``."""
+async def run_baseline(name: str, testbed: Any, op: str, size: int, repeat: int,
+                       warmup: int = 1) -> list[float]:
+    """Latencies of baseline ``name`` (a module of bench.baselines) for ``op``, after ``warmup``
+    runs; LookupError if it does not implement ``op``."""
     if name == "star":
         if op != "broadcast":
             raise LookupError("broadcast only")
         module = importlib.import_module("bench.baselines.star")
-        latencies: list[float] = await module.run_star(testbed, size, repeat)
+        latencies: list[float] = await module.run_star(testbed, size, repeat, warmup)
     else:
         module = importlib.import_module(f"bench.baselines.{name}")
-        latencies = await module.run(testbed, op, size, repeat)
+        latencies = await module.run(testbed, op, size, repeat, warmup)
     return latencies
 
 
 async def measure(nodes: int, rate: int, repeat: int, cases: list[tuple[str, int]],
-                  baselines: list[str]) -> list[Row]:
-    """Every case on hoplite, then on each baseline, in one emulated cluster of ``nodes``."""
+                  baselines: list[str], warmup: int = 1) -> list[Row]:
+    """Every case on hoplite, then on each baseline, in one emulated cluster of ``nodes``;
+    each system runs ``warmup`` unmeasured times per case first."""
     rows: list[Row] = []
     capacity = str(max(s for _, s in cases) * 4 + (256 << 20))
     async with emulated_cluster(nodes, rate, capacity=capacity, check=True,
@@ -82,7 +86,7 @@ async def measure(nodes: int, rate: int, repeat: int, cases: list[tuple[str, int
         for op, size in cases:
             ctx = BenchContext(clients, size, 0.0, Progress())
             print(f"hoplite {op} {size >> 20} MiB on {nodes} nodes", flush=True)
-            runs = await run_scenario(op, ctx, 1, repeat)
+            runs = await run_scenario(op, ctx, warmup, repeat)
             rows.append(Row("hoplite", op, size, nodes, runs, optimum(op, size, nodes, rate),
                             rate))
         for client in clients:
@@ -92,7 +96,8 @@ async def measure(nodes: int, rate: int, repeat: int, cases: list[tuple[str, int
                 print(f"{NAMES[name]} {op} {size >> 20} MiB on {nodes} nodes", flush=True)
                 row = Row(NAMES[name], op, size, nodes, [], optimum(op, size, nodes, rate), rate)
                 try:
-                    row.runs = await run_baseline(name, cluster.testbed, op, size, repeat)
+                    row.runs = await run_baseline(name, cluster.testbed, op, size, repeat,
+                                                  warmup)
                 except LookupError:
                     continue
                 except Exception as exc:  # a baseline's failure is a result, not a crash
@@ -164,12 +169,13 @@ def replace_section(path: str, start: str, end: str, lines: list[str]) -> None:
 
 
 def write_docs(rows: list[Row], path: str, command: str, rate: int,
-               plot_path: str | None) -> None:
+               plot_path: str | None, warmup: int = 1) -> None:
     """Replace (or append) the emulated-cluster section of the benchmarks page."""
     body = [f"## Emulated cluster ({datetime.date.today()})", "",
             f"Every link {format_rate(rate)} both ways (tbf), MTU 65000, one network namespace "
             f"per node; hoplite and each baseline measured in the same test bed, one after the "
-            f"other. Median of the runs after one warm-up. Optimum as docs/design.md §7: "
+            f"other. Median of the runs after {warmup} warm-up run{'s' if warmup != 1 else ''} "
+            f"of each system. Optimum as docs/design.md §7: "
             f"S/RATE for broadcast and reduce, 2·S/RATE for allreduce (a ring needs only "
             f"2(N−1)/N·S/RATE, so it can beat it), (N−1)·S/RATE for gather; docs/design.md §8 "
             f"quotes ratios to S/RATE (last column). Machine: "
@@ -188,6 +194,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--rate", default="1Gbit")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="unmeasured runs per case, the same for every system")
     parser.add_argument("--case", action="append", metavar="OP:SIZE",
                         help="e.g. broadcast:32MiB (repeatable; default: the standard set)")
     parser.add_argument("--baselines", nargs="*", default=BASELINES, choices=BASELINES)
@@ -201,18 +209,19 @@ def main() -> None:
         with open(args.from_json) as f:
             saved = json.load(f)
         rows = [Row(**{k: v for k, v in r.items() if k != "median"}) for r in saved["rows"]]
-        rate, command = saved["rate"], saved["command"]
+        rate, command, warmup = saved["rate"], saved["command"], saved.get("warmup", 1)
     else:
-        rate = parse_rate(args.rate)
+        rate, warmup = parse_rate(args.rate), args.warmup
         command = " ".join(["python -m bench.compare", *sys.argv[1:]])
         cases = [(op, parse_size(sz)) for op, sz in
                  (c.split(":") for c in (args.case or [f"{o}:{s}" for o, s in CASES]))]
         rows = []
         for n in args.nodes:
-            rows += uvloop.run(measure(n, rate, args.repeat, cases, args.baselines))
+            rows += uvloop.run(measure(n, rate, args.repeat, cases, args.baselines,
+                                       args.warmup))
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
-            json.dump({"command": command, "rate": rate,
+            json.dump({"command": command, "rate": rate, "warmup": warmup,
                        "rows": [{**asdict(r), "median": r.median} for r in rows]}, f, indent=2)
     plot_path = None
     if args.plot:
@@ -221,7 +230,7 @@ def main() -> None:
             plot_path = args.plot
         except ImportError:
             print("matplotlib missing (pip install '.[plot]'): no plot", file=sys.stderr)
-    write_docs(rows, args.docs, command, rate, plot_path)
+    write_docs(rows, args.docs, command, rate, plot_path, warmup)
     print(table(rows))
 
 
