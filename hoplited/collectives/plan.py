@@ -67,7 +67,7 @@ from hoplite_client.wire.errors import (
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.ops import check_op, check_reducible, derived_id
-from hoplited.collectives.tree import TreeShape, tree_shape
+from hoplited.collectives.tree import TreeShape, tree_shape, two_tree_fill, two_tree_shape
 
 # (event, instructions) pairs kept: a reduce of a few dozen inputs sends ~3 events per slot,
 # so its whole story fits; a huge one keeps its end, where failures are (like dask's story).
@@ -457,12 +457,14 @@ class ReducePlan:
     after ``me`` there, rather than the first free one (docs/design.md §4, "Ring-ordered
     stripes"). ``everyone``: every node gets the result (a plain allreduce); if the first
     input is held here, it takes the root and the last input a leaf of the root's
-    (docs/design.md §4, "The last input hangs on the root")."""
+    (docs/design.md §4, "The last input hangs on the root"). ``half``: this plan is tree 0 or 1
+    of two trees of halves (``window`` is that half): the inputs fill complete trees whose
+    inner slots differ (docs/simulation.md §6)."""
 
     def __init__(self, result: ObjectID, inputs: list[ObjectID], k: int, op: str, me: str,
                  depth: Callable[[int, int], int], patience: float = 6.0,
                  window: tuple[int, int] | None = None, ring: tuple[str, ...] = (),
-                 everyone: bool = False) -> None:
+                 everyone: bool = False, half: int | None = None) -> None:
         if not inputs or not 1 <= k <= len(inputs):
             raise InvalidArgumentError(f"num_objects must be between 1 and the "
                                        f"{len(inputs)} inputs")
@@ -470,7 +472,10 @@ class ReducePlan:
             raise InvalidArgumentError(f"a stripe {window} must hold more than {INLINE_MAX} "
                                        f"bytes")
         check_op(op)
+        if half is not None and (half not in (0, 1) or window is None or k != len(inputs)):
+            raise InvalidArgumentError("a tree of halves reduces a window of every input")
         self.window = window
+        self.half = half
         self.ring = ring
         self.everyone = everyone
         self._last_leaf = False  # the tree's shape: see tree_shape
@@ -596,7 +601,7 @@ class ReducePlan:
             if m.size > INLINE_MAX:
                 plain_allreduce = self.everyone and self.window is None
                 self._last_leaf = plain_allreduce and self.me in ev.holders
-                self.shape = tree_shape(self.k, self._depth(self.k, m.size), self._last_leaf)
+                self.shape = self._new_shape()
                 # an allreduce's result goes to every input's node: its gets know their number
                 receivers = self.k - 1 if plain_allreduce else 0
                 out.append(OpenResult(m.size, m.dtype, m.shape, receivers))
@@ -629,6 +634,14 @@ class ReducePlan:
             f"input {ev.oid.hex()} is {ev.dtype}{list(ev.shape)} but the first input was "
             f"{self.whole.dtype}{list(self.whole.shape)}", oid=ev.oid.hex())
 
+    def _new_shape(self) -> TreeShape:
+        """The tree for the first input's size: one of two trees of halves, or the chain or
+        full tree the link model picks."""
+        assert self.meta is not None
+        if self.half is not None:
+            return two_tree_shape(self.k)
+        return tree_shape(self.k, self._depth(self.k, self.meta.size), self._last_leaf)
+
     def _place(self, ev: InputReady) -> list[Instruction]:
         shape, me = self.shape, self.me
         assert shape is not None
@@ -640,6 +653,9 @@ class ReducePlan:
         node = me if local else (alive or list(ev.holders))[0]
         if shape.root in free and local:
             slot = shape.root
+        elif others and self.half is not None:
+            fill = two_tree_fill(shape.size, self.half)
+            slot = next((s for s in fill if s in others), others[0])
         elif others:
             slot = self._ring_slot(node, others)
         else:
@@ -1204,8 +1220,7 @@ class ReducePlan:
         self._may_fold = False
         self._broken.clear()
         self._reconnects.clear()
-        self.shape = shape = tree_shape(self.k, self._depth(self.k, self.meta.size),
-                                        self._last_leaf)
+        self.shape = shape = self._new_shape()
         out: list[Instruction] = [RestartResult()]
         placed, self.slots = self.slots, {}  # none is linked to before it is placed anew
         for slot in range(shape.size):

@@ -11,6 +11,11 @@ Slots are numbered by in-order traversal and the i-th input to become ready take
 every slot's left subtree holds only earlier slots, so a new input can start pulling its left
 child at once, and late inputs fill the right side. A chain hangs on the left, so in a chain
 each input pulls from the one that arrived before it.
+
+A third shape, two trees of halves (``two_tree_shape``, ``two_tree_fill``), lets every link
+carry the object once over log2(n) levels: each half climbs a complete tree, and the second
+tree makes every inner slot of the first a leaf. Only the simulator runs it so far
+(``hoplite simulate reduce --two-trees``, docs/simulation.md §6).
 """
 
 from __future__ import annotations
@@ -112,3 +117,73 @@ def tree_shape(n: int, depth: int, last_leaf: bool = False) -> TreeShape:
                 children[nd.slot].append(child.slot)
     assert root is not None
     return TreeShape(parent, children, root.slot)
+
+
+# --- two trees of halves (docs/simulation.md §6, "Two trees of halves") ---
+def complete_shape(n: int) -> TreeShape:
+    """The complete binary tree of ``n`` slots (every level full but the last, which fills
+    from the left), numbered in order. It has floor(n/2) inner slots, never more than leaves,
+    so a second tree can make every inner slot of the first a leaf (``complementary``);
+    ``tree_shape``'s even split has more (511 of 999)."""
+    if n < 1:
+        raise ValueError("a tree needs at least one slot")
+    order: list[int] = []  # heap positions 1..n, in order
+    stack: list[int] = []
+    pos = 1
+    while stack or pos <= n:
+        while pos <= n:
+            stack.append(pos)
+            pos *= 2
+        pos = stack.pop()
+        order.append(pos)
+        pos = 2 * pos + 1
+    slot = {heap: i for i, heap in enumerate(order)}
+    parent: list[int | None] = [None] * n
+    children: list[list[int]] = [[] for _ in range(n)]
+    for heap in range(2, n + 1):  # left child (even) before right child (odd)
+        parent[slot[heap]] = slot[heap // 2]
+        children[slot[heap // 2]].append(slot[heap])
+    return TreeShape(parent, children, slot[1])
+
+
+def complementary(shape: TreeShape) -> list[int]:
+    """A bijection of slots, ``b[s]``: the slot in a second tree of the same shape for the
+    input at slot ``s`` of the first, so that no input is an inner slot in both. Inner slots
+    of the first go to leaves of the second, in order; the first's leaves fill the second's
+    inner slots, then its remaining leaves."""
+    inner = [s for s in range(shape.size) if shape.children[s]]
+    leaves = [s for s in range(shape.size) if not shape.children[s]]
+    if len(inner) > len(leaves):
+        raise ValueError(f"{len(inner)} inner slots and {len(leaves)} leaves: no second tree "
+                         f"can make every inner slot a leaf")
+    b = [0] * shape.size
+    for s, t in zip(inner, leaves, strict=False):
+        b[s] = t
+    for s, t in zip(leaves, inner + leaves[len(inner):], strict=True):
+        b[s] = t
+    return b
+
+
+def two_tree_shape(n: int) -> TreeShape:
+    """One of two trees of halves for ``n`` inputs: a complete tree of the first ``n - 1``
+    slots under a root (slot ``n - 1``) with that tree as its only child. The root is the
+    coordinator's own input where it has one, so its downlink carries one half per tree."""
+    if n < 2:
+        return tree_shape(n, 0)
+    below = complete_shape(n - 1)
+    parent = [*below.parent, None]
+    parent[below.root] = n - 1
+    return TreeShape(parent, [*below.children, [below.root]], n - 1)
+
+
+def two_tree_fill(n: int, half: int) -> list[int]:
+    """The non-root slots of ``two_tree_shape(n)`` in the order inputs take them in tree
+    ``half`` (0 or 1): the i-th input placed takes slot i in tree 0 and its complementary slot
+    in tree 1, so no input is inner in both."""
+    if half not in (0, 1):
+        raise ValueError(f"half {half} is not 0 or 1")
+    order = list(range(n - 1))
+    if half == 0 or n < 2:
+        return order
+    b = complementary(complete_shape(n - 1))
+    return [b[s] for s in order]

@@ -1000,3 +1000,40 @@ def test_a_stripe_places_a_lost_input_again_rather_than_folding_it() -> None:
     out = p.handle(ready(1, "n2"))
     assert not any(isinstance(x, Fold) for x in out)
     assert any(isinstance(x, StartTask) and x.slot == 0 and x.node == "n2" for x in out)
+
+
+# --- two trees of halves (docs/simulation.md §6) ---
+HALVES = ((0, BIG // 2), (BIG // 2, BIG))
+
+
+@pytest.mark.parametrize("k, local", [(8, True), (8, False), (3, True), (5, False)])
+def test_two_trees_of_halves_share_no_inner_node(k: int, local: bool) -> None:
+    """Fed the same arrivals, the two halves' plans place every input once in each tree; no
+    input's node computes a slot with children in both (its downlink would carry the object
+    twice) but the roots' node, whose root has one child in each tree: this node if it holds
+    an input, else the last to arrive."""
+    plans = [ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0, window=w, half=h)
+             for h, w in enumerate(HALVES)]
+    inner: list[set[str]] = [set(), set()]
+    roots: list[tuple[str, int]] = []
+    for i in range(k):
+        node = ME if local and i == 0 else f"n{i}"
+        for h, p in enumerate(plans):
+            for ins in p.handle(ready(i, node)):
+                if isinstance(ins, StartTask) and ins.children:
+                    inner[h].add(ins.node)
+                    if p.shape is not None and ins.slot == p.shape.root:
+                        roots.append((ins.node, ins.children))
+    assert all(len(p.slots) == k for p in plans)
+    top = ME if local else f"n{k - 1}"
+    assert roots == [(top, 1), (top, 1)]
+    assert inner[0] & inner[1] == {top}
+
+
+def test_a_tree_of_halves_needs_a_window_of_every_input() -> None:
+    with pytest.raises(InvalidArgumentError, match="window of every input"):
+        ReducePlan(R, I[:4], 4, "sum", ME, depth=lambda n, size: 0, half=0)
+    with pytest.raises(InvalidArgumentError, match="window of every input"):
+        ReducePlan(R, I[:4], 3, "sum", ME, depth=lambda n, size: 0, window=HALVES[0], half=0)
+    with pytest.raises(InvalidArgumentError, match="window of every input"):
+        ReducePlan(R, I[:4], 4, "sum", ME, depth=lambda n, size: 0, window=HALVES[0], half=2)

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from hoplited.collectives.tree import HOP_UNIT, hop_cost, tree_depth, tree_fanout, tree_shape
+from hoplited.collectives.tree import (
+    HOP_UNIT,
+    TreeShape,
+    complementary,
+    complete_shape,
+    hop_cost,
+    tree_depth,
+    tree_fanout,
+    tree_shape,
+)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 8, 100])
@@ -97,3 +106,52 @@ def test_the_last_leaf_hangs_on_the_root(n: int, root: int,
 def test_the_last_leaf_leaves_trees_alone() -> None:
     """A tree (depth > 0) already hangs late inputs on the right: unchanged."""
     assert tree_shape(15, 3, last_leaf=True) == tree_shape(15, 3)
+
+
+# --- two trees of halves (docs/simulation.md §6) ---
+def _depth(shape: TreeShape) -> int:
+    """Levels below the root on the longest path."""
+    def below(slot: int) -> int:
+        return max((1 + below(c) for c in shape.children[slot]), default=0)
+    return below(shape.root)
+
+
+@pytest.mark.parametrize("n, root, inner, depth", [
+    (1, 0, 0, 0),
+    (2, 1, 1, 1),
+    (3, 1, 1, 1),
+    (7, 3, 3, 2),
+    (8, 4, 4, 3),
+    (999, 511, 499, 9),
+    (1000, 511, 500, 9),
+])
+def test_complete_shape(n: int, root: int, inner: int, depth: int) -> None:
+    """Heap-shaped, in order: floor(n/2) inner slots, depth floor(log2 n), and every left
+    child numbered before its parent (inputs can pull their left subtree at once)."""
+    shape = complete_shape(n)
+    assert shape.root == root and shape.parent[root] is None
+    assert sum(1 for kids in shape.children if kids) == inner == n // 2
+    assert _depth(shape) == depth
+    for slot, kids in enumerate(shape.children):
+        assert len(kids) <= 2
+        if kids:
+            assert kids[0] < slot
+        assert all(kid > slot for kid in kids[1:])
+        assert all(shape.parent[kid] == slot for kid in kids)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 100, 999, 1000])
+def test_complementary_trees_share_no_inner_slot(n: int) -> None:
+    """Every input inner in one tree is a leaf in the other: no downlink carries more than
+    two halves."""
+    shape = complete_shape(n)
+    b = complementary(shape)
+    assert sorted(b) == list(range(n))
+    inner = {s for s in range(n) if shape.children[s]}
+    assert not [s for s in range(n) if s in inner and b[s] in inner]
+
+
+def test_no_complement_for_an_evenly_split_tree() -> None:
+    """tree_shape's even split of 999 slots has 511 inner slots and 488 leaves."""
+    with pytest.raises(ValueError, match="511 inner slots and 488 leaves"):
+        complementary(tree_shape(999, 9))
