@@ -56,14 +56,16 @@ class Combine:
 
 class ReduceRun:
     """One reduce of ``inputs`` (already put) into ``result``, coordinated on node ``me``;
-    ``everyone``: an allreduce, whose plan may shape the tree for it."""
+    ``everyone``: an allreduce, whose plan may shape the tree for it; ``window`` and ``half``:
+    one of two trees of halves (docs/simulation.md §6)."""
 
     def __init__(self, cluster: Cluster, me: str, result: ObjectID, inputs: list[ObjectID],
-                 op: str = "sum", everyone: bool = False) -> None:
+                 op: str = "sum", everyone: bool = False,
+                 window: tuple[int, int] | None = None, half: int | None = None) -> None:
         self.cluster, self.me, self.result = cluster, me, result
         self.depth: int | None = None  # the tree depth the plan chose (0: one chain)
         self.plan = p.ReducePlan(result, inputs, len(inputs), op, me, depth=self._depth,
-                                 everyone=everyone)
+                                 everyone=everyone, window=window, half=half)
         self._inputs = list(dict.fromkeys(inputs))
         self.tasks: dict[int, Combine] = {}  # by slot
         self.published_at: float | None = None
@@ -140,8 +142,9 @@ class ReduceRun:
         """``ReduceTask`` reached ``ins.node``: the slot's output exists (the result itself
         for the root computed in place); the reply carries its version a hop later."""
         c = self.cluster
+        size = ins.hi - ins.lo if ins.hi else c.copies[(ins.node, ins.input)].layout.size
         out = c.copies[(self.me, self.result)] if ins.output == self.result else self._create(
-            ins.node, ins.output, c.copies[(ins.node, ins.input)].layout.size)
+            ins.node, ins.output, size)
         self.tasks[ins.slot] = Combine(c.clock, out, ins.children)
         version = b"task-%d" % next(self._versions)
         self._hop(lambda: self.feed(p.TaskStarted(ins.slot, ins.gen, version)))

@@ -62,9 +62,11 @@ def object_id(name: str) -> ObjectID:
 
 def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
              latency: float = DEFAULT_LATENCY, segment: int = SEGMENT,
-             fanout: int = DaemonConfig.fanout, concurrency: int | None = None) -> SimResult:
+             fanout: int = DaemonConfig.fanout, concurrency: int | None = None,
+             two_trees: bool = False) -> SimResult:
     """Run ``op`` on ``nodes`` nodes with objects of ``size`` bytes over links of ``rate_bps``
-    bit/s and ``latency`` s per hop; ``concurrency`` bounds a gather's gets (None: none)."""
+    bit/s and ``latency`` s per hop; ``concurrency`` bounds a gather's gets (None: none);
+    ``two_trees``: a reduce as two trees of halves (docs/simulation.md §6)."""
     if op not in OPS:
         raise SimulationError(f"unknown collective {op!r}; one of {', '.join(OPS)}")
     if nodes < 2 or size < 1 or fanout < 1 or (concurrency is not None and concurrency < 1):
@@ -72,6 +74,7 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
                               f"{concurrency}: need 2 nodes, 1 byte, 1 and 1 at least")
     c = Cluster.build(rate_bps / 8, latency, segment, fanout)
     run: ReduceRun | None = None
+    extra: list[ReduceRun] = []
     if op == "broadcast":
         oid = object_id("broadcast")
         c.put(node_name(0), oid, size, DTYPE, (size,))
@@ -84,17 +87,29 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
             wanted = [(node_name(0), oid) for oid in ids]
         else:
             result = object_id(f"{op}-result")
-            run = ReduceRun(c, node_name(0), result, ids, everyone=op == "allreduce")
-            run.start()
             getters = range(nodes) if op == "allreduce" else [0]
-            wanted = [(node_name(i), result) for i in getters]
+            if two_trees and op == "reduce":
+                mid = size // 2
+                halves = [ReduceRun(c, node_name(0), object_id(f"{op}-half-{h}"), ids,
+                                    window=w, half=h)
+                          for h, w in enumerate(((0, mid), (mid, size)))]
+                for half in halves:
+                    half.start()
+                run = halves[0]
+                extra = halves[1:]
+                wanted = [(node_name(0), half.result) for half in halves]
+            else:
+                run = ReduceRun(c, node_name(0), result, ids, everyone=op == "allreduce")
+                run.start()
+                wanted = [(node_name(i), result) for i in getters]
     # a broadcast's gets say how many they are, as `hoplite bench broadcast`'s do
     gets = _start_gets(c, wanted, concurrency if op == "gather" else None,
                        len(wanted) if op == "broadcast" else 0)
     c.clock.run()
     failed = [str(g.error) for g in gets if g.error is not None]
-    if run is not None and run.error is not None:
-        failed.insert(0, f"the reduce failed: {run.error}")
+    for r in [run, *extra]:
+        if r is not None and r.error is not None:
+            failed.insert(0, f"the reduce failed: {r.error}")
     done = [g.done_at for g in gets if g.done_at is not None]
     if len(done) < len(wanted) and not failed:
         failed.append(f"the simulation stopped with {len(wanted) - len(done)} gets "

@@ -45,3 +45,16 @@ def test_the_table_names_the_settings_and_each_run() -> None:
 def test_bad_options_are_usage_errors(args: list[str], message: str) -> None:
     out = CliRunner().invoke(main, ["simulate", "broadcast", *args])
     assert out.exit_code == 2 and message in out.output
+
+
+def test_two_trees_is_a_reduce_what_if() -> None:
+    """``--two-trees`` simulates the reduce as two trees of halves, and says so; other
+    collectives refuse it."""
+    out = CliRunner().invoke(main, ["simulate", "reduce", "--nodes", "64", "--size", "32MiB",
+                                    "--two-trees", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output)["ratio"] == pytest.approx(1.027, abs=1e-3)
+    table = CliRunner().invoke(main, ["simulate", "reduce", "--nodes", "8", "--two-trees"])
+    assert table.exit_code == 0 and "two trees of halves" in table.output.splitlines()[0]
+    refused = CliRunner().invoke(main, ["simulate", "broadcast", "--two-trees"])
+    assert refused.exit_code == 2 and "a shape of the reduce" in refused.output

@@ -147,3 +147,40 @@ def test_a_simulation_is_deterministic() -> None:
 def test_bad_settings_are_refused(args: tuple[str, int, int, float], match: str) -> None:
     with pytest.raises(SimulationError, match=match):
         simulate(*args)
+
+
+@pytest.mark.parametrize("nodes, size, one, two", [
+    (8, 1 * MiB, 1.625, 1.453),
+    (64, 256 * MiB, 1.019, 1.003),
+    (256, 32 * MiB, 1.596, 1.036),
+])
+def test_two_trees_of_halves(nodes: int, size: int, one: float, two: float) -> None:
+    """The reduce as two halves over complete trees whose inner nodes differ: every link
+    carries the object once, over log2(N) levels of hops at half the rate, where one chain
+    pays N hops or one tree 2·S/RATE (docs/simulation.md §6)."""
+    assert simulate("reduce", nodes, size, GBIT).ratio == pytest.approx(one, abs=1e-3)
+    result = simulate("reduce", nodes, size, GBIT, two_trees=True)
+    assert result.error is None and result.ratio == pytest.approx(two, abs=1e-3)
+
+
+def test_two_trees_use_the_plans_halves() -> None:
+    """Each half is a real plan over its window, both trees rooted at the coordinator's own
+    input with one child, and no other node inner in both."""
+    size, n = 32 * MiB, 16
+    c = Cluster.build(GBIT / 8, 1e-4, SEGMENT, fanout=1)
+    ids = [object_id(f"in-{i}") for i in range(n)]
+    for i, oid in enumerate(ids):
+        c.put(node_name(i), oid, size, "uint8", (size,))
+    runs = [ReduceRun(c, node_name(0), object_id(f"half-{h}"), ids, window=w, half=h)
+            for h, w in enumerate(((0, size // 2), (size // 2, size)))]
+    for run in runs:
+        run.start()
+    c.clock.run()
+    inner = []
+    for run in runs:
+        shape = run.plan.shape
+        assert run.plan.published and shape is not None
+        assert run.plan.slots[shape.root].node == node_name(0)
+        assert len(shape.children[shape.root]) == 1
+        inner.append({run.plan.slots[s].node for s in range(n) if shape.children[s]})
+    assert inner[0] & inner[1] == {node_name(0)}

@@ -66,9 +66,12 @@ def _record(result: sim.SimResult, wall: float) -> dict[str, Any]:
                    f"bed's GSO packet].")
 @click.option("--fanout", default=DaemonConfig.fanout, show_default=True,
               type=click.IntRange(1), help="Transfers a holder serves at once (hoplited's).")
+@click.option("--two-trees", is_flag=True,
+              help="Reduce only, a design what-if hoplited does not build yet: two halves "
+                   "over two complete trees whose inner nodes differ (docs/simulation.md §6).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record per run.")
 def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: float,
-             segment: str | None, fanout: int, as_json: bool) -> None:
+             segment: str | None, fanout: int, two_trees: bool, as_json: bool) -> None:
     """Simulate OP (broadcast, reduce, allreduce, gather as ``hoplite bench`` runs them) on
     NODES nodes: the real directory, fetch and reduce plans over modelled links."""
     try:
@@ -77,18 +80,21 @@ def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: fl
         seg = SEGMENT if segment is None else parse_size(segment)
     except HopliteError as exc:
         raise click.UsageError(str(exc)) from exc
+    if two_trees and op != "reduce":
+        raise click.UsageError("--two-trees is a shape of the reduce")
     if not as_json:
         click.echo(f"{op} of {nbytes} bytes ({nbytes / 2**20:.3g} MiB), simulated "
                    f"{format_rate(bps)} links, "
                    f"{latency * 1e3:.3g} ms per hop, {seg // 1024} KiB segments, "
-                   f"fan-out {fanout}")
+                   f"fan-out {fanout}" + (", two trees of halves" if two_trees else ""))
         click.echo(f"{'N':>6}{'simulated':>13}{'S/RATE':>13}{'x S/RATE':>10}"
                    f"{'x optimum':>11}{'depth':>7}{'events':>10}{'wall':>8}")
     for n in nodes:
         t0 = time.perf_counter()
         try:
             result = sim.simulate(op, n, nbytes, bps, latency=latency, segment=seg,
-                                  fanout=fanout, concurrency=GATHER_CONCURRENCY)
+                                  fanout=fanout, concurrency=GATHER_CONCURRENCY,
+                                  two_trees=two_trees)
         except SimulationError as exc:
             raise click.ClickException(str(exc)) from exc
         record = _record(result, time.perf_counter() - t0)
