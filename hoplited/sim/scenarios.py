@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplited.cluster.link_model import DEFAULT_LATENCY
 from hoplited.config import DaemonConfig
@@ -72,9 +73,11 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
     if nodes < 2 or size < 1 or fanout < 1 or (concurrency is not None and concurrency < 1):
         raise SimulationError(f"{nodes} nodes, {size} bytes, fan-out {fanout}, concurrency "
                               f"{concurrency}: need 2 nodes, 1 byte, 1 and 1 at least")
+    if two_trees and (op != "reduce" or size // 2 <= INLINE_MAX):
+        raise SimulationError(f"two trees of halves are a shape of the reduce, for halves of "
+                              f"more than {INLINE_MAX} bytes")
     c = Cluster.build(rate_bps / 8, latency, segment, fanout)
-    run: ReduceRun | None = None
-    extra: list[ReduceRun] = []
+    runs: list[ReduceRun] = []
     if op == "broadcast":
         oid = object_id("broadcast")
         c.put(node_name(0), oid, size, DTYPE, (size,))
@@ -87,36 +90,33 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
             wanted = [(node_name(0), oid) for oid in ids]
         else:
             result = object_id(f"{op}-result")
-            getters = range(nodes) if op == "allreduce" else [0]
-            if two_trees and op == "reduce":
+            if two_trees:  # node 0 gets both halves
                 mid = size // 2
-                halves = [ReduceRun(c, node_name(0), object_id(f"{op}-half-{h}"), ids,
-                                    window=w, half=h)
-                          for h, w in enumerate(((0, mid), (mid, size)))]
-                for half in halves:
-                    half.start()
-                run = halves[0]
-                extra = halves[1:]
-                wanted = [(node_name(0), half.result) for half in halves]
+                runs = [ReduceRun(c, node_name(0), object_id(f"{op}-half-{h}"), ids,
+                                  window=w, half=h)
+                        for h, w in enumerate(((0, mid), (mid, size)))]
+                wanted = [(node_name(0), run.result) for run in runs]
             else:
-                run = ReduceRun(c, node_name(0), result, ids, everyone=op == "allreduce")
-                run.start()
+                runs = [ReduceRun(c, node_name(0), result, ids, everyone=op == "allreduce")]
+                getters = range(nodes) if op == "allreduce" else [0]
                 wanted = [(node_name(i), result) for i in getters]
+            for run in runs:
+                run.start()
     # a broadcast's gets say how many they are, as `hoplite bench broadcast`'s do
     gets = _start_gets(c, wanted, concurrency if op == "gather" else None,
                        len(wanted) if op == "broadcast" else 0)
     c.clock.run()
     failed = [str(g.error) for g in gets if g.error is not None]
-    for r in [run, *extra]:
-        if r is not None and r.error is not None:
-            failed.insert(0, f"the reduce failed: {r.error}")
+    for run in runs:
+        if run.error is not None:
+            failed.insert(0, f"the reduce failed: {run.error}")
     done = [g.done_at for g in gets if g.done_at is not None]
     if len(done) < len(wanted) and not failed:
         failed.append(f"the simulation stopped with {len(wanted) - len(done)} gets "
                       f"unfinished ({c.shard.waiting} waiting at the shard)")
     return SimResult(op, nodes, size, rate_bps, latency, segment, fanout,
                      None if failed else max(done), failed[0] if failed else None,
-                     c.clock.events, None if run is None else run.depth)
+                     c.clock.events, runs[0].depth if runs else None)
 
 
 def _start_gets(c: Cluster, wanted: list[tuple[str, ObjectID]],

@@ -184,3 +184,9 @@ def test_two_trees_use_the_plans_halves() -> None:
         assert len(shape.children[shape.root]) == 1
         inner.append({run.plan.slots[s].node for s in range(n) if shape.children[s]})
     assert inner[0] & inner[1] == {node_name(0)}
+
+
+@pytest.mark.parametrize("op, size", [("reduce", 128 * 1024), ("allreduce", 32 * MiB)])
+def test_two_trees_are_for_reduces_of_halves_that_are_not_inline(op: str, size: int) -> None:
+    with pytest.raises(SimulationError, match="shape of the reduce"):
+        simulate(op, 8, size, GBIT, two_trees=True)
