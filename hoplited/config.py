@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from hoplite_client.net.endpoints import default_socket
 from hoplite_client.net.tls import TlsContexts, TlsFiles, load, tls_files
 from hoplite_client.wire.errors import InvalidArgumentError
+from hoplited.collectives.tree import TWO_TREE_MODES
 
 
 def default_capacity() -> int:
@@ -27,6 +28,9 @@ class DaemonConfig:
     # The artifact served one transfer per object per node; chains then cost one hop each,
     # which cut-through forwarding makes cheap. Raise it to trade depth for uplink sharing.
     fanout: int = 1
+    # When a reduce of every input runs as two trees of halves (docs/design.md §4): where the
+    # link model says they pay, "always" (for tests and benchmarks) or "never".
+    two_trees: str = "auto"
     # Twice a second: a Ping to each member is a small frame, and a frozen member's Ping
     # goes unanswered at most half a second sooner (suspicion, below).
     heartbeat_interval: float = 0.5
@@ -70,6 +74,8 @@ class DaemonConfig:
                                        f"not {self.metrics_port}")
         if self.fanout < 1:
             raise InvalidArgumentError("fanout must be at least 1")
+        if self.two_trees not in TWO_TREE_MODES:
+            raise InvalidArgumentError(f"two-trees must be one of {', '.join(TWO_TREE_MODES)}")
         if not self.heartbeat_interval > 0:  # also refuses NaN
             raise InvalidArgumentError("heartbeat interval must be positive")
         if self.heartbeat_timeout <= self.heartbeat_interval:

@@ -13,6 +13,7 @@ import uvloop
 from hoplite_client.net.endpoints import default_socket, parse_address
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.units import parse_size
+from hoplited.collectives.tree import TWO_TREE_MODES
 from hoplited.config import DaemonConfig
 from hoplited.logs import FORMATS, log_to_stderr
 from hoplited.node import Daemon
@@ -49,6 +50,10 @@ async def run(config: DaemonConfig) -> None:
                                                  "of RAM].")
 @click.option("--fanout", default=1, show_default=True, type=int,
               help="Transfers one holder serves per object at once.")
+@click.option("--two-trees", default="auto", show_default=True,
+              type=click.Choice(TWO_TREE_MODES),
+              help="When a reduce of every input runs as two trees of halves: where the link "
+                   "model says they pay, always, or never (docs/design.md §4).")
 @click.option("--advertise", default=None, help="Address peers should use to reach us.")
 @click.option("--heartbeat-interval", default=0.5, show_default=True, type=float)
 @click.option("--heartbeat-timeout", default=5.0, show_default=True, type=float,
@@ -77,7 +82,7 @@ async def run(config: DaemonConfig) -> None:
                    "may have.")
 def main(listen: str, socket_path: str | None, join: tuple[str, ...],
          token_file: str | None, insecure: bool, capacity: str | None, fanout: int,
-         advertise: str | None, heartbeat_interval: float, heartbeat_timeout: float,
+         two_trees: str, advertise: str | None, heartbeat_interval: float, heartbeat_timeout: float,
          suspect_after: float, stall_timeout: float, log_level: str, log_format: str,
          metrics_port: int | None, tls_cert: str | None, tls_key: str | None,
          tls_ca: str | None) -> None:
@@ -87,7 +92,8 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
         host, port = parse_address(listen)
         config = DaemonConfig(host=host, port=port, socket_path=socket_path or default_socket(),
                               join=[parse_address(j) for j in join], insecure=insecure,
-                              fanout=fanout, heartbeat_interval=heartbeat_interval,
+                              fanout=fanout, two_trees=two_trees,
+                              heartbeat_interval=heartbeat_interval,
                               heartbeat_timeout=heartbeat_timeout,
                               suspect_after=suspect_after or None, stall_timeout=stall_timeout,
                               advertise_host=advertise, metrics_port=metrics_port,

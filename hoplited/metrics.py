@@ -100,6 +100,12 @@ def families(info: Mapping[str, Any]) -> list[Metric]:
                                     "slot on this node (docs/design.md §5).", labels=["node"])
         folds.add_metric([node], float(info["reduce_folds"]))
         out.append(folds)
+    if "reduces_in_halves" in info:
+        halves = CounterMetricFamily("hoplite_reduces_in_halves", "Reduces coordinated on this "
+                                     "node as two trees of halves (docs/design.md §4).",
+                                     labels=["node"])
+        halves.add_metric([node], float(info["reduces_in_halves"]))
+        out.append(halves)
     if "transfers" in info:
         gauge = GaugeMetricFamily("hoplite_transfers_in_flight",
                                   "Fetches of objects under way on this node.", labels=["node"])

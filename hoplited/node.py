@@ -25,7 +25,8 @@ from hoplited.cluster.links import Links
 from hoplited.cluster.membership import Membership
 from hoplited.cluster.service import ClusterService
 from hoplited.collectives.allreduce import AllreduceDeps, Allreduces
-from hoplited.collectives.coordinator import CoordinatorDeps, Reductions
+from hoplited.collectives.coordinator import CoordinatorDeps
+from hoplited.collectives.reductions import Reductions
 from hoplited.collectives.tree import tree_fanout
 from hoplited.collectives.worker import ReduceWorker
 from hoplited.config import DaemonConfig
@@ -103,14 +104,16 @@ class Daemon:
         worker = ReduceWorker(store, arena, fetcher, rpc.tell, tasks, membership.is_alive)
         reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, directory, rpc,
                                                 fetcher, link_model, membership.is_alive,
-                                                tasks, patience=verdict_within))
+                                                tasks, patience=verdict_within),
+                                cfg.two_trees)
         allreduces = Allreduces(AllreduceDeps(self.node_id, store, directory, rpc, fetcher,
                                               reductions, membership.is_alive, tasks,
                                               membership.alive_ids))
         cluster = ClusterService(self.identity, membership, links)
         status = NodeStatus(membership, store, shard, link_model, traffic, rpc, gauges={
             "clients": lambda: len(listener), "reduce_tasks": lambda: len(worker.slots),
-            "reduce_folds": lambda: worker.folds, "allreduces": lambda: len(allreduces),
+            "reduce_folds": lambda: worker.folds,
+            "reduces_in_halves": lambda: reductions.halved, "allreduces": lambda: len(allreduces),
             "idle_data_connections": lambda: len(connections),
             "transfers": fetcher.in_flight, "reduce_slots": worker.in_flight},
             errors=errors)

@@ -43,7 +43,7 @@ from hoplite_client.wire.messages import (
 )
 from hoplite_client.wire.receivers import check_receivers
 from hoplited.collectives.allreduce import Allreduces
-from hoplited.collectives.coordinator import Reductions
+from hoplited.collectives.reductions import Reductions
 from hoplited.directory.client import DirectoryClient
 from hoplited.dispatch import Dispatcher
 from hoplited.memory.arena import Arena

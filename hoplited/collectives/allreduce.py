@@ -41,8 +41,9 @@ from hoplite_client.wire.messages import (
     WireMessage,
 )
 from hoplited.collectives import stripes as s
-from hoplited.collectives.coordinator import Reductions, wait_ready
+from hoplited.collectives.coordinator import wait_ready
 from hoplited.collectives.ops import check_op
+from hoplited.collectives.reductions import Reductions
 from hoplited.directory.client import DirectoryClient
 from hoplited.dispatch import Handler
 from hoplited.memory.store import VERSION_SIZE, ObjectStore, check_meta

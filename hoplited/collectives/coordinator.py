@@ -23,31 +23,23 @@ import numpy as np
 from hoplite_client.wire.errors import (
     HopliteError,
     HopliteTimeoutError,
-    ObjectDeletedError,
-    ObjectExistsError,
     ObjectNotFoundError,
-    error_from_wire,
 )
 from hoplite_client.wire.frames import INLINE_MAX, Frame
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
     ObjectInfo,
     ReduceChild,
-    ReduceChildLost,
     ReduceDone,
-    ReduceFailed,
     ReduceFold,
     ReduceReshape,
     ReduceTask,
-    WireMessage,
 )
 from hoplited.cluster.link_model import LinkModel
 from hoplited.collectives import plan as p
 from hoplited.collectives.input_wait import GiveUp, InputWait, Ready, Sleep, Step
 from hoplited.collectives.ops import OPS
-from hoplited.collectives.tree import tree_depth
 from hoplited.directory.client import DirectoryClient
-from hoplited.dispatch import Handler
 from hoplited.memory.arena import Arena
 from hoplited.memory.store import ObjectStore, StoredObject
 from hoplited.rpc import Rpc
@@ -103,135 +95,48 @@ async def wait_ready(directory: DirectoryClient, is_alive: Callable[[str], bool]
     return frame
 
 
-class Reductions:
-    """The reduces coordinated on this node, by result id; owns their lifetime."""
-
-    def __init__(self, deps: CoordinatorDeps) -> None:
-        self._deps = deps
-        self._running: dict[ObjectID, ReduceCoordinator] = {}
-
-    def handlers(self) -> dict[type[WireMessage], Handler]:
-        return {ReduceFailed: self.on_slot_failed, ReduceChildLost: self.on_child_lost}
-
-    def __len__(self) -> int:
-        return len(self._running)
-
-    def start(self, result: ObjectID, inputs: list[ObjectID], op: str, k: int,
-              timeout: float | None, window: tuple[int, int] | None = None,
-              ring: tuple[str, ...] = (), everyone: bool = False) -> None:
-        """Validate and start a reduce into ``result`` (of the inputs' bytes ``window`` only,
-        if given; slots in ``ring`` order, if given; ``everyone``: an allreduce, every node
-        gets the result); it runs in the background."""
-        model = self._deps.link_model
-        plan = p.ReducePlan(result, inputs, k, op, self._deps.me, depth=lambda n, size: (
-            tree_depth(n, size, model.bandwidth, model.latency)), patience=self._deps.patience,
-            window=window, ring=ring, everyone=everyone)
-        if result in self._running or self._deps.store.get(result) is not None:
-            raise ObjectExistsError(f"object {result.hex()} already exists")
-        coordinator = ReduceCoordinator(self._deps, plan, inputs, timeout)
-        self._running[result] = coordinator
-        coordinator.start()
-
-    async def outcome(self, result: ObjectID) -> HopliteError | None:
-        """Once the reduce into ``result`` (started here) ended: its error, None if it
-        published its result."""
-        coordinator = self._running.get(result)
-        if coordinator is None:
-            return ObjectNotFoundError(f"no reduce into {result.hex()} runs here")
-        await coordinator.ended.wait()
-        return coordinator.plan.error
-
-    async def reduced_inputs(self, result: ObjectID, timeout: float | None) -> list[ObjectID]:
-        """Which inputs the reduce into ``result`` used, once it has chosen them."""
-        coordinator = self._running.get(result)
-        if coordinator is None:
-            raise ObjectNotFoundError(f"no reduce into {result.hex()} was issued on this node")
-        return await coordinator.reduced_inputs(timeout)
-
-    def reannounce(self, previous: list[str]) -> None:
-        """Record each failed reduce again at its result's new owner shard: the record is soft
-        state like a holding (it died with the old owner, or stayed behind at it), and gets of
-        the result must keep failing at once wherever they ask."""
-        d = self._deps
-        for result, coordinator in self._running.items():
-            error = coordinator.plan.error
-            if error is not None and d.directory.moved(result, previous):
-                d.tasks.spawn(d.directory.fail(result, error), name="refail")
-
-    def forget(self, result: ObjectID) -> bool:
-        """The result was deleted: a reduce still running into it stops (its input waits
-        end, its tree nodes are told to release) and nothing about it is kept. Returns
-        whether a reduce into ``result`` was known here."""
-        coordinator = self._running.pop(result, None)
-        if coordinator is None:
-            return False
-        if not coordinator.ended.is_set():
-            coordinator.deleted = True
-            coordinator.feed(p.ResultFailed(ObjectDeletedError(
-                f"the result {result.hex()} was deleted before the reduce finished",
-                oid=result.hex())))
-        return True
-
-    def node_died(self, node: str) -> None:
-        """A member died: every running reduce learns it at once."""
-        for coordinator in list(self._running.values()):
-            coordinator.feed(p.NodeDied(node))
-
-    def node_suspected(self, node: str) -> None:
-        """A member fell silent: running reduces repair around it without waiting for the
-        verdict (docs/design.md §5); one that answers again is not used by them any more."""
-        for coordinator in list(self._running.values()):
-            coordinator.feed(p.NodeSuspected(node))
-
-    def node_trusted(self, node: str) -> None:
-        """A suspected member answers again before any verdict: inputs lost with it may be
-        found on it again (docs/design.md §5, "Suspicion")."""
-        for coordinator in list(self._running.values()):
-            coordinator.feed(p.NodeTrusted(node))
-
-    def on_slot_failed(self, peer: str, msg: ReduceFailed,
-                       payload: memoryview | None) -> None:
-        coordinator = self._running.get(msg.reduce_id)
-        if coordinator is not None:
-            error = error_from_wire(msg.code, f"slot {msg.slot}: {msg.message}", {})
-            coordinator.feed(p.SlotFailed(msg.slot, None, error))
-
-    def on_child_lost(self, peer: str, msg: ReduceChildLost,
-                      payload: memoryview | None) -> None:
-        coordinator = self._running.get(msg.reduce_id)
-        if coordinator is not None:
-            error = error_from_wire(msg.code, f"slot {msg.slot} lost child {msg.child}: "
-                                              f"{msg.message}", {})
-            coordinator.feed(p.ChildLost(msg.slot, msg.child, msg.version, msg.offset,
-                                         msg.source_dead, error, msg.consumer))
+async def reduce_ended(ended: asyncio.Event, result: ObjectID, timeout: float | None) -> None:
+    """Wait for the reduce into ``result`` to end (``ended``), or raise HopliteTimeoutError."""
+    try:
+        async with asyncio.timeout(timeout):
+            await ended.wait()
+    except TimeoutError:
+        raise HopliteTimeoutError(f"reduce {result.hex()} has not completed within "
+                                  f"{timeout}s") from None
 
 
 class ReduceCoordinator:
     """Carries out one reduce's plan: waits, tasks, edges, the result."""
 
     def __init__(self, deps: CoordinatorDeps, plan: p.ReducePlan, inputs: list[ObjectID],
-                 timeout: float | None) -> None:
+                 deadline: float | None) -> None:
         self.d = deps
         self.plan = plan
         self.result = plan.result
         self._inputs = list(dict.fromkeys(inputs))
-        self._timeout = timeout
+        self._deadline = deadline  # the event loop's clock; None: no timeout
         self.ended = asyncio.Event()
         self.out: StoredObject | None = None
         self._watch: asyncio.Task[None] | None = None
         self._inline: dict[ObjectID, bytes] = {}
         self._waits: dict[ObjectID, asyncio.Task[None]] = {}
         self._root_pull: asyncio.Task[None] | None = None
-        self._deadline: float | None = None
         self._queue = p.EventQueue(plan, self._execute)
         self._ended = False
         self.deleted = False  # its result was deleted while it ran: nothing to record
 
-    def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._deadline = None if self._timeout is None else loop.time() + self._timeout
-        for oid in self._inputs:
-            self._wait(oid, ())
+    @property
+    def error(self) -> HopliteError | None:
+        """Why the reduce failed, once it has; None while it runs or once it published."""
+        return self.plan.error
+
+    def start(self, wait_inputs: bool = True) -> None:
+        """Begin: wait for every input, unless its waits are shared (``wait_inputs`` False: a
+        reduce in halves, whose driver hands each ready input to both plans through
+        :meth:`ready`, in one order); repairs still wait for lost inputs here."""
+        if wait_inputs:
+            for oid in self._inputs:
+                self._wait(oid, ())
 
     def _wait(self, oid: ObjectID, exclude: tuple[str, ...]) -> None:
         """Wait for ``oid`` (again: the wait under way, with another exclude list, ends)."""
@@ -245,12 +150,7 @@ class ReduceCoordinator:
     async def reduced_inputs(self, timeout: float | None) -> list[ObjectID]:
         """The inputs in the result, in the order they became ready, once it is complete (a
         backup may take a lost input's place until then)."""
-        try:
-            async with asyncio.timeout(timeout):
-                await self.ended.wait()
-        except TimeoutError:
-            raise HopliteTimeoutError(f"reduce {self.result.hex()} has not completed within "
-                                      f"{timeout}s") from None
+        await reduce_ended(self.ended, self.result, timeout)
         if self.plan.error is not None:
             raise self.plan.error
         return list(self.plan.used)
@@ -277,7 +177,12 @@ class ReduceCoordinator:
 
     async def _wait_ready(self, oid: ObjectID, exclude: tuple[str, ...]) -> None:
         """Wait for ``oid`` (:func:`wait_ready`) and feed its holders and metadata."""
-        frame = await wait_ready(self.d.directory, self.d.is_alive, oid, self._deadline, exclude)
+        self.ready(oid, await wait_ready(self.d.directory, self.d.is_alive, oid, self._deadline,
+                                         exclude))
+
+    def ready(self, oid: ObjectID, frame: Frame[ObjectInfo]) -> None:
+        """Input ``oid`` is ready as its shard's record ``frame`` says: feed it to the plan
+        (with its bytes, if it came inline)."""
         info = frame.msg
         if info.size <= INLINE_MAX:
             self._inline[oid] = bytes(frame.payload) if frame.payload is not None else b""

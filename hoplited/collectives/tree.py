@@ -14,8 +14,11 @@ each input pulls from the one that arrived before it.
 
 A third shape, two trees of halves (``two_tree_shape``, ``two_tree_fill``), lets every link
 carry the object once over log2(n) levels: each half climbs a complete tree, and the second
-tree makes every inner slot of the first a leaf. Only the simulator runs it so far
-(``hoplite simulate reduce --two-trees``, docs/simulation.md §6).
+tree makes every inner slot of the first a leaf. It costs about S/B + D'·(L + 2u/B),
+D' = ceil(log2(n+1)): a hop passes a unit at half the rate, but there are only D' of them.
+Two plans run twice the tasks, edges and lookups, so ``two_trees_pay`` takes them only where
+the model saves a tenth of the best single tree's time and at least ``TWO_TREE_SAVING``
+(docs/design.md §4, "Two trees of halves").
 """
 
 from __future__ import annotations
@@ -23,9 +26,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from hoplite_client.wire.errors import InvalidArgumentError
+from hoplite_client.wire.frames import INLINE_MAX
+from hoplited.collectives.ops import check_reducible
+from hoplited.collectives.stripes import stripe_bounds
+from hoplited.memory.store import parse_dtype
+
 # The forwarding unit of a pipelined hop: the test bed's 64 KiB GSO segment (MTU 65000), which
 # its tbf qdiscs pass whole (docs/simulation.md §1, "Pipelining").
 HOP_UNIT = 64 * 1024
+# Two trees of halves must save this fraction of the best single shape's estimate, and this
+# many seconds: a second plan's tasks and lookups cost a few round trips of control that the
+# model leaves out (docs/design.md §4, "Two trees of halves").
+TWO_TREE_GAIN = 0.1
+TWO_TREE_SAVING = 0.005
+# When a reduce of every input runs as two trees of halves: where ``two_trees_pay`` says they
+# pay, always (where the halves are too large to send inline), or never.
+TWO_TREE_MODES = ("auto", "always", "never")
 
 
 @dataclass(frozen=True)
@@ -64,6 +81,35 @@ def tree_depth(n: int, size: int, bandwidth: float, latency: float,
     full = math.floor(math.log2(n + 1))
     transfer = size / max(bandwidth, 1.0)
     return 0 if transfer + n * hop <= 2 * transfer + full * hop else full
+
+
+def one_tree_cost(n: int, size: int, bandwidth: float, latency: float,
+                  unit: int = HOP_UNIT) -> float:
+    """Seconds the shape ``tree_depth`` picks takes: S/B + n·h for the chain, 2·S/B + D·h for
+    the full tree."""
+    hop = hop_cost(size, bandwidth, latency, unit)
+    transfer = size / max(bandwidth, 1.0)
+    depth = tree_depth(n, size, bandwidth, latency, unit)
+    return transfer + n * hop if depth == 0 else 2 * transfer + depth * hop
+
+
+def two_tree_cost(n: int, size: int, bandwidth: float, latency: float,
+                  unit: int = HOP_UNIT) -> float:
+    """Seconds two trees of halves take: S/B + ceil(log2(n+1))·(L + 2u/B), each hop passing
+    one unit of a half at half the link's rate."""
+    half_hop = latency + 2 * min(size // 2, unit) / max(bandwidth, 1.0)
+    return size / max(bandwidth, 1.0) + math.ceil(math.log2(n + 1)) * half_hop
+
+
+def two_trees_pay(n: int, size: int, bandwidth: float, latency: float,
+                  unit: int = HOP_UNIT) -> bool:
+    """Whether ``n`` inputs of ``size`` bytes should be reduced as two trees of halves: the
+    model saves ``TWO_TREE_GAIN`` of the best single shape and ``TWO_TREE_SAVING`` seconds."""
+    if n < 3:
+        return False
+    one = one_tree_cost(n, size, bandwidth, latency, unit)
+    two = two_tree_cost(n, size, bandwidth, latency, unit)
+    return two <= (1 - TWO_TREE_GAIN) * one and one - two >= TWO_TREE_SAVING
 
 
 @dataclass
@@ -187,3 +233,26 @@ def two_tree_fill(n: int, half: int) -> list[int]:
         return order
     b = complementary(complete_shape(n - 1))
     return [b[s] for s in order]
+
+
+def two_tree_halves(mode: str, n: int, k: int, size: int, dtype: str, op: str,
+                    bandwidth: float, latency: float) -> list[tuple[int, int]] | None:
+    """The byte ranges of the two halves if a reduce of ``k`` of ``n`` inputs of ``size``
+    bytes should run as two trees of halves, else None (one tree). Never for a subset (a
+    backup could replace a lost input in one half only), for fewer than two inputs, for a
+    type the reduce will refuse anyway, or for halves that would be sent inline."""
+    if mode not in TWO_TREE_MODES:
+        raise InvalidArgumentError(f"two-trees mode {mode!r}; one of "
+                                   f"{', '.join(TWO_TREE_MODES)}")
+    if mode == "never" or k != n or n < 2:
+        return None
+    try:
+        check_reducible(op, dtype)
+    except InvalidArgumentError:
+        return None  # the one tree's plan reports it
+    halves = stripe_bounds(size, parse_dtype(dtype).itemsize, 2)
+    if any(hi - lo <= INLINE_MAX for lo, hi in halves):
+        return None
+    if mode == "always" or two_trees_pay(n, size, bandwidth, latency):
+        return halves
+    return None
