@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplited.cluster.link_model import DEFAULT_LATENCY
+from hoplited.collectives.tree import two_tree_halves
 from hoplited.config import DaemonConfig
 from hoplited.sim.cluster import Cluster, node_name
 from hoplited.sim.errors import SimulationError
@@ -44,6 +45,7 @@ class SimResult:
     error: str | None
     events: int
     depth: int | None = None  # of the reduce tree (0: one chain)
+    two_trees: bool = False  # the reduce ran as two trees of halves
 
     @property
     def s_over_rate(self) -> float:
@@ -64,16 +66,19 @@ def object_id(name: str) -> ObjectID:
 def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
              latency: float = DEFAULT_LATENCY, segment: int = SEGMENT,
              fanout: int = DaemonConfig.fanout, concurrency: int | None = None,
-             two_trees: bool = False) -> SimResult:
+             two_trees: str = "auto") -> SimResult:
     """Run ``op`` on ``nodes`` nodes with objects of ``size`` bytes over links of ``rate_bps``
     bit/s and ``latency`` s per hop; ``concurrency`` bounds a gather's gets (None: none);
-    ``two_trees``: a reduce as two trees of halves (docs/simulation.md §6)."""
+    ``two_trees``: when the reduce runs as two trees of halves, as hoplited's ``--two-trees``
+    decides (``tree.two_tree_halves`` on the simulated links; docs/simulation.md §6)."""
     if op not in OPS:
         raise SimulationError(f"unknown collective {op!r}; one of {', '.join(OPS)}")
     if nodes < 2 or size < 1 or fanout < 1 or (concurrency is not None and concurrency < 1):
         raise SimulationError(f"{nodes} nodes, {size} bytes, fan-out {fanout}, concurrency "
                               f"{concurrency}: need 2 nodes, 1 byte, 1 and 1 at least")
-    if two_trees and (op != "reduce" or size // 2 <= INLINE_MAX):
+    halves = two_tree_halves(two_trees, nodes, nodes, size, DTYPE, "sum", rate_bps / 8,
+                             latency) if op == "reduce" else None
+    if two_trees == "always" and halves is None:
         raise SimulationError(f"two trees of halves are a shape of the reduce, for halves of "
                               f"more than {INLINE_MAX} bytes")
     c = Cluster.build(rate_bps / 8, latency, segment, fanout)
@@ -90,11 +95,10 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
             wanted = [(node_name(0), oid) for oid in ids]
         else:
             result = object_id(f"{op}-result")
-            if two_trees:  # node 0 gets both halves
-                mid = size // 2
+            if halves is not None:  # node 0 gets both halves
                 runs = [ReduceRun(c, node_name(0), object_id(f"{op}-half-{h}"), ids,
                                   window=w, half=h)
-                        for h, w in enumerate(((0, mid), (mid, size)))]
+                        for h, w in enumerate(halves)]
                 wanted = [(node_name(0), run.result) for run in runs]
             else:
                 runs = [ReduceRun(c, node_name(0), result, ids, everyone=op == "allreduce")]
@@ -116,7 +120,7 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
                       f"unfinished ({c.shard.waiting} waiting at the shard)")
     return SimResult(op, nodes, size, rate_bps, latency, segment, fanout,
                      None if failed else max(done), failed[0] if failed else None,
-                     c.clock.events, runs[0].depth if runs else None)
+                     c.clock.events, runs[0].depth if runs else None, halves is not None)
 
 
 def _start_gets(c: Cluster, wanted: list[tuple[str, ObjectID]],

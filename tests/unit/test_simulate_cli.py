@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -47,14 +48,20 @@ def test_bad_options_are_usage_errors(args: list[str], message: str) -> None:
     assert out.exit_code == 2 and message in out.output
 
 
-def test_two_trees_is_a_reduce_what_if() -> None:
-    """``--two-trees`` simulates the reduce as two trees of halves, and says so; other
-    collectives refuse it."""
-    out = CliRunner().invoke(main, ["simulate", "reduce", "--nodes", "64", "--size", "32MiB",
-                                    "--two-trees", "--json"])
-    assert out.exit_code == 0, out.output
-    assert json.loads(out.output)["ratio"] == pytest.approx(1.027, abs=1e-3)
-    table = CliRunner().invoke(main, ["simulate", "reduce", "--nodes", "8", "--two-trees"])
-    assert table.exit_code == 0 and "two trees of halves" in table.output.splitlines()[0]
-    refused = CliRunner().invoke(main, ["simulate", "broadcast", "--two-trees"])
+def test_two_trees_follow_the_daemons_rule_or_the_option() -> None:
+    """The reduce takes two trees of halves where hoplited would (auto), always or never, and
+    the table says which; ``always`` is refused for other collectives."""
+    def ratio(*args: str) -> dict[str, Any]:
+        out = CliRunner().invoke(main, ["simulate", "reduce", "--nodes", "64", "--size",
+                                        "32MiB", *args, "--json"])
+        assert out.exit_code == 0, out.output
+        record: dict[str, Any] = json.loads(out.output)
+        return record
+    assert ratio()["two_trees"] and ratio()["ratio"] == pytest.approx(1.027, abs=1e-3)
+    assert not ratio("--two-trees", "never")["two_trees"]
+    table = CliRunner().invoke(main, ["simulate", "reduce", "--nodes", "8", "--two-trees",
+                                      "always"])
+    assert table.exit_code == 0 and "two trees of halves: always" in table.output
+    assert table.output.splitlines()[-1].split()[-4] == "halves"
+    refused = CliRunner().invoke(main, ["simulate", "broadcast", "--two-trees", "always"])
     assert refused.exit_code == 2 and "a shape of the reduce" in refused.output

@@ -103,7 +103,7 @@ def test_a_chain_of_a_thousand_slots_runs() -> None:
     """A chain of 1000 slots (what 256 MiB over 1 Gbit/s gets) is built and run, and the
     simulator leaves the recursion limit as it found it."""
     limit = sys.getrecursionlimit()
-    result = simulate("reduce", 1000, 256 * MiB, GBIT)
+    result = simulate("reduce", 1000, 256 * MiB, GBIT, two_trees="never")
     assert (result.error, result.depth, sys.getrecursionlimit()) == (None, 0, limit)
 
 
@@ -158,9 +158,21 @@ def test_two_trees_of_halves(nodes: int, size: int, one: float, two: float) -> N
     """The reduce as two halves over complete trees whose inner nodes differ: every link
     carries the object once, over log2(N) levels of hops at half the rate, where one chain
     pays N hops or one tree 2·S/RATE (docs/simulation.md §6)."""
-    assert simulate("reduce", nodes, size, GBIT).ratio == pytest.approx(one, abs=1e-3)
-    result = simulate("reduce", nodes, size, GBIT, two_trees=True)
-    assert result.error is None and result.ratio == pytest.approx(two, abs=1e-3)
+    result = simulate("reduce", nodes, size, GBIT, two_trees="never")
+    assert not result.two_trees and result.ratio == pytest.approx(one, abs=1e-3)
+    result = simulate("reduce", nodes, size, GBIT, two_trees="always")
+    assert result.error is None and result.two_trees
+    assert result.ratio == pytest.approx(two, abs=1e-3)
+
+
+@pytest.mark.parametrize("nodes, size, two_trees", [
+    (8, 32 * MiB, False), (64, 32 * MiB, True), (1000, 32 * MiB, True), (64, 256 * MiB, False),
+    (1000, 256 * MiB, True), (16, 1 * MiB, False),
+])
+def test_the_reduce_takes_two_trees_where_hoplited_would(nodes: int, size: int,
+                                                         two_trees: bool) -> None:
+    """By default the simulated reduce follows hoplited's rule (``tree.two_tree_halves``, auto)."""
+    assert simulate("reduce", nodes, size, GBIT).two_trees is two_trees
 
 
 def test_two_trees_use_the_plans_halves() -> None:
@@ -189,4 +201,4 @@ def test_two_trees_use_the_plans_halves() -> None:
 @pytest.mark.parametrize("op, size", [("reduce", 128 * 1024), ("allreduce", 32 * MiB)])
 def test_two_trees_are_for_reduces_of_halves_that_are_not_inline(op: str, size: int) -> None:
     with pytest.raises(SimulationError, match="shape of the reduce"):
-        simulate(op, 8, size, GBIT, two_trees=True)
+        simulate(op, 8, size, GBIT, two_trees="always")

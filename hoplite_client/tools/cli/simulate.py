@@ -20,6 +20,7 @@ from hoplite_client.tools.testbed import DEFAULT_RATE_BPS, format_rate, parse_ra
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.units import parse_size
 from hoplited.cluster.link_model import DEFAULT_LATENCY
+from hoplited.collectives.tree import TWO_TREE_MODES
 from hoplited.config import DaemonConfig
 from hoplited.sim import scenarios as sim
 from hoplited.sim.errors import SimulationError
@@ -66,12 +67,13 @@ def _record(result: sim.SimResult, wall: float) -> dict[str, Any]:
                    f"bed's GSO packet].")
 @click.option("--fanout", default=DaemonConfig.fanout, show_default=True,
               type=click.IntRange(1), help="Transfers a holder serves at once (hoplited's).")
-@click.option("--two-trees", is_flag=True,
-              help="Reduce only, a design what-if hoplited does not build yet: two halves "
-                   "over two complete trees whose inner nodes differ (docs/simulation.md §6).")
+@click.option("--two-trees", default="auto", show_default=True,
+              type=click.Choice(TWO_TREE_MODES),
+              help="When the reduce runs as two trees of halves, as hoplited's --two-trees "
+                   "(docs/simulation.md §6); a depth of 'halves' in the table says it did.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record per run.")
 def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: float,
-             segment: str | None, fanout: int, two_trees: bool, as_json: bool) -> None:
+             segment: str | None, fanout: int, two_trees: str, as_json: bool) -> None:
     """Simulate OP (broadcast, reduce, allreduce, gather as ``hoplite bench`` runs them) on
     NODES nodes: the real directory, fetch and reduce plans over modelled links."""
     try:
@@ -80,13 +82,13 @@ def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: fl
         seg = SEGMENT if segment is None else parse_size(segment)
     except HopliteError as exc:
         raise click.UsageError(str(exc)) from exc
-    if two_trees and op != "reduce":
-        raise click.UsageError("--two-trees is a shape of the reduce")
+    if two_trees == "always" and op != "reduce":
+        raise click.UsageError("--two-trees always is a shape of the reduce")
     if not as_json:
         click.echo(f"{op} of {nbytes} bytes ({nbytes / 2**20:.3g} MiB), simulated "
                    f"{format_rate(bps)} links, "
                    f"{latency * 1e3:.3g} ms per hop, {seg // 1024} KiB segments, "
-                   f"fan-out {fanout}" + (", two trees of halves" if two_trees else ""))
+                   f"fan-out {fanout}, two trees of halves: {two_trees}")
         click.echo(f"{'N':>6}{'simulated':>13}{'S/RATE':>13}{'x S/RATE':>10}"
                    f"{'x optimum':>11}{'depth':>7}{'events':>10}{'wall':>8}")
     for n in nodes:
@@ -103,7 +105,8 @@ def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: fl
         elif result.seconds is None:
             click.echo(f"{n:>6}  failed: {result.error}")
         else:
-            depth = "" if result.depth is None else str(result.depth)
+            depth = "halves" if result.two_trees else (
+                "" if result.depth is None else str(result.depth))
             click.echo(f"{n:>6}{_seconds(result.seconds):>13}{_seconds(result.s_over_rate):>13}"
                        f"{record['ratio']:>10.3f}{record['ratio_to_optimum']:>11.3f}"
                        f"{depth:>7}{result.events:>10}{record['wall_seconds']:>6.1f} s")
