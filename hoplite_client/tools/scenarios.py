@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,21 +77,24 @@ async def members_on_this_host(seed: str, token: bytes,
 @contextlib.asynccontextmanager
 async def bench_clients(nodes: int, join: str | None, token_file: str | None,
                         capacity: str, emulate: int | None = None, tls: TlsFiles | None = None,
+                        daemon_args: Sequence[str] = (),
                         ) -> AsyncIterator[tuple[list[hoplite_client.Client], LocalCluster | None]]:
     """Clients of ``nodes`` daemons: a fresh local cluster (in an emulated test bed with
     ``emulate`` bit/s links if given), or members of ``join``'s cluster; closed on exit. The
     cluster comes along when we started it (failure runs signal its daemons). ``tls``: the
-    started cluster's daemons use these files, or ``join``'s cluster is dialled with them."""
+    started cluster's daemons use these files, or ``join``'s cluster is dialled with them;
+    ``daemon_args``: more options for the daemons we start."""
     async with contextlib.AsyncExitStack() as stack:
         cluster: LocalCluster | None = None
         if emulate is not None:
             cluster = await stack.enter_async_context(
                 emulated_cluster(nodes, emulate, capacity=capacity, check=True,
-                                 log_level="warning", tls=tls))
+                                 log_level="warning", tls=tls, daemon_args=daemon_args))
             sockets = cluster.sockets
         elif join is None:
             cluster = await stack.enter_async_context(
-                LocalCluster(nodes, capacity=capacity, log_level="warning", tls=tls))
+                LocalCluster(nodes, capacity=capacity, log_level="warning", tls=tls,
+                             daemon_args=daemon_args))
             sockets = cluster.sockets
         else:
             token = b""

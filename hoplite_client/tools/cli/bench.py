@@ -37,6 +37,7 @@ from hoplite_client.tools.scenarios import (
 from hoplite_client.tools.testbed import format_rate, parse_rate
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.units import parse_size
+from hoplited.collectives.tree import TWO_TREE_MODES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -174,6 +175,9 @@ def _make_command(op: str) -> click.Command:
                        "(instead of the victim's input put again).")
     @click.option("--striped", is_flag=True,
                   help="allreduce: in stripes, one per input (docs/design.md §4).")
+    @click.option("--two-trees", default=None, type=click.Choice(TWO_TREE_MODES),
+                  help="The started daemons' --two-trees: when a reduce of every input runs "
+                       "as two trees of halves (docs/design.md §4) [default: theirs, auto].")
     @click.option("--victim-owns", is_flag=True,
                   help="Pick the ids so that node I's directory shard owns the broadcast "
                        "object, or node I's input: the hardest placement.")
@@ -182,12 +186,14 @@ def _make_command(op: str) -> click.Command:
                 capacity: str, emulate: str | None, tls_cert: str | None, tls_key: str | None,
                 tls_ca: str | None, arrival_interval: float, kill_node: int | None,
                 kill_after: float, sig: str, backup: bool, striped: bool,
-                victim_owns: bool) -> None:
+                two_trees: str | None, victim_owns: bool) -> None:
         tls = tls_from(tls_cert, tls_key, tls_ca)
         nbytes = parse_size(size or ("1KB" if op == "roundtrip" else "64MiB"))
         if emulate is not None and join is not None:
             raise click.UsageError("--emulate starts its own cluster; it excludes --join")
         rate = parse_rate(emulate) if emulate is not None else None
+        if two_trees is not None and join is not None:
+            raise click.UsageError("--two-trees sets the daemons a run starts; not with --join")
         if (backup or victim_owns) and kill_node is None:
             raise click.UsageError("--backup and --victim-owns go with --kill-node")
         if kill_node is not None:
@@ -203,8 +209,9 @@ def _make_command(op: str) -> click.Command:
         async def main() -> BenchResult:
             progress = Progress()
             progress.update(f"starting {nodes} daemons ({where})...")
-            async with bench_clients(nodes, join, token_file, capacity, rate,
-                                     tls) as (clients, cluster):
+            daemon_args = () if two_trees is None else ("--two-trees", two_trees)
+            async with bench_clients(nodes, join, token_file, capacity, rate, tls,
+                                     daemon_args) as (clients, cluster):
                 n = len(clients)
                 what = DESCRIPTIONS[op].format(size=f"{nbytes / 2**20:.2f} MiB", n=n, n1=n - 1)
                 click.echo(f"{op} {what} ({where}, {n} daemons)")
