@@ -163,20 +163,22 @@ def test_no_complement_for_an_evenly_split_tree() -> None:
 @pytest.mark.parametrize("n, size, bandwidth, latency, pay, why", [
     (1000, 32 * MiB, GBIT, 1e-4, True, "the tree's second S/B (542 ms) against 280 ms"),
     (256, 32 * MiB, GBIT, 1e-4, True, "256 hops of the chain (428 ms) against 279 ms"),
-    (64, 32 * MiB, GBIT, 1e-4, True, "64 hops (308 ms) against 277 ms: 10% saved"),
-    (1000, 256 * MiB, GBIT, 1e-4, True, "1000 hops (2.77 s) against 2.16 s"),
+    (64, 32 * MiB, GBIT, 1e-4, False, "64 hops (308 ms) against 277 ms: 10% saved, less "
+                                     "than two flows per link lose on the test bed"),
+    (1000, 256 * MiB, GBIT, 1e-4, True, "1000 hops (2.77 s) against 2.16 s: 22% saved"),
     (64, 256 * MiB, GBIT, 1e-4, False, "64 hops are 1.5% of 2.15 s: not worth a second plan"),
     (8, 32 * MiB, GBIT, 1e-4, False, "8 hops: the chain is as good (273 ms either way)"),
     (16, 1 * MiB, GBIT, 1e-4, False, "23% saved, but 4.3 ms: under the control it costs"),
+    (64, 1 * MiB, 125e5, 1e-4, True, "100 Mbit/s: 200 ms against 158 ms, 42 ms saved"),
     (64, 1 * MiB, GBIT, 1e-2, False, "slow hops: two trees' 7 (86 ms) against the full "
                                      "tree's 6 and a second S/B (80 ms)"),
     (8, 64 * MiB, 2e9, 5e-5, False, "loopback: hops are nothing next to S/B"),
     (2, 256 * MiB, GBIT, 1e-2, False, "two inputs: nothing to split"),
 ])
-def test_two_trees_pay_where_they_save_a_tenth_and_some_milliseconds(
+def test_two_trees_pay_where_they_save_a_fifth_and_some_milliseconds(
         n: int, size: int, bandwidth: float, latency: float, pay: bool, why: str) -> None:
     """Two trees of halves (S/B + ceil(log2(n+1))·(L + 2u/B)) replace the best single shape
-    only where they save a tenth of its time and 5 ms."""
+    only where they save a fifth of its time and 10 ms."""
     assert two_trees_pay(n, size, bandwidth, latency) is pay, why
 
 
