@@ -91,12 +91,15 @@ async def test_stopped_member_is_declared_dead(make_cluster, connect):
 
 
 
-async def test_getters_of_a_result_fail_when_its_coordinator_dies(make_cluster, connect) -> None:
-    """An allreduce's result is being produced on node 0 when node 0 is SIGKILLed: the other
-    nodes' gets of it raise a typed error naming node 0 instead of waiting out their timeout.
-    (The result id is chosen so that its owner shard survives; when the owner dies with the
+@pytest.mark.parametrize("shape", [[], ["--two-trees", "always"]], ids=["one-tree", "halves"])
+async def test_getters_of_a_result_fail_when_its_coordinator_dies(make_cluster, connect,
+                                                                  shape: list[str]) -> None:
+    """A reduce's result is being produced on node 0 when node 0 is SIGKILLed: the other
+    nodes' gets of it raise a typed error naming node 0 instead of waiting out their timeout,
+    whether the result is one tree's or a composite of two halves (docs/design.md §4). (The
+    result id is chosen so that its owner shard survives; when the owner dies with the
     producer, the record of the producer dies too: docs/design.md §5.)"""
-    cluster = await make_cluster(4)
+    cluster = await make_cluster(4, daemon_args=shape)
     clients = [await connect(s) for s in cluster.sockets]
     members = [n.node_id for n in cluster.nodes]
     result = ObjectID.random()
