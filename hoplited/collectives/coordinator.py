@@ -121,6 +121,7 @@ class ReduceCoordinator:
         self._inline: dict[ObjectID, bytes] = {}
         self._waits: dict[ObjectID, asyncio.Task[None]] = {}
         self._root_pull: asyncio.Task[None] | None = None
+        self._starting: set[asyncio.Task[None]] = set()  # ReduceTask requests under way
         self._queue = p.EventQueue(plan, self._execute)
         self._ended = False
         self.deleted = False  # its result was deleted while it ran: nothing to record
@@ -199,8 +200,10 @@ class ReduceCoordinator:
         if isinstance(ins, p.OpenResult):
             self._open_result(ins)
         elif isinstance(ins, p.StartTask):
-            self._spawn(self._start_task(ins), f"reduce-task-{ins.slot}",
-                        functools.partial(p.SlotFailed, ins.slot, ins.gen))
+            task = self._spawn(self._start_task(ins), f"reduce-task-{ins.slot}",
+                               functools.partial(p.SlotFailed, ins.slot, ins.gen))
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
         elif isinstance(ins, p.Connect):
             self._spawn(self._connect(ins), f"reduce-connect-{ins.parent_slot}",
                         functools.partial(p.SlotFailed, ins.parent_slot, None))
@@ -232,8 +235,7 @@ class ReduceCoordinator:
         elif isinstance(ins, p.Fail):
             self._fail(ins.error)
         elif isinstance(ins, p.Release):
-            for node in ins.nodes:
-                d.rpc.tell(node, ReduceDone(reduce_id=self.result))
+            d.tasks.spawn(self._release(ins.nodes), name="reduce-release")
 
     def _open_result(self, ins: p.OpenResult) -> None:
         """Create the result here and announce it at once, so gets can chain behind it."""
@@ -284,6 +286,14 @@ class ReduceCoordinator:
         self._root_pull = self._spawn(
             self.d.fetcher.pull_into(out, ins.node, ins.output, ins.version), "reduce-root",
             lost)
+
+    async def _release(self, nodes: tuple[str, ...]) -> None:
+        """Tell ``nodes`` the reduce ended, once every task request sent them was answered or
+        failed: a ReduceDone that overtook its ReduceTask would find nothing to stop, and the
+        task would then run on with nobody to end it."""
+        await asyncio.gather(*self._starting, return_exceptions=True)
+        for node in nodes:
+            self.d.rpc.tell(node, ReduceDone(reduce_id=self.result))
 
     async def _after(self, ins: p.After) -> None:
         await asyncio.sleep(ins.delay)
