@@ -10,6 +10,9 @@ from hoplite_client.net.tls import TlsContexts, TlsFiles, load, tls_files
 from hoplite_client.wire.errors import InvalidArgumentError
 from hoplited.collectives.tree import TWO_TREE_MODES
 
+# A ring that waits longer than this for its inputs would hold stripes back for no gain.
+MAX_RING_WAIT = 60.0
+
 
 def default_capacity() -> int:
     """Half the machine's memory: the arena is sparse, so this costs nothing until used."""
@@ -31,6 +34,10 @@ class DaemonConfig:
     # When a reduce of every input runs as two trees of halves (docs/design.md §4): where the
     # link model says they pay, "always" (for tests and benchmarks) or "never".
     two_trees: str = "auto"
+    # How long a striped allreduce waits, from its first ready input, for all the others to
+    # run them as a ring (docs/design.md §4, "Ring allreduce"); 0: never a ring. Callers that
+    # put at once are ready within a few ms of each other; inputs 0.1 s apart go in stripes.
+    ring_wait: float = 0.1
     # Twice a second: a Ping to each member is a small frame, and a frozen member's Ping
     # goes unanswered at most half a second sooner (suspicion, below).
     heartbeat_interval: float = 0.5
@@ -76,6 +83,8 @@ class DaemonConfig:
             raise InvalidArgumentError("fanout must be at least 1")
         if self.two_trees not in TWO_TREE_MODES:
             raise InvalidArgumentError(f"two-trees must be one of {', '.join(TWO_TREE_MODES)}")
+        if not 0 <= self.ring_wait <= MAX_RING_WAIT:  # also refuses NaN
+            raise InvalidArgumentError(f"ring wait must be within 0..{MAX_RING_WAIT} seconds")
         if not self.heartbeat_interval > 0:  # also refuses NaN
             raise InvalidArgumentError("heartbeat interval must be positive")
         if self.heartbeat_timeout <= self.heartbeat_interval:

@@ -54,6 +54,9 @@ async def run(config: DaemonConfig) -> None:
               type=click.Choice(TWO_TREE_MODES),
               help="When a reduce of every input runs as two trees of halves: where the link "
                    "model says they pay, always, or never (docs/design.md §4).")
+@click.option("--ring-wait", default=0.1, show_default=True, type=float,
+              help="Seconds a striped allreduce waits, from its first ready input, for all "
+                   "the others to run them as a ring (docs/design.md §4); 0: never a ring.")
 @click.option("--advertise", default=None, help="Address peers should use to reach us.")
 @click.option("--heartbeat-interval", default=0.5, show_default=True, type=float)
 @click.option("--heartbeat-timeout", default=5.0, show_default=True, type=float,
@@ -82,7 +85,8 @@ async def run(config: DaemonConfig) -> None:
                    "may have.")
 def main(listen: str, socket_path: str | None, join: tuple[str, ...],
          token_file: str | None, insecure: bool, capacity: str | None, fanout: int,
-         two_trees: str, advertise: str | None, heartbeat_interval: float, heartbeat_timeout: float,
+         two_trees: str, ring_wait: float, advertise: str | None, heartbeat_interval: float,
+         heartbeat_timeout: float,
          suspect_after: float, stall_timeout: float, log_level: str, log_format: str,
          metrics_port: int | None, tls_cert: str | None, tls_key: str | None,
          tls_ca: str | None) -> None:
@@ -92,7 +96,7 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
         host, port = parse_address(listen)
         config = DaemonConfig(host=host, port=port, socket_path=socket_path or default_socket(),
                               join=[parse_address(j) for j in join], insecure=insecure,
-                              fanout=fanout, two_trees=two_trees,
+                              fanout=fanout, two_trees=two_trees, ring_wait=ring_wait,
                               heartbeat_interval=heartbeat_interval,
                               heartbeat_timeout=heartbeat_timeout,
                               suspect_after=suspect_after or None, stall_timeout=stall_timeout,

@@ -87,25 +87,24 @@ def families(info: Mapping[str, Any]) -> list[Metric]:
             gauge = GaugeMetricFamily(f"hoplite_directory_{key}", doc, labels=["node"])
             gauge.add_metric([node], float(directory[key]))
             out.append(gauge)
-    for key, doc in (("clients", "Clients connected to this daemon."),
-                     ("reduce_tasks", "Reduce tasks (partial sums) running on this node."),
-                     ("idle_data_connections", "Data connections to other daemons kept idle "
-                      "for the next pull (docs/design.md §3).")):
+    families: tuple[tuple[str, type[GaugeMetricFamily | CounterMetricFamily], str], ...] = (
+        ("clients", GaugeMetricFamily, "Clients connected to this daemon."),
+        ("reduce_tasks", GaugeMetricFamily, "Reduce tasks (partial sums) running on this node."),
+        ("idle_data_connections", GaugeMetricFamily, "Data connections to other daemons kept "
+         "idle for the next pull (docs/design.md §3)."),
+        ("reduce_folds", CounterMetricFamily, "Lost reduce inputs folded into a slot on this "
+         "node (docs/design.md §5)."),
+        ("reduces_in_halves", CounterMetricFamily, "Reduces coordinated on this node as two "
+         "trees of halves (docs/design.md §4)."),
+        ("allreduces_as_ring", CounterMetricFamily, "Striped allreduces coordinated on this "
+         "node that ran as a ring (docs/design.md §4, \"Ring allreduce\")."),
+        ("rings_given_up", CounterMetricFamily, "Rings coordinated on this node that failed "
+         "before any member held the result, so the allreduce ran again in stripes."))
+    for key, family, doc in families:
         if key in info:
-            gauge = GaugeMetricFamily(f"hoplite_{key}", doc, labels=["node"])
-            gauge.add_metric([node], float(info[key]))
-            out.append(gauge)
-    if "reduce_folds" in info:
-        folds = CounterMetricFamily("hoplite_reduce_folds", "Lost reduce inputs folded into a "
-                                    "slot on this node (docs/design.md §5).", labels=["node"])
-        folds.add_metric([node], float(info["reduce_folds"]))
-        out.append(folds)
-    if "reduces_in_halves" in info:
-        halves = CounterMetricFamily("hoplite_reduces_in_halves", "Reduces coordinated on this "
-                                     "node as two trees of halves (docs/design.md §4).",
-                                     labels=["node"])
-        halves.add_metric([node], float(info["reduces_in_halves"]))
-        out.append(halves)
+            metric = family(f"hoplite_{key}", doc, labels=["node"])
+            metric.add_metric([node], float(info[key]))
+            out.append(metric)
     if "transfers" in info:
         gauge = GaugeMetricFamily("hoplite_transfers_in_flight",
                                   "Fetches of objects under way on this node.", labels=["node"])

@@ -14,9 +14,11 @@ import os
 import secrets
 import socket
 from collections import Counter
+from collections.abc import Awaitable
 
 from hoplite_client.net.endpoints import host_id
 from hoplite_client.net.handshake import Identity
+from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.messages import PEER, TOOL, MemberInfo
 from hoplited.clients.listener import ClientListener
 from hoplited.clients.session import SessionDeps
@@ -27,6 +29,7 @@ from hoplited.cluster.service import ClusterService
 from hoplited.collectives.allreduce import AllreduceDeps, Allreduces
 from hoplited.collectives.coordinator import CoordinatorDeps
 from hoplited.collectives.reductions import Reductions
+from hoplited.collectives.ring_member import RingDeps
 from hoplited.collectives.tree import tree_fanout
 from hoplited.collectives.worker import ReduceWorker
 from hoplited.config import DaemonConfig
@@ -106,14 +109,23 @@ class Daemon:
                                                 fetcher, link_model, membership.is_alive,
                                                 tasks, patience=verdict_within),
                                 cfg.two_trees)
-        allreduces = Allreduces(AllreduceDeps(self.node_id, store, directory, rpc, fetcher,
-                                              reductions, membership.is_alive, tasks,
-                                              membership.alive_ids))
+        def dial_ring(node: str) -> Awaitable[FrameProtocol]:
+            member = membership.members[node]
+            return connections.dial(member.host, member.port, role="ring")
+
+        allreduces = Allreduces(AllreduceDeps(
+            self.node_id, store, directory, rpc, fetcher, reductions, membership.is_alive,
+            tasks, membership.alive_ids,
+            RingDeps(self.node_id, store, directory, rpc.tell, dial_ring, tasks,
+                     cfg.stall_timeout),
+            cfg.ring_wait))
         cluster = ClusterService(self.identity, membership, links)
         status = NodeStatus(membership, store, shard, link_model, traffic, rpc, gauges={
             "clients": lambda: len(listener), "reduce_tasks": lambda: len(worker.slots),
             "reduce_folds": lambda: worker.folds,
             "reduces_in_halves": lambda: reductions.halved, "allreduces": lambda: len(allreduces),
+            "allreduces_as_ring": lambda: allreduces.rings.run,
+            "rings_given_up": lambda: allreduces.rings.given_up,
             "idle_data_connections": lambda: len(connections),
             "transfers": fetcher.in_flight, "reduce_slots": worker.in_flight},
             errors=errors)
@@ -128,7 +140,7 @@ class Daemon:
                     **worker.handlers(), **reductions.handlers(), **allreduces.handlers()}
         rpc.serve(peer=Dispatcher(PEER, handlers, tasks, errors),
                   tool=Dispatcher(TOOL, handlers, tasks, errors),
-                  data=sender.serve)
+                  data=sender.serve, ring=allreduces.serve_ring)
 
         def membership_changed(previous: list[str]) -> None:
             for node in set(membership.alive_ids()) - set(previous) - {self.node_id}:

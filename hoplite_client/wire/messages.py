@@ -12,7 +12,8 @@ hand-made lists (docs/protocol.md has the table; a test checks it against this m
   request API is typed: ``await channel.request(Locate(...))`` returns a ``Located`` frame);
 - for requests and one-ways, the **roles** allowed to send it: ``client`` (a local process on
   the Unix socket), ``peer`` (another member, control link), ``tool`` (an authenticated tool
-  such as ``hoplite bench --join``) and ``data`` (a data connection);
+  such as ``hoplite bench --join``), ``data`` (a data connection) and ``ring`` (a ring
+  allreduce's stream to its successor);
 - its **payload** mode: none, small (read into memory, at most 1 MiB) or stream (the reader
   asks a sink for the destination buffer).
 
@@ -31,11 +32,12 @@ from hoplite_client.wire.schema import record
 
 Shape = Literal["request", "reply", "oneway", "handshake"]
 PayloadMode = Literal["none", "small", "stream"]
-Role = Literal["client", "peer", "tool", "data"]
+Role = Literal["client", "peer", "tool", "data", "ring"]
 CLIENT: Role = "client"
 PEER: Role = "peer"
 TOOL: Role = "tool"
 DATA: Role = "data"
+RING: Role = "ring"
 
 R = TypeVar("R", bound="WireMessage")
 
@@ -150,7 +152,7 @@ class Hello(WireMessage):
     versions: list[int]
     node_id: str
     nonce: bytes
-    role: str  # "peer" (control), "data" (object streams) or "tool"
+    role: str  # "peer" (control), "data" (object streams), "ring" (a ring's stream) or "tool"
 
 
 @message(2, shape="handshake")
@@ -675,6 +677,59 @@ class AllreduceFailed(WireMessage):
     result: ObjectID
     code: str
     message: str
+
+
+# --- 73-77: a ring allreduce (docs/design.md §4, "Ring allreduce") ---
+@message(73, shape="request", roles=(PEER,))
+class RingTask(Request["Ok"]):
+    """Caller's node to each ring member: ``ring`` lists the members in order and ``inputs``
+    the input each contributes; reduce them into ``result`` (``size`` bytes of ``dtype``/
+    ``shape`` at ``version``) with the members' neighbours, over one stream each way."""
+
+    rid: int = 0
+    result: ObjectID
+    inputs: list[ObjectID]
+    ring: list[str]
+    op: str
+    size: int
+    dtype: str
+    shape: list[int]
+    version: bytes
+
+
+@message(74, shape="oneway", roles=(PEER,))
+class RingReport(WireMessage):
+    """Ring member to the caller's node: ``code`` empty: the whole result is here; otherwise
+    why this member could not finish."""
+
+    result: ObjectID
+    code: str
+    message: str
+
+
+@message(75, shape="oneway", roles=(PEER,))
+class RingEnd(WireMessage):
+    """Caller's node to the ring's members. ``commit``: the result exists, publish your copy
+    once whole; otherwise drop it (the allreduce starts over without the ring)."""
+
+    result: ObjectID
+    commit: bool
+
+
+@message(76, shape="request", roles=(RING,))
+class RingOpen(Request["Ok"]):
+    """A ring member to its successor, first on a ``ring`` connection: the segments of
+    ``result``'s ring follow on it (answered once the successor has its task)."""
+
+    rid: int = 0
+    result: ObjectID
+
+
+@message(77, shape="oneway", roles=(RING,), payload="stream")
+class RingSegment(WireMessage):
+    """The ``index``-th segment of the ring's schedule; its payload is that segment's bytes."""
+
+    index: int
 
 
 _resolve_replies(globals())

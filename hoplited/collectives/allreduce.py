@@ -22,8 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import (
     HopliteError,
+    HopliteTimeoutError,
     InvalidArgumentError,
     ObjectDeletedError,
     ObjectExistsError,
@@ -35,15 +37,22 @@ from hoplite_client.wire.frames import INLINE_MAX, MAX_IDS_PER_FRAME
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
     AllreduceFailed,
+    Error,
     Ok,
+    RingEnd,
+    RingOpen,
+    RingReport,
+    RingTask,
     StripeReport,
     StripeTask,
     WireMessage,
 )
 from hoplited.collectives import stripes as s
 from hoplited.collectives.coordinator import wait_ready
+from hoplited.collectives.layout import ALIGN, stripe_bounds
 from hoplited.collectives.ops import check_op
 from hoplited.collectives.reductions import Reductions
+from hoplited.collectives.ring_member import OPEN_TIMEOUT, RingDeps, RingMember
 from hoplited.directory.client import DirectoryClient
 from hoplited.dispatch import Handler
 from hoplited.memory.store import VERSION_SIZE, ObjectStore, check_meta
@@ -62,7 +71,9 @@ STRIPE_RETRY = 0.2
 @dataclass(frozen=True)
 class AllreduceDeps:
     """What allreduces use: this node's id, store, the directory, peers, the fetcher, the
-    reduces (each stripe is one), liveness and the live members (the ring, in id order)."""
+    reduces (each stripe is one), liveness, the live members (the ring, in id order), what
+    ring members use, and how long a striped allreduce waits for all its inputs to run them
+    as a ring (0: never)."""
 
     me: str
     store: ObjectStore
@@ -73,6 +84,17 @@ class AllreduceDeps:
     is_alive: Callable[[str], bool]
     tasks: Tasks
     members: Callable[[], list[str]]
+    ring: RingDeps
+    ring_wait: float
+
+
+@dataclass
+class RingCounts:
+    """Allreduces orchestrated here that ran as a ring, and those whose ring gave way to
+    stripes (``hoplite status``, metrics)."""
+
+    run: int = 0
+    given_up: int = 0
 
 
 class Allreduces:
@@ -82,22 +104,26 @@ class Allreduces:
         self._d = deps
         self._orchestrators: dict[ObjectID, Orchestrator] = {}
         self._members: dict[ObjectID, Member] = {}
+        self._rings: dict[ObjectID, RingMember] = {}
+        self._ring_arrivals: dict[ObjectID, asyncio.Event] = {}  # streams awaiting their task
+        self.rings = RingCounts()
 
     def handlers(self) -> dict[type[WireMessage], Handler]:
         return {StripeTask: self.on_stripe_task, StripeReport: self.on_report,
-                AllreduceFailed: self.on_failed}
+                AllreduceFailed: self.on_failed, RingTask: self.on_ring_task,
+                RingReport: self.on_ring_report, RingEnd: self.on_ring_end}
 
     def __len__(self) -> int:
-        return len(self._orchestrators) + len(self._members)
+        return len(self._orchestrators) + len(self._members) + len(self._rings)
 
     def start(self, result: ObjectID, inputs: list[ObjectID], op: str,
               timeout: float | None) -> None:
         """Validate and start an allreduce into ``result``; it runs in the background."""
-        plan = s.AllreducePlan(result, inputs, op)
+        plan = s.AllreducePlan(result, inputs, op, ring_wait=self._d.ring_wait)
         if result in self._orchestrators or self._d.store.get(result) is not None:
             raise ObjectExistsError(f"object {result.hex()} already exists")
         orchestrator = Orchestrator(self._d, plan, inputs, timeout,
-                                    lambda: self._orchestrators.pop(result, None))
+                                    lambda: self._orchestrators.pop(result, None), self.rings)
         self._orchestrators[result] = orchestrator
         orchestrator.start()
 
@@ -105,12 +131,15 @@ class Allreduces:
         """``result`` was deleted: whatever runs into it here stops. Whether anything did."""
         orchestrator = self._orchestrators.pop(result, None)
         member = self._members.pop(result, None)
+        ring = self._rings.pop(result, None)
         error = ObjectDeletedError(f"the result {result.hex()} was deleted", oid=result.hex())
         if orchestrator is not None:
             orchestrator.abort(error)
         if member is not None:
             member.stop(error)
-        return orchestrator is not None or member is not None
+        if ring is not None:
+            ring.stop(error)
+        return orchestrator is not None or member is not None or ring is not None
 
     def node_died(self, node: str) -> None:
         """A member died: its stripes are reduced again elsewhere. A member whose caller's
@@ -126,6 +155,15 @@ class Allreduces:
                                          f"{member.result.hex()}, died", node=node)
             member.stop(error)
             self._d.tasks.spawn(self._record(member.result, error), name="allreduce-fail")
+        for ring in list(self._rings.values()):
+            if ring.caller == node and ring.whole.temporary:  # nobody will commit it (or
+                # hear that it failed here)
+                error = PeerUnavailableError(f"node {node}, which ran the allreduce into "
+                                             f"{ring.result.hex()}, died", node=node)
+                ring.stop(error)
+                self._d.tasks.spawn(self._record(ring.result, error), name="allreduce-fail")
+            elif node in ring.ring and not ring.complete:
+                ring.fail(PeerUnavailableError(f"ring member {node} died", node=node))
 
     async def _record(self, result: ObjectID, error: HopliteError) -> None:
         """Record the allreduce's failure at its result's shard, if that shard can be reached."""
@@ -137,6 +175,9 @@ class Allreduces:
     def on_stripe_task(self, peer: str, msg: StripeTask, payload: memoryview | None) -> Ok:
         member = self._members.get(msg.result)
         check_task(msg)
+        ring = self._rings.pop(msg.result, None)
+        if ring is not None and ring.caller == peer:  # the ring gave way to the stripes
+            ring.stop(HopliteError(f"the allreduce into {msg.result.hex()} runs in stripes"))
         if member is None:
             existing = self._d.store.get(msg.result)
             if existing is not None:  # complete here already, or fetched the plain way
@@ -164,6 +205,80 @@ class Allreduces:
         member = self._members.get(msg.result)
         if member is not None and member.caller == peer:
             member.stop(error_from_wire(msg.code, msg.message, {}))
+        ring = self._rings.get(msg.result)
+        if ring is not None and ring.caller == peer:
+            ring.stop(error_from_wire(msg.code, msg.message, {}))
+
+    # --- the ring (docs/design.md §4, "Ring allreduce") ---
+    def on_ring_task(self, peer: str, msg: RingTask, payload: memoryview | None) -> Ok:
+        """Take part in a ring: allocate the result and start the stream to the successor."""
+        if msg.result in self._rings or msg.result in self._members:
+            raise ObjectExistsError(f"an allreduce into {msg.result.hex()} runs here already",
+                                    oid=msg.result.hex())
+        ring = RingMember(self._d.ring, msg, peer, lambda: self._forget_ring(msg.result, ring))
+        self._rings[msg.result] = ring
+        arrival = self._ring_arrivals.pop(msg.result, None)
+        if arrival is not None:
+            arrival.set()
+        return Ok()
+
+    def _forget_ring(self, result: ObjectID, ring: RingMember) -> None:
+        if self._rings.get(result) is ring:
+            del self._rings[result]
+
+    def on_ring_report(self, peer: str, msg: RingReport, payload: memoryview | None) -> None:
+        orchestrator = self._orchestrators.get(msg.result)
+        if orchestrator is None:
+            return
+        if not msg.code:
+            orchestrator.feed(s.RingDone(peer))
+        else:
+            orchestrator.feed(s.RingFailed(peer, error_from_wire(msg.code, msg.message, {})))
+
+    def on_ring_end(self, peer: str, msg: RingEnd, payload: memoryview | None) -> None:
+        ring = self._rings.get(msg.result)
+        if ring is None or ring.caller != peer:
+            return
+        if ring.ended:  # failed here, and reported: the caller knows
+            del self._rings[msg.result]
+        elif msg.commit:
+            ring.commit()
+        else:
+            ring.stop(HopliteError(f"the ring into {msg.result.hex()} was given up"))
+
+    async def serve_ring(self, protocol: FrameProtocol, peer: str) -> None:
+        """A predecessor's ring stream: bind it to our member once our task is here too."""
+        rid = 0
+        try:
+            msg = (await protocol.next_frame(OPEN_TIMEOUT)).msg
+            rid = getattr(msg, "rid", 0)
+            if not isinstance(msg, RingOpen):
+                raise InvalidArgumentError(f"a ring stream starts with RingOpen, not "
+                                           f"{type(msg).__name__}")
+            ring = self._rings.get(msg.result)
+            if ring is None:
+                arrival = self._ring_arrivals.setdefault(msg.result, asyncio.Event())
+                try:
+                    await asyncio.wait_for(arrival.wait(), OPEN_TIMEOUT)
+                except TimeoutError:
+                    raise HopliteTimeoutError(f"no ring task for {msg.result.hex()} within "
+                                              f"{OPEN_TIMEOUT}s") from None
+                finally:
+                    if self._ring_arrivals.get(msg.result) is arrival and not arrival.is_set():
+                        del self._ring_arrivals[msg.result]
+                ring = self._rings.get(msg.result)
+            if ring is None or ring.predecessor != peer:
+                raise InvalidArgumentError(f"{peer} is not the ring predecessor here for "
+                                           f"{msg.result.hex()}")
+            ring.attach(protocol)
+            protocol.send(Ok(rid=msg.rid))
+        except HopliteError as exc:
+            log.info("ring stream from %s refused: %s", peer, exc)
+            if not protocol.closed.done():
+                protocol.send(Error(rid=rid, code=exc.code, message=str(exc), data={}))
+                protocol.close()
+            return
+        await protocol.closed
 
 
 def check_task(msg: StripeTask) -> None:
@@ -174,7 +289,7 @@ def check_task(msg: StripeTask) -> None:
     n = len(msg.inputs)
     if (not 2 <= msg.stripes <= min(n, MAX_IDS_PER_FRAME) or not -1 <= msg.stripe < msg.stripes
             or msg.gen < 0 or len(msg.version) != VERSION_SIZE
-            or msg.size // msg.stripes <= INLINE_MAX + s.ALIGN):
+            or msg.size // msg.stripes <= INLINE_MAX + ALIGN):
         raise InvalidArgumentError(f"a stripe task of {msg.size} bytes in {msg.stripes} "
                                    f"stripes of {n} inputs (stripe {msg.stripe}, generation "
                                    f"{msg.gen})")
@@ -192,8 +307,10 @@ class Orchestrator:
     """Carries out one allreduce's plan on the caller's node."""
 
     def __init__(self, deps: AllreduceDeps, plan: s.AllreducePlan, inputs: list[ObjectID],
-                 timeout: float | None, forget: Callable[[], object]) -> None:
+                 timeout: float | None, forget: Callable[[], object],
+                 counts: RingCounts) -> None:
         self.d = deps
+        self._counts = counts
         self.plan = plan
         self._inputs = inputs  # as listed (repeats count twice, as in a reduce)
         self._timeout = timeout
@@ -202,12 +319,17 @@ class Orchestrator:
         self._assigning: list[asyncio.Task[None]] = []  # StripeTask requests under way
         self._version = os.urandom(VERSION_SIZE)
         self._ended = False
+        self._deadline: float | None = None
+        self._timer: asyncio.TimerHandle | None = None  # the ring's wait for every input
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        deadline = None if self._timeout is None else loop.time() + self._timeout
+        self._deadline = None if self._timeout is None else loop.time() + self._timeout
+        self._wait_all()
+
+    def _wait_all(self) -> None:
         for oid in self.plan.inputs:
-            self._waits.append(self._spawn(self._wait(oid, deadline), f"allreduce-wait-"
+            self._waits.append(self._spawn(self._wait(oid, self._deadline), f"allreduce-wait-"
                                            f"{oid.short()}", functools.partial(s.InputFailed,
                                                                                oid)))
 
@@ -251,6 +373,16 @@ class Orchestrator:
             self._assigning.append(self._spawn(self._assign(ins),
                                                f"allreduce-assign-{ins.stripe}",
                                                functools.partial(self._unassigned, ins)))
+        elif isinstance(ins, s.Arm):
+            self._timer = asyncio.get_running_loop().call_later(
+                ins.delay, lambda: self.feed(s.GatherOver()))
+        elif isinstance(ins, s.StartRing):
+            self._start_ring(ins)
+        elif isinstance(ins, s.Commit):
+            for node in ins.members:
+                d.rpc.tell(node, RingEnd(result=plan.result, commit=True))
+        elif isinstance(ins, s.Restart):
+            self._restart(ins)
         elif isinstance(ins, s.Cleanup):
             for oid in ins.stripes:
                 d.tasks.spawn(drop_entry(d.directory, oid), name="allreduce-cleanup")
@@ -259,6 +391,47 @@ class Orchestrator:
             d.tasks.spawn(d.directory.fail(plan.result, ins.error), name="allreduce-fail")
             d.tasks.spawn(self._tell_failed(ins.members, ins.error), name="allreduce-failed")
             self._drop_stripes()
+
+    def _start_ring(self, ins: s.StartRing) -> None:
+        first = self.plan.first
+        assert first is not None
+        log.info("allreduce %s: a ring of %d", self.plan.result.short(), len(ins.members))
+        self._counts.run += 1
+        task = RingTask(result=self.plan.result,
+                        inputs=[self.plan.inputs[i] for _, i in ins.members],
+                        ring=[node for node, _ in ins.members], op=self.plan.op,
+                        size=first.size, dtype=first.dtype, shape=list(first.shape),
+                        version=self._version)
+        async def send(node: str) -> None:
+            await self.d.rpc.call_node(node, task)
+
+        for node, _ in ins.members:
+            self._assigning.append(self._spawn(send(node),
+                                               f"allreduce-ring-{node}",
+                                               functools.partial(s.RingFailed, node)))
+
+    def _restart(self, ins: s.Restart) -> None:
+        """The ring failed before anyone held the result: drop it everywhere, then run the
+        allreduce again without a ring, from the inputs' waits (a lost input put again
+        counts), within the caller's deadline."""
+        log.info("allreduce %s: the ring gave way (%s); again in stripes",
+                 self.plan.result.short(), ins.error)
+        self._counts.given_up += 1
+        self.d.tasks.spawn(self._drop_ring(ins.members), name="allreduce-ring-drop")
+        for wait in self._waits:
+            wait.cancel()
+        self._waits = []
+        self.plan = s.AllreducePlan(self.plan.result, self._inputs, self.plan.op,
+                                    lost=frozenset(self.plan.lost))
+        self._version = os.urandom(VERSION_SIZE)
+        self._wait_all()
+
+    async def _drop_ring(self, members: tuple[str, ...]) -> None:
+        """Tell the ring's members to drop their copies once their tasks arrived (or failed)."""
+        ring_tasks = list(self._assigning)
+        await asyncio.gather(*ring_tasks, return_exceptions=True)
+        for node in members:
+            self.d.rpc.tell(node, RingEnd(result=self.plan.result, commit=False))
 
     def _unassigned(self, ins: s.Assign, error: HopliteError) -> s.Event:
         """A stripe task that could not be delivered: an unreachable node is lost to us."""
@@ -285,7 +458,8 @@ class Orchestrator:
     def abort(self, error: HopliteError) -> None:
         """The result was deleted: every member drops its partial result, and the plan ends."""
         if not self._ended:
-            others = tuple(n for n in self.plan.members if n != self.d.me)
+            others = tuple(n for n in dict.fromkeys(self.plan.members + self.plan.ring)
+                           if n != self.d.me)
             self.d.tasks.spawn(self._tell_failed(others, error), name="allreduce-failed")
             self._drop_stripes()
         self.end()
@@ -304,6 +478,8 @@ class Orchestrator:
         self._ended = True
         for wait in self._waits:
             wait.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
         self._forget()
 
 
@@ -318,7 +494,7 @@ class Member:
         self._msg = msg
         self._forget = forget
         itemsize = np.dtype(msg.dtype).itemsize
-        self.bounds = s.stripe_bounds(msg.size, itemsize, msg.stripes)
+        self.bounds = stripe_bounds(msg.size, itemsize, msg.stripes)
         self.ids = [s.stripe_id(msg.result, j) for j in range(msg.stripes)]
         self.whole = deps.store.create_composite(
             msg.result, msg.size, msg.dtype, list(msg.shape),

@@ -16,7 +16,8 @@ reports when the result is complete there (``MemberDone``). Once every live memb
 stripes' own ids are dropped (``Cleanup``); the result stays, a plain object.
 
 A member that dies takes its stripes' reduces with it: each is assigned again, under a new
-generation, to the live member with the fewest stripes; the stripe reduces' own repair
+generation, to the live member with the fewest stripes (none left while inputs are still
+awaited: to the next input's node); the stripe reduces' own repair
 (docs/design.md §5) handles the lost input in every stripe's tree. A member that only falls
 silent is not lost: it still holds its part of the result and reduces its stripes once it
 answers, and reassigning them would leave two reducers of one stripe id. If the caller's node
@@ -24,13 +25,23 @@ dies, no plan is left: the members stop and record the failure themselves. A str
 fails for any other reason, or an input that never comes, fails the allreduce (``Fail``);
 a report of an assignment that was replaced is stale and changes nothing.
 
+With ``ring_wait`` > 0 the plan first tries a ring (docs/design.md §4, "Ring allreduce"):
+at the first ready input it arms a timer (``Arm``) and holds the inputs' events; if every
+input is ready before it fires and the inputs can be given distinct live nodes
+(:func:`~.ring.ring_members`), those nodes run the ring (``StartRing``). The first member to
+hold the whole result makes the plan commit (``Commit``: every member publishes its copy once
+complete); from then on a member that fails only loses its copy, since the result exists. A
+member lost or failed before the commit leaves nothing published: the members drop their
+copies and the allreduce starts over without the ring (``Restart``), waiting for the inputs
+again, so a lost input put again is taken as in any reduce. The timer firing first, or inputs
+sharing a node, give the stripes as above, fed the held events in order.
+
 Nothing here waits or does I/O: ``handle(event)`` returns instructions
 (``hoplited.collectives.allreduce`` carries them out).
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -38,22 +49,11 @@ from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, PeerU
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.ops import check_op, check_reducible, derived_id
+from hoplited.collectives.ring import RING_MAX, ring_members
 
 # The smallest stripe worth its own tree: below it, the handshakes and lookups of m trees cost
 # more than the bandwidth they save (docs/benchmarks.md, "Striped allreduce").
 MIN_STRIPE = 1 << 20
-# Stripe bounds fall on pages, so each stripe's pulls and combines stay page-aligned.
-ALIGN = 4096
-
-
-def stripe_bounds(size: int, itemsize: int, m: int) -> list[tuple[int, int]]:
-    """``m`` stripes of ``size`` bytes, as equal as whole aligned blocks allow, in order."""
-    align = math.lcm(itemsize, ALIGN)
-    blocks = -(-size // align)
-    cuts = [min(size, (blocks * i // m) * align) for i in range(m + 1)]
-    return [(cuts[i], cuts[i + 1]) for i in range(m)]
-
-
 def stripe_id(result: ObjectID, stripe: int) -> ObjectID:
     """The id of stripe ``stripe`` of ``result``: the reduce of that stripe produces it."""
     return derived_id(result, stripe, b"stripe")
@@ -99,7 +99,28 @@ class StripeFailed:
     error: HopliteError
 
 
-Event = InputReady | InputFailed | NodeLost | MemberDone | StripeFailed
+@dataclass(frozen=True, slots=True)
+class GatherOver:
+    """The ring's wait for every input (``Arm``) ran out."""
+
+
+@dataclass(frozen=True, slots=True)
+class RingDone:
+    """Ring member ``node`` holds the whole result."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class RingFailed:
+    """Ring member ``node`` could not finish (a neighbour vanished or stalled, a bad input)."""
+
+    node: str
+    error: HopliteError
+
+
+Event = (InputReady | InputFailed | NodeLost | MemberDone | StripeFailed | GatherOver
+         | RingDone | RingFailed)
 
 
 # --- instructions ---
@@ -132,37 +153,80 @@ class Fail:
     members: tuple[str, ...]
 
 
-Instruction = Plain | Assign | Cleanup | Fail
+@dataclass(frozen=True, slots=True)
+class Arm:
+    """Feed ``GatherOver`` after ``delay`` seconds."""
+
+    delay: float
+
+
+@dataclass(frozen=True, slots=True)
+class StartRing:
+    """Run the ring: ``members`` (node, index of the input it contributes), in ring order."""
+
+    members: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """Tell the ring's ``members`` to publish their copies once complete."""
+
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """Tell ``members`` to drop their ring copies; start the allreduce again without a ring."""
+
+    members: tuple[str, ...]
+    error: HopliteError
+
+
+Instruction = Plain | Assign | Cleanup | Fail | Arm | StartRing | Commit | Restart
 
 
 class AllreducePlan:
     """One allreduce of ``inputs`` into ``result``, decided on the caller's node."""
 
     def __init__(self, result: ObjectID, inputs: list[ObjectID], op: str,
-                 min_stripe: int = MIN_STRIPE) -> None:
+                 min_stripe: int = MIN_STRIPE, ring_wait: float = 0.0,
+                 lost: frozenset[str] = frozenset()) -> None:
         if not inputs:
             raise InvalidArgumentError("an allreduce needs at least one input")
         check_op(op)
         self.result, self.op, self.min_stripe = result, op, min_stripe
+        self.ring_wait = ring_wait
+        self.held: list[InputReady] = []  # inputs ready while gathering, in order
+        self.ring: list[str] = []  # the ring's nodes, in ring order
+        self.ring_over: set[str] = set()  # ring members done, failed or lost
+        self.committed = False
         self.inputs = list(dict.fromkeys(inputs))
         self.waiting = set(self.inputs)
         self.first: InputReady | None = None
         self.stripes = 0  # 0: not decided yet (or plain)
         self.owner: dict[int, tuple[str, int]] = {}  # stripe -> (node, gen)
         self.members: list[str] = []
-        self.lost: set[str] = set()
+        self.lost: set[str] = set(lost)  # members known dead (a ring given up names some)
+        self.orphans: list[int] = []  # stripes of dead members with no live member to take
         self.done: set[str] = set()
-        self.phase = "new"  # new -> striped | plain | failed | over
+        # new -> gathering -> ring | striped | plain | failed | over | restart
+        self.phase = "new"
 
     @property
     def over(self) -> bool:
-        return self.phase in ("plain", "failed", "over")
+        return self.phase in ("plain", "failed", "over", "restart")
 
     def handle(self, ev: Event) -> list[Instruction]:
         if isinstance(ev, NodeLost):
             self.lost.add(ev.node)
         if self.over:
             return []
+        if self.phase == "gathering" and isinstance(ev, (InputReady, GatherOver)):
+            return self._gather(ev)
+        if self.phase == "ring":
+            return self._ring_event(ev)
+        if isinstance(ev, (GatherOver, RingDone, RingFailed)):
+            return []  # a timer or report of a ring since given up
         if isinstance(ev, InputReady):
             return self._ready(ev)
         if isinstance(ev, InputFailed):
@@ -192,15 +256,87 @@ class AllreducePlan:
             except (InvalidArgumentError, TypeError):
                 self.phase = "plain"  # the plain reduce reports the error
                 return [Plain()]
-            if n < 2 or ev.size <= INLINE_MAX or ev.size < n * self.min_stripe:
-                self.phase = "plain"
-                return [Plain()]
-            self.stripes, self.phase = n, "striped"
-        elif (ev.size, ev.dtype, ev.shape) != (self.first.size, self.first.dtype,
-                                               self.first.shape):
-            return self._fail(InvalidArgumentError(
-                f"input {ev.oid.hex()} is {ev.dtype}{list(ev.shape)} but the first input was "
-                f"{self.first.dtype}{list(self.first.shape)}", oid=ev.oid.hex()))
+            if self.ring_wait > 0 and 2 <= n <= RING_MAX and ev.size > INLINE_MAX:
+                self.phase, self.held = "gathering", [ev]
+                return [Arm(self.ring_wait)]
+            return self._choose_stripes()
+        mismatch = self._mismatch(ev)
+        if mismatch:
+            return mismatch
+        return self._place(ev)
+
+    def _mismatch(self, ev: InputReady) -> list[Instruction]:
+        """Fail if ``ev`` differs in size, type or shape from the first input."""
+        assert self.first is not None
+        if (ev.size, ev.dtype, ev.shape) == (self.first.size, self.first.dtype,
+                                             self.first.shape):
+            return []
+        return self._fail(InvalidArgumentError(
+            f"input {ev.oid.hex()} is {ev.dtype}{list(ev.shape)} but the first input was "
+            f"{self.first.dtype}{list(self.first.shape)}", oid=ev.oid.hex()))
+
+    def _choose_stripes(self) -> list[Instruction]:
+        """Stripes for the first input's size, or the plain reduce if they would be small."""
+        assert self.first is not None
+        n, size = len(self.inputs), self.first.size
+        if n < 2 or size <= INLINE_MAX or size < n * self.min_stripe:
+            self.phase = "plain"
+            return [Plain()]
+        self.stripes, self.phase = n, "striped"
+        return self._place(self.first)
+
+    def _gather(self, ev: InputReady | GatherOver) -> list[Instruction]:
+        """Hold ready inputs for the ring; run it once all are here, else give it up."""
+        if isinstance(ev, InputReady):
+            if ev.oid not in self.waiting:
+                return []
+            self.waiting.discard(ev.oid)
+            mismatch = self._mismatch(ev)
+            if mismatch:
+                return mismatch
+            self.held.append(ev)
+            if self.waiting:
+                return []
+            index = {oid: i for i, oid in enumerate(self.inputs)}
+            members = ring_members({index[h.oid]: [n for n in h.alive if n not in self.lost]
+                                    for h in self.held}, len(self.inputs))
+            if members is not None:
+                self.phase, self.ring = "ring", [node for node, _ in members]
+                return [StartRing(tuple(members))]
+        held, self.held = self.held, []
+        out = self._choose_stripes()
+        for h in held[1:]:
+            if self.over:
+                break
+            out += self._place(h)
+        return out
+
+    def _ring_event(self, ev: Event) -> list[Instruction]:
+        if isinstance(ev, RingDone) and ev.node in self.ring:
+            self.ring_over.add(ev.node)
+            out: list[Instruction] = []
+            if not self.committed:
+                self.committed = True
+                out.append(Commit(tuple(n for n in self.ring if n not in self.lost)))
+            return out + self._ring_maybe_over()
+        if isinstance(ev, (RingFailed, NodeLost)) and ev.node in self.ring:
+            self.ring_over.add(ev.node)
+            if self.committed:
+                return self._ring_maybe_over()
+            self.phase = "restart"
+            error = ev.error if isinstance(ev, RingFailed) else PeerUnavailableError(
+                f"ring member {ev.node} died", node=ev.node)
+            return [Restart(tuple(n for n in self.ring if n not in self.lost), error)]
+        return []
+
+    def _ring_maybe_over(self) -> list[Instruction]:
+        if not set(self.ring) - self.lost <= self.ring_over:
+            return []
+        self.phase = "over"
+        return []
+
+    def _place(self, ev: InputReady) -> list[Instruction]:
+        """Give input ``ev``'s stripe to the least loaded live node holding it."""
         live = [n for n in ev.alive if n not in self.lost]
         if not live:
             return self._fail(PeerUnavailableError(f"input {ev.oid.hex()} has no live holder",
@@ -208,7 +344,11 @@ class AllreducePlan:
         stripe = len(self.owner)
         load = Counter(node for node, _ in self.owner.values())
         node = min(live, key=lambda n: (load[n], live.index(n)))
-        return self._assign(stripe, node, 0)
+        out = self._assign(stripe, node, 0)
+        for orphan in self.orphans:  # stripes whose every member died before this input
+            out += self._assign(orphan, node, self.owner[orphan][1] + 1)
+        self.orphans.clear()
+        return out
 
     def _assign(self, stripe: int, node: str, gen: int) -> list[Instruction]:
         self.owner[stripe] = (node, gen)
@@ -222,6 +362,9 @@ class AllreducePlan:
         out: list[Instruction] = []
         for stripe in orphans:
             live = [n for n in self.members if n not in self.lost]
+            if not live and self.waiting:  # the next input's node takes it
+                self.orphans.append(stripe)
+                continue
             if not live:
                 return self._fail(PeerUnavailableError(
                     f"every node reducing a stripe of {self.result.hex()} died (last: {node})",
@@ -233,7 +376,8 @@ class AllreducePlan:
 
     def _maybe_over(self) -> list[Instruction]:
         live = [n for n in self.members if n not in self.lost]
-        if self.waiting or len(self.owner) < self.stripes or not set(live) <= self.done:
+        if (self.waiting or self.orphans or len(self.owner) < self.stripes
+                or not set(live) <= self.done):
             return []
         self.phase = "over"
         return [Cleanup(tuple(stripe_id(self.result, s) for s in range(self.stripes)))]

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 from hoplite_client.wire.errors import InvalidArgumentError
 from hoplite_client.wire.frames import INLINE_MAX
+from hoplited.collectives.layout import stripe_bounds
 from hoplited.collectives.ops import check_reducible
-from hoplited.collectives.stripes import stripe_bounds
 from hoplited.memory.store import parse_dtype
 
 # The forwarding unit of a pipelined hop: the test bed's 64 KiB GSO segment (MTU 65000), which

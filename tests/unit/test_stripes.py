@@ -15,21 +15,27 @@ from hoplite_client.wire.errors import (
     PeerUnavailableError,
 )
 from hoplite_client.wire.ids import ObjectID
+from hoplited.collectives.layout import ALIGN, stripe_bounds
 from hoplited.collectives.stripes import (
-    ALIGN,
     AllreducePlan,
+    Arm,
     Assign,
     Cleanup,
+    Commit,
     Event,
     Fail,
+    GatherOver,
     InputFailed,
     InputReady,
     Instruction,
     MemberDone,
     NodeLost,
     Plain,
+    Restart,
+    RingDone,
+    RingFailed,
+    StartRing,
     StripeFailed,
-    stripe_bounds,
     stripe_id,
 )
 
@@ -106,18 +112,78 @@ CASES = [
          [(ready(0, "n0"), [Assign("n0", 0, 0)]), (NodeLost("n1"), []),
           (ready(1, "n1"), [Fail(PeerUnavailableError(
               f"input {I[1].hex()} has no live holder", oid=I[1].hex()), ("n0",))])]),
-    Case("every member lost: it fails",
-         [(ready(0, "n0"), [Assign("n0", 0, 0)]), (NodeLost("n0"), [Fail(PeerUnavailableError(
-             f"every node reducing a stripe of {R.hex()} died (last: n0)", node="n0"), ())])]),
+    Case("every member lost while inputs are awaited: the next input's node takes over",
+         [(ready(0, "n0"), [Assign("n0", 0, 0)]), (NodeLost("n0"), []),
+          (ready(1, "n1"), [Assign("n1", 1, 0), Assign("n1", 0, 1)]),
+          (ready(2, "n2"), [Assign("n2", 2, 0)])]),
+    Case("every member lost once every input was ready: it fails",
+         [(ready(0, "n0"), [Assign("n0", 0, 0)]), (ready(1, "n0"), [Assign("n0", 1, 0)]),
+          (NodeLost("n0"), [Fail(PeerUnavailableError(
+              f"every node reducing a stripe of {R.hex()} died (last: n0)", node="n0"), ())])],
+         n=2),
     Case("a member that fails on its own fails it",
          [*all_ready(), (StripeFailed("n3", -1, 0, STOPPED), [
              Fail(STOPPED, ("n0", "n1", "n2", "n3"))]), (MemberDone("n0"), [])]),
 ]
 
 
+WAIT = 0.1
+RING4 = StartRing((("n0", 0), ("n1", 1), ("n2", 2), ("n3", 3)))
+LOST = PeerUnavailableError("ring member n2 died", node="n2")
+
+
+def ring_ready() -> list[tuple[Event, list[Instruction]]]:
+    """Inputs 0..3 ready on n0..n3 within the ring's wait: the ring starts."""
+    return [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n1"), []), (ready(2, "n2"), []),
+            (ready(3, "n3"), [RING4])]
+
+
+RING_CASES = [
+    Case("every input ready in time on its own node: a ring in node order, whatever the "
+         "readiness order; the first member done commits; over once every member is",
+         [(ready(3, "n3"), [Arm(WAIT)]), (ready(1, "n1", "n2"), []), (ready(0, "n0"), []),
+          (ready(2, "n1", "n2"), [RING4]), (RingDone("n2"), [Commit(("n0", "n1", "n2", "n3"))]),
+          (RingDone("n0"), []), (RingDone("n1"), []), (MemberDone("n1"), []),
+          (RingDone("n3"), []), (RingDone("n3"), [])]),
+    Case("the wait runs out: stripes for the inputs ready so far, in their order, then on",
+         [(ready(2, "n2"), [Arm(WAIT)]), (ready(0, "n0"), []),
+          (GatherOver(), [Assign("n2", 0, 0), Assign("n0", 1, 0)]),
+          (ready(3, "n3"), [Assign("n3", 2, 0)]), (GatherOver(), [])]),
+    Case("two inputs only on one node: no ring, stripes at once",
+         [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n0"), []), (ready(2, "n2"), []),
+          (ready(3, "n3"), [Assign("n0", 0, 0), Assign("n0", 1, 0), Assign("n2", 2, 0),
+                            Assign("n3", 3, 0)]), (GatherOver(), [])]),
+    Case("a node lost while gathering is no ring member (its input's other holder is)",
+         [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n1", "n4"), []), (NodeLost("n1"), []),
+          (ready(2, "n2"), []), (ready(3, "n3"), [StartRing((("n0", 0), ("n2", 2),
+                                                              ("n3", 3), ("n4", 1)))])]),
+    Case("a member lost before anyone is done: drop the ring, start again without it",
+         [*ring_ready(), (NodeLost("n2"), [Restart(("n0", "n1", "n3"), LOST)]),
+          (RingDone("n0"), []), (RingFailed("n1", STOPPED), [])]),
+    Case("a member failing before anyone is done: the same, its error given",
+         [*ring_ready(), (RingFailed("n1", STOPPED), [Restart(("n0", "n1", "n2", "n3"),
+                                                               STOPPED)])]),
+    Case("after the commit a member's failure or death only loses its copy",
+         [*ring_ready(), (RingDone("n0"), [Commit(("n0", "n1", "n2", "n3"))]),
+          (RingFailed("n1", STOPPED), []), (NodeLost("n2"), []), (RingDone("n3"), [])]),
+    Case("an input that disagrees while gathering fails it; nothing was started",
+         [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n1", dtype="<i4"), [Fail(
+             InvalidArgumentError(f"input {I[1].hex()} is <i4[{BIG // 4}] but the first input "
+                                  f"was <f4[{BIG // 4}]", oid=I[1].hex()), ())])]),
+    Case("an input that never comes while gathering fails it",
+         [(ready(0, "n0"), [Arm(WAIT)]), (InputFailed(I[3], TIMEOUT), [Fail(TIMEOUT, ())])]),
+    Case("an inline-sized object is reduced plainly, with no wait",
+         [(ready(0, "n0", size=4096, shape=(1024,)), [Plain()])]),
+    Case("a ring is not limited by the stripes' MiB each: 8 KiB over 2 members",
+         [(ready(1, "n1", size=80 << 10, shape=(20 << 10,)), [Arm(WAIT)]),
+          (ready(0, "n0", size=80 << 10, shape=(20 << 10,)),
+           [StartRing((("n0", 0), ("n1", 1)))])], n=2),
+]
+
+
 def norm(instructions: list[Instruction]) -> list[object]:
-    return [("Fail", type(x.error).__name__, str(x.error), x.error.data, x.members)
-            if isinstance(x, Fail) else x for x in instructions]
+    return [(type(x).__name__, type(x.error).__name__, str(x.error), x.error.data, x.members)
+            if isinstance(x, (Fail, Restart)) else x for x in instructions]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
@@ -125,6 +191,22 @@ def test_plan(case: Case) -> None:
     plan = AllreducePlan(R, I[:case.n], "sum")
     for event, expected in case.steps:
         assert norm(plan.handle(event)) == norm(expected), event
+
+
+@pytest.mark.parametrize("case", RING_CASES, ids=lambda c: c.id)
+def test_plan_with_a_ring(case: Case) -> None:
+    plan = AllreducePlan(R, I[:case.n], "sum", ring_wait=WAIT)
+    for event, expected in case.steps:
+        assert norm(plan.handle(event)) == norm(expected), event
+    if case.id.startswith("every input ready"):
+        assert plan.over
+
+
+def test_a_plan_started_again_knows_the_dead() -> None:
+    plan = AllreducePlan(R, I, "sum", lost=frozenset({"n1"}))
+    plan.handle(ready(0, "n0"))
+    assert norm(plan.handle(ready(1, "n1"))) == norm([Fail(PeerUnavailableError(
+        f"input {I[1].hex()} has no live holder", oid=I[1].hex()), ("n0",))])
 
 
 @pytest.mark.parametrize("size,itemsize,m", [

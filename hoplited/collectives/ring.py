@@ -1,0 +1,109 @@
+"""A ring allreduce's schedule and its choice of members, as pure functions.
+
+Theory of operation (docs/design.md §4, "Ring allreduce"). When every input of a striped
+allreduce is ready at once on distinct nodes, those nodes form a ring in node-id order and run
+a pipelined reduce-scatter then allgather over one stream per link: the object is cut into
+one chunk per member, each chunk into segments, and each member sends its successor one
+ordered sequence of segments, ``2(n-1)`` chunks long. Segment ``i`` of what a member receives
+is, in the reduce-scatter half, a partial sum it adds its own input to (in place, in the
+result's memory) and forwards; in the allgather half, a finished part of the result it
+forwards unless it is the last step. So each link carries ``2(n-1)/n`` of the object, once, in
+one flow: on the emulated links the per-stripe trees carry the same bytes in ``2(n-1)``
+flows per link and lose 15-20% to their interplay (docs/benchmarks.md, "Ring allreduce").
+
+Nothing here waits or does I/O (``hoplited.collectives.ring_member`` carries it out).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from hoplited.collectives.layout import ALIGN, stripe_bounds
+
+# Bytes per segment: large enough that a frame header is noise, small enough that a hop adds
+# little latency (a scratch ring in this module's shape ran at 1.76x of S/RATE with 256 KiB
+# and 1 MiB segments at N = 8, docs/benchmarks.md "Ring allreduce").
+SEGMENT = 1 << 20
+# The most members a ring takes: its latency grows with 2(n-1) hops, and beyond this the
+# per-stripe trees' depth grows only with log n (and the matching below stays shallow).
+RING_MAX = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One received segment: bytes ``lo..hi`` of the result. ``add``: combine this member's
+    input into it (reduce-scatter); ``forward``: send it on to the successor afterwards."""
+
+    lo: int
+    hi: int
+    add: bool
+    forward: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RingSchedule:
+    """What one member of a ring sends first (from its input) and receives, in order."""
+
+    first: tuple[tuple[int, int], ...]  # byte ranges of the input sent before any receive
+    receive: tuple[Segment, ...]  # what the predecessor sends, in order
+
+
+def chunk_segments(lo: int, hi: int, itemsize: int, segment: int) -> list[tuple[int, int]]:
+    """``lo..hi`` cut into pieces of at most ``segment`` bytes on element boundaries."""
+    step = max(itemsize, segment // math.lcm(itemsize, ALIGN) * math.lcm(itemsize, ALIGN))
+    return [(a, min(a + step, hi)) for a in range(lo, hi, step)]
+
+
+def ring_schedule(size: int, itemsize: int, n: int, position: int,
+                  segment: int = SEGMENT) -> RingSchedule:
+    """The schedule of the member at ``position`` of a ring of ``n`` (n >= 2).
+
+    Reduce-scatter step ``s`` receives chunk ``position - s - 1``, allgather step ``s`` chunk
+    ``position - s`` (mod n); the member at ``position`` ends with chunk ``position + 1``
+    reduced, which is what its successor receives first in the allgather."""
+    if n < 2 or not 0 <= position < n:
+        raise ValueError(f"position {position} in a ring of {n}")
+    chunks = stripe_bounds(size, itemsize, n)
+
+    def segs(chunk: int) -> list[tuple[int, int]]:
+        lo, hi = chunks[chunk % n]
+        return chunk_segments(lo, hi, itemsize, segment)
+
+    receive: list[Segment] = []
+    for s in range(n - 1):
+        receive += [Segment(lo, hi, True, True) for lo, hi in segs(position - s - 1)]
+    for s in range(n - 1):
+        last = s == n - 2
+        receive += [Segment(lo, hi, False, not last) for lo, hi in segs(position - s)]
+    return RingSchedule(tuple(segs(position)), tuple(receive))
+
+
+def ring_members(ready: Mapping[int, Sequence[str]], n: int) -> list[tuple[str, int]] | None:
+    """Give each of the ``n`` inputs (by index; ``ready[i]``: the live nodes holding input i,
+    in the shard's order) its own node, or None if no such assignment exists (two inputs only
+    on one node, or a missing input). Returns (node, input index) in ring order: node ids
+    ascending, so every ring over the same nodes is the same ring."""
+    if len(ready) != n or not 2 <= n <= RING_MAX:
+        return None
+    owner: dict[str, int] = {}
+
+    def place(i: int, seen: set[str]) -> bool:  # augmenting path (Kuhn's matching)
+        free = next((node for node in ready[i] if node not in owner), None)
+        if free is not None:  # a free holder first: earlier choices stay as they are
+            owner[free] = i
+            return True
+        for node in ready[i]:
+            if node in seen:
+                continue
+            seen.add(node)
+            if node not in owner or place(owner[node], seen):
+                owner[node] = i
+                return True
+        return False
+
+    for i in sorted(ready, key=lambda i: len(ready[i])):
+        if not place(i, set()):
+            return None
+    return sorted(owner.items())

@@ -1,0 +1,304 @@
+"""One node's part in a ring allreduce: its stream to the successor, the one from its
+predecessor, and the result between them (docs/design.md §4, "Ring allreduce").
+
+The member allocates the result, dials its successor on a ``ring`` connection and, once the
+successor has its own task (``RingOpen`` answered), sends its schedule's first segments from
+its input, then every received segment the schedule forwards, in the order received. The
+predecessor's stream lands straight in the result's memory: the reader asks :meth:`sink` for
+the next segment's view, checked against the schedule, so nothing is copied and a peer cannot
+write anywhere else. Reduce-scatter segments get this member's input combined in place. Once
+the last segment is here the member reports to the caller's node, and publishes its copy when
+the caller commits. A neighbour that vanishes or stalls, or any bad frame, ends the member with
+a typed error it reports; the caller decides what happens next (:mod:`.stripes`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.wire.errors import (
+    ConnectionLostError,
+    HopliteError,
+    HopliteTimeoutError,
+    InvalidArgumentError,
+    RemoteProtocolError,
+    error_from_wire,
+)
+from hoplite_client.wire.frames import INLINE_MAX, Frame, encode_header
+from hoplite_client.wire.messages import (
+    Error,
+    Ok,
+    RingOpen,
+    RingReport,
+    RingSegment,
+    RingTask,
+    WireMessage,
+)
+from hoplited.collectives.ops import OPS, check_reducible
+from hoplited.collectives.ring import RING_MAX, ring_schedule
+from hoplited.directory.client import DirectoryClient
+from hoplited.memory.store import VERSION_SIZE, ObjectStore, check_meta
+from hoplited.tasks import Tasks
+
+log = logging.getLogger("hoplited.ring")
+
+# Dialling the successor and its answer to RingOpen (it answers once its own task is there,
+# sent by the caller's node at the same moment as ours).
+OPEN_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class RingDeps:
+    """What a ring member uses: this node's id, its store, the directory (to publish), a
+    one-way to the caller, a dialler of ``ring`` connections, tasks, and how long a stream
+    may stand still before the member gives up."""
+
+    me: str
+    store: ObjectStore
+    directory: DirectoryClient
+    tell: Callable[[str, WireMessage], None]
+    dial: Callable[[str], Awaitable[FrameProtocol]]
+    tasks: Tasks
+    stall_timeout: float
+
+
+def check_ring_task(me: str, msg: RingTask) -> int:
+    """Refuse a ring task no caller sends; returns this node's position in the ring."""
+    check_meta(msg.dtype, list(msg.shape), msg.size)
+    check_reducible(msg.op, msg.dtype)
+    n = len(msg.ring)
+    if (not 2 <= n <= RING_MAX or len(set(msg.ring)) != n or len(msg.inputs) != n
+            or me not in msg.ring or msg.size <= INLINE_MAX
+            or len(msg.version) != VERSION_SIZE):
+        raise InvalidArgumentError(f"a ring task of {msg.size} bytes over {n} members "
+                                   f"({len(msg.inputs)} inputs)")
+    return msg.ring.index(me)
+
+
+class RingMember:
+    """Runs this node's part of one ring allreduce."""
+
+    def __init__(self, deps: RingDeps, msg: RingTask, caller: str,
+                 forget: Callable[[], object]) -> None:
+        self.d = deps
+        self.result = msg.result
+        self.caller = caller
+        self._forget = forget
+        pos = check_ring_task(deps.me, msg)
+        n = len(msg.ring)
+        self.ring = list(msg.ring)
+        self.successor, self.predecessor = msg.ring[(pos + 1) % n], msg.ring[(pos - 1) % n]
+        own = deps.store.get(msg.inputs[pos])
+        if own is None or not own.complete or (own.size, own.dtype, own.shape) != (
+                msg.size, msg.dtype, list(msg.shape)):
+            raise InvalidArgumentError(f"input {msg.inputs[pos].hex()} is not here whole as "
+                                       f"{msg.dtype}{list(msg.shape)}",
+                                       oid=msg.inputs[pos].hex())
+        dtype = np.dtype(msg.dtype)
+        self._schedule = ring_schedule(msg.size, dtype.itemsize, n, pos)
+        self._ufunc = OPS[msg.op]
+        self._dtype = dtype
+        self.whole = deps.store.create(msg.result, msg.size, msg.dtype, list(msg.shape),
+                                       msg.version, temporary=True)
+        self._own = own
+        deps.store.pin(own)
+        deps.store.pin(self.whole)
+        self._next = 0  # index of the next segment the predecessor sends
+        self._outbox: deque[memoryview] = deque(own.buffer[lo:hi]
+                                                for lo, hi in self._schedule.first)
+        self._to_send = len(self._schedule.first) + sum(s.forward
+                                                        for s in self._schedule.receive)
+        loop = asyncio.get_running_loop()
+        self._more = asyncio.Event()  # the outbox grew
+        self._more.set()
+        self._received: asyncio.Future[None] = loop.create_future()
+        self._committed: asyncio.Future[None] = loop.create_future()
+        self._inbound: FrameProtocol | None = None
+        self._outbound: FrameProtocol | None = None
+        self._progress = loop.time()
+        self._ended = False
+        self.complete = False
+        self._main = deps.tasks.spawn(self._run(), name=f"ring-{msg.result.short()}",
+                                      on_error=self.fail)
+
+    # --- the predecessor's stream ---
+    def attach(self, protocol: FrameProtocol) -> None:
+        """``protocol`` carries the predecessor's segments from now on."""
+        if self._ended or self._inbound is not None:
+            raise RemoteProtocolError(f"ring {self.result.short()} has its stream already")
+        self._inbound = protocol
+        protocol.set_stream_sink(self.sink)
+        protocol.handler = self._on_frame
+        protocol.on_lost.append(self._inbound_lost)
+
+    def sink(self, msg: Any, length: int) -> memoryview:
+        """Where the next segment goes: its view of the result, if it is the one expected."""
+        receive = self._schedule.receive
+        if (not isinstance(msg, RingSegment) or msg.index != self._next
+                or self._next >= len(receive)
+                or length != receive[self._next].hi - receive[self._next].lo):
+            raise RemoteProtocolError(f"ring {self.result.short()}: unexpected segment "
+                                      f"({type(msg).__name__}, {length} bytes) at "
+                                      f"{self._next}")
+        seg = receive[self._next]
+        return self.whole.buffer[seg.lo:seg.hi]
+
+    def _on_frame(self, frame: Frame[Any]) -> None:
+        if self._ended:
+            return
+        if not isinstance(frame.msg, RingSegment):
+            self.fail(RemoteProtocolError(f"{self.predecessor} sent "
+                                          f"{type(frame.msg).__name__} on a ring stream"))
+            return
+        seg = self._schedule.receive[self._next]
+        self._next += 1
+        self._progress = asyncio.get_running_loop().time()
+        view = self.whole.buffer[seg.lo:seg.hi]
+        if seg.add:
+            out = np.frombuffer(view, dtype=self._dtype)
+            self._ufunc(out, np.frombuffer(self._own.buffer[seg.lo:seg.hi], dtype=self._dtype),
+                        out=out)
+        if seg.forward:
+            self._outbox.append(view)
+            self._more.set()
+        if self._next == len(self._schedule.receive) and not self._received.done():
+            self._received.set_result(None)
+
+    def _inbound_lost(self, exc: BaseException | None) -> None:
+        if not self._received.done():
+            self.fail(ConnectionLostError(f"ring {self.result.short()}: the stream from "
+                                          f"{self.predecessor} closed early"))
+
+    # --- the member's course ---
+    async def _run(self) -> None:
+        sender = self.d.tasks.spawn(self._send(), name="ring-send", on_error=self._send_failed)
+        watchdog = self.d.tasks.spawn(self._watch(), name="ring-watch", on_error=self.fail)
+        try:
+            await self._received
+            self.whole.advance(self.whole.size)
+            self.complete = True
+            self.d.tell(self.caller, RingReport(result=self.result, code="", message=""))
+            await asyncio.wait([sender])  # its failure, once whole here, is only logged
+            await self._committed
+        finally:
+            watchdog.cancel()
+        self.whole.temporary = False
+        await self.d.directory.publish(self.whole)
+        self._end()
+
+    async def _send(self) -> None:
+        protocol = await asyncio.wait_for(self.d.dial(self.successor), OPEN_TIMEOUT)
+        self._outbound = protocol
+        if self._ended:
+            protocol.abort()
+            return
+        protocol.send(RingOpen(rid=1, result=self.result))
+        frame = await protocol.next_frame(OPEN_TIMEOUT)
+        if isinstance(frame.msg, Error):
+            raise error_from_wire(frame.msg.code, frame.msg.message, frame.msg.data)
+        if not isinstance(frame.msg, Ok):
+            raise RemoteProtocolError(f"{self.successor} answered RingOpen with "
+                                      f"{type(frame.msg).__name__}")
+        protocol.handler = lambda f: self.fail(RemoteProtocolError(
+            f"{self.successor} sent {type(f.msg).__name__} on our ring stream"))
+        loop = asyncio.get_running_loop()
+        sent = 0
+        while sent < self._to_send:
+            if not self._outbox:
+                self._more.clear()
+                await self._more.wait()
+                continue
+            view = self._outbox.popleft()
+            protocol.write_raw(memoryview(encode_header(RingSegment(index=sent), len(view))))
+            protocol.write_raw(view)
+            sent += 1
+            await protocol.drain()
+            self._progress = loop.time()
+        await protocol.flush()
+        protocol.close()
+
+    def _send_failed(self, exc: BaseException) -> None:
+        """The stream to the successor broke: fatal unless the result is whole here already
+        (then only the successor misses segments, and it reports that itself)."""
+        if self.complete:
+            log.info("ring %s: stream to %s: %s", self.result.short(), self.successor, exc)
+        else:
+            self.fail(exc)
+
+    async def _watch(self) -> None:
+        """Fail once neither stream moved for the stall timeout (a neighbour stopped)."""
+        loop = asyncio.get_running_loop()
+        limit = self.d.stall_timeout
+        while True:
+            await asyncio.sleep(max(0.1, limit - (loop.time() - self._progress)))
+            if loop.time() - self._progress >= limit:
+                raise HopliteTimeoutError(f"ring {self.result.short()}: no progress for "
+                                          f"{limit}s")
+
+    # --- what the caller says ---
+    def commit(self) -> None:
+        """The result exists: publish this copy once it is whole."""
+        if not self._committed.done():
+            self._committed.set_result(None)
+
+    def fail(self, exc: BaseException) -> None:
+        """This member cannot finish: report why to the caller and drop what it holds."""
+        if self._ended:
+            return
+        if isinstance(exc, HopliteError):
+            error = exc
+        elif isinstance(exc, (TimeoutError, OSError)):
+            error = ConnectionLostError(f"ring {self.result.short()}: {self.successor}: {exc}")
+        else:
+            log.error("ring %s crashed", self.result.short(), exc_info=exc)
+            error = HopliteError(f"{type(exc).__name__}: {exc}")
+        log.info("ring %s: %s", self.result.short(), error)
+        self.d.tell(self.caller, RingReport(result=self.result, code=error.code,
+                                            message=str(error)))
+        self._drop(error)  # still listed until the caller answers, or dies (then the
+        # node records the failure for the result's getters)
+
+    def stop(self, error: HopliteError) -> None:
+        """The caller ended this ring (or the result was deleted): drop it and be forgotten."""
+        self._drop(error)
+        self._forget()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def _drop(self, error: HopliteError) -> None:
+        """Drop this member's copy (unless already published) and close its streams."""
+        if self._ended:
+            return
+        if self.whole.temporary and self.d.store.get(self.result) is self.whole:
+            self.d.store.remove(self.result, error)
+        self._main.cancel()
+        self._release()
+
+    def _end(self) -> None:
+        self._release()
+        self._forget()
+
+    def _release(self) -> None:
+        self._ended = True
+        if not self._received.done():
+            self._received.cancel()
+        self._outbox.clear()
+        if self._inbound is not None:
+            self._inbound.close()
+        outbound = self._outbound
+        if outbound is not None and not outbound.closed.done():
+            # a finished sender flushed it to the kernel, which still delivers those bytes
+            outbound.abort()
+        self.d.store.unpin(self._own)
+        self.d.store.unpin(self.whole)
+

@@ -1,0 +1,178 @@
+"""Ring allreduce through real daemons and clients (docs/design.md §4, "Ring allreduce"):
+numpy's results on every member, the ring chosen only when every input is ready on its own
+node, a frozen member that comes back, a member lost before anyone held the result (the
+allreduce runs again in stripes with its input put again), deletion mid-ring, and the
+caller's death."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import numpy as np
+import pytest
+from helpers import FAST_HEARTBEAT, MiB, eventually, wait_member_dead
+
+import hoplite_client as hc
+from hoplite_client.tools.failures import put_again
+from hoplite_client.tools.local_cluster import LocalCluster
+from hoplite_client.wire.errors import PeerUnavailableError
+from hoplite_client.wire.ids import ObjectID
+
+GET_TIMEOUT = 120.0
+# Members frozen for seconds are suspected, never declared dead.
+NEVER_DEAD = ["--heartbeat-interval", "0.5", "--heartbeat-timeout", "600",
+              "--suspect-after", "1"]
+
+
+def data(i: int, shape: tuple[int, ...] = (2 * MiB,), dtype: type = np.float32) -> np.ndarray:
+    count = int(np.prod(shape))
+    return (np.arange(count) % 97 + i).astype(dtype).reshape(shape)
+
+
+async def ring_counts(client: hc.Client, cluster: LocalCluster) -> dict[int, tuple[int, int]]:
+    """(allreduces run as a ring, rings given up) of every node, by cluster index."""
+    index = {n.node_id: i for i, n in enumerate(cluster.nodes)}
+    status = await client.status()
+    return {index[n["node_id"]]: (n["allreduces_as_ring"], n["rings_given_up"])
+            for n in status["nodes"]}
+
+
+async def ring_started(client: hc.Client, cluster: LocalCluster) -> None:
+    """Return as soon as node 0 has started its first ring (polled closely: on loopback a
+    ring of 64 MiB inputs lasts a few hundred ms)."""
+    while (await ring_counts(client, cluster))[0] != (1, 0):
+        await asyncio.sleep(0.005)
+
+
+async def idle(client: hc.Client, objects: int) -> bool:
+    local = (await client.status())["local"]
+    return local["store"]["objects"] == objects and local["allreduces"] == 0
+
+
+async def test_a_ring_gives_numpys_result_on_every_member(make_cluster, connect) -> None:
+    """Sum, min, max and prod over 4 nodes, odd sizes and 2-D shapes, the caller with and
+    without an input: each ran as a ring (every input was ready at once on its own node),
+    every member holds numpy's result, and deleting it leaves only the inputs."""
+    cluster = await make_cluster(5)
+    clients = [await connect(s) for s in cluster.sockets]
+    cases = [(np.float32, "sum", (3 * MiB + 5,), 0, [0, 1, 2, 3]),
+             (np.int64, "max", (700, 1003), 4, [1, 2, 3, 4]),
+             (np.float64, "min", (MiB // 2 + 3,), 2, [0, 2, 4]),
+             (np.int32, "prod", (100_003,), 1, [3, 4])]
+    ops = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
+    for run, (dtype, op, shape, caller, nodes) in enumerate(cases, start=1):
+        arrays = [data(i % 3 + 1, shape, dtype) for i in nodes]
+        ids = [await clients[i].put(a) for i, a in zip(nodes, arrays)]
+        result = await clients[caller].allreduce(ids, op=op, striped=True, timeout=GET_TIMEOUT)
+        expected = ops[op].reduce(np.stack(arrays), axis=0)
+        for i in nodes:
+            got = await clients[i].get(result, timeout=GET_TIMEOUT)
+            np.testing.assert_array_equal(got, expected)
+            del got
+        counts = await ring_counts(clients[0], cluster)
+        assert counts[caller] == (sum(c[3] == caller for c in cases[:run]), 0)
+        for oid in [*ids, result]:
+            await clients[0].delete(oid)
+    for c in clients:
+        await eventually(lambda c=c: idle(c, 0), what="no object or allreduce left")
+
+
+async def test_staggered_inputs_and_shared_nodes_go_in_stripes(make_cluster, connect) -> None:
+    """Inputs put further apart than the ring's wait, or two inputs held only by one node,
+    are reduced in stripes (the ring is never started) with the same result."""
+    cluster = await make_cluster(3, daemon_args=["--ring-wait", "0.2"])
+    clients = [await connect(s) for s in cluster.sockets]
+    ids = [ObjectID.random() for _ in range(3)]
+    result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
+    for i in range(3):
+        await clients[i].put(data(i), object_id=ids[i])
+        await asyncio.sleep(0.5)
+    shared = [await clients[1].put(data(i)) for i in range(2)] + [await clients[2].put(data(2))]
+    result2 = await clients[0].allreduce(shared, striped=True, timeout=GET_TIMEOUT)
+    expected = sum(data(i) for i in range(3))
+    for r in (result, result2):
+        for c in clients:
+            np.testing.assert_array_equal(await c.get(r, timeout=GET_TIMEOUT), expected)
+    assert (await ring_counts(clients[0], cluster))[0] == (0, 0)
+
+
+async def test_a_frozen_member_stalls_the_ring_and_it_resumes(make_cluster, connect) -> None:
+    """Node 2 is frozen (SIGSTOP) once the ring started (64 MiB each: hundreds of ms on
+    loopback), suspected but never declared dead, then runs again: the streams pick up where
+    they stopped and every member gets the sum."""
+    cluster = await make_cluster(4, daemon_args=NEVER_DEAD)
+    clients = [await connect(s) for s in cluster.sockets]
+    arrays = [data(i, (16 * MiB,)) for i in range(4)]
+    ids = [await c.put(a) for c, a in zip(clients, arrays)]
+    result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
+
+    await ring_started(clients[0], cluster)
+    cluster.kill(2, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(2.0)
+    finally:
+        cluster.kill(2, signal.SIGCONT)
+    expected = sum(arrays)
+    for c in clients:
+        np.testing.assert_array_equal(await c.get(result, timeout=GET_TIMEOUT), expected)
+    assert (await ring_counts(clients[0], cluster))[0] == (1, 0)
+
+
+async def test_a_member_killed_mid_ring_runs_it_again_in_stripes(make_cluster,
+                                                                connect) -> None:
+    """Node 2 is SIGKILLed once the ring started (64 MiB each), its input put again on node
+    3. Nobody held the result, so the ring is given up and the allreduce runs again in
+    stripes: every survivor gets the exact sum."""
+    cluster = await make_cluster(4, daemon_args=FAST_HEARTBEAT)
+    clients = [await connect(s) for s in cluster.sockets]
+    arrays = [data(i, (16 * MiB,)) for i in range(4)]
+    ids = [await c.put(a) for c, a in zip(clients, arrays)]
+    result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
+    await ring_started(clients[0], cluster)
+    victim = cluster.nodes[2].node_id
+    cluster.kill(2)
+    await wait_member_dead(clients[0], victim)
+    await put_again(clients[3], ids[2], arrays[2])
+    expected = sum(arrays)
+    for i in (0, 1, 3):
+        got = await asyncio.wait_for(clients[i].get(result, timeout=GET_TIMEOUT), GET_TIMEOUT)
+        np.testing.assert_array_equal(got, expected)
+        del got
+    assert (await ring_counts(clients[0], cluster))[0] == (1, 1)
+
+
+async def test_deleting_the_result_mid_ring_stops_it(make_cluster, connect) -> None:
+    """The result deleted while a frozen member stalls the ring: once the member runs again,
+    no ring member, copy or pin is left anywhere, only the inputs."""
+    cluster = await make_cluster(3, daemon_args=NEVER_DEAD)
+    clients = [await connect(s) for s in cluster.sockets]
+    ids = [await c.put(data(i, (16 * MiB,))) for i, c in enumerate(clients)]
+    result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
+    await ring_started(clients[0], cluster)
+    cluster.kill(1, signal.SIGSTOP)
+    try:
+        await clients[0].delete(result)
+        await asyncio.sleep(0.5)
+    finally:
+        cluster.kill(1, signal.SIGCONT)
+    for c in clients:
+        await eventually(lambda c=c: idle(c, 1), what="only the input left")
+
+
+async def test_the_callers_death_mid_ring_fails_every_get_typed(make_cluster, connect) -> None:
+    """Node 0 starts a ring of nodes 1-3 and dies while frozen node 3 stalls it: the members
+    record why, so gets of the result on the survivors fail naming node 0."""
+    cluster = await make_cluster(4, daemon_args=FAST_HEARTBEAT)
+    clients = [await connect(s) for s in cluster.sockets]
+    ids = [await clients[i].put(data(i)) for i in (1, 2, 3)]
+    cluster.kill(3, signal.SIGSTOP)
+    result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
+    await asyncio.sleep(0.5)
+    caller = cluster.nodes[0].node_id
+    cluster.kill(0)
+    await wait_member_dead(clients[1], caller)
+    cluster.kill(3)
+    for c in clients[1:3]:
+        with pytest.raises(PeerUnavailableError):
+            await asyncio.wait_for(c.get(result, timeout=GET_TIMEOUT), GET_TIMEOUT / 2)

@@ -1,0 +1,128 @@
+"""The ring allreduce's pure core: each member's schedule agrees with its predecessor's, the
+schedules run to the full result on every member, and the choice of members (docs/design.md
+§4, "Ring allreduce")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import top_level_imports
+
+import hoplited.collectives.ring as ring_module
+from hoplited.collectives.layout import ALIGN
+from hoplited.collectives.ring import (
+    RING_MAX,
+    SEGMENT,
+    chunk_segments,
+    ring_members,
+    ring_schedule,
+)
+
+pytestmark = pytest.mark.unit
+
+MIB = 1 << 20
+SHAPES = [  # (size in bytes, itemsize, members, segment)
+    (8 * MIB, 4, 4, SEGMENT), (3 * MIB + 12, 4, 3, SEGMENT), (80 << 10, 8, 2, SEGMENT),
+    (5 * ALIGN + 8, 8, 7, SEGMENT), (1 * MIB, 4, 8, 64 << 10), (4 * MIB + 36, 12, 5, 256 << 10),
+    (65540, 4, 9, SEGMENT),
+]
+
+
+def sends(size: int, itemsize: int, n: int, p: int, segment: int) -> list[tuple[int, int]]:
+    """What member ``p`` sends, in order: its first ranges, then each forwarded receive."""
+    sched = ring_schedule(size, itemsize, n, p, segment)
+    return [*sched.first, *((s.lo, s.hi) for s in sched.receive if s.forward)]
+
+
+@pytest.mark.parametrize("size,itemsize,n,segment", SHAPES)
+def test_each_member_receives_what_its_predecessor_sends(size: int, itemsize: int, n: int,
+                                                         segment: int) -> None:
+    for p in range(n):
+        sched = ring_schedule(size, itemsize, n, p, segment)
+        assert [(s.lo, s.hi) for s in sched.receive] == sends(size, itemsize, n, (p - 1) % n,
+                                                              segment)
+        assert all(0 < s.hi - s.lo <= max(segment, itemsize) and s.lo % itemsize == 0
+                   for s in sched.receive)
+        # 2(n-1) chunks of about size/n each way: the ring's bound
+        assert sum(s.hi - s.lo for s in sched.receive) <= 2 * (n - 1) * (size // n + ALIGN *
+                                                                          itemsize)
+
+
+@pytest.mark.parametrize("size,itemsize,n,segment", SHAPES)
+def test_the_schedules_leave_the_sum_on_every_member(size: int, itemsize: int, n: int,
+                                                     segment: int) -> None:
+    """Run every member's schedule, one segment at a time round the ring, on byte arrays:
+    each result is the elementwise sum (here: of uint8 lanes, exact mod 256)."""
+    rng = np.random.default_rng(size + n)
+    inputs = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(n)]
+    results = [np.zeros(size, dtype=np.uint8) for _ in range(n)]
+    scheds = [ring_schedule(size, itemsize, n, p, segment) for p in range(n)]
+    # what each member has queued for its successor: (array, lo, hi), in order
+    queues: list[list[tuple[np.ndarray, int, int]]] = [
+        [(inputs[p], lo, hi) for lo, hi in scheds[p].first] for p in range(n)]
+    got = [0] * n
+    while any(got[p] < len(scheds[p].receive) for p in range(n)):
+        moved = False
+        for p in range(n):
+            pred = (p - 1) % n
+            if got[p] < len(scheds[p].receive) and queues[pred]:
+                src, lo, hi = queues[pred].pop(0)
+                seg = scheds[p].receive[got[p]]
+                assert (seg.lo, seg.hi) == (lo, hi)
+                results[p][lo:hi] = src[lo:hi]
+                if seg.add:
+                    results[p][lo:hi] += inputs[p][lo:hi]
+                if seg.forward:
+                    queues[p].append((results[p], lo, hi))
+                got[p] += 1
+                moved = True
+        assert moved, "the ring deadlocked"
+    expected = np.sum(inputs, axis=0, dtype=np.uint8)
+    for p in range(n):
+        np.testing.assert_array_equal(results[p], expected)
+        assert not queues[p]
+
+
+@pytest.mark.parametrize("lo,hi,itemsize,segment", [
+    (0, 10 * MIB, 4, MIB), (4096, 4096 + 3 * MIB + 12, 12, MIB), (0, 100, 8, MIB),
+    (0, 5 * 4096, 4, 4096), (0, 24, 12, 1)])
+def test_chunk_segments_tile_on_elements(lo: int, hi: int, itemsize: int, segment: int) -> None:
+    segs = chunk_segments(lo, hi, itemsize, segment)
+    assert segs[0][0] == lo and segs[-1][1] == hi
+    assert all(a[1] == b[0] for a, b in zip(segs, segs[1:]))
+    assert all((a - lo) % itemsize == 0 for a, _ in segs)
+    assert all(b - a <= max(segment, itemsize) for a, b in segs)
+
+
+@pytest.mark.parametrize("ready,n,expected", [
+    ({0: ["a"], 1: ["b"], 2: ["c"]}, 3, [("a", 0), ("b", 1), ("c", 2)]),
+    ({0: ["c"], 1: ["a"], 2: ["b"]}, 3, [("a", 1), ("b", 2), ("c", 0)]),
+    ({0: ["a", "b"], 1: ["a"]}, 2, [("a", 1), ("b", 0)]),  # a reassignment frees "a"
+    ({0: ["a", "b"], 1: ["b", "a"]}, 2, [("a", 0), ("b", 1)]),
+    ({0: ["a"], 1: ["a"]}, 2, None),  # two inputs only on one node
+    ({0: [], 1: ["a"]}, 2, None),  # an input with no live holder
+    ({0: ["a"], 1: ["b"]}, 3, None),  # an input not ready
+    ({0: ["a"]}, 1, None),  # one member is no ring
+])
+def test_ring_members(ready: dict[int, list[str]], n: int,
+                      expected: list[tuple[str, int]] | None) -> None:
+    assert ring_members(ready, n) == expected
+
+
+def test_rings_have_a_size_limit() -> None:
+    ready = {i: [f"n{i:04d}"] for i in range(RING_MAX + 1)}
+    assert ring_members(ready, RING_MAX + 1) is None
+    del ready[RING_MAX]
+    members = ring_members(ready, RING_MAX)
+    assert members is not None and len(members) == RING_MAX
+
+
+def test_a_ring_of_one_is_refused() -> None:
+    with pytest.raises(ValueError):
+        ring_schedule(MIB, 4, 1, 0)
+    with pytest.raises(ValueError):
+        ring_schedule(MIB, 4, 3, 3)
+
+
+def test_the_core_does_no_io() -> None:
+    assert not {"asyncio", "socket", "time"} & top_level_imports(ring_module)
