@@ -14,7 +14,6 @@ import os
 import secrets
 import socket
 from collections import Counter
-from collections.abc import Awaitable
 
 from hoplite_client.net.endpoints import host_id
 from hoplite_client.net.handshake import Identity
@@ -103,22 +102,23 @@ class Daemon:
         fetcher = Fetcher(self.identity, store, arena, directory, membership, link_model,
                           traffic, tasks, cfg.stall_timeout, links.refused,
                           patience=verdict_within, space=space, connections=connections)
-        sender = Sender(store, traffic, fetcher.fetching)
         worker = ReduceWorker(store, arena, fetcher, rpc.tell, tasks, membership.is_alive)
         reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, directory, rpc,
                                                 fetcher, link_model, membership.is_alive,
                                                 tasks, patience=verdict_within),
                                 cfg.two_trees)
-        def dial_ring(node: str) -> Awaitable[FrameProtocol]:
+        async def connect(node: str) -> FrameProtocol:
+            """An idle data connection to ``node``, or a new one."""
             member = membership.members[node]
-            return connections.dial(member.host, member.port, role="ring")
+            return connections.take(node) or await connections.dial(member.host, member.port)
 
         allreduces = Allreduces(AllreduceDeps(
             self.node_id, store, directory, rpc, fetcher, reductions, membership.is_alive,
             tasks, membership.alive_ids,
-            RingDeps(self.node_id, store, directory, rpc.tell, dial_ring, tasks,
-                     cfg.stall_timeout),
+            RingDeps(self.node_id, store, directory, rpc.tell, connect, connections.give_back,
+                     tasks, cfg.stall_timeout),
             cfg.ring_wait))
+        sender = Sender(store, traffic, fetcher.fetching, allreduces.serve_ring)
         cluster = ClusterService(self.identity, membership, links)
         status = NodeStatus(membership, store, shard, link_model, traffic, rpc, gauges={
             "clients": lambda: len(listener), "reduce_tasks": lambda: len(worker.slots),
@@ -140,7 +140,7 @@ class Daemon:
                     **worker.handlers(), **reductions.handlers(), **allreduces.handlers()}
         rpc.serve(peer=Dispatcher(PEER, handlers, tasks, errors),
                   tool=Dispatcher(TOOL, handlers, tasks, errors),
-                  data=sender.serve, ring=allreduces.serve_ring)
+                  data=sender.serve)
 
         def membership_changed(previous: list[str]) -> None:
             for node in set(membership.alive_ids()) - set(previous) - {self.node_id}:

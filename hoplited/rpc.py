@@ -11,8 +11,8 @@ owner that falls under suspicion is sent again to the member standing in for it.
 Inbound (:meth:`Rpc.listen`): every TCP connection starts with the authenticated handshake
 (inside TLS when the node has certificates: docs/security.md);
 its role then decides what it carries: control requests from a member (``peer``) or a tool
-(``tool``), each through its own dispatcher, object streams (``data``), served by the
-data-plane sender, or a ring allreduce's stream from its predecessor (``ring``).
+(``tool``), each through its own dispatcher, or object streams (``data``), served by the
+data-plane sender.
 """
 
 from __future__ import annotations
@@ -80,7 +80,6 @@ class Rpc:
         self._peer: Dispatcher | None = None
         self._tool: Dispatcher | None = None
         self._data: DataServer | None = None
-        self._ring: DataServer | None = None
         self._inbound: set[FrameProtocol] = set()
         self._listening: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
@@ -91,10 +90,9 @@ class Rpc:
         """How long a request to an owner follows ownership while it moves."""
         return self._retry_window
 
-    def serve(self, peer: Dispatcher, tool: Dispatcher, data: DataServer,
-              ring: DataServer) -> None:
+    def serve(self, peer: Dispatcher, tool: Dispatcher, data: DataServer) -> None:
         """Install the handlers of each inbound role (and of requests to ourselves)."""
-        self._peer, self._tool, self._data, self._ring = peer, tool, data, ring
+        self._peer, self._tool, self._data = peer, tool, data
 
     # --- outbound ---
     async def call_node(self, node: str, msg: Request[R], payload: Any = None,
@@ -213,10 +211,9 @@ class Rpc:
             role, peer = await accept(protocol, self._identity)
         except HopliteError:
             return
-        if role in ("data", "ring"):
-            server = self._data if role == "data" else self._ring
-            assert server is not None
-            await server(protocol, peer)
+        if role == "data":
+            assert self._data is not None
+            await self._data(protocol, peer)
             return
         dispatcher = self._peer if role == "peer" else self._tool
         assert dispatcher is not None

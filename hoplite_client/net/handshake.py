@@ -38,7 +38,7 @@ from hoplite_client.wire.messages import Accepted, Auth, Error, Hello, Welcome, 
 log = logging.getLogger("hoplite.handshake")
 
 HANDSHAKE_TIMEOUT = 10.0  # generous: a loaded 2-core host may take a while to schedule us
-ROLES = ("peer", "data", "tool", "ring")
+ROLES = ("peer", "data", "tool")
 
 _M = TypeVar("_M", bound=WireMessage)
 

@@ -12,8 +12,7 @@ hand-made lists (docs/protocol.md has the table; a test checks it against this m
   request API is typed: ``await channel.request(Locate(...))`` returns a ``Located`` frame);
 - for requests and one-ways, the **roles** allowed to send it: ``client`` (a local process on
   the Unix socket), ``peer`` (another member, control link), ``tool`` (an authenticated tool
-  such as ``hoplite bench --join``), ``data`` (a data connection) and ``ring`` (a ring
-  allreduce's stream to its successor);
+  such as ``hoplite bench --join``) and ``data`` (a data connection);
 - its **payload** mode: none, small (read into memory, at most 1 MiB) or stream (the reader
   asks a sink for the destination buffer).
 
@@ -32,12 +31,11 @@ from hoplite_client.wire.schema import record
 
 Shape = Literal["request", "reply", "oneway", "handshake"]
 PayloadMode = Literal["none", "small", "stream"]
-Role = Literal["client", "peer", "tool", "data", "ring"]
+Role = Literal["client", "peer", "tool", "data"]
 CLIENT: Role = "client"
 PEER: Role = "peer"
 TOOL: Role = "tool"
 DATA: Role = "data"
-RING: Role = "ring"
 
 R = TypeVar("R", bound="WireMessage")
 
@@ -152,7 +150,7 @@ class Hello(WireMessage):
     versions: list[int]
     node_id: str
     nonce: bytes
-    role: str  # "peer" (control), "data" (object streams), "ring" (a ring's stream) or "tool"
+    role: str  # "peer" (control), "data" (object streams) or "tool"
 
 
 @message(2, shape="handshake")
@@ -716,7 +714,7 @@ class RingEnd(WireMessage):
     commit: bool
 
 
-@message(76, shape="request", roles=(RING,))
+@message(76, shape="request", roles=(DATA,))
 class RingOpen(Request["Ok"]):
     """A ring member to its successor, first on a ``ring`` connection: the segments of
     ``result``'s ring follow on it (answered once the successor has its task)."""
@@ -725,7 +723,7 @@ class RingOpen(Request["Ok"]):
     result: ObjectID
 
 
-@message(77, shape="oneway", roles=(RING,), payload="stream")
+@message(77, shape="oneway", roles=(DATA,), payload="stream")
 class RingSegment(WireMessage):
     """The ``index``-th segment of the ring's schedule; its payload is that segment's bytes."""
 

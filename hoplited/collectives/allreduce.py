@@ -246,15 +246,10 @@ class Allreduces:
         else:
             ring.stop(HopliteError(f"the ring into {msg.result.hex()} was given up"))
 
-    async def serve_ring(self, protocol: FrameProtocol, peer: str) -> None:
-        """A predecessor's ring stream: bind it to our member once our task is here too."""
-        rid = 0
+    async def serve_ring(self, protocol: FrameProtocol, peer: str, msg: RingOpen) -> bool:
+        """A predecessor opened its ring stream on a data connection: bind it to our member
+        once our task is here too. True once the stream ended cleanly."""
         try:
-            msg = (await protocol.next_frame(OPEN_TIMEOUT)).msg
-            rid = getattr(msg, "rid", 0)
-            if not isinstance(msg, RingOpen):
-                raise InvalidArgumentError(f"a ring stream starts with RingOpen, not "
-                                           f"{type(msg).__name__}")
             ring = self._rings.get(msg.result)
             if ring is None:
                 arrival = self._ring_arrivals.setdefault(msg.result, asyncio.Event())
@@ -270,15 +265,14 @@ class Allreduces:
             if ring is None or ring.predecessor != peer:
                 raise InvalidArgumentError(f"{peer} is not the ring predecessor here for "
                                            f"{msg.result.hex()}")
-            ring.attach(protocol)
-            protocol.send(Ok(rid=msg.rid))
+            done = ring.attach(protocol)
         except HopliteError as exc:
             log.info("ring stream from %s refused: %s", peer, exc)
             if not protocol.closed.done():
-                protocol.send(Error(rid=rid, code=exc.code, message=str(exc), data={}))
-                protocol.close()
-            return
-        await protocol.closed
+                protocol.send(Error(rid=msg.rid, code=exc.code, message=str(exc), data={}))
+            return True  # nothing was streamed: the connection serves pulls again
+        protocol.send(Ok(rid=msg.rid))
+        return await done
 
 
 def check_task(msg: StripeTask) -> None:

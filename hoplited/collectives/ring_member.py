@@ -1,9 +1,10 @@
 """One node's part in a ring allreduce: its stream to the successor, the one from its
 predecessor, and the result between them (docs/design.md §4, "Ring allreduce").
 
-The member allocates the result, dials its successor on a ``ring`` connection and, once the
-successor has its own task (``RingOpen`` answered), sends its schedule's first segments from
-its input, then every received segment the schedule forwards, in the order received. The
+The member allocates the result, takes an idle data connection to its successor (the standing
+one pulls keep warm; dialled if none) and, once the successor has its own task (``RingOpen``
+answered), sends its schedule's first segments from its input, then every received segment
+the schedule forwards, in the order received, and gives the connection back. The
 predecessor's stream lands straight in the result's memory: the reader asks :meth:`sink` for
 the next segment's view, checked against the schedule, so nothing is copied and a peer cannot
 write anywhere else. Reduce-scatter segments get this member's input combined in place. Once
@@ -58,14 +59,16 @@ OPEN_TIMEOUT = 10.0
 @dataclass(frozen=True)
 class RingDeps:
     """What a ring member uses: this node's id, its store, the directory (to publish), a
-    one-way to the caller, a dialler of ``ring`` connections, tasks, and how long a stream
-    may stand still before the member gives up."""
+    one-way to the caller, data connections to members (taken or dialled, and given back
+    once a stream ended cleanly), tasks, and how long a stream may stand still before the
+    member gives up."""
 
     me: str
     store: ObjectStore
     directory: DirectoryClient
     tell: Callable[[str, WireMessage], None]
-    dial: Callable[[str], Awaitable[FrameProtocol]]
+    connect: Callable[[str], Awaitable[FrameProtocol]]
+    give_back: Callable[[str, FrameProtocol], None]
     tasks: Tasks
     stall_timeout: float
 
@@ -121,8 +124,9 @@ class RingMember:
         self._more.set()
         self._received: asyncio.Future[None] = loop.create_future()
         self._committed: asyncio.Future[None] = loop.create_future()
-        self._inbound: FrameProtocol | None = None
-        self._outbound: FrameProtocol | None = None
+        self._inbound: FrameProtocol | None = None  # until the last segment arrived
+        self._inbound_done: asyncio.Future[bool] = loop.create_future()
+        self._outbound: FrameProtocol | None = None  # until given back
         self._progress = loop.time()
         self._ended = False
         self.complete = False
@@ -130,14 +134,17 @@ class RingMember:
                                       on_error=self.fail)
 
     # --- the predecessor's stream ---
-    def attach(self, protocol: FrameProtocol) -> None:
-        """``protocol`` carries the predecessor's segments from now on."""
-        if self._ended or self._inbound is not None:
+    def attach(self, protocol: FrameProtocol) -> asyncio.Future[bool]:
+        """``protocol`` carries the predecessor's segments from now on. The future: True once
+        the last one arrived (the connection is ours no more, and may serve pulls again),
+        False if the stream broke off (the connection must close)."""
+        if self._ended or self._inbound is not None or self._inbound_done.done():
             raise RemoteProtocolError(f"ring {self.result.short()} has its stream already")
         self._inbound = protocol
         protocol.set_stream_sink(self.sink)
         protocol.handler = self._on_frame
         protocol.on_lost.append(self._inbound_lost)
+        return self._inbound_done
 
     def sink(self, msg: Any, length: int) -> memoryview:
         """Where the next segment goes: its view of the result, if it is the one expected."""
@@ -169,10 +176,17 @@ class RingMember:
         if seg.forward:
             self._outbox.append(view)
             self._more.set()
-        if self._next == len(self._schedule.receive) and not self._received.done():
+        if self._next == len(self._schedule.receive) and self._inbound is not None:
+            inbound, self._inbound = self._inbound, None
+            inbound.on_lost.remove(self._inbound_lost)
+            inbound.handler = None  # frames after the stream wait for the sender's loop
+            inbound.set_stream_sink(None)
+            self._inbound_done.set_result(True)
             self._received.set_result(None)
 
     def _inbound_lost(self, exc: BaseException | None) -> None:
+        if not self._inbound_done.done():
+            self._inbound_done.set_result(False)
         if not self._received.done():
             self.fail(ConnectionLostError(f"ring {self.result.short()}: the stream from "
                                           f"{self.predecessor} closed early"))
@@ -195,11 +209,13 @@ class RingMember:
         self._end()
 
     async def _send(self) -> None:
-        protocol = await asyncio.wait_for(self.d.dial(self.successor), OPEN_TIMEOUT)
+        protocol = await asyncio.wait_for(self.d.connect(self.successor), OPEN_TIMEOUT)
         self._outbound = protocol
         if self._ended:
             protocol.abort()
             return
+        protocol.handler = None  # the answer is read with next_frame
+        protocol.set_stream_sink(None)
         protocol.send(RingOpen(rid=1, result=self.result))
         frame = await protocol.next_frame(OPEN_TIMEOUT)
         if isinstance(frame.msg, Error):
@@ -223,7 +239,8 @@ class RingMember:
             await protocol.drain()
             self._progress = loop.time()
         await protocol.flush()
-        protocol.close()
+        self._outbound = None
+        self.d.give_back(self.successor, protocol)
 
     def _send_failed(self, exc: BaseException) -> None:
         """The stream to the successor broke: fatal unless the result is whole here already
@@ -293,12 +310,12 @@ class RingMember:
         if not self._received.done():
             self._received.cancel()
         self._outbox.clear()
-        if self._inbound is not None:
-            self._inbound.close()
-        outbound = self._outbound
-        if outbound is not None and not outbound.closed.done():
-            # a finished sender flushed it to the kernel, which still delivers those bytes
-            outbound.abort()
+        for protocol in (self._inbound, self._outbound):  # cut off mid-stream: unusable
+            if protocol is not None:
+                protocol.abort()
+        self._inbound = self._outbound = None
+        if not self._inbound_done.done():
+            self._inbound_done.set_result(False)
         self.d.store.unpin(self._own)
         self.d.store.unpin(self.whole)
 

@@ -66,10 +66,9 @@ class DataConnections:
             conn.on_lost.remove(self._on_lost.pop(conn))
         return conn
 
-    async def dial(self, host: str, port: int, role: str = "data") -> FrameProtocol:
-        """A new authenticated connection of ``role`` (data, or a ring allreduce's stream)
-        to the member at ``host:port``."""
-        protocol, _ = await dial(host, port, role, self._identity)
+    async def dial(self, host: str, port: int) -> FrameProtocol:
+        """A new authenticated data connection to the member at ``host:port``."""
+        protocol, _ = await dial(host, port, "data", self._identity)
         return protocol
 
     def warm(self, node: str, host: str, port: int) -> None:

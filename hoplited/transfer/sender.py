@@ -3,7 +3,9 @@
 Write the stream header, then memoryview slices of whatever prefix of the object is valid,
 waiting on its watermark for more (so a node still receiving an object forwards it as it
 lands); honour the transport's write pressure; keep the object pinned until the kernel has
-every byte.
+every byte. Between pulls a connection may carry a ring allreduce's stream from its dialler
+(``RingOpen``, then segments): it is handed to the ring for that long, so rings reuse the warm
+connections pulls keep (docs/design.md §4, "Ring allreduce").
 """
 
 from __future__ import annotations
@@ -11,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, ObjectNotFoundError
 from hoplite_client.wire.frames import Frame, encode_header
 from hoplite_client.wire.ids import ObjectID
-from hoplite_client.wire.messages import DataStream, Error, Pull
+from hoplite_client.wire.messages import DataStream, Error, Pull, RingOpen
 from hoplited.memory.store import ObjectStore
 from hoplited.transfer.traffic import Traffic
 
@@ -32,15 +34,20 @@ SEND_SLICE = 8 * 1024 * 1024
 # it, rather than refusing and sending the puller to another source (docs/design.md §3).
 ENROLLED_WAIT = 2.0
 
+# Takes a connection whose dialler opened a ring stream on it; True once the stream ended
+# cleanly (the connection serves pulls again), False if the connection must close.
+RingServer = Callable[[FrameProtocol, str, RingOpen], Awaitable[bool]]
+
 
 class Sender:
     """Streams local objects to the receivers that pull them."""
 
     def __init__(self, store: ObjectStore, traffic: Traffic,
-                 fetching: Callable[[ObjectID], bool]) -> None:
+                 fetching: Callable[[ObjectID], bool], ring: RingServer) -> None:
         self._store = store
         self._traffic = traffic
         self._fetching = fetching  # this node is fetching the id: its copy is on its way
+        self._ring = ring
         self._streams: Counter[ObjectID] = Counter()  # streams being sent, by object
 
     def sending(self, oid: ObjectID) -> int:
@@ -64,6 +71,12 @@ class Sender:
             if frame is None:
                 return
             msg = frame.msg
+            if isinstance(msg, RingOpen):
+                if not await self._ring(protocol, peer, msg):
+                    return
+                protocol.set_stream_sink(None)
+                protocol.handler = queue.put_nowait
+                continue
             if not isinstance(msg, Pull):
                 protocol.send(Error(rid=getattr(msg, "rid", 0), code="protocol",
                                     message=f"data connections take Pull, not "
