@@ -117,7 +117,7 @@ class Daemon:
             tasks, membership.alive_ids,
             RingDeps(self.node_id, store, directory, rpc.tell, connect, connections.give_back,
                      tasks, cfg.stall_timeout),
-            cfg.ring_wait))
+            cfg.ring_wait, lambda: (link_model.bandwidth, link_model.latency)))
         sender = Sender(store, traffic, fetcher.fetching, allreduces.serve_ring)
         cluster = ClusterService(self.identity, membership, links)
         status = NodeStatus(membership, store, shard, link_model, traffic, rpc, gauges={

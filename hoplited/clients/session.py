@@ -175,11 +175,7 @@ class ClientSession:
             raise InvalidArgumentError(f"an allreduce takes at most {MAX_IDS_PER_FRAME} "
                                        f"inputs, not {len(msg.inputs)}",
                                        limit=MAX_IDS_PER_FRAME)
-        if msg.striped:
-            self.d.allreduces.start(msg.result, msg.inputs, msg.op, msg.timeout)
-        else:
-            self.d.reductions.start(msg.result, msg.inputs, msg.op, len(msg.inputs),
-                                    msg.timeout, everyone=True)
+        self.d.allreduces.start(msg.result, msg.inputs, msg.op, msg.timeout, msg.striped)
         return Ok()
 
     async def on_reduced_inputs(self, me: str, msg: ReducedInputs,

@@ -86,6 +86,7 @@ class AllreduceDeps:
     members: Callable[[], list[str]]
     ring: RingDeps
     ring_wait: float
+    link: Callable[[], tuple[float, float]]  # measured bandwidth (bytes/s), latency (s)
 
 
 @dataclass
@@ -117,9 +118,12 @@ class Allreduces:
         return len(self._orchestrators) + len(self._members) + len(self._rings)
 
     def start(self, result: ObjectID, inputs: list[ObjectID], op: str,
-              timeout: float | None) -> None:
-        """Validate and start an allreduce into ``result``; it runs in the background."""
-        plan = s.AllreducePlan(result, inputs, op, ring_wait=self._d.ring_wait)
+              timeout: float | None, striped: bool) -> None:
+        """Validate and start an allreduce into ``result``; it runs in the background: as a
+        ring if every input is ready at once on its own node and a ring pays, otherwise in
+        stripes (``striped``) or as a reduce whose result every input's node gets."""
+        plan = s.AllreducePlan(result, inputs, op, ring_wait=self._d.ring_wait,
+                               striped=striped, link=self._d.link())
         if result in self._orchestrators or self._d.store.get(result) is not None:
             raise ObjectExistsError(f"object {result.hex()} already exists")
         orchestrator = Orchestrator(self._d, plan, inputs, timeout,
@@ -356,7 +360,7 @@ class Orchestrator:
         if isinstance(ins, s.Plain):
             try:
                 d.reductions.start(plan.result, self._inputs, plan.op, len(self._inputs),
-                                   self._timeout)
+                                   self._timeout, everyone=not plan.striped)
             except HopliteError as exc:
                 log.warning("allreduce %s: %s", plan.result.short(), exc)
                 d.tasks.spawn(d.directory.fail(plan.result, exc), name="allreduce-fail")
@@ -416,7 +420,7 @@ class Orchestrator:
             wait.cancel()
         self._waits = []
         self.plan = s.AllreducePlan(self.plan.result, self._inputs, self.plan.op,
-                                    lost=frozenset(self.plan.lost))
+                                    lost=frozenset(self.plan.lost), striped=self.plan.striped)
         self._version = os.urandom(VERSION_SIZE)
         self._wait_all()
 

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from hoplited.collectives.layout import ALIGN, stripe_bounds
+from hoplited.collectives.tree import one_tree_cost
 
 # Bytes per segment: large enough that a frame header is noise, small enough that a hop adds
 # little latency (a scratch ring in this module's shape ran at 1.76x of S/RATE with 256 KiB
@@ -78,6 +79,20 @@ def ring_schedule(size: int, itemsize: int, n: int, position: int,
         last = s == n - 2
         receive += [Segment(lo, hi, False, not last) for lo, hi in segs(position - s)]
     return RingSchedule(tuple(segs(position)), tuple(receive))
+
+
+def ring_cost(n: int, size: int, bandwidth: float, latency: float) -> float:
+    """Seconds a ring of ``n`` takes: 2(n-1)/n of the object through each link, and a link's
+    latency for each of the 2(n-1) chunks a member waits for its predecessor's."""
+    return 2 * (n - 1) / n * size / max(bandwidth, 1.0) + 2 * (n - 1) * latency
+
+
+def ring_pays(n: int, size: int, bandwidth: float, latency: float) -> bool:
+    """Whether a ring beats a reduce then a broadcast of the result (each the best single
+    tree, :func:`~.tree.one_tree_cost`): at scale its 2(n-1) steps cost more latency than
+    the tree's depth, and then small objects go up and down a tree."""
+    return 2 <= n <= RING_MAX and ring_cost(n, size, bandwidth, latency) < 2 * one_tree_cost(
+        n, size, bandwidth, latency)
 
 
 def ring_members(ready: Mapping[int, Sequence[str]], n: int) -> list[tuple[str, int]] | None:

@@ -48,8 +48,9 @@ from dataclasses import dataclass
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, PeerUnavailableError
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
+from hoplited.cluster.link_model import DEFAULT_BANDWIDTH, DEFAULT_LATENCY
 from hoplited.collectives.ops import check_op, check_reducible, derived_id
-from hoplited.collectives.ring import RING_MAX, ring_members
+from hoplited.collectives.ring import ring_members, ring_pays
 
 # The smallest stripe worth its own tree: below it, the handshakes and lookups of m trees cost
 # more than the bandwidth they save (docs/benchmarks.md, "Striped allreduce").
@@ -190,12 +191,15 @@ class AllreducePlan:
 
     def __init__(self, result: ObjectID, inputs: list[ObjectID], op: str,
                  min_stripe: int = MIN_STRIPE, ring_wait: float = 0.0,
-                 lost: frozenset[str] = frozenset()) -> None:
+                 lost: frozenset[str] = frozenset(), striped: bool = True,
+                 link: tuple[float, float] = (DEFAULT_BANDWIDTH, DEFAULT_LATENCY)) -> None:
         if not inputs:
             raise InvalidArgumentError("an allreduce needs at least one input")
         check_op(op)
         self.result, self.op, self.min_stripe = result, op, min_stripe
         self.ring_wait = ring_wait
+        self.striped = striped  # False: no ring means the plain reduce (then gets)
+        self.link = link  # the links' bandwidth (bytes/s) and latency (s), for ring_pays
         self.held: list[InputReady] = []  # inputs ready while gathering, in order
         self.ring: list[str] = []  # the ring's nodes, in ring order
         self.ring_over: set[str] = set()  # ring members done, failed or lost
@@ -256,7 +260,8 @@ class AllreducePlan:
             except (InvalidArgumentError, TypeError):
                 self.phase = "plain"  # the plain reduce reports the error
                 return [Plain()]
-            if self.ring_wait > 0 and 2 <= n <= RING_MAX and ev.size > INLINE_MAX:
+            if self.ring_wait > 0 and ev.size > INLINE_MAX and ring_pays(n, ev.size,
+                                                                         *self.link):
                 self.phase, self.held = "gathering", [ev]
                 return [Arm(self.ring_wait)]
             return self._choose_stripes()
@@ -279,7 +284,7 @@ class AllreducePlan:
         """Stripes for the first input's size, or the plain reduce if they would be small."""
         assert self.first is not None
         n, size = len(self.inputs), self.first.size
-        if n < 2 or size <= INLINE_MAX or size < n * self.min_stripe:
+        if not self.striped or n < 2 or size <= INLINE_MAX or size < n * self.min_stripe:
             self.phase = "plain"
             return [Plain()]
         self.stripes, self.phase = n, "striped"
