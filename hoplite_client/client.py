@@ -259,13 +259,13 @@ class Client:
                         object_id: ObjectID | None = None, timeout: float | None = None,
                         striped: bool = False) -> ObjectID:
         """Start reducing every object with ``op``; returns the result's id at once; every
-        participant then gets it. By default the reduce computes the result on this node and
-        gets chain behind it (each link carries the object about twice). ``striped``: large
-        objects are cut into one stripe per input, each reduced towards another input's node
-        and gathered from there, and the result lands on every node holding an input
-        (docs/design.md §4, "Striped allreduce": 1.75 copies per link at 8 inputs, in theory;
-        docs/benchmarks.md has what it does on the test bed today). ``timeout`` bounds the
-        wait for the inputs; at most ``MAX_IDS_PER_FRAME`` inputs."""
+        participant then gets it. When every input is ready at once, each on its own node, the
+        nodes run a ring and the result lands on each of them: 2(N-1)/N copies of the object
+        per link, gloo's bound (docs/design.md §4, "Ring allreduce"). Otherwise (inputs that
+        come one by one, or share a node) the reduce computes the result on this node and gets
+        chain behind it, or with ``striped`` large objects are cut into one stripe per input,
+        each reduced towards another input's node and gathered from there. ``timeout`` bounds
+        the wait for the inputs; at most ``MAX_IDS_PER_FRAME`` inputs."""
         timeout = check_timeout(timeout)
         ids = list(object_ids)
         if len(ids) > MAX_IDS_PER_FRAME:

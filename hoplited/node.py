@@ -116,6 +116,9 @@ class Daemon:
             self.node_id, store, directory, rpc, fetcher, reductions, membership.is_alive,
             tasks, membership.alive_ids,
             RingDeps(self.node_id, store, directory, rpc.tell, connect, connections.give_back,
+                     lambda node: connections.probe(node, membership.members[node].host,
+                                                    membership.members[node].port,
+                                                    links.refused),
                      tasks, cfg.stall_timeout),
             cfg.ring_wait, lambda: (link_model.bandwidth, link_model.latency)))
         sender = Sender(store, traffic, fetcher.fetching, allreduces.serve_ring)

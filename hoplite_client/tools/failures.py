@@ -8,7 +8,9 @@ not a participant (its daemon is gone or frozen). For reduce, allreduce and gath
 victim's input is lost with it; as a task framework restarts the task that made it, the run
 puts the same input again, under the same id, on the next survivor right after the signal
 (retrying while the directory still counts the old copy as live). With ``--backup`` (reduce and
-allreduce), the reduce instead has one input beyond the first N, a *backup* of another value
+allreduce: then a reduce of N of the N+1 inputs that every node gets, where without a backup
+the allreduce is ``allreduce()`` as in the failure-free runs), the reduce instead has one
+input beyond the first N, a *backup* of another value
 (the input of an N+1-th node) that the next survivor puts as the clock starts, after the
 reduce chose its N inputs (a straggler, ready by the time the node dies): the backup takes
 the lost slot and the result is checked against the sum it makes. The figure of merit is the
@@ -232,7 +234,11 @@ async def _prepare(op: str, ctx: BenchContext, backup_for: int | None, victim: i
         ids.append(hoplite_client.ObjectID.random())
         for used in (tuple(range(n)), tuple(i for i in range(n + 1) if i != backup_for)):
             ctx.expected_sum(used)  # made now (the backup's data too): the clock is not running
-    result = await clients[0].reduce(ids, "sum", num_objects=n, timeout=FAILURE_TIMEOUT)
+    if op == "allreduce" and backup_for is None:  # as the failure-free run: a ring, if any
+        result = await clients[0].allreduce(ids, "sum", timeout=FAILURE_TIMEOUT,
+                                            striped=ctx.striped)
+    else:  # an allreduce with a backup needs k of the inputs: a reduce every node gets
+        result = await clients[0].reduce(ids, "sum", num_objects=n, timeout=FAILURE_TIMEOUT)
 
     async def get_sum(i: int, c: hoplite_client.Client) -> Check:
         got = await c.get(result, timeout=FAILURE_TIMEOUT)

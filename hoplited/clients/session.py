@@ -169,8 +169,9 @@ class ClientSession:
         return Ok()
 
     def on_allreduce(self, me: str, msg: Allreduce, payload: memoryview | None) -> Ok:
-        """Start the allreduce (docs/design.md §4, "Striped allreduce"); as for a reduce,
-        more inputs than one frame lists are refused."""
+        """Start the allreduce: a ring, stripes or a reduce whose result every input's node
+        gets (docs/design.md §4, "Ring allreduce"); as for a reduce, more inputs than one
+        frame lists are refused."""
         if len(msg.inputs) > MAX_IDS_PER_FRAME:
             raise InvalidArgumentError(f"an allreduce takes at most {MAX_IDS_PER_FRAME} "
                                        f"inputs, not {len(msg.inputs)}",

@@ -55,7 +55,7 @@ from hoplited.collectives.reductions import Reductions
 from hoplited.collectives.ring_member import OPEN_TIMEOUT, RingDeps, RingMember
 from hoplited.directory.client import DirectoryClient
 from hoplited.dispatch import Handler
-from hoplited.memory.store import VERSION_SIZE, ObjectStore, check_meta
+from hoplited.memory.store import VERSION_SIZE, CopyWithdrawn, ObjectStore, check_meta
 from hoplited.rpc import Rpc
 from hoplited.tasks import Tasks
 from hoplited.transfer.fetcher import Fetcher
@@ -127,7 +127,8 @@ class Allreduces:
         if result in self._orchestrators or self._d.store.get(result) is not None:
             raise ObjectExistsError(f"object {result.hex()} already exists")
         orchestrator = Orchestrator(self._d, plan, inputs, timeout,
-                                    lambda: self._orchestrators.pop(result, None), self.rings)
+                                    lambda: self._orchestrators.pop(result, None), self.rings,
+                                    lambda: self._withdraw_ring(result))
         self._orchestrators[result] = orchestrator
         orchestrator.start()
 
@@ -181,7 +182,7 @@ class Allreduces:
         check_task(msg)
         ring = self._rings.pop(msg.result, None)
         if ring is not None and ring.caller == peer:  # the ring gave way to the stripes
-            ring.stop(HopliteError(f"the allreduce into {msg.result.hex()} runs in stripes"))
+            ring.stop(CopyWithdrawn(f"the allreduce into {msg.result.hex()} runs in stripes"))
         if member is None:
             existing = self._d.store.get(msg.result)
             if existing is not None:  # complete here already, or fetched the plain way
@@ -226,6 +227,13 @@ class Allreduces:
             arrival.set()
         return Ok()
 
+    def _withdraw_ring(self, result: ObjectID) -> None:
+        """The ring into ``result`` gave way: this node's member drops its copy now, before
+        the allreduce starts again here (it would find the id taken)."""
+        ring = self._rings.pop(result, None)
+        if ring is not None:
+            ring.stop(CopyWithdrawn(f"the ring into {result.hex()} was given up"))
+
     def _forget_ring(self, result: ObjectID, ring: RingMember) -> None:
         if self._rings.get(result) is ring:
             del self._rings[result]
@@ -248,7 +256,7 @@ class Allreduces:
         elif msg.commit:
             ring.commit()
         else:
-            ring.stop(HopliteError(f"the ring into {msg.result.hex()} was given up"))
+            self._withdraw_ring(msg.result)
 
     async def serve_ring(self, protocol: FrameProtocol, peer: str, msg: RingOpen) -> bool:
         """A predecessor opened its ring stream on a data connection: bind it to our member
@@ -306,9 +314,10 @@ class Orchestrator:
 
     def __init__(self, deps: AllreduceDeps, plan: s.AllreducePlan, inputs: list[ObjectID],
                  timeout: float | None, forget: Callable[[], object],
-                 counts: RingCounts) -> None:
+                 counts: RingCounts, withdraw_ring: Callable[[], None]) -> None:
         self.d = deps
         self._counts = counts
+        self._withdraw_ring = withdraw_ring  # this node's ring member, if any, drops its copy
         self.plan = plan
         self._inputs = inputs  # as listed (repeats count twice, as in a reduce)
         self._timeout = timeout
@@ -412,9 +421,10 @@ class Orchestrator:
         """The ring failed before anyone held the result: drop it everywhere, then run the
         allreduce again without a ring, from the inputs' waits (a lost input put again
         counts), within the caller's deadline."""
-        log.info("allreduce %s: the ring gave way (%s); again in stripes",
+        log.info("allreduce %s: the ring gave way (%s); again without a ring",
                  self.plan.result.short(), ins.error)
         self._counts.given_up += 1
+        self._withdraw_ring()
         self.d.tasks.spawn(self._drop_ring(ins.members), name="allreduce-ring-drop")
         for wait in self._waits:
             wait.cancel()

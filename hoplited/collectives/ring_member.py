@@ -46,7 +46,7 @@ from hoplite_client.wire.messages import (
 from hoplited.collectives.ops import OPS, check_reducible
 from hoplited.collectives.ring import RING_MAX, ring_schedule
 from hoplited.directory.client import DirectoryClient
-from hoplited.memory.store import VERSION_SIZE, ObjectStore, check_meta
+from hoplited.memory.store import VERSION_SIZE, CopyWithdrawn, ObjectStore, check_meta
 from hoplited.tasks import Tasks
 
 log = logging.getLogger("hoplited.ring")
@@ -59,9 +59,9 @@ OPEN_TIMEOUT = 10.0
 @dataclass(frozen=True)
 class RingDeps:
     """What a ring member uses: this node's id, its store, the directory (to publish), a
-    one-way to the caller, data connections to members (taken or dialled, and given back
-    once a stream ended cleanly), tasks, and how long a stream may stand still before the
-    member gives up."""
+    one-way to the caller, data connections to members (taken or dialled, given back once a
+    stream ended cleanly, probed when one broke off), tasks, and how long a stream may stand
+    still before the member gives up."""
 
     me: str
     store: ObjectStore
@@ -69,6 +69,7 @@ class RingDeps:
     tell: Callable[[str, WireMessage], None]
     connect: Callable[[str], Awaitable[FrameProtocol]]
     give_back: Callable[[str, FrameProtocol], None]
+    probe: Callable[[str], None]  # a neighbour's stream broke: is its process gone?
     tasks: Tasks
     stall_timeout: float
 
@@ -187,7 +188,8 @@ class RingMember:
     def _inbound_lost(self, exc: BaseException | None) -> None:
         if not self._inbound_done.done():
             self._inbound_done.set_result(False)
-        if not self._received.done():
+        if not self._received.done() and not self._ended:
+            self.d.probe(self.predecessor)  # a killed predecessor is declared dead at once
             self.fail(ConnectionLostError(f"ring {self.result.short()}: the stream from "
                                           f"{self.predecessor} closed early"))
 
@@ -245,6 +247,8 @@ class RingMember:
     def _send_failed(self, exc: BaseException) -> None:
         """The stream to the successor broke: fatal unless the result is whole here already
         (then only the successor misses segments, and it reports that itself)."""
+        if not self._ended:
+            self.d.probe(self.successor)
         if self.complete:
             log.info("ring %s: stream to %s: %s", self.result.short(), self.successor, exc)
         else:
@@ -280,8 +284,10 @@ class RingMember:
         log.info("ring %s: %s", self.result.short(), error)
         self.d.tell(self.caller, RingReport(result=self.result, code=error.code,
                                             message=str(error)))
-        self._drop(error)  # still listed until the caller answers, or dies (then the
-        # node records the failure for the result's getters)
+        # the result is made again (or exists elsewhere): gets here fetch it instead; the
+        # member stays listed until the caller answers, or dies (then the node records the
+        # failure for the result's getters)
+        self._drop(CopyWithdrawn(f"ring {self.result.short()}: {error}"))
 
     def stop(self, error: HopliteError) -> None:
         """The caller ended this ring (or the result was deleted): drop it and be forgotten."""

@@ -70,6 +70,12 @@ def check_meta(dtype: str, shape: list[int], size: int) -> None:
                                    f" ({expected} bytes)")
 
 
+class CopyWithdrawn(HopliteError):
+    """A local copy under way was given up, not the object: it will be made again, here or
+    elsewhere (a ring allreduce that gave way to stripes), so a get waiting on this copy
+    fetches the object instead of failing. Never sent on the wire."""
+
+
 class StoredObject:
     """One object's extent, metadata and progress; ``received == size`` once complete."""
 

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from hoplite_client.net.handshake import Identity, dial
+from hoplite_client.net.handshake import Identity, dial, refused
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import HopliteError, RemoteProtocolError
 from hoplite_client.wire.frames import Frame
@@ -92,6 +92,28 @@ class DataConnections:
                           exc_info=exc)
 
         self._tasks.spawn(dial_standing(), name=f"warm-{node}", on_error=failed)
+
+    def probe(self, node: str, host: str, port: int, refused_by: Callable[[str], None]) -> None:
+        """A stream from ``node`` broke off: dial it once in the background. Refused means
+        its process is gone, and ``refused_by(node)`` lets its liveness declare it dead at
+        once, as a pull's refused dial does, instead of after the heartbeat timeout; an
+        answer gives the pool a fresh connection."""
+        if self._closed:
+            return
+
+        async def dial_once() -> None:
+            try:
+                protocol = await self.dial(host, port)
+            except HopliteError as exc:
+                if refused(exc):
+                    refused_by(node)
+                return
+            if self._is_alive(node):
+                self.give_back(node, protocol)
+            else:
+                protocol.close()
+
+        self._tasks.spawn(dial_once(), name=f"probe-{node}")
 
     def give_back(self, node: str, protocol: FrameProtocol) -> None:
         """``protocol``'s stream ended cleanly (nothing more will arrive): keep it idle."""

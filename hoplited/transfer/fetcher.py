@@ -38,7 +38,7 @@ from hoplited.cluster.membership import Membership
 from hoplited.directory.client import DirectoryClient
 from hoplited.memory.arena import Arena
 from hoplited.memory.space import Space
-from hoplited.memory.store import ObjectStore, StoredObject
+from hoplited.memory.store import CopyWithdrawn, ObjectStore, StoredObject
 from hoplited.tasks import Tasks
 from hoplited.transfer import fetch_plan as fp
 from hoplited.transfer.data_connections import DataConnections
@@ -124,7 +124,16 @@ class Fetcher:
 
     async def _complete_copy(self, oid: ObjectID, deadline: float | None,
                              ring: bool, receivers: int) -> StoredObject:
-        """Join (or start) the one fetch of ``oid``, or wait for the local copy to complete."""
+        """Join (or start) the one fetch of ``oid``, or wait for the local copy to complete;
+        a local copy given up while we wait (``CopyWithdrawn``) sends us to fetch."""
+        while True:
+            try:
+                return await self._complete_copy_once(oid, deadline, ring, receivers)
+            except CopyWithdrawn:
+                continue
+
+    async def _complete_copy_once(self, oid: ObjectID, deadline: float | None,
+                                  ring: bool, receivers: int) -> StoredObject:
         running = self._fetches.get(oid)  # first: a fetch in progress has allocated already
         obj = self._store.get(oid)
         if running is not None or obj is None:

@@ -14,7 +14,9 @@ from hoplited.collectives.ring import (
     RING_MAX,
     SEGMENT,
     chunk_segments,
+    ring_cost,
     ring_members,
+    ring_pays,
     ring_schedule,
 )
 
@@ -115,6 +117,28 @@ def test_rings_have_a_size_limit() -> None:
     del ready[RING_MAX]
     members = ring_members(ready, RING_MAX)
     assert members is not None and len(members) == RING_MAX
+
+
+GBIT = 125e6  # bytes per second
+
+
+@pytest.mark.parametrize("n,size,bandwidth,latency,pays", [
+    (8, MIB, GBIT, 200e-6, True),  # 2(n-1) steps of 0.2 ms are less than a second S/B
+    (8, 256 * MIB, GBIT, 200e-6, True),
+    (2, 80 << 10, GBIT, 200e-6, True),
+    (64, 32 * MIB, GBIT, 200e-6, True),
+    (256, MIB, GBIT, 200e-6, False),  # 510 steps: a tree up and down is quicker
+    (64, 128 << 10, GBIT, 200e-6, False),
+    (1, MIB, GBIT, 200e-6, False),
+    (RING_MAX + 1, 1 << 30, GBIT, 200e-6, False),
+])
+def test_ring_pays(n: int, size: int, bandwidth: float, latency: float, pays: bool) -> None:
+    assert ring_pays(n, size, bandwidth, latency) is pays
+
+
+def test_ring_cost_is_the_rings_bound_plus_its_steps() -> None:
+    assert ring_cost(8, 8 * MIB, GBIT, 0.0) == pytest.approx(2 * 7 / 8 * 8 * MIB / GBIT)
+    assert ring_cost(8, 0, GBIT, 1e-3) == pytest.approx(14e-3)
 
 
 def test_a_ring_of_one_is_refused() -> None:

@@ -68,6 +68,7 @@ class Case:
     id: str
     steps: list[tuple[Event, list[Instruction]]]
     n: int = 4
+    striped: bool = True
 
 
 CASES = [
@@ -174,6 +175,14 @@ RING_CASES = [
          [(ready(0, "n0"), [Arm(WAIT)]), (InputFailed(I[3], TIMEOUT), [Fail(TIMEOUT, ())])]),
     Case("an inline-sized object is reduced plainly, with no wait",
          [(ready(0, "n0", size=4096, shape=(1024,)), [Plain()])]),
+    Case("not striped: without a ring, the plain reduce (then gets) whatever the size",
+         [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n0"), []), (ready(2, "n2"), []),
+          (ready(3, "n3"), [Plain()])], striped=False),
+    Case("not striped: the wait running out gives the plain reduce too",
+         [(ready(0, "n0"), [Arm(WAIT)]), (GatherOver(), [Plain()]), (ready(1, "n1"), [])],
+         striped=False),
+    Case("not striped: a ring all the same when every input is ready on its own node",
+         [*ring_ready()], striped=False),
     Case("a ring is not limited by the stripes' MiB each: 8 KiB over 2 members",
          [(ready(1, "n1", size=80 << 10, shape=(20 << 10,)), [Arm(WAIT)]),
           (ready(0, "n0", size=80 << 10, shape=(20 << 10,)),
@@ -195,7 +204,7 @@ def test_plan(case: Case) -> None:
 
 @pytest.mark.parametrize("case", RING_CASES, ids=lambda c: c.id)
 def test_plan_with_a_ring(case: Case) -> None:
-    plan = AllreducePlan(R, I[:case.n], "sum", ring_wait=WAIT)
+    plan = AllreducePlan(R, I[:case.n], "sum", ring_wait=WAIT, striped=case.striped)
     for event, expected in case.steps:
         assert norm(plan.handle(event)) == norm(expected), event
     if case.id.startswith("every input ready"):

@@ -178,6 +178,10 @@ def _make_command(op: str) -> click.Command:
     @click.option("--two-trees", default=None, type=click.Choice(TWO_TREE_MODES),
                   help="The started daemons' --two-trees: when a reduce of every input runs "
                        "as two trees of halves (docs/design.md §4) [default: theirs, auto].")
+    @click.option("--ring-wait", default=None, type=click.FloatRange(0, 60),
+                  help="The started daemons' --ring-wait: how long an allreduce waits for "
+                       "every input to run them as a ring; 0: never (docs/design.md §4) "
+                       "[default: theirs, 0.1].")
     @click.option("--victim-owns", is_flag=True,
                   help="Pick the ids so that node I's directory shard owns the broadcast "
                        "object, or node I's input: the hardest placement.")
@@ -186,14 +190,15 @@ def _make_command(op: str) -> click.Command:
                 capacity: str, emulate: str | None, tls_cert: str | None, tls_key: str | None,
                 tls_ca: str | None, arrival_interval: float, kill_node: int | None,
                 kill_after: float, sig: str, backup: bool, striped: bool,
-                two_trees: str | None, victim_owns: bool) -> None:
+                two_trees: str | None, ring_wait: float | None, victim_owns: bool) -> None:
         tls = tls_from(tls_cert, tls_key, tls_ca)
         nbytes = parse_size(size or ("1KB" if op == "roundtrip" else "64MiB"))
         if emulate is not None and join is not None:
             raise click.UsageError("--emulate starts its own cluster; it excludes --join")
         rate = parse_rate(emulate) if emulate is not None else None
-        if two_trees is not None and join is not None:
-            raise click.UsageError("--two-trees sets the daemons a run starts; not with --join")
+        if (two_trees is not None or ring_wait is not None) and join is not None:
+            raise click.UsageError("--two-trees and --ring-wait set the daemons a run starts; "
+                                   "not with --join")
         if (backup or victim_owns) and kill_node is None:
             raise click.UsageError("--backup and --victim-owns go with --kill-node")
         if kill_node is not None:
@@ -209,7 +214,8 @@ def _make_command(op: str) -> click.Command:
         async def main() -> BenchResult:
             progress = Progress()
             progress.update(f"starting {nodes} daemons ({where})...")
-            daemon_args = () if two_trees is None else ("--two-trees", two_trees)
+            daemon_args = (() if two_trees is None else ("--two-trees", two_trees)) + (
+                () if ring_wait is None else ("--ring-wait", str(ring_wait)))
             async with bench_clients(nodes, join, token_file, capacity, rate, tls,
                                      daemon_args) as (clients, cluster):
                 n = len(clients)
