@@ -119,7 +119,7 @@ class Daemon:
                      lambda node: connections.probe(node, membership.members[node].host,
                                                     membership.members[node].port,
                                                     links.refused),
-                     tasks, cfg.stall_timeout),
+                     link_model.observe_bandwidth, tasks, cfg.stall_timeout),
             cfg.ring_wait, lambda: (link_model.bandwidth, link_model.latency)))
         sender = Sender(store, traffic, fetcher.fetching, allreduces.serve_ring)
         cluster = ClusterService(self.identity, membership, links)
@@ -170,6 +170,7 @@ class Daemon:
             if suspected:
                 fetcher.source_died(node)  # pulls from it resume elsewhere now
                 reductions.node_suspected(node)
+                allreduces.node_suspected(node)
             else:
                 reductions.node_trusted(node)
                 member = membership.members[node]

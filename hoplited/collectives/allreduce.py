@@ -62,6 +62,9 @@ from hoplited.transfer.fetcher import Fetcher
 
 log = logging.getLogger("hoplited.allreduce")
 
+# How long an allreduce whose ring gave way waits before asking for its inputs again.
+RESTART_GRACE = 0.05
+
 # A member's fetch of a stripe that failed (its reducer died, a source vanished) asks again
 # after this long, until the result is complete here or the allreduce ends: the stripe is
 # being reduced again elsewhere (its shard names the new reducer once it announces).
@@ -145,6 +148,11 @@ class Allreduces:
         if ring is not None:
             ring.stop(error)
         return orchestrator is not None or member is not None or ring is not None
+
+    def node_suspected(self, node: str) -> None:
+        """A member fell silent: a ring through it stalls, so each plan decides (design §4)."""
+        for orchestrator in list(self._orchestrators.values()):
+            orchestrator.feed(s.NodeSuspected(node))
 
     def node_died(self, node: str) -> None:
         """A member died: its stripes are reduced again elsewhere. A member whose caller's
@@ -390,6 +398,9 @@ class Orchestrator:
                 d.rpc.tell(node, RingEnd(result=plan.result, commit=True))
         elif isinstance(ins, s.Restart):
             self._restart(ins)
+        elif isinstance(ins, s.Withdraw):
+            for node in ins.members:
+                d.rpc.tell(node, RingEnd(result=plan.result, commit=False))
         elif isinstance(ins, s.Cleanup):
             for oid in ins.stripes:
                 d.tasks.spawn(drop_entry(d.directory, oid), name="allreduce-cleanup")
@@ -432,7 +443,12 @@ class Orchestrator:
         self.plan = s.AllreducePlan(self.plan.result, self._inputs, self.plan.op,
                                     lost=frozenset(self.plan.lost), striped=self.plan.striped)
         self._version = os.urandom(VERSION_SIZE)
-        self._wait_all()
+        # The members saw the stream break before the membership hears why: a killed node
+        # is declared dead (its port refuses the probe) within milliseconds. Asked at once,
+        # the shards still named it a holder, so its input took the chain's first slot and
+        # blocked the survivors' partial sums until it was put again (docs/benchmarks.md,
+        # "Ring allreduce"); after the grace it hangs on the root instead.
+        self._timer = asyncio.get_running_loop().call_later(RESTART_GRACE, self._wait_all)
 
     async def _drop_ring(self, members: tuple[str, ...]) -> None:
         """Tell the ring's members to drop their copies once their tasks arrived (or failed)."""

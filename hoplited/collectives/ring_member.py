@@ -54,6 +54,9 @@ log = logging.getLogger("hoplited.ring")
 # Dialling the successor and its answer to RingOpen (it answers once its own task is there,
 # sent by the caller's node at the same moment as ours).
 OPEN_TIMEOUT = 10.0
+# A stream this long (after its first segment) is a sample of the link's rate, as a pull of
+# at least 1 MiB is (hoplited/cluster/link_model.py).
+RATE_SAMPLE_MIN = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class RingDeps:
     connect: Callable[[str], Awaitable[FrameProtocol]]
     give_back: Callable[[str, FrameProtocol], None]
     probe: Callable[[str], None]  # a neighbour's stream broke: is its process gone?
+    observe_rate: Callable[[float], None]  # bytes/s the predecessor's stream ran at
     tasks: Tasks
     stall_timeout: float
 
@@ -116,6 +120,8 @@ class RingMember:
         deps.store.pin(own)
         deps.store.pin(self.whole)
         self._next = 0  # index of the next segment the predecessor sends
+        self._first_at = 0.0  # when the first segment was here
+        self._streamed = 0  # bytes received after the first segment
         self._outbox: deque[memoryview] = deque(own.buffer[lo:hi]
                                                 for lo, hi in self._schedule.first)
         self._to_send = len(self._schedule.first) + sum(s.forward
@@ -169,6 +175,10 @@ class RingMember:
         seg = self._schedule.receive[self._next]
         self._next += 1
         self._progress = asyncio.get_running_loop().time()
+        if self._next == 1:
+            self._first_at = self._progress
+        else:
+            self._streamed += seg.hi - seg.lo
         view = self.whole.buffer[seg.lo:seg.hi]
         if seg.add:
             out = np.frombuffer(view, dtype=self._dtype)
@@ -184,6 +194,10 @@ class RingMember:
             inbound.set_stream_sink(None)
             self._inbound_done.set_result(True)
             self._received.set_result(None)
+            if self._streamed >= RATE_SAMPLE_MIN and self._progress > self._first_at:
+                # the ring keeps each link busy: its stream's rate is the link's, as a
+                # pull's is (the reduce's and broadcast's shapes read it)
+                self.d.observe_rate(self._streamed / (self._progress - self._first_at))
 
     def _inbound_lost(self, exc: BaseException | None) -> None:
         if not self._inbound_done.done():

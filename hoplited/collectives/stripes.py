@@ -25,16 +25,20 @@ dies, no plan is left: the members stop and record the failure themselves. A str
 fails for any other reason, or an input that never comes, fails the allreduce (``Fail``);
 a report of an assignment that was replaced is stale and changes nothing.
 
-With ``ring_wait`` > 0 the plan first tries a ring (docs/design.md §4, "Ring allreduce"):
+With ``ring_wait`` > 0 the plan first tries a ring (docs/design.md §4, "Ring allreduce"),
+where it pays, and for an allreduce not striped only where redoing it is cheap
+(:func:`~.ring.ring_by_default`):
 at the first ready input it arms a timer (``Arm``) and holds the inputs' events; if every
 input is ready before it fires and the inputs can be given distinct live nodes
 (:func:`~.ring.ring_members`), those nodes run the ring (``StartRing``). The first member to
 hold the whole result makes the plan commit (``Commit``: every member publishes its copy once
-complete); from then on a member that fails only loses its copy, since the result exists. A
-member lost or failed before the commit leaves nothing published: the members drop their
-copies and the allreduce starts over without the ring (``Restart``), waiting for the inputs
-again, so a lost input put again is taken as in any reduce. The timer firing first, or inputs
-sharing a node, give the stripes as above, fed the held events in order.
+complete); from then on a member that fails only loses its copy, since the result exists,
+and a member falling silent has those not done yet drop theirs (``Withdraw``: their gets
+fetch the result from the others). A member lost, failed or fallen silent before the commit
+leaves nothing published: the members drop their copies and the allreduce starts over
+without the ring (``Restart``), waiting for the inputs again, so a lost input put again is
+taken as in any reduce, and a silent member's input once it answers. The timer firing first,
+or inputs sharing a node, give the stripes as above, fed the held events in order.
 
 Nothing here waits or does I/O: ``handle(event)`` returns instructions
 (``hoplited.collectives.allreduce`` carries them out).
@@ -50,7 +54,7 @@ from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplited.cluster.link_model import DEFAULT_BANDWIDTH, DEFAULT_LATENCY
 from hoplited.collectives.ops import check_op, check_reducible, derived_id
-from hoplited.collectives.ring import ring_members, ring_pays
+from hoplited.collectives.ring import ring_by_default, ring_members, ring_pays
 
 # The smallest stripe worth its own tree: below it, the handshakes and lookups of m trees cost
 # more than the bandwidth they save (docs/benchmarks.md, "Striped allreduce").
@@ -106,6 +110,13 @@ class GatherOver:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeSuspected:
+    """A member fell silent (not dead yet): a ring through it stalls meanwhile."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
 class RingDone:
     """Ring member ``node`` holds the whole result."""
 
@@ -121,7 +132,7 @@ class RingFailed:
 
 
 Event = (InputReady | InputFailed | NodeLost | MemberDone | StripeFailed | GatherOver
-         | RingDone | RingFailed)
+         | RingDone | RingFailed | NodeSuspected)
 
 
 # --- instructions ---
@@ -176,6 +187,14 @@ class Commit:
 
 
 @dataclass(frozen=True, slots=True)
+class Withdraw:
+    """The result exists, but a silent member stalls the ring: tell ``members``, not done
+    yet, to drop their copies (their nodes' gets fetch the result from those done)."""
+
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Restart:
     """Tell ``members`` to drop their ring copies; start the allreduce again without a ring."""
 
@@ -183,7 +202,7 @@ class Restart:
     error: HopliteError
 
 
-Instruction = Plain | Assign | Cleanup | Fail | Arm | StartRing | Commit | Restart
+Instruction = Plain | Assign | Cleanup | Fail | Arm | StartRing | Commit | Restart | Withdraw
 
 
 class AllreducePlan:
@@ -229,8 +248,9 @@ class AllreducePlan:
             return self._gather(ev)
         if self.phase == "ring":
             return self._ring_event(ev)
-        if isinstance(ev, (GatherOver, RingDone, RingFailed)):
-            return []  # a timer or report of a ring since given up
+        if isinstance(ev, (GatherOver, RingDone, RingFailed, NodeSuspected)):
+            return []  # a timer or report of a ring since given up; stripes keep a silent
+            # member's stripes (below)
         if isinstance(ev, InputReady):
             return self._ready(ev)
         if isinstance(ev, InputFailed):
@@ -260,8 +280,9 @@ class AllreducePlan:
             except (InvalidArgumentError, TypeError):
                 self.phase = "plain"  # the plain reduce reports the error
                 return [Plain()]
-            if self.ring_wait > 0 and ev.size > INLINE_MAX and ring_pays(n, ev.size,
-                                                                         *self.link):
+            if self.ring_wait > 0 and ev.size > INLINE_MAX and ring_pays(
+                    n, ev.size, *self.link) and (self.striped or ring_by_default(
+                        ev.size, self.link[0])):
                 self.phase, self.held = "gathering", [ev]
                 return [Arm(self.ring_wait)]
             return self._choose_stripes()
@@ -324,6 +345,17 @@ class AllreducePlan:
                 self.committed = True
                 out.append(Commit(tuple(n for n in self.ring if n not in self.lost)))
             return out + self._ring_maybe_over()
+        if isinstance(ev, NodeSuspected) and ev.node in self.ring and (
+                ev.node not in self.ring_over):
+            if self.committed:  # whoever is not done waits on it: fetch from those done
+                waiting = tuple(n for n in self.ring if n not in self.ring_over
+                                and n not in self.lost)
+                self.ring_over.update(waiting)
+                return [Withdraw(waiting), *self._ring_maybe_over()]
+            self.phase = "restart"
+            return [Restart(tuple(n for n in self.ring if n not in self.lost),
+                            PeerUnavailableError(f"ring member {ev.node} fell silent",
+                                                 node=ev.node))]
         if isinstance(ev, (RingFailed, NodeLost)) and ev.node in self.ring:
             self.ring_over.add(ev.node)
             if self.committed:

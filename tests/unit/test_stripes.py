@@ -30,12 +30,14 @@ from hoplited.collectives.stripes import (
     Instruction,
     MemberDone,
     NodeLost,
+    NodeSuspected,
     Plain,
     Restart,
     RingDone,
     RingFailed,
     StartRing,
     StripeFailed,
+    Withdraw,
     stripe_id,
 )
 
@@ -69,6 +71,7 @@ class Case:
     steps: list[tuple[Event, list[Instruction]]]
     n: int = 4
     striped: bool = True
+    link: tuple[float, float] = (1.25e9, 1e-4)
 
 
 CASES = [
@@ -139,6 +142,12 @@ def ring_ready() -> list[tuple[Event, list[Instruction]]]:
             (ready(3, "n3"), [RING4])]
 
 
+def all_ready_ring_off() -> list[tuple[Event, list[Instruction]]]:
+    """The wait ran out before any input but the first: stripes."""
+    return [(ready(0, "n0"), [Arm(WAIT)]), (GatherOver(), [Assign("n0", 0, 0)]),
+            (ready(1, "n1"), [Assign("n1", 1, 0)])]
+
+
 RING_CASES = [
     Case("every input ready in time on its own node: a ring in node order, whatever the "
          "readiness order; the first member done commits; over once every member is",
@@ -164,6 +173,16 @@ RING_CASES = [
     Case("a member failing before anyone is done: the same, its error given",
          [*ring_ready(), (RingFailed("n1", STOPPED), [Restart(("n0", "n1", "n2", "n3"),
                                                                STOPPED)])]),
+    Case("a member falling silent before anyone is done: drop the ring, start again",
+         [*ring_ready(), (NodeSuspected("n9"), []),
+          (NodeSuspected("n2"), [Restart(("n0", "n1", "n2", "n3"), PeerUnavailableError(
+              "ring member n2 fell silent", node="n2"))]), (NodeSuspected("n1"), [])]),
+    Case("a member falling silent after the commit: those not done drop their copies",
+         [*ring_ready(), (RingDone("n1"), [Commit(("n0", "n1", "n2", "n3"))]),
+          (RingFailed("n3", STOPPED), []), (NodeSuspected("n1"), []),
+          (NodeSuspected("n2"), [Withdraw(("n0", "n2"))]), (RingDone("n0"), [])]),
+    Case("silence means nothing to stripes: a silent member keeps its stripes",
+         [*all_ready_ring_off(), (NodeSuspected("n1"), [])]),
     Case("after the commit a member's failure or death only loses its copy",
          [*ring_ready(), (RingDone("n0"), [Commit(("n0", "n1", "n2", "n3"))]),
           (RingFailed("n1", STOPPED), []), (NodeLost("n2"), []), (RingDone("n3"), [])]),
@@ -178,6 +197,8 @@ RING_CASES = [
     Case("not striped: without a ring, the plain reduce (then gets) whatever the size",
          [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n0"), []), (ready(2, "n2"), []),
           (ready(3, "n3"), [Plain()])], striped=False),
+    Case("not striped: an object slow to redo (here 4 MiB at 4 MB/s) is not risked on a "
+         "ring", [(ready(0, "n0"), [Plain()])], striped=False, link=(4e6, 1e-4)),
     Case("not striped: the wait running out gives the plain reduce too",
          [(ready(0, "n0"), [Arm(WAIT)]), (GatherOver(), [Plain()]), (ready(1, "n1"), [])],
          striped=False),
@@ -204,7 +225,8 @@ def test_plan(case: Case) -> None:
 
 @pytest.mark.parametrize("case", RING_CASES, ids=lambda c: c.id)
 def test_plan_with_a_ring(case: Case) -> None:
-    plan = AllreducePlan(R, I[:case.n], "sum", ring_wait=WAIT, striped=case.striped)
+    plan = AllreducePlan(R, I[:case.n], "sum", ring_wait=WAIT, striped=case.striped,
+                         link=case.link)
     for event, expected in case.steps:
         assert norm(plan.handle(event)) == norm(expected), event
     if case.id.startswith("every input ready"):
