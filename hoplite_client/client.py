@@ -261,8 +261,10 @@ class Client:
         """Start reducing every object with ``op``; returns the result's id at once; every
         participant then gets it. When every input is ready at once, each on its own node, the
         nodes run a ring and the result lands on each of them: 2(N-1)/N copies of the object
-        per link, gloo's bound (docs/design.md §4, "Ring allreduce"). Otherwise (inputs that
-        come one by one, or share a node) the reduce computes the result on this node and gets
+        per link, gloo's bound (docs/design.md §4, "Ring allreduce"); by default only for
+        objects that cross a link within half a second, since a ring hit by a failure starts
+        again, ``striped`` for any size. Otherwise (inputs that come one by one, or share a
+        node, or large ones by default) the reduce computes the result on this node and gets
         chain behind it, or with ``striped`` large objects are cut into one stripe per input,
         each reduced towards another input's node and gathered from there. ``timeout`` bounds
         the wait for the inputs; at most ``MAX_IDS_PER_FRAME`` inputs."""
