@@ -119,7 +119,7 @@ class Daemon:
                      lambda node: connections.probe(node, membership.members[node].host,
                                                     membership.members[node].port,
                                                     links.refused),
-                     link_model.observe_bandwidth, tasks, cfg.stall_timeout),
+                     link_model.observe_bandwidth, traffic, tasks, cfg.stall_timeout),
             cfg.ring_wait, lambda: (link_model.bandwidth, link_model.latency)))
         sender = Sender(store, traffic, fetcher.fetching, allreduces.serve_ring)
         cluster = ClusterService(self.identity, membership, links)

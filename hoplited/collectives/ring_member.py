@@ -48,6 +48,7 @@ from hoplited.collectives.ring import RING_MAX, ring_schedule
 from hoplited.directory.client import DirectoryClient
 from hoplited.memory.store import VERSION_SIZE, CopyWithdrawn, ObjectStore, check_meta
 from hoplited.tasks import Tasks
+from hoplited.transfer.traffic import Traffic
 
 log = logging.getLogger("hoplited.ring")
 
@@ -63,8 +64,9 @@ RATE_SAMPLE_MIN = 1 << 20
 class RingDeps:
     """What a ring member uses: this node's id, its store, the directory (to publish), a
     one-way to the caller, data connections to members (taken or dialled, given back once a
-    stream ended cleanly, probed when one broke off), tasks, and how long a stream may stand
-    still before the member gives up."""
+    stream ended cleanly, probed when one broke off), the link model's rate and the traffic
+    counters to feed, tasks, and how long a stream may stand still before the member gives
+    up."""
 
     me: str
     store: ObjectStore
@@ -74,6 +76,7 @@ class RingDeps:
     give_back: Callable[[str, FrameProtocol], None]
     probe: Callable[[str], None]  # a neighbour's stream broke: is its process gone?
     observe_rate: Callable[[float], None]  # bytes/s the predecessor's stream ran at
+    traffic: Traffic  # object bytes moved, per peer (status, metrics)
     tasks: Tasks
     stall_timeout: float
 
@@ -175,6 +178,7 @@ class RingMember:
         seg = self._schedule.receive[self._next]
         self._next += 1
         self._progress = asyncio.get_running_loop().time()
+        self.d.traffic.add_received(self.predecessor, seg.hi - seg.lo)
         if self._next == 1:
             self._first_at = self._progress
         else:
@@ -251,6 +255,7 @@ class RingMember:
             view = self._outbox.popleft()
             protocol.write_raw(memoryview(encode_header(RingSegment(index=sent), len(view))))
             protocol.write_raw(view)
+            self.d.traffic.add_sent(self.successor, len(view))
             sent += 1
             await protocol.drain()
             self._progress = loop.time()

@@ -78,6 +78,22 @@ async def test_a_ring_gives_numpys_result_on_every_member(make_cluster, connect)
         await eventually(lambda c=c: idle(c, 0), what="no object or allreduce left")
 
 
+async def test_each_link_carries_the_rings_bound_once(make_cluster, connect) -> None:
+    """A ring of 4 over 8 MiB inputs: each node sends its successor exactly 2(n-1) chunks of
+    the object, 2(n-1)/n of it, and receives as much: nothing more crosses a link."""
+    cluster = await make_cluster(4)
+    clients = [await connect(s) for s in cluster.sockets]
+    arrays = [data(i) for i in range(4)]
+    ids = [await c.put(a) for c, a in zip(clients, arrays)]
+    result = await clients[1].allreduce(ids, timeout=GET_TIMEOUT)
+    for c in clients:
+        np.testing.assert_array_equal(await c.get(result, timeout=GET_TIMEOUT), sum(arrays))
+    nodes = (await clients[0].status())["nodes"]
+    size = arrays[0].nbytes  # 8 MiB: four chunks of 2 MiB exactly
+    assert [(n["bytes_out"], n["bytes_in"]) for n in nodes] == [(6 * size // 4,) * 2] * 4
+    assert (await ring_counts(clients[0], cluster))[1] == (1, 0)
+
+
 async def test_staggered_inputs_and_shared_nodes_go_in_stripes(make_cluster, connect) -> None:
     """Inputs put further apart than the ring's wait, or two inputs held only by one node,
     are reduced in stripes (the ring is never started) with the same result."""
