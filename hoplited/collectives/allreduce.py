@@ -75,8 +75,8 @@ STRIPE_RETRY = 0.2
 class AllreduceDeps:
     """What allreduces use: this node's id, store, the directory, peers, the fetcher, the
     reduces (each stripe is one), liveness, the live members (the ring, in id order), what
-    ring members use, and how long a striped allreduce waits for all its inputs to run them
-    as a ring (0: never)."""
+    ring members use, how long an allreduce waits for all its inputs to run them as a ring
+    (0: never), and the links' measured rate and latency (whether a ring pays)."""
 
     me: str
     store: ObjectStore
@@ -94,8 +94,8 @@ class AllreduceDeps:
 
 @dataclass
 class RingCounts:
-    """Allreduces orchestrated here that ran as a ring, and those whose ring gave way to
-    stripes (``hoplite status``, metrics)."""
+    """Allreduces orchestrated here that ran as a ring, and those whose ring gave way
+    (``hoplite status``, metrics)."""
 
     run: int = 0
     given_up: int = 0
@@ -407,7 +407,8 @@ class Orchestrator:
         else:
             log.warning("allreduce %s failed: %s", plan.result.short(), ins.error)
             d.tasks.spawn(d.directory.fail(plan.result, ins.error), name="allreduce-fail")
-            d.tasks.spawn(self._tell_failed(ins.members, ins.error), name="allreduce-failed")
+            d.tasks.spawn(self._tell_after_tasks(ins.members, self._failed(ins.error)),
+                          name="allreduce-failed")
             self._drop_stripes()
 
     def _start_ring(self, ins: s.StartRing) -> None:
@@ -420,6 +421,7 @@ class Orchestrator:
                         ring=[node for node, _ in ins.members], op=self.plan.op,
                         size=first.size, dtype=first.dtype, shape=list(first.shape),
                         version=self._version)
+
         async def send(node: str) -> None:
             await self.d.rpc.call_node(node, task)
 
@@ -436,7 +438,8 @@ class Orchestrator:
                  self.plan.result.short(), ins.error)
         self._counts.given_up += 1
         self._withdraw_ring()
-        self.d.tasks.spawn(self._drop_ring(ins.members), name="allreduce-ring-drop")
+        self.d.tasks.spawn(self._tell_after_tasks(ins.members, RingEnd(
+            result=self.plan.result, commit=False)), name="allreduce-ring-drop")
         for wait in self._waits:
             wait.cancel()
         self._waits = []
@@ -449,13 +452,6 @@ class Orchestrator:
         # blocked the survivors' partial sums until it was put again (docs/benchmarks.md,
         # "Ring allreduce"); after the grace it hangs on the root instead.
         self._timer = asyncio.get_running_loop().call_later(RESTART_GRACE, self._wait_all)
-
-    async def _drop_ring(self, members: tuple[str, ...]) -> None:
-        """Tell the ring's members to drop their copies once their tasks arrived (or failed)."""
-        ring_tasks = list(self._assigning)
-        await asyncio.gather(*ring_tasks, return_exceptions=True)
-        for node in members:
-            self.d.rpc.tell(node, RingEnd(result=self.plan.result, commit=False))
 
     def _unassigned(self, ins: s.Assign, error: HopliteError) -> s.Event:
         """A stripe task that could not be delivered: an unreachable node is lost to us."""
@@ -471,20 +467,24 @@ class Orchestrator:
             dtype=first.dtype, shape=list(first.shape), version=self._version,
             stripes=self.plan.stripes, stripe=ins.stripe, gen=ins.gen, timeout=self._timeout))
 
-    async def _tell_failed(self, members: tuple[str, ...], error: HopliteError) -> None:
-        """Tell ``members`` to drop the result, once every stripe task sent them arrived (or
-        failed): a notice that overtook its task would find nothing to stop."""
+    def _failed(self, error: HopliteError) -> AllreduceFailed:
+        return AllreduceFailed(result=self.plan.result, code=error.code, message=str(error))
+
+    async def _tell_after_tasks(self, members: tuple[str, ...], msg: WireMessage) -> None:
+        """Tell ``members`` ``msg`` (drop the result), once every stripe or ring task sent
+        so far arrived (or failed): a notice that overtook its task would find nothing to
+        stop."""
         await asyncio.gather(*self._assigning, return_exceptions=True)
         for node in members:
-            self.d.rpc.tell(node, AllreduceFailed(result=self.plan.result, code=error.code,
-                                                  message=str(error)))
+            self.d.rpc.tell(node, msg)
 
     def abort(self, error: HopliteError) -> None:
         """The result was deleted: every member drops its partial result, and the plan ends."""
         if not self._ended:
             others = tuple(n for n in dict.fromkeys(self.plan.members + self.plan.ring)
                            if n != self.d.me)
-            self.d.tasks.spawn(self._tell_failed(others, error), name="allreduce-failed")
+            self.d.tasks.spawn(self._tell_after_tasks(others, self._failed(error)),
+                               name="allreduce-failed")
             self._drop_stripes()
         self.end()
 

@@ -1,7 +1,7 @@
 """A ring allreduce's schedule and its choice of members, as pure functions.
 
-Theory of operation (docs/design.md §4, "Ring allreduce"). When every input of a striped
-allreduce is ready at once on distinct nodes, those nodes form a ring in node-id order and run
+Theory of operation (docs/design.md §4, "Ring allreduce"). When every input of an allreduce
+is ready at once on distinct nodes, those nodes form a ring in node-id order and run
 a pipelined reduce-scatter then allgather over one stream per link: the object is cut into
 one chunk per member, each chunk into segments, and each member sends its successor one
 ordered sequence of segments, ``2(n-1)`` chunks long. Segment ``i`` of what a member receives
@@ -122,11 +122,11 @@ def ring_members(ready: Mapping[int, Sequence[str]], n: int) -> list[tuple[str, 
         if free is not None:  # a free holder first: earlier choices stay as they are
             owner[free] = i
             return True
-        for node in ready[i]:
+        for node in ready[i]:  # every holder taken: move one of their inputs elsewhere
             if node in seen:
                 continue
             seen.add(node)
-            if node not in owner or place(owner[node], seen):
+            if place(owner[node], seen):
                 owner[node] = i
                 return True
         return False

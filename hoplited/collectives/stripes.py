@@ -343,34 +343,37 @@ class AllreducePlan:
             out: list[Instruction] = []
             if not self.committed:
                 self.committed = True
-                out.append(Commit(tuple(n for n in self.ring if n not in self.lost)))
-            return out + self._ring_maybe_over()
+                out.append(Commit(self._live_ring()))
+            self._ring_maybe_over()
+            return out
         if isinstance(ev, NodeSuspected) and ev.node in self.ring and (
                 ev.node not in self.ring_over):
             if self.committed:  # whoever is not done waits on it: fetch from those done
-                waiting = tuple(n for n in self.ring if n not in self.ring_over
-                                and n not in self.lost)
+                waiting = tuple(n for n in self._live_ring() if n not in self.ring_over)
                 self.ring_over.update(waiting)
-                return [Withdraw(waiting), *self._ring_maybe_over()]
+                self._ring_maybe_over()
+                return [Withdraw(waiting)]
             self.phase = "restart"
-            return [Restart(tuple(n for n in self.ring if n not in self.lost),
-                            PeerUnavailableError(f"ring member {ev.node} fell silent",
-                                                 node=ev.node))]
+            return [Restart(self._live_ring(), PeerUnavailableError(
+                f"ring member {ev.node} fell silent", node=ev.node))]
         if isinstance(ev, (RingFailed, NodeLost)) and ev.node in self.ring:
             self.ring_over.add(ev.node)
             if self.committed:
-                return self._ring_maybe_over()
+                self._ring_maybe_over()
+                return []
             self.phase = "restart"
             error = ev.error if isinstance(ev, RingFailed) else PeerUnavailableError(
                 f"ring member {ev.node} died", node=ev.node)
-            return [Restart(tuple(n for n in self.ring if n not in self.lost), error)]
+            return [Restart(self._live_ring(), error)]
         return []
 
-    def _ring_maybe_over(self) -> list[Instruction]:
-        if not set(self.ring) - self.lost <= self.ring_over:
-            return []
-        self.phase = "over"
-        return []
+    def _live_ring(self) -> tuple[str, ...]:
+        return tuple(n for n in self.ring if n not in self.lost)
+
+    def _ring_maybe_over(self) -> None:
+        """Over once every live ring member is done or has failed."""
+        if set(self._live_ring()) <= self.ring_over:
+            self.phase = "over"
 
     def _place(self, ev: InputReady) -> list[Instruction]:
         """Give input ``ev``'s stripe to the least loaded live node holding it."""

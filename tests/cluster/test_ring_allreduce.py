@@ -45,6 +45,18 @@ async def ring_started(client: hc.Client, cluster: LocalCluster) -> None:
         await asyncio.sleep(0.005)
 
 
+async def big_ring(make_cluster, connect, daemon_args: list[str]):  # type: ignore[no-untyped-def]
+    """Four nodes each put 64 MiB; node 0 starts a striped allreduce, which runs as a ring:
+    returned once the ring started, with the cluster, clients, inputs, ids and result."""
+    cluster = await make_cluster(4, daemon_args=daemon_args)
+    clients = [await connect(s) for s in cluster.sockets]
+    arrays = [data(i, (16 * MiB,)) for i in range(4)]
+    ids = [await c.put(a) for c, a in zip(clients, arrays)]
+    result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
+    await ring_started(clients[0], cluster)
+    return cluster, clients, arrays, ids, result
+
+
 async def idle(client: hc.Client, objects: int) -> bool:
     local = (await client.status())["local"]
     return local["store"]["objects"] == objects and local["allreduces"] == 0
@@ -119,12 +131,7 @@ async def test_a_member_frozen_mid_ring_is_waited_for_without_the_ring(make_clus
     loopback): once it is suspected the ring gives way, and the allreduce runs again without
     it, its input unused while the node is silent. The node runs again, never declared dead;
     its input is taken, and every node, node 2 included, gets the sum."""
-    cluster = await make_cluster(4, daemon_args=NEVER_DEAD)
-    clients = [await connect(s) for s in cluster.sockets]
-    arrays = [data(i, (16 * MiB,)) for i in range(4)]
-    ids = [await c.put(a) for c, a in zip(clients, arrays)]
-    result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
-    await ring_started(clients[0], cluster)
+    cluster, clients, arrays, ids, result = await big_ring(make_cluster, connect, NEVER_DEAD)
     cluster.kill(2, signal.SIGSTOP)
     try:
         await asyncio.sleep(2.0)  # suspected after 1 s
@@ -141,12 +148,7 @@ async def test_a_member_killed_mid_ring_runs_it_again_in_stripes(make_cluster,
     """Node 2 is SIGKILLed once the ring started (64 MiB each), its input put again on node
     3. Nobody held the result, so the ring is given up and the allreduce runs again in
     stripes: every survivor gets the exact sum."""
-    cluster = await make_cluster(4, daemon_args=FAST_HEARTBEAT)
-    clients = [await connect(s) for s in cluster.sockets]
-    arrays = [data(i, (16 * MiB,)) for i in range(4)]
-    ids = [await c.put(a) for c, a in zip(clients, arrays)]
-    result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
-    await ring_started(clients[0], cluster)
+    cluster, clients, arrays, ids, result = await big_ring(make_cluster, connect, FAST_HEARTBEAT)
     victim = cluster.nodes[2].node_id
     cluster.kill(2)
     await wait_member_dead(clients[0], victim)
