@@ -681,12 +681,15 @@ class AllreduceFailed(WireMessage):
 @message(73, shape="request", roles=(PEER,))
 class RingTask(Request["Ok"]):
     """Caller's node to each ring member: ``ring`` lists the members in order and ``inputs``
-    the input each contributes; reduce them into ``result`` (``size`` bytes of ``dtype``/
-    ``shape`` at ``version``) with the members' neighbours, over one stream each way."""
+    the inputs they add, the first ``shares[0]`` the first member's, and so on (an input
+    listed twice counts twice); reduce them into ``result`` (``size`` bytes of ``dtype``/
+    ``shape`` at ``version``, which names this ring: a ring run again has another) with the
+    members' neighbours, over one stream each way."""
 
     rid: int = 0
     result: ObjectID
     inputs: list[ObjectID]
+    shares: list[int]
     ring: list[str]
     op: str
     size: int
@@ -698,9 +701,10 @@ class RingTask(Request["Ok"]):
 @message(74, shape="oneway", roles=(PEER,))
 class RingReport(WireMessage):
     """Ring member to the caller's node: ``code`` empty: the whole result is here; otherwise
-    why this member could not finish."""
+    why this member could not finish (``version``: the ring's, as in its task)."""
 
     result: ObjectID
+    version: bytes
     code: str
     message: str
 
@@ -708,19 +712,21 @@ class RingReport(WireMessage):
 @message(75, shape="oneway", roles=(PEER,))
 class RingEnd(WireMessage):
     """Caller's node to the ring's members. ``commit``: the result exists, publish your copy
-    once whole; otherwise drop it (the allreduce starts over without the ring)."""
+    once whole; otherwise drop it (the allreduce starts over). ``version``: which ring."""
 
     result: ObjectID
+    version: bytes
     commit: bool
 
 
 @message(76, shape="request", roles=(DATA,))
 class RingOpen(Request["Ok"]):
     """A ring member to its successor, first on a ``ring`` connection: the segments of
-    ``result``'s ring follow on it (answered once the successor has its task)."""
+    ``result``'s ring (``version``) follow on it (answered once the successor has its task)."""
 
     rid: int = 0
     result: ObjectID
+    version: bytes
 
 
 @message(77, shape="oneway", roles=(DATA,), payload="stream")

@@ -224,7 +224,12 @@ class Allreduces:
 
     # --- the ring (docs/design.md §4, "Ring allreduce") ---
     def on_ring_task(self, peer: str, msg: RingTask, payload: memoryview | None) -> Ok:
-        """Take part in a ring: allocate the result and start the stream to the successor."""
+        """Take part in a ring: allocate the result and start the stream to the successor.
+        A ring the same caller ran before into the same result gave way: its copy goes (the
+        notice saying so may come later)."""
+        old = self._rings.get(msg.result)
+        if old is not None and old.caller == peer and old.version != msg.version:
+            self._withdraw_ring(msg.result)
         if msg.result in self._rings or msg.result in self._members:
             raise ObjectExistsError(f"an allreduce into {msg.result.hex()} runs here already",
                                     oid=msg.result.hex())
@@ -248,8 +253,8 @@ class Allreduces:
 
     def on_ring_report(self, peer: str, msg: RingReport, payload: memoryview | None) -> None:
         orchestrator = self._orchestrators.get(msg.result)
-        if orchestrator is None:
-            return
+        if orchestrator is None or not orchestrator.runs(msg.version):
+            return  # a ring given up since: its members' reports change nothing
         if not msg.code:
             orchestrator.feed(s.RingDone(peer))
         else:
@@ -257,7 +262,7 @@ class Allreduces:
 
     def on_ring_end(self, peer: str, msg: RingEnd, payload: memoryview | None) -> None:
         ring = self._rings.get(msg.result)
-        if ring is None or ring.caller != peer:
+        if ring is None or ring.caller != peer or ring.version != msg.version:
             return
         if ring.ended:  # failed here, and reported: the caller knows
             del self._rings[msg.result]
@@ -270,19 +275,8 @@ class Allreduces:
         """A predecessor opened its ring stream on a data connection: bind it to our member
         once our task is here too. True once the stream ended cleanly."""
         try:
-            ring = self._rings.get(msg.result)
-            if ring is None:
-                arrival = self._ring_arrivals.setdefault(msg.result, asyncio.Event())
-                try:
-                    await asyncio.wait_for(arrival.wait(), OPEN_TIMEOUT)
-                except TimeoutError:
-                    raise HopliteTimeoutError(f"no ring task for {msg.result.hex()} within "
-                                              f"{OPEN_TIMEOUT}s") from None
-                finally:
-                    if self._ring_arrivals.get(msg.result) is arrival and not arrival.is_set():
-                        del self._ring_arrivals[msg.result]
-                ring = self._rings.get(msg.result)
-            if ring is None or ring.predecessor != peer:
+            ring = await self._ring_of(msg)
+            if ring.predecessor != peer:
                 raise InvalidArgumentError(f"{peer} is not the ring predecessor here for "
                                            f"{msg.result.hex()}")
             done = ring.attach(protocol)
@@ -293,6 +287,25 @@ class Allreduces:
             return True  # nothing was streamed: the connection serves pulls again
         protocol.send(Ok(rid=msg.rid))
         return await done
+
+    async def _ring_of(self, msg: RingOpen) -> RingMember:
+        """This node's member of the ring ``msg`` opens, once its task is here (a ring run
+        again may find the one before still here, about to go)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + OPEN_TIMEOUT
+        while True:
+            ring = self._rings.get(msg.result)
+            if ring is not None and ring.version == msg.version:
+                return ring
+            arrival = self._ring_arrivals.setdefault(msg.result, asyncio.Event())
+            try:
+                await asyncio.wait_for(arrival.wait(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise HopliteTimeoutError(f"no ring task for {msg.result.hex()} within "
+                                          f"{OPEN_TIMEOUT}s") from None
+            finally:
+                if self._ring_arrivals.get(msg.result) is arrival and not arrival.is_set():
+                    del self._ring_arrivals[msg.result]
 
 
 def check_task(msg: StripeTask) -> None:
@@ -349,14 +362,20 @@ class Orchestrator:
                                                                                oid)))
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str,
-               on_error: Callable[[HopliteError], s.Event]) -> asyncio.Task[None]:
+               on_error: Callable[[HopliteError], s.Event | None]) -> asyncio.Task[None]:
         def failed(exc: BaseException) -> None:
             if not isinstance(exc, HopliteError):
                 log.error("allreduce %s: %s crashed", self.plan.result.short(), name,
                           exc_info=exc)
                 exc = HopliteError(f"{name}: {type(exc).__name__}: {exc}")
-            self.feed(on_error(exc))
+            event = on_error(exc)
+            if event is not None:
+                self.feed(event)
         return self.d.tasks.spawn(coro, name=name, on_error=failed)
+
+    def runs(self, version: bytes) -> bool:
+        """Whether ``version`` is the ring (or stripes) this allreduce runs now."""
+        return version == self._version
 
     async def _wait(self, oid: ObjectID, deadline: float | None) -> None:
         frame = await wait_ready(self.d.directory, self.d.is_alive, oid, deadline)
@@ -395,12 +414,14 @@ class Orchestrator:
             self._start_ring(ins)
         elif isinstance(ins, s.Commit):
             for node in ins.members:
-                d.rpc.tell(node, RingEnd(result=plan.result, commit=True))
+                d.rpc.tell(node, RingEnd(result=plan.result, version=self._version,
+                                         commit=True))
         elif isinstance(ins, s.Restart):
             self._restart(ins)
         elif isinstance(ins, s.Withdraw):
             for node in ins.members:
-                d.rpc.tell(node, RingEnd(result=plan.result, commit=False))
+                d.rpc.tell(node, RingEnd(result=plan.result, version=self._version,
+                                         commit=False))
         elif isinstance(ins, s.Cleanup):
             for oid in ins.stripes:
                 d.tasks.spawn(drop_entry(d.directory, oid), name="allreduce-cleanup")
@@ -416,35 +437,42 @@ class Orchestrator:
         assert first is not None
         log.info("allreduce %s: a ring of %d", self.plan.result.short(), len(ins.members))
         self._counts.run += 1
+        version = self._version
         task = RingTask(result=self.plan.result,
-                        inputs=[self.plan.inputs[i] for _, i in ins.members],
+                        inputs=[oid for _, adds in ins.members for oid in adds],
+                        shares=[len(adds) for _, adds in ins.members],
                         ring=[node for node, _ in ins.members], op=self.plan.op,
                         size=first.size, dtype=first.dtype, shape=list(first.shape),
-                        version=self._version)
+                        version=version)
 
         async def send(node: str) -> None:
             await self.d.rpc.call_node(node, task)
 
+        def undelivered(node: str, error: HopliteError) -> s.Event | None:
+            return s.RingFailed(node, error) if self.runs(version) else None
+
         for node, _ in ins.members:
-            self._assigning.append(self._spawn(send(node),
-                                               f"allreduce-ring-{node}",
-                                               functools.partial(s.RingFailed, node)))
+            self._assigning.append(self._spawn(send(node), f"allreduce-ring-{node}",
+                                               functools.partial(undelivered, node)))
 
     def _restart(self, ins: s.Restart) -> None:
         """The ring failed before anyone held the result: drop it everywhere, then run the
-        allreduce again without a ring, from the inputs' waits (a lost input put again
-        counts), within the caller's deadline."""
-        log.info("allreduce %s: the ring gave way (%s); again without a ring",
-                 self.plan.result.short(), ins.error)
+        allreduce again (:meth:`~.stripes.AllreducePlan.again`: a ring once more, without
+        the nodes lost or silent), from the inputs' waits (a lost input put again counts),
+        within the caller's deadline."""
+        log.info("allreduce %s: the ring gave way (%s); again", self.plan.result.short(),
+                 ins.error)
         self._counts.given_up += 1
         self._withdraw_ring()
         self.d.tasks.spawn(self._tell_after_tasks(ins.members, RingEnd(
-            result=self.plan.result, commit=False)), name="allreduce-ring-drop")
+            result=self.plan.result, version=self._version, commit=False)),
+            name="allreduce-ring-drop")
         for wait in self._waits:
             wait.cancel()
         self._waits = []
-        self.plan = s.AllreducePlan(self.plan.result, self._inputs, self.plan.op,
-                                    lost=frozenset(self.plan.lost), striped=self.plan.striped)
+        if self._timer is not None:  # the given-up ring's wait for its inputs
+            self._timer.cancel()
+        self.plan = self.plan.again()
         self._version = os.urandom(VERSION_SIZE)
         # The members saw the stream break before the membership hears why: a killed node
         # is declared dead (its port refuses the probe) within milliseconds. Asked at once,

@@ -1,15 +1,16 @@
 """A ring allreduce's schedule and its choice of members, as pure functions.
 
 Theory of operation (docs/design.md §4, "Ring allreduce"). When every input of an allreduce
-is ready at once on distinct nodes, those nodes form a ring in node-id order and run
-a pipelined reduce-scatter then allgather over one stream per link: the object is cut into
-one chunk per member, each chunk into segments, and each member sends its successor one
-ordered sequence of segments, ``2(n-1)`` chunks long. Segment ``i`` of what a member receives
-is, in the reduce-scatter half, a partial sum it adds its own input to (in place, in the
-result's memory) and forwards; in the allgather half, a finished part of the result it
-forwards unless it is the last step. So each link carries ``2(n-1)/n`` of the object, once, in
-one flow: on the emulated links the per-stripe trees carry the same bytes in ``2(n-1)``
-flows per link and lose 15-20% to their interplay (docs/benchmarks.md, "Ring allreduce").
+is ready at once, the nodes holding them form a ring in node-id order (a node holding
+several inputs adds them all) and run a pipelined reduce-scatter then allgather over one
+stream per link: the object is cut into one chunk per member, each chunk into segments, and
+each member sends its successor one ordered sequence of segments, ``2(n-1)`` chunks long.
+Segment ``i`` of what a member receives is, in the reduce-scatter half, a partial sum it adds
+its own inputs to (in place, in the result's memory) and forwards; in the allgather half, a
+finished part of the result it forwards unless it is the last step. So each link carries
+``2(n-1)/n`` of the object, once, in one flow: on the emulated links the per-stripe trees
+carry the same bytes in ``2(n-1)`` flows per link and lose 15-20% to their interplay
+(docs/benchmarks.md, "Ring allreduce").
 
 Nothing here waits or does I/O (``hoplited.collectives.ring_member`` carries it out).
 """
@@ -108,12 +109,16 @@ def ring_by_default(size: int, bandwidth: float) -> bool:
     return size / max(bandwidth, 1.0) <= RING_RESTART_BUDGET
 
 
-def ring_members(ready: Mapping[int, Sequence[str]], n: int) -> list[tuple[str, int]] | None:
-    """Give each of the ``n`` inputs (by index; ``ready[i]``: the live nodes holding input i,
-    in the shard's order) its own node, or None if no such assignment exists (two inputs only
-    on one node, or a missing input). Returns (node, input index) in ring order: node ids
-    ascending, so every ring over the same nodes is the same ring."""
-    if len(ready) != n or not 2 <= n <= RING_MAX:
+def ring_members(ready: Mapping[int, Sequence[str]],
+                 n: int) -> list[tuple[str, tuple[int, ...]]] | None:
+    """The ring's members for ``n`` inputs (by index; ``ready[i]``: the live nodes holding
+    input i, in the shard's order): as many distinct nodes as the inputs can be spread over
+    (a maximum matching), each input added by one of them. An input whose every holder
+    already adds another goes to the holder adding fewest (a node with several inputs adds
+    them all). None if an input is missing or has no live holder, or if fewer than two or
+    more than :data:`RING_MAX` nodes would take part. Returns (node, input indices) in ring
+    order: node ids ascending, so every ring over the same nodes is the same ring."""
+    if len(ready) != n or any(not ready.get(i) for i in range(n)):
         return None
     owner: dict[str, int] = {}
 
@@ -131,7 +136,12 @@ def ring_members(ready: Mapping[int, Sequence[str]], n: int) -> list[tuple[str, 
                 return True
         return False
 
-    for i in sorted(ready, key=lambda i: len(ready[i])):
-        if not place(i, set()):
-            return None
-    return sorted(owner.items())
+    order = sorted(range(n), key=lambda i: len(ready[i]))
+    left = [i for i in order if not place(i, set())]
+    if not 2 <= len(owner) <= RING_MAX:
+        return None
+    adds: dict[str, list[int]] = {node: [i] for node, i in owner.items()}
+    for i in left:  # each holder of an unmatched input adds one already (else: a path)
+        node = min(ready[i], key=lambda h: (len(adds[h]), h))
+        adds[node].append(i)
+    return [(node, tuple(sorted(adds[node]))) for node in sorted(adds)]

@@ -3,14 +3,15 @@ predecessor, and the result between them (docs/design.md §4, "Ring allreduce").
 
 The member allocates the result, takes an idle data connection to its successor (the standing
 one pulls keep warm; dialled if none) and, once the successor has its own task (``RingOpen``
-answered), sends its schedule's first segments from its input, then every received segment
-the schedule forwards, in the order received, and gives the connection back. The
-predecessor's stream lands straight in the result's memory: the reader asks :meth:`sink` for
-the next segment's view, checked against the schedule, so nothing is copied and a peer cannot
-write anywhere else. Reduce-scatter segments get this member's input combined in place. Once
-the last segment is here the member reports to the caller's node, and publishes its copy when
-the caller commits. A neighbour that vanishes or stalls, or any bad frame, ends the member with
-a typed error it reports; the caller decides what happens next (:mod:`.stripes`).
+answered), sends its schedule's first segments from its input (with several inputs here,
+from their sum), then every received segment the schedule forwards, in the order received,
+and gives the connection back. The predecessor's stream lands straight in the result's
+memory: the reader asks :meth:`sink` for the next segment's view, checked against the
+schedule, so nothing is copied and a peer cannot write anywhere else. Reduce-scatter segments
+get this member's inputs combined in place. Once the last segment is here the member reports
+to the caller's node, and publishes its copy when the caller commits. A neighbour that
+vanishes or stalls, or any bad frame, ends the member with a typed error it reports; the
+caller decides what happens next (:mod:`.stripes`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from hoplite_client.wire.errors import (
     RemoteProtocolError,
     error_from_wire,
 )
-from hoplite_client.wire.frames import INLINE_MAX, Frame, encode_header
+from hoplite_client.wire.frames import INLINE_MAX, MAX_IDS_PER_FRAME, Frame, encode_header
+from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
     Error,
     Ok,
@@ -46,7 +48,13 @@ from hoplite_client.wire.messages import (
 from hoplited.collectives.ops import OPS, check_reducible
 from hoplited.collectives.ring import RING_MAX, ring_schedule
 from hoplited.directory.client import DirectoryClient
-from hoplited.memory.store import VERSION_SIZE, CopyWithdrawn, ObjectStore, check_meta
+from hoplited.memory.store import (
+    VERSION_SIZE,
+    CopyWithdrawn,
+    ObjectStore,
+    StoredObject,
+    check_meta,
+)
 from hoplited.tasks import Tasks
 from hoplited.transfer.traffic import Traffic
 
@@ -81,17 +89,21 @@ class RingDeps:
     stall_timeout: float
 
 
-def check_ring_task(me: str, msg: RingTask) -> int:
-    """Refuse a ring task no caller sends; returns this node's position in the ring."""
+def check_ring_task(me: str, msg: RingTask) -> tuple[int, list[ObjectID]]:
+    """Refuse a ring task no caller sends; returns this node's position in the ring and the
+    inputs it adds."""
     check_meta(msg.dtype, list(msg.shape), msg.size)
     check_reducible(msg.op, msg.dtype)
     n = len(msg.ring)
-    if (not 2 <= n <= RING_MAX or len(set(msg.ring)) != n or len(msg.inputs) != n
-            or me not in msg.ring or msg.size <= INLINE_MAX
-            or len(msg.version) != VERSION_SIZE):
+    if (not 2 <= n <= RING_MAX or len(set(msg.ring)) != n or len(msg.shares) != n
+            or any(share < 1 for share in msg.shares) or sum(msg.shares) != len(msg.inputs)
+            or len(msg.inputs) > MAX_IDS_PER_FRAME or me not in msg.ring
+            or msg.size <= INLINE_MAX or len(msg.version) != VERSION_SIZE):
         raise InvalidArgumentError(f"a ring task of {msg.size} bytes over {n} members "
                                    f"({len(msg.inputs)} inputs)")
-    return msg.ring.index(me)
+    pos = msg.ring.index(me)
+    start = sum(msg.shares[:pos])
+    return pos, msg.inputs[start:start + msg.shares[pos]]
 
 
 class RingMember:
@@ -101,18 +113,21 @@ class RingMember:
                  forget: Callable[[], object]) -> None:
         self.d = deps
         self.result = msg.result
+        self.version = msg.version
         self.caller = caller
         self._forget = forget
-        pos = check_ring_task(deps.me, msg)
+        pos, inputs = check_ring_task(deps.me, msg)
         n = len(msg.ring)
         self.ring = list(msg.ring)
         self.successor, self.predecessor = msg.ring[(pos + 1) % n], msg.ring[(pos - 1) % n]
-        own = deps.store.get(msg.inputs[pos])
-        if own is None or not own.complete or (own.size, own.dtype, own.shape) != (
-                msg.size, msg.dtype, list(msg.shape)):
-            raise InvalidArgumentError(f"input {msg.inputs[pos].hex()} is not here whole as "
-                                       f"{msg.dtype}{list(msg.shape)}",
-                                       oid=msg.inputs[pos].hex())
+        own: list[StoredObject] = []
+        for oid in inputs:
+            obj = deps.store.get(oid)
+            if obj is None or not obj.complete or (obj.size, obj.dtype, obj.shape) != (
+                    msg.size, msg.dtype, list(msg.shape)):
+                raise InvalidArgumentError(f"input {oid.hex()} is not here whole as "
+                                           f"{msg.dtype}{list(msg.shape)}", oid=oid.hex())
+            own.append(obj)
         dtype = np.dtype(msg.dtype)
         self._schedule = ring_schedule(msg.size, dtype.itemsize, n, pos)
         self._ufunc = OPS[msg.op]
@@ -120,12 +135,17 @@ class RingMember:
         self.whole = deps.store.create(msg.result, msg.size, msg.dtype, list(msg.shape),
                                        msg.version, temporary=True)
         self._own = own
-        deps.store.pin(own)
+        for obj in own:
+            deps.store.pin(obj)
         deps.store.pin(self.whole)
         self._next = 0  # index of the next segment the predecessor sends
         self._first_at = 0.0  # when the first segment was here
         self._streamed = 0  # bytes received after the first segment
-        self._outbox: deque[memoryview] = deque(own.buffer[lo:hi]
+        # the first segments go from the input itself, or, with several inputs here, from
+        # their sum, made in the result's memory just before each is sent
+        self._unsummed = len(self._schedule.first) if len(own) > 1 else 0
+        source = self.whole if len(own) > 1 else own[0]
+        self._outbox: deque[memoryview] = deque(source.buffer[lo:hi]
                                                 for lo, hi in self._schedule.first)
         self._to_send = len(self._schedule.first) + sum(s.forward
                                                         for s in self._schedule.receive)
@@ -186,8 +206,9 @@ class RingMember:
         view = self.whole.buffer[seg.lo:seg.hi]
         if seg.add:
             out = np.frombuffer(view, dtype=self._dtype)
-            self._ufunc(out, np.frombuffer(self._own.buffer[seg.lo:seg.hi], dtype=self._dtype),
-                        out=out)
+            for obj in self._own:
+                self._ufunc(out, np.frombuffer(obj.buffer[seg.lo:seg.hi], dtype=self._dtype),
+                            out=out)
         if seg.forward:
             self._outbox.append(view)
             self._more.set()
@@ -219,7 +240,8 @@ class RingMember:
             await self._received
             self.whole.advance(self.whole.size)
             self.complete = True
-            self.d.tell(self.caller, RingReport(result=self.result, code="", message=""))
+            self.d.tell(self.caller, RingReport(result=self.result, version=self.version,
+                                                code="", message=""))
             await asyncio.wait([sender])  # its failure, once whole here, is only logged
             await self._committed
         finally:
@@ -236,7 +258,7 @@ class RingMember:
             return
         protocol.handler = None  # the answer is read with next_frame
         protocol.set_stream_sink(None)
-        protocol.send(RingOpen(rid=1, result=self.result))
+        protocol.send(RingOpen(rid=1, result=self.result, version=self.version))
         frame = await protocol.next_frame(OPEN_TIMEOUT)
         if isinstance(frame.msg, Error):
             raise error_from_wire(frame.msg.code, frame.msg.message, frame.msg.data)
@@ -253,6 +275,8 @@ class RingMember:
                 await self._more.wait()
                 continue
             view = self._outbox.popleft()
+            if sent < self._unsummed:
+                self._sum_inputs(*self._schedule.first[sent])
             protocol.write_raw(memoryview(encode_header(RingSegment(index=sent), len(view))))
             protocol.write_raw(view)
             self.d.traffic.add_sent(self.successor, len(view))
@@ -262,6 +286,15 @@ class RingMember:
         await protocol.flush()
         self._outbound = None
         self.d.give_back(self.successor, protocol)
+
+    def _sum_inputs(self, lo: int, hi: int) -> None:
+        """Bytes ``lo..hi`` of the result: this node's inputs combined."""
+        out = np.frombuffer(self.whole.buffer[lo:hi], dtype=self._dtype)
+        first, *rest = (np.frombuffer(obj.buffer[lo:hi], dtype=self._dtype)
+                        for obj in self._own)
+        np.copyto(out, first)
+        for other in rest:
+            self._ufunc(out, other, out=out)
 
     def _send_failed(self, exc: BaseException) -> None:
         """The stream to the successor broke: fatal unless the result is whole here already
@@ -301,8 +334,8 @@ class RingMember:
             log.error("ring %s crashed", self.result.short(), exc_info=exc)
             error = HopliteError(f"{type(exc).__name__}: {exc}")
         log.info("ring %s: %s", self.result.short(), error)
-        self.d.tell(self.caller, RingReport(result=self.result, code=error.code,
-                                            message=str(error)))
+        self.d.tell(self.caller, RingReport(result=self.result, version=self.version,
+                                            code=error.code, message=str(error)))
         # the result is made again (or exists elsewhere): gets here fetch it instead; the
         # member stays listed until the caller answers, or dies (then the node records the
         # failure for the result's getters)
@@ -341,6 +374,7 @@ class RingMember:
         self._inbound = self._outbound = None
         if not self._inbound_done.done():
             self._inbound_done.set_result(False)
-        self.d.store.unpin(self._own)
+        for obj in self._own:
+            self.d.store.unpin(obj)
         self.d.store.unpin(self.whole)
 

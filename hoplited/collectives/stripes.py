@@ -29,16 +29,19 @@ With ``ring_wait`` > 0 the plan first tries a ring (docs/design.md §4, "Ring al
 where it pays, and for an allreduce not striped only where redoing it is cheap
 (:func:`~.ring.ring_by_default`):
 at the first ready input it arms a timer (``Arm``) and holds the inputs' events; if every
-input is ready before it fires and the inputs can be given distinct live nodes
-(:func:`~.ring.ring_members`), those nodes run the ring (``StartRing``). The first member to
+input is ready before it fires and at least two live nodes that have not fallen silent hold
+them, those nodes run the ring (``StartRing``; :func:`~.ring.ring_members`: inputs spread
+over as many nodes as they can be, a node holding several adding them all). The first member to
 hold the whole result makes the plan commit (``Commit``: every member publishes its copy once
 complete); from then on a member that fails only loses its copy, since the result exists,
 and a member falling silent has those not done yet drop theirs (``Withdraw``: their gets
 fetch the result from the others). A member lost, failed or fallen silent before the commit
 leaves nothing published: the members drop their copies and the allreduce starts over
-without the ring (``Restart``), waiting for the inputs again, so a lost input put again is
-taken as in any reduce, and a silent member's input once it answers. The timer firing first,
-or inputs sharing a node, give the stripes as above, fed the held events in order.
+(``Restart``, :meth:`AllreducePlan.again`), waiting for the inputs again: as a ring once
+more (:data:`RING_TRIES`) without the nodes lost or silent, so a lost input put again on a
+survivor is added by that survivor, and after that in stripes or as a reduce, which take a
+lost input put again as in any reduce, and a silent member's input once it answers. The timer
+firing first, or no ring to be had, give the stripes as above, fed the held events in order.
 
 Nothing here waits or does I/O: ``handle(event)`` returns instructions
 (``hoplited.collectives.allreduce`` carries them out).
@@ -59,6 +62,12 @@ from hoplited.collectives.ring import ring_by_default, ring_members, ring_pays
 # The smallest stripe worth its own tree: below it, the handshakes and lookups of m trees cost
 # more than the bandwidth they save (docs/benchmarks.md, "Striped allreduce").
 MIN_STRIPE = 1 << 20
+# How many rings one allreduce may run: the first, and one more after it gave way (a member
+# died or fell silent; the node that took a lost input put again adds it too). A second
+# failure is taken by the stripes or the reduce, which repair around a loss.
+RING_TRIES = 2
+
+
 def stripe_id(result: ObjectID, stripe: int) -> ObjectID:
     """The id of stripe ``stripe`` of ``result``: the reduce of that stripe produces it."""
     return derived_id(result, stripe, b"stripe")
@@ -174,9 +183,10 @@ class Arm:
 
 @dataclass(frozen=True, slots=True)
 class StartRing:
-    """Run the ring: ``members`` (node, index of the input it contributes), in ring order."""
+    """Run the ring: ``members`` (node, the inputs it adds, a repeated input as often as it
+    is listed), in ring order."""
 
-    members: tuple[tuple[str, int], ...]
+    members: tuple[tuple[str, tuple[ObjectID, ...]], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +206,8 @@ class Withdraw:
 
 @dataclass(frozen=True, slots=True)
 class Restart:
-    """Tell ``members`` to drop their ring copies; start the allreduce again without a ring."""
+    """Tell ``members`` to drop their ring copies; start the allreduce again, as
+    :meth:`AllreducePlan.again` says."""
 
     members: tuple[str, ...]
     error: HopliteError
@@ -211,12 +222,16 @@ class AllreducePlan:
     def __init__(self, result: ObjectID, inputs: list[ObjectID], op: str,
                  min_stripe: int = MIN_STRIPE, ring_wait: float = 0.0,
                  lost: frozenset[str] = frozenset(), striped: bool = True,
-                 link: tuple[float, float] = (DEFAULT_BANDWIDTH, DEFAULT_LATENCY)) -> None:
+                 link: tuple[float, float] = (DEFAULT_BANDWIDTH, DEFAULT_LATENCY),
+                 suspected: frozenset[str] = frozenset(), rings: int = RING_TRIES) -> None:
         if not inputs:
             raise InvalidArgumentError("an allreduce needs at least one input")
         check_op(op)
         self.result, self.op, self.min_stripe = result, op, min_stripe
+        self.listed = list(inputs)  # as listed: an input listed twice counts twice
         self.ring_wait = ring_wait
+        self.rings = rings  # how many more times a ring may be tried
+        self.suspected: set[str] = set(suspected)  # fell silent: no ring goes through them
         self.striped = striped  # False: no ring means the plain reduce (then gets)
         self.link = link  # the links' bandwidth (bytes/s) and latency (s), for ring_pays
         self.held: list[InputReady] = []  # inputs ready while gathering, in order
@@ -242,6 +257,8 @@ class AllreducePlan:
     def handle(self, ev: Event) -> list[Instruction]:
         if isinstance(ev, NodeLost):
             self.lost.add(ev.node)
+        if isinstance(ev, NodeSuspected):
+            self.suspected.add(ev.node)
         if self.over:
             return []
         if self.phase == "gathering" and isinstance(ev, (InputReady, GatherOver)):
@@ -280,7 +297,7 @@ class AllreducePlan:
             except (InvalidArgumentError, TypeError):
                 self.phase = "plain"  # the plain reduce reports the error
                 return [Plain()]
-            if self.ring_wait > 0 and ev.size > INLINE_MAX and ring_pays(
+            if self.ring_wait > 0 and self.rings > 0 and ev.size > INLINE_MAX and ring_pays(
                     n, ev.size, *self.link) and (self.striped or ring_by_default(
                         ev.size, self.link[0])):
                 self.phase, self.held = "gathering", [ev]
@@ -324,11 +341,15 @@ class AllreducePlan:
             if self.waiting:
                 return []
             index = {oid: i for i, oid in enumerate(self.inputs)}
-            members = ring_members({index[h.oid]: [n for n in h.alive if n not in self.lost]
+            members = ring_members({index[h.oid]: [n for n in h.alive if n not in self.lost
+                                                   and n not in self.suspected]
                                     for h in self.held}, len(self.inputs))
-            if members is not None:
+            if members is not None and ring_pays(len(members), self.held[0].size, *self.link):
                 self.phase, self.ring = "ring", [node for node, _ in members]
-                return [StartRing(tuple(members))]
+                count = Counter(self.listed)
+                return [StartRing(tuple(
+                    (node, tuple(self.inputs[i] for i in adds for _ in range(count[
+                        self.inputs[i]]))) for node, adds in members))]
         held, self.held = self.held, []
         out = self._choose_stripes()
         for h in held[1:]:
@@ -366,6 +387,13 @@ class AllreducePlan:
                 f"ring member {ev.node} died", node=ev.node)
             return [Restart(self._live_ring(), error)]
         return []
+
+    def again(self) -> AllreducePlan:
+        """The plan that runs this allreduce again once its ring gave way: one ring fewer to
+        try, the same inputs and choices, and the nodes known dead or silent kept out."""
+        return AllreducePlan(self.result, self.listed, self.op, self.min_stripe,
+                             self.ring_wait, frozenset(self.lost), self.striped, self.link,
+                             frozenset(self.suspected), self.rings - 1)
 
     def _live_ring(self) -> tuple[str, ...]:
         return tuple(n for n in self.ring if n not in self.lost)

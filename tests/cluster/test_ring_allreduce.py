@@ -1,8 +1,9 @@
 """Ring allreduce through real daemons and clients (docs/design.md §4, "Ring allreduce"):
-numpy's results on every member, the ring chosen only when every input is ready on its own
-node, a member frozen or killed before anyone held the result (the allreduce runs again
-without the ring, with the frozen node's input once it answers, the killed node's input put
-again), deletion mid-ring, and the caller's death."""
+numpy's results on every member, the ring chosen only when every input is ready at once (a
+node holding several adds them all), a member frozen or killed before anyone held the result
+(the allreduce runs again: in stripes with the frozen node's input once it answers, as a ring
+over the survivors with the killed node's input put again), deletion mid-ring, and the
+caller's death."""
 
 from __future__ import annotations
 
@@ -106,9 +107,9 @@ async def test_each_link_carries_the_rings_bound_once(make_cluster, connect) -> 
     assert (await ring_counts(clients[0], cluster))[1] == (1, 0)
 
 
-async def test_staggered_inputs_and_shared_nodes_go_in_stripes(make_cluster, connect) -> None:
-    """Inputs put further apart than the ring's wait, or two inputs held only by one node,
-    are reduced in stripes (the ring is never started) with the same result."""
+async def test_staggered_inputs_go_in_stripes(make_cluster, connect) -> None:
+    """Inputs put further apart than the ring's wait are reduced in stripes (the ring is
+    never started) with the same result."""
     cluster = await make_cluster(3, daemon_args=["--ring-wait", "0.2"])
     clients = [await connect(s) for s in cluster.sockets]
     ids = [ObjectID.random() for _ in range(3)]
@@ -116,13 +117,30 @@ async def test_staggered_inputs_and_shared_nodes_go_in_stripes(make_cluster, con
     for i in range(3):
         await clients[i].put(data(i), object_id=ids[i])
         await asyncio.sleep(0.5)
-    shared = [await clients[1].put(data(i)) for i in range(2)] + [await clients[2].put(data(2))]
-    result2 = await clients[0].allreduce(shared, striped=True, timeout=GET_TIMEOUT)
     expected = sum(data(i) for i in range(3))
-    for r in (result, result2):
-        for c in clients:
-            np.testing.assert_array_equal(await c.get(r, timeout=GET_TIMEOUT), expected)
+    for c in clients:
+        np.testing.assert_array_equal(await c.get(result, timeout=GET_TIMEOUT), expected)
     assert (await ring_counts(clients[0], cluster))[0] == (0, 0)
+
+
+async def test_inputs_sharing_a_node_or_listed_twice_run_a_ring(make_cluster, connect) -> None:
+    """Two inputs held only by node 1 make a ring of three nodes where node 1 adds both; an
+    input listed twice is added twice, as a reduce counts it; inputs all on one node are
+    reduced there without a ring."""
+    cluster = await make_cluster(3, daemon_args=["--ring-wait", "2"])
+    clients = [await connect(s) for s in cluster.sockets]
+    shared = [await clients[1].put(data(i)) for i in range(2)] + [await clients[2].put(data(2))]
+    result = await clients[0].allreduce(shared, striped=True, timeout=GET_TIMEOUT)
+    twice = await clients[0].allreduce([shared[2], shared[0], shared[2]], timeout=GET_TIMEOUT)
+    alone = await clients[0].allreduce(shared[:2], timeout=GET_TIMEOUT)
+    for c in clients:
+        np.testing.assert_array_equal(await c.get(result, timeout=GET_TIMEOUT),
+                                      data(0) + data(1) + data(2))
+        np.testing.assert_array_equal(await c.get(twice, timeout=GET_TIMEOUT),
+                                      data(0) + 2 * data(2))
+        np.testing.assert_array_equal(await c.get(alone, timeout=GET_TIMEOUT),
+                                      data(0) + data(1))
+    assert (await ring_counts(clients[0], cluster))[0] == (2, 0)
 
 
 async def test_a_member_frozen_mid_ring_is_waited_for_without_the_ring(make_cluster,
@@ -143,12 +161,13 @@ async def test_a_member_frozen_mid_ring_is_waited_for_without_the_ring(make_clus
     assert (await ring_counts(clients[0], cluster))[0] == (1, 1)
 
 
-async def test_a_member_killed_mid_ring_runs_it_again_in_stripes(make_cluster,
+async def test_a_member_killed_mid_ring_runs_it_again_as_a_ring(make_cluster,
                                                                 connect) -> None:
     """Node 2 is SIGKILLed once the ring started (64 MiB each), its input put again on node
-    3. Nobody held the result, so the ring is given up and the allreduce runs again in
-    stripes: every survivor gets the exact sum."""
-    cluster, clients, arrays, ids, result = await big_ring(make_cluster, connect, FAST_HEARTBEAT)
+    3. Nobody held the result, so the ring is given up and run again over the survivors,
+    node 3 adding its input and the lost one: every survivor gets the exact sum."""
+    cluster, clients, arrays, ids, result = await big_ring(
+        make_cluster, connect, [*FAST_HEARTBEAT, "--ring-wait", "30"])
     victim = cluster.nodes[2].node_id
     cluster.kill(2)
     await wait_member_dead(clients[0], victim)
@@ -158,7 +177,7 @@ async def test_a_member_killed_mid_ring_runs_it_again_in_stripes(make_cluster,
         got = await asyncio.wait_for(clients[i].get(result, timeout=GET_TIMEOUT), GET_TIMEOUT)
         np.testing.assert_array_equal(got, expected)
         del got
-    assert (await ring_counts(clients[0], cluster))[0] == (1, 1)
+    assert (await ring_counts(clients[0], cluster))[0] == (2, 1)
 
 
 async def test_deleting_the_result_mid_ring_stops_it(make_cluster, connect) -> None:

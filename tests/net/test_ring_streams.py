@@ -16,6 +16,7 @@ from hoplite_client.wire.frames import encode_header
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import Error, Pull, RingOpen, RingSegment
 from hoplited.collectives.ring_member import OPEN_TIMEOUT
+from hoplited.memory.store import VERSION_SIZE
 
 pytestmark = pytest.mark.net
 
@@ -35,7 +36,7 @@ async def test_a_ring_stream_nobody_expects_is_refused_and_pulls_go_on(make_clus
     cluster = await make_cluster(2)
     protocol = await data_connection(cluster, 0, "stranger")
     try:
-        protocol.send(RingOpen(rid=1, result=ObjectID.random()))
+        protocol.send(RingOpen(rid=1, result=ObjectID.random(), version=bytes(VERSION_SIZE)))
         frame = await protocol.next_frame(OPEN_TIMEOUT + IO_TIMEOUT)
         assert isinstance(frame.msg, Error) and frame.msg.rid == 1
         assert frame.msg.code == HopliteTimeoutError.code

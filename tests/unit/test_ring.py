@@ -98,26 +98,34 @@ def test_chunk_segments_tile_on_elements(lo: int, hi: int, itemsize: int, segmen
 
 
 @pytest.mark.parametrize("ready,n,expected", [
-    ({0: ["a"], 1: ["b"], 2: ["c"]}, 3, [("a", 0), ("b", 1), ("c", 2)]),
-    ({0: ["c"], 1: ["a"], 2: ["b"]}, 3, [("a", 1), ("b", 2), ("c", 0)]),
-    ({0: ["a", "b"], 1: ["a"]}, 2, [("a", 1), ("b", 0)]),  # a reassignment frees "a"
-    ({0: ["a", "b"], 1: ["b", "a"]}, 2, [("a", 0), ("b", 1)]),
-    ({0: ["a"], 1: ["a"]}, 2, None),  # two inputs only on one node
+    ({0: ["a"], 1: ["b"], 2: ["c"]}, 3, [("a", (0,)), ("b", (1,)), ("c", (2,))]),
+    ({0: ["c"], 1: ["a"], 2: ["b"]}, 3, [("a", (1,)), ("b", (2,)), ("c", (0,))]),
+    ({0: ["a", "b"], 1: ["a"]}, 2, [("a", (1,)), ("b", (0,))]),  # a reassignment frees "a"
+    ({0: ["a", "b"], 1: ["b", "a"]}, 2, [("a", (0,)), ("b", (1,))]),
+    ({0: ["a"], 1: ["a"], 2: ["b"]}, 3, [("a", (0, 1)), ("b", (2,))]),  # "a" adds both
+    # as many members as can be: "b" takes 0 so that "a" and "c" take one each, and input 3
+    # (only on "a" and "c") goes to the holder adding fewer, ties by id
+    ({0: ["a", "b"], 1: ["a"], 2: ["c"], 3: ["c", "a"]}, 4,
+     [("a", (1, 3)), ("b", (0,)), ("c", (2,))]),
+    ({0: ["a", "b"], 1: ["a"], 2: ["a"]}, 3, [("a", (1, 2)), ("b", (0,))]),
+    ({0: ["a"], 1: ["a"]}, 2, None),  # every input on one node: no ring
     ({0: [], 1: ["a"]}, 2, None),  # an input with no live holder
     ({0: ["a"], 1: ["b"]}, 3, None),  # an input not ready
+    ({0: ["a"], 2: ["b"]}, 2, None),  # an index that is not an input's
     ({0: ["a"]}, 1, None),  # one member is no ring
 ])
 def test_ring_members(ready: dict[int, list[str]], n: int,
-                      expected: list[tuple[str, int]] | None) -> None:
+                      expected: list[tuple[str, tuple[int, ...]]] | None) -> None:
     assert ring_members(ready, n) == expected
 
 
-def test_rings_have_a_size_limit() -> None:
+def test_rings_have_a_size_limit_in_nodes_not_inputs() -> None:
     ready = {i: [f"n{i:04d}"] for i in range(RING_MAX + 1)}
     assert ring_members(ready, RING_MAX + 1) is None
-    del ready[RING_MAX]
-    members = ring_members(ready, RING_MAX)
+    ready[RING_MAX] = ["n0000"]  # one node adding two inputs: RING_MAX members
+    members = ring_members(ready, RING_MAX + 1)
     assert members is not None and len(members) == RING_MAX
+    assert members[0] == ("n0000", (0, RING_MAX))
 
 
 GBIT = 125e6  # bytes per second

@@ -132,7 +132,7 @@ CASES = [
 
 
 WAIT = 0.1
-RING4 = StartRing((("n0", 0), ("n1", 1), ("n2", 2), ("n3", 3)))
+RING4 = StartRing((("n0", (I[0],)), ("n1", (I[1],)), ("n2", (I[2],)), ("n3", (I[3],))))
 LOST = PeerUnavailableError("ring member n2 died", node="n2")
 
 
@@ -159,15 +159,25 @@ RING_CASES = [
          [(ready(2, "n2"), [Arm(WAIT)]), (ready(0, "n0"), []),
           (GatherOver(), [Assign("n2", 0, 0), Assign("n0", 1, 0)]),
           (ready(3, "n3"), [Assign("n3", 2, 0)]), (GatherOver(), [])]),
-    Case("two inputs only on one node: no ring, stripes at once",
+    Case("two inputs only on one node: a ring of three, that node adding both",
          [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n0"), []), (ready(2, "n2"), []),
-          (ready(3, "n3"), [Assign("n0", 0, 0), Assign("n0", 1, 0), Assign("n2", 2, 0),
-                            Assign("n3", 3, 0)]), (GatherOver(), [])]),
+          (ready(3, "n3"), [StartRing((("n0", (I[0], I[1])), ("n2", (I[2],)),
+                                       ("n3", (I[3],))))]), (GatherOver(), [])]),
+    Case("every input on one node: no ring, stripes at once",
+         [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n0"), []), (ready(2, "n0"), []),
+          (ready(3, "n0"), [Assign("n0", 0, 0), Assign("n0", 1, 0), Assign("n0", 2, 0),
+                            Assign("n0", 3, 0)])]),
+    Case("a node fallen silent is no ring member: its input's other holder is, or none",
+         [(ready(0, "n0"), [Arm(WAIT)]), (NodeSuspected("n1"), []), (ready(1, "n1", "n0"), []),
+          (ready(2, "n2"), []), (ready(3, "n3"), [StartRing((("n0", (I[0], I[1])),
+                                                             ("n2", (I[2],)),
+                                                             ("n3", (I[3],))))])]),
     Case("a node lost while gathering is no ring member (its input's other holder is)",
          [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n1", "n4"), []), (NodeLost("n1"), []),
-          (ready(2, "n2"), []), (ready(3, "n3"), [StartRing((("n0", 0), ("n2", 2),
-                                                              ("n3", 3), ("n4", 1)))])]),
-    Case("a member lost before anyone is done: drop the ring, start again without it",
+          (ready(2, "n2"), []), (ready(3, "n3"), [StartRing((("n0", (I[0],)), ("n2", (I[2],)),
+                                                              ("n3", (I[3],)),
+                                                              ("n4", (I[1],))))])]),
+    Case("a member lost before anyone is done: drop the ring, start again (.again())",
          [*ring_ready(), (NodeLost("n2"), [Restart(("n0", "n1", "n3"), LOST)]),
           (RingDone("n0"), []), (RingFailed("n1", STOPPED), [])]),
     Case("a member failing before anyone is done: the same, its error given",
@@ -195,8 +205,8 @@ RING_CASES = [
     Case("an inline-sized object is reduced plainly, with no wait",
          [(ready(0, "n0", size=4096, shape=(1024,)), [Plain()])]),
     Case("not striped: without a ring, the plain reduce (then gets) whatever the size",
-         [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n0"), []), (ready(2, "n2"), []),
-          (ready(3, "n3"), [Plain()])], striped=False),
+         [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n0"), []), (ready(2, "n0"), []),
+          (ready(3, "n0"), [Plain()])], striped=False),
     Case("not striped: an object slow to redo (here 4 MiB at 4 MB/s) is not risked on a "
          "ring", [(ready(0, "n0"), [Plain()])], striped=False, link=(4e6, 1e-4)),
     Case("not striped: the wait running out gives the plain reduce too",
@@ -207,7 +217,7 @@ RING_CASES = [
     Case("a ring is not limited by the stripes' MiB each: 8 KiB over 2 members",
          [(ready(1, "n1", size=80 << 10, shape=(20 << 10,)), [Arm(WAIT)]),
           (ready(0, "n0", size=80 << 10, shape=(20 << 10,)),
-           [StartRing((("n0", 0), ("n1", 1)))])], n=2),
+           [StartRing((("n0", (I[0],)), ("n1", (I[1],))))])], n=2),
 ]
 
 
@@ -231,6 +241,35 @@ def test_plan_with_a_ring(case: Case) -> None:
         assert norm(plan.handle(event)) == norm(expected), event
     if case.id.startswith("every input ready"):
         assert plan.over
+
+
+def test_an_input_listed_twice_is_added_twice_on_a_ring() -> None:
+    plan = AllreducePlan(R, [I[0], I[1], I[0]], "sum", ring_wait=WAIT)
+    assert plan.handle(ready(0, "n0")) == [Arm(WAIT)]
+    assert plan.handle(ready(1, "n1")) == [StartRing((("n0", (I[0], I[0])), ("n1", (I[1],))))]
+
+
+def test_a_ring_given_up_runs_again_as_a_ring_once_without_the_lost_or_silent() -> None:
+    plan = AllreducePlan(R, I, "sum", ring_wait=WAIT)
+    for event, _ in ring_ready():
+        plan.handle(event)
+    assert norm(plan.handle(NodeSuspected("n3"))) == norm([Restart(
+        ("n0", "n1", "n2", "n3"), PeerUnavailableError("ring member n3 fell silent",
+                                                       node="n3"))])
+    again = plan.again()
+    assert again.rings == 1 and again.suspected == {"n3"} and again.ring_wait == WAIT
+    again.handle(NodeLost("n2"))
+    # the lost input put again on n1, the silent member's on n0: a ring of the others
+    assert again.handle(ready(0, "n0")) == [Arm(WAIT)]
+    again.handle(ready(1, "n1"))
+    again.handle(ready(2, "n2", "n1"))
+    assert again.handle(ready(3, "n3", "n0")) == [StartRing((("n0", (I[0], I[3])),
+                                                             ("n1", (I[1], I[2]))))]
+    assert norm(again.handle(RingFailed("n1", STOPPED))) == norm([Restart(("n0", "n1"),
+                                                                          STOPPED)])
+    third = again.again()  # no more rings: the stripes (or a reduce) repair around losses
+    assert third.rings == 0 and third.lost == {"n2"}
+    assert third.handle(ready(0, "n0")) == [Assign("n0", 0, 0)]
 
 
 def test_a_plan_started_again_knows_the_dead() -> None:
