@@ -259,15 +259,15 @@ class Client:
                         object_id: ObjectID | None = None, timeout: float | None = None,
                         striped: bool = False) -> ObjectID:
         """Start reducing every object with ``op``; returns the result's id at once; every
-        participant then gets it. When every input is ready at once, each on its own node, the
-        nodes run a ring and the result lands on each of them: 2(N-1)/N copies of the object
-        per link, gloo's bound (docs/design.md §4, "Ring allreduce"); by default only for
-        objects that cross a link within half a second, since a ring hit by a failure starts
-        again, ``striped`` for any size. Otherwise (inputs that come one by one, or share a
-        node, or large ones by default) the reduce computes the result on this node and gets
-        chain behind it, or with ``striped`` large objects are cut into one stripe per input,
-        each reduced towards another input's node and gathered from there. ``timeout`` bounds
-        the wait for the inputs; at most ``MAX_IDS_PER_FRAME`` inputs."""
+        participant then gets it. When every input is ready at once, the nodes holding them
+        run a ring (one holding several adds them all) and the result lands on each of them:
+        2(N-1)/N copies of the object per link, gloo's bound (docs/design.md §4, "Ring
+        allreduce"); a ring hit by a failure runs again over the survivors. Otherwise (inputs
+        that come one by one, or all on one node) the reduce computes the result on this node
+        and gets chain behind it, or with ``striped`` large objects are cut into one stripe per
+        input, each reduced towards another input's node and gathered from there. An input
+        listed twice counts twice. ``timeout`` bounds the wait for the inputs; at most
+        ``MAX_IDS_PER_FRAME`` inputs."""
         timeout = check_timeout(timeout)
         ids = list(object_ids)
         if len(ids) > MAX_IDS_PER_FRAME:

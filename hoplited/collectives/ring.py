@@ -96,19 +96,6 @@ def ring_pays(n: int, size: int, bandwidth: float, latency: float) -> bool:
         n, size, bandwidth, latency)
 
 
-# A ring that fails before any member holds the result starts again from zero, where a reduce
-# repairs around the loss and keeps its progress: with a node killed 1 s into 256 MiB at
-# N = 8, 1 Gbit/s, the ring's run took 7.9 s and the reduce's 4.7-4.8 s (docs/benchmarks.md,
-# "Ring allreduce"). So unless asked for bandwidth (``striped``), an allreduce takes the ring
-# only for objects that cross a link within this many seconds, where a restart costs little.
-RING_RESTART_BUDGET = 0.5
-
-
-def ring_by_default(size: int, bandwidth: float) -> bool:
-    """Whether an allreduce not asked for bandwidth runs as a ring: if redoing it is cheap."""
-    return size / max(bandwidth, 1.0) <= RING_RESTART_BUDGET
-
-
 def ring_members(ready: Mapping[int, Sequence[str]],
                  n: int) -> list[tuple[str, tuple[int, ...]]] | None:
     """The ring's members for ``n`` inputs (by index; ``ready[i]``: the live nodes holding

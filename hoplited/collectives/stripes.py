@@ -26,22 +26,21 @@ fails for any other reason, or an input that never comes, fails the allreduce (`
 a report of an assignment that was replaced is stale and changes nothing.
 
 With ``ring_wait`` > 0 the plan first tries a ring (docs/design.md §4, "Ring allreduce"),
-where it pays, and for an allreduce not striped only where redoing it is cheap
-(:func:`~.ring.ring_by_default`):
-at the first ready input it arms a timer (``Arm``) and holds the inputs' events; if every
-input is ready before it fires and at least two live nodes that have not fallen silent hold
-them, those nodes run the ring (``StartRing``; :func:`~.ring.ring_members`: inputs spread
-over as many nodes as they can be, a node holding several adding them all). The first member to
-hold the whole result makes the plan commit (``Commit``: every member publishes its copy once
-complete); from then on a member that fails only loses its copy, since the result exists,
-and a member falling silent has those not done yet drop theirs (``Withdraw``: their gets
-fetch the result from the others). A member lost, failed or fallen silent before the commit
-leaves nothing published: the members drop their copies and the allreduce starts over
-(``Restart``, :meth:`AllreducePlan.again`), waiting for the inputs again: as a ring once
-more (:data:`RING_TRIES`) without the nodes lost or silent, so a lost input put again on a
-survivor is added by that survivor, and after that in stripes or as a reduce, which take a
-lost input put again as in any reduce, and a silent member's input once it answers. The timer
-firing first, or no ring to be had, give the stripes as above, fed the held events in order.
+where it pays (:func:`~.ring.ring_pays`): at the first ready input it arms a timer (``Arm``)
+and holds the inputs' events; if every input is ready before it fires and at least two live
+nodes that have not fallen silent hold them, those nodes run the ring (``StartRing``;
+:func:`~.ring.ring_members`: inputs spread over as many nodes as they can be, a node holding
+several adding them all). The first member to hold the whole result makes the plan commit
+(``Commit``: every member publishes its copy once complete); from then on a member that fails
+only loses its copy, since the result exists, and a member falling silent has those not done
+yet drop theirs (``Withdraw``: their gets fetch the result from the others). A member lost,
+failed or fallen silent before the commit leaves nothing published: the members drop their
+copies and the allreduce starts over (``Restart``, :meth:`AllreducePlan.again`), waiting for
+the inputs again: as a ring once more (:data:`RING_TRIES`) without the nodes lost or silent,
+so a lost input put again on a survivor is added by that survivor, and after that in stripes
+or as a reduce, which take a lost input put again as in any reduce, and a silent member's
+input once it answers. The timer firing first, or no ring to be had, give the stripes as
+above, fed the held events in order.
 
 Nothing here waits or does I/O: ``handle(event)`` returns instructions
 (``hoplited.collectives.allreduce`` carries them out).
@@ -57,7 +56,7 @@ from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplited.cluster.link_model import DEFAULT_BANDWIDTH, DEFAULT_LATENCY
 from hoplited.collectives.ops import check_op, check_reducible, derived_id
-from hoplited.collectives.ring import ring_by_default, ring_members, ring_pays
+from hoplited.collectives.ring import ring_members, ring_pays
 
 # The smallest stripe worth its own tree: below it, the handshakes and lookups of m trees cost
 # more than the bandwidth they save (docs/benchmarks.md, "Striped allreduce").
@@ -66,6 +65,11 @@ MIN_STRIPE = 1 << 20
 # died or fell silent; the node that took a lost input put again adds it too). A second
 # failure is taken by the stripes or the reduce, which repair around a loss.
 RING_TRIES = 2
+# How long a ring run again waits for its inputs, in times the object takes to cross a link
+# (at least the configured wait): a lost input is put again after its node was declared dead
+# (0.63 s after a SIGKILL at 256 MiB, N = 8, 1 Gbit/s, docs/benchmarks.md "Ring allreduce"),
+# and a ring started that much later still ends before the stripes started at once.
+RING_REDO_WAIT = 0.5
 
 
 def stripe_id(result: ObjectID, stripe: int) -> ObjectID:
@@ -298,8 +302,7 @@ class AllreducePlan:
                 self.phase = "plain"  # the plain reduce reports the error
                 return [Plain()]
             if self.ring_wait > 0 and self.rings > 0 and ev.size > INLINE_MAX and ring_pays(
-                    n, ev.size, *self.link) and (self.striped or ring_by_default(
-                        ev.size, self.link[0])):
+                    n, ev.size, *self.link):
                 self.phase, self.held = "gathering", [ev]
                 return [Arm(self.ring_wait)]
             return self._choose_stripes()
@@ -390,9 +393,12 @@ class AllreducePlan:
 
     def again(self) -> AllreducePlan:
         """The plan that runs this allreduce again once its ring gave way: one ring fewer to
-        try, the same inputs and choices, and the nodes known dead or silent kept out."""
-        return AllreducePlan(self.result, self.listed, self.op, self.min_stripe,
-                             self.ring_wait, frozenset(self.lost), self.striped, self.link,
+        try, a longer wait for the inputs (:data:`RING_REDO_WAIT`), the same inputs and
+        choices, and the nodes known dead or silent kept out."""
+        size = 0 if self.first is None else self.first.size
+        wait = max(self.ring_wait, RING_REDO_WAIT * size / max(self.link[0], 1.0))
+        return AllreducePlan(self.result, self.listed, self.op, self.min_stripe, wait,
+                             frozenset(self.lost), self.striped, self.link,
                              frozenset(self.suspected), self.rings - 1)
 
     def _live_ring(self) -> tuple[str, ...]:

@@ -14,7 +14,6 @@ from hoplited.collectives.ring import (
     RING_MAX,
     SEGMENT,
     chunk_segments,
-    ring_by_default,
     ring_cost,
     ring_members,
     ring_pays,
@@ -148,14 +147,6 @@ def test_ring_pays(n: int, size: int, bandwidth: float, latency: float, pays: bo
 def test_ring_cost_is_the_rings_bound_plus_its_steps() -> None:
     assert ring_cost(8, 8 * MIB, GBIT, 0.0) == pytest.approx(2 * 7 / 8 * 8 * MIB / GBIT)
     assert ring_cost(8, 0, GBIT, 1e-3) == pytest.approx(14e-3)
-
-
-@pytest.mark.parametrize("size,bandwidth,default", [
-    (MIB, GBIT, True), (32 * MIB, GBIT, True), (59 * MIB, GBIT, True),
-    (64 * MIB, GBIT, False), (256 * MIB, GBIT, False), (256 * MIB, 10 * GBIT, True)])
-def test_a_ring_by_default_only_where_redoing_it_is_cheap(size: int, bandwidth: float,
-                                                          default: bool) -> None:
-    assert ring_by_default(size, bandwidth) is default
 
 
 def test_a_ring_of_one_is_refused() -> None:

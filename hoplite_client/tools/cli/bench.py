@@ -174,7 +174,8 @@ def _make_command(op: str) -> click.Command:
                        "beyond the first N, of another value, put right after the signal "
                        "(instead of the victim's input put again).")
     @click.option("--striped", is_flag=True,
-                  help="allreduce: in stripes, one per input (docs/design.md §4).")
+                  help="allreduce: in stripes, one per input, where no ring runs "
+                       "(docs/design.md §4).")
     @click.option("--two-trees", default=None, type=click.Choice(TWO_TREE_MODES),
                   help="The started daemons' --two-trees: when a reduce of every input runs "
                        "as two trees of halves (docs/design.md §4) [default: theirs, auto].")
