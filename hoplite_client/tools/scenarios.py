@@ -161,6 +161,9 @@ class BenchContext:
     progress: Progress
     label: str = ""
     striped: bool = False  # allreduce: in stripes (Client.allreduce)
+    # allreduce: a reduce every node gets, as an allreduce of k of the inputs must be (the
+    # failure runs with a backup input): the failure-free runs then time the same thing
+    as_reduce: bool = False
     _data: dict[int, NDArray[Any]] = field(default_factory=dict)
     _expected: dict[str, NDArray[Any]] = field(default_factory=dict)
 
@@ -252,7 +255,7 @@ async def _reduce(ctx: BenchContext, everyone_gets: bool) -> float:
     root = ctx.clients[0]
     def start_reduce(ids: list[hoplite_client.ObjectID], op: str,
                      timeout: float) -> Awaitable[hoplite_client.ObjectID]:
-        if everyone_gets:
+        if everyone_gets and not ctx.as_reduce:
             return root.allreduce(ids, op, timeout=timeout, striped=ctx.striped)
         return root.reduce(ids, op, timeout=timeout)
 
@@ -286,8 +289,8 @@ async def run_reduce(ctx: BenchContext, run: int) -> float:
 
 
 async def run_allreduce(ctx: BenchContext, run: int) -> float:
-    """Every node puts an input; node 0 starts an allreduce (striped if the context says);
-    every node gets the result."""
+    """Every node puts an input; node 0 starts an allreduce (striped, or a reduce, if the
+    context says); every node gets the result."""
     return await _reduce(ctx, everyone_gets=True)
 
 

@@ -172,7 +172,8 @@ def _make_command(op: str) -> click.Command:
     @click.option("--backup", is_flag=True,
                   help="reduce, allreduce: the failure run's reduce has one backup input "
                        "beyond the first N, of another value, put right after the signal "
-                       "(instead of the victim's input put again).")
+                       "(instead of the victim's input put again); an allreduce's "
+                       "failure-free runs then time a reduce every node gets too.")
     @click.option("--striped", is_flag=True,
                   help="allreduce: in stripes, one per input, where no ring runs "
                        "(docs/design.md §4).")
@@ -223,7 +224,7 @@ def _make_command(op: str) -> click.Command:
                 what = DESCRIPTIONS[op].format(size=f"{nbytes / 2**20:.2f} MiB", n=n, n1=n - 1)
                 click.echo(f"{op} {what} ({where}, {n} daemons)")
                 ctx = BenchContext(clients, nbytes, arrival_interval, progress,
-                                   striped=striped)
+                                   striped=striped, as_reduce=backup)
                 result = BenchResult(op, n, nbytes, "emulated" if rate else
                                      "local" if join is None else join, rate, arrival_interval)
                 result.runs = await run_scenario(op, ctx, warmup, repeat)
