@@ -123,8 +123,8 @@ class Allreduces:
     def start(self, result: ObjectID, inputs: list[ObjectID], op: str,
               timeout: float | None, striped: bool) -> None:
         """Validate and start an allreduce into ``result``; it runs in the background: as a
-        ring if every input is ready at once on its own node and a ring pays, otherwise in
-        stripes (``striped``) or as a reduce whose result every input's node gets."""
+        ring if every input is ready at once and a ring pays, otherwise in stripes
+        (``striped``) or as a reduce whose result every input's node gets."""
         plan = s.AllreducePlan(result, inputs, op, ring_wait=self._d.ring_wait,
                                striped=striped, link=self._d.link())
         if result in self._orchestrators or self._d.store.get(result) is not None:
