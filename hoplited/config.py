@@ -14,9 +14,14 @@ from hoplited.collectives.tree import TWO_TREE_MODES
 MAX_RING_WAIT = 60.0
 
 
+def host_memory() -> int:
+    """This machine's physical memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def default_capacity() -> int:
     """Half the machine's memory: the arena is sparse, so this costs nothing until used."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    return host_memory() // 2
 
 
 @dataclass
@@ -79,6 +84,11 @@ class DaemonConfig:
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise InvalidArgumentError(f"metrics port must be within 0..65535, "
                                        f"not {self.metrics_port}")
+        memory = host_memory()
+        if not 0 < self.capacity <= memory:
+            raise InvalidArgumentError(
+                f"capacity {self.capacity} bytes does not fit this host's memory ({memory} "
+                f"bytes): the store would fail once filled", limit=memory)
         if self.fanout < 1:
             raise InvalidArgumentError("fanout must be at least 1")
         if self.two_trees not in TWO_TREE_MODES:

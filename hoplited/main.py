@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
+from collections.abc import Callable
 
 import click
 import uvloop
@@ -20,19 +22,35 @@ from hoplited.node import Daemon
 
 log = logging.getLogger("hoplited")
 
+# How often a daemon started with --exit-with-parent checks that its parent still runs.
+PARENT_POLL = 0.5
 
-async def run(config: DaemonConfig) -> None:
-    """Start the daemon, print its ready line, serve until SIGTERM/SIGINT, then shut down."""
+
+async def run(config: DaemonConfig, exit_with_parent: bool = False) -> None:
+    """Start the daemon, print its ready line, serve until SIGTERM/SIGINT (or, with
+    ``exit_with_parent``, until the process that started us is gone), then shut down."""
     daemon = Daemon(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.request_stop)
+    if exit_with_parent:  # cancelled with the daemon's other tasks when it stops
+        daemon.tasks.spawn(watch_parent(os.getppid(), daemon.request_stop), name="parent")
     try:
         await daemon.start()
         print(daemon.ready_line(), flush=True)
         await daemon.serve_forever()
     finally:
         await daemon.stop()
+
+
+async def watch_parent(parent: int, stop: Callable[[], None]) -> None:
+    """Call ``stop`` once our parent process has gone: we were handed to another (init, or a
+    subreaper), so ``getppid`` no longer names it. A supervisor that is killed outright (a
+    Ray actor, with its node) takes its daemon with it this way."""
+    while os.getppid() == parent:
+        await asyncio.sleep(PARENT_POLL)
+    log.warning("the process that started us (pid %d) is gone: stopping", parent)
+    stop()
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -55,8 +73,8 @@ async def run(config: DaemonConfig) -> None:
               help="When a reduce of every input runs as two trees of halves: where the link "
                    "model says they pay, always, or never (docs/design.md §4).")
 @click.option("--ring-wait", default=0.1, show_default=True, type=float,
-              help="Seconds a striped allreduce waits, from its first ready input, for all "
-                   "the others to run them as a ring (docs/design.md §4); 0: never a ring.")
+              help="Seconds an allreduce waits, from its first ready input, for all the "
+                   "others to run them as a ring (docs/design.md §4); 0: never a ring.")
 @click.option("--advertise", default=None, help="Address peers should use to reach us.")
 @click.option("--heartbeat-interval", default=0.5, show_default=True, type=float)
 @click.option("--heartbeat-timeout", default=5.0, show_default=True, type=float,
@@ -83,13 +101,16 @@ async def run(config: DaemonConfig) -> None:
 @click.option("--tls-ca", default=None, metavar="FILE",
               help="The cluster's CA certificate (PEM): the only issuer peers' certificates "
                    "may have.")
+@click.option("--exit-with-parent", is_flag=True,
+              help="Stop when the process that started us is gone (a supervisor such as "
+                   "the Ray actor of hoplite_client.ray, killed with its node).")
 def main(listen: str, socket_path: str | None, join: tuple[str, ...],
          token_file: str | None, insecure: bool, capacity: str | None, fanout: int,
          two_trees: str, ring_wait: float, advertise: str | None, heartbeat_interval: float,
          heartbeat_timeout: float,
          suspect_after: float, stall_timeout: float, log_level: str, log_format: str,
          metrics_port: int | None, tls_cert: str | None, tls_key: str | None,
-         tls_ca: str | None) -> None:
+         tls_ca: str | None, exit_with_parent: bool) -> None:
     """Run the hoplite daemon for this host."""
     log_to_stderr(log_level, log_format)
     try:
@@ -109,7 +130,7 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
                 config.token = f.read().strip()
             if not config.token:
                 raise click.UsageError(f"{token_file} is empty")
-        uvloop.run(run(config))
+        uvloop.run(run(config, exit_with_parent))
     except HopliteError as exc:
         click.echo(f"hoplited: {exc}", err=True)
         sys.exit(2)

@@ -19,6 +19,7 @@ from hoplite_client.tools.failures import put_again
 from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.errors import PeerUnavailableError
 from hoplite_client.wire.ids import ObjectID
+from hoplited.cluster.membership import rendezvous_owner
 
 GET_TIMEOUT = 120.0
 # Members frozen for seconds are suspected, never declared dead.
@@ -56,6 +57,16 @@ async def big_ring(make_cluster, connect, daemon_args: list[str]):  # type: igno
     result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
     await ring_started(clients[0], cluster)
     return cluster, clients, arrays, ids, result
+
+
+def unowned_id(cluster: LocalCluster, index: int) -> ObjectID:
+    """A fresh id whose directory shard is not node ``index``'s: waits on it do not stall
+    while that node is frozen."""
+    nodes = [n.node_id for n in cluster.nodes]
+    while True:
+        oid = ObjectID.random()
+        if rendezvous_owner(oid, nodes) != nodes[index]:
+            return oid
 
 
 async def idle(client: hc.Client, objects: int) -> bool:
@@ -143,15 +154,21 @@ async def test_inputs_sharing_a_node_or_listed_twice_run_a_ring(make_cluster, co
     assert (await ring_counts(clients[0], cluster))[0] == (2, 0)
 
 
-async def test_a_member_frozen_mid_ring_is_waited_for_without_the_ring(make_cluster,
-                                                                      connect) -> None:
-    """Node 2 is frozen (SIGSTOP) once the ring started (64 MiB each: hundreds of ms on
-    loopback): once it is suspected the ring gives way, and the allreduce runs again without
-    it, its input unused while the node is silent. The node runs again, never declared dead;
-    its input is taken, and every node, node 2 included, gets the sum."""
-    cluster, clients, arrays, ids, result = await big_ring(make_cluster, connect, NEVER_DEAD)
+async def test_a_member_frozen_in_the_ring_is_waited_for_without_the_ring(make_cluster,
+                                                                         connect) -> None:
+    """Node 2 is frozen (SIGSTOP) as its ring starts (no id's shard is on it, so the
+    allreduce sees every input ready at once): no member can finish without its stream, and
+    once it is suspected the ring gives way; the allreduce runs again without it, its input
+    unused while the node is silent. The node runs again, never declared dead; its input is
+    taken, and every node, node 2 included, gets the sum."""
+    cluster = await make_cluster(4, daemon_args=NEVER_DEAD)
+    clients = [await connect(s) for s in cluster.sockets]
+    arrays = [data(i, (16 * MiB,)) for i in range(4)]
+    ids = [await c.put(a, object_id=unowned_id(cluster, 2)) for c, a in zip(clients, arrays)]
     cluster.kill(2, signal.SIGSTOP)
     try:
+        result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT,
+                                            object_id=unowned_id(cluster, 2))
         await asyncio.sleep(2.0)  # suspected after 1 s
     finally:
         cluster.kill(2, signal.SIGCONT)
@@ -203,9 +220,10 @@ async def test_the_callers_death_mid_ring_fails_every_get_typed(make_cluster, co
     record why, so gets of the result on the survivors fail naming node 0."""
     cluster = await make_cluster(4, daemon_args=FAST_HEARTBEAT)
     clients = [await connect(s) for s in cluster.sockets]
-    ids = [await clients[i].put(data(i)) for i in (1, 2, 3)]
-    cluster.kill(3, signal.SIGSTOP)
-    result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
+    ids = [await clients[i].put(data(i), object_id=unowned_id(cluster, 3)) for i in (1, 2, 3)]
+    cluster.kill(3, signal.SIGSTOP)  # no shard of ours on it: the ring starts at once
+    result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT,
+                                        object_id=unowned_id(cluster, 3))
     await asyncio.sleep(0.5)
     caller = cluster.nodes[0].node_id
     cluster.kill(0)
