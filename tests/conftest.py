@@ -3,7 +3,8 @@
 Tests live in one directory per tier and are marked by it: ``unit`` (pure cores and codecs, no
 I/O), ``net`` (real daemons on loopback), ``cluster`` (several daemons, processes killed or
 stopped), ``emulated`` (network namespaces: each module skips itself, saying why, without
-root, iproute2 or the baseline's packages).
+root, iproute2 or the baseline's packages), ``integrations`` (hoplite inside real local Ray
+clusters of several processes).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from hoplite_client.tools.local_cluster import LocalCluster
 ClusterFactory = Callable[..., Awaitable[LocalCluster]]
 
 
-TIERS = ("unit", "net", "cluster", "emulated")
+TIERS = ("unit", "net", "cluster", "emulated", "integrations")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
