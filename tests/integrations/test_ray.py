@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -238,6 +239,38 @@ def test_client_before_init_is_refused_typed(ray_cluster: Cluster) -> None:
             return f"{type(exc).__name__}: {exc}"
         return "connected"
     assert ray.get(in_a_task.remote()).startswith("RaySetupError: no hoplite daemon on Ray node")
+
+
+def test_a_port_taken_on_some_nodes_fails_init_and_stops_the_daemons_that_started(
+        ray_cluster: Cluster) -> None:
+    """Every node of this cluster shares 127.0.0.1: with a fixed peer port the seed starts
+    and the others find the port taken; init names a node and the cause, and stops the seed's
+    daemon again."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    before = hoplited_processes()
+    with pytest.raises(hray.RaySetupError, match="in use") as caught:
+        hray.init(capacity=CAPACITY, port=port)
+    assert caught.value.data["node"] in alive_nodes()
+    assert not hoplite_actors()
+    until(lambda: hoplited_processes() == before, timeout=30)
+
+
+def hoplited_processes() -> set[int]:
+    """PIDs of the hoplited processes Ray's daemon actors run (their sockets are under a
+    hoplite-ray- directory)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if b"hoplited" in cmd and b"hoplite-ray-" in cmd and alive(int(entry)):
+                found.add(int(entry))
+    return found
 
 
 def test_a_daemon_that_cannot_start_fails_init_typed_leaving_nothing(
