@@ -1,4 +1,5 @@
-# make demo: install into .venv and broadcast on a local 4-node cluster; make test: every test
+# make demo: install into .venv, then (as root) a 64 MiB broadcast to 7 emulated nodes with
+# hoplite and with a naive star, side by side (without root: on loopback); make test: every test
 # tier this machine allows; make test-unit: the pure cores and codecs in seconds; make lint.
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,7 +17,7 @@ $(STAMP): setup.cfg pyproject.toml
 install: $(STAMP)
 
 demo: install
-	$(BIN)/hoplite bench broadcast --nodes 4 --size 64MiB --repeat 5
+	$(BIN)/python -m bench.demo
 
 # Tiers (tests/unit, net, cluster, emulated): the emulated tier skips itself, saying why,
 # without root or iproute2.
