@@ -120,6 +120,8 @@ class Supervisor:
                 await self._pass()
             except ray.exceptions.RayError as exc:  # Ray itself is unwell: try again later
                 log.warning("watching Ray's nodes: %s", exc)
+            except Exception:  # a fault of ours must not end the watch unseen
+                log.exception("watching Ray's nodes")
 
     def nodes(self) -> dict[str, str]:
         """The daemons listening, by Ray node: where their peers reach them."""
