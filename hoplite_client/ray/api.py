@@ -11,6 +11,7 @@ everything else. :func:`shutdown` stops exactly what :func:`init` started. docs/
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,13 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from hoplite_client.client import CONNECT_TIMEOUT, Client, connect
-from hoplite_client.ray.supervisor import NAMESPACE, SUPERVISOR, Supervisor, daemon_name
+from hoplite_client.ray.supervisor import (
+    GONE_TIMEOUT,
+    NAMESPACE,
+    SUPERVISOR,
+    Supervisor,
+    daemon_name,
+)
 from hoplite_client.sync import SyncClient
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError
 
@@ -60,10 +67,10 @@ def init(capacity: str | None = None, port: int = 0, daemon_args: Sequence[str] 
     try:
         failures: list[dict[str, Any]] = ray.get(supervisor.start.remote())
     except ray.exceptions.RayError as exc:
-        ray.kill(supervisor)
+        _end_supervisor(supervisor)
         raise RaySetupError(f"the hoplite supervisor failed: {exc}") from exc
     if failures:
-        ray.kill(supervisor)
+        _end_supervisor(supervisor)
         first = failures[0]
         others = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
         raise RaySetupError(f"no hoplite daemon on Ray node {first['ray_node']} "
@@ -79,7 +86,15 @@ def shutdown() -> None:
     try:
         ray.get(supervisor.stop.remote())
     finally:
-        ray.kill(supervisor)
+        _end_supervisor(supervisor)
+
+
+def _end_supervisor(supervisor: Any) -> None:
+    """Kill the supervisor; return once Ray has freed its name (see ``kill_and_forget``)."""
+    ray.kill(supervisor)
+    deadline = time.monotonic() + GONE_TIMEOUT
+    while _supervisor() is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def nodes() -> dict[str, str]:

@@ -33,9 +33,29 @@ SUPERVISOR = "supervisor"
 START_TIMEOUT = 120.0
 
 
+# How long a killed actor may keep its name (Ray frees it once the actor is dead).
+GONE_TIMEOUT = 30.0
+
+
 def daemon_name(ray_node: str) -> str:
     """The name of the daemon actor of Ray node ``ray_node`` (in :data:`NAMESPACE`)."""
     return f"hoplited:{ray_node}"
+
+
+async def kill_and_forget(actor: Any, name: str) -> None:
+    """Kill ``actor`` and return once Ray has freed its ``name``: an ``init`` right after a
+    ``shutdown`` (or after a failed start) can then use the name again."""
+    ray.kill(actor)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + GONE_TIMEOUT
+    while loop.time() < deadline:
+        try:
+            ray.get_actor(name, namespace=NAMESPACE)
+        except ValueError:
+            return
+        await asyncio.sleep(0.1)
+    log.warning("the actor %s still has its name %.0f s after it was killed", name,
+                GONE_TIMEOUT)
 
 
 class Supervisor:
@@ -86,7 +106,7 @@ class Supervisor:
         self._daemons[ins.node] = Daemon()
         old = self._actors.pop(ins.node, None)
         if old is not None:  # a failed start's actor: its directory is gone already
-            ray.kill(old)
+            await kill_and_forget(old, daemon_name(ins.node))
         try:
             remote: Any = ray.remote(NodeDaemon)
             actor = remote.options(
@@ -106,7 +126,7 @@ class Supervisor:
         if "error" in info:
             log.warning("no hoplited on Ray node %s: %s", ins.node, info["error"])
             self._daemons[ins.node] = Daemon(failed_at=time.monotonic())
-            ray.kill(self._actors.pop(ins.node))
+            await kill_and_forget(self._actors.pop(ins.node), daemon_name(ins.node))
             return dict(info)
         self._daemons[ins.node] = Daemon(listen=info["listen"])
         log.info("hoplited %s on Ray node %s at %s", info["node_id"], ins.node, info["listen"])
@@ -136,11 +156,11 @@ class Supervisor:
         actors, self._actors = self._actors, {}
         self._daemons.clear()
 
-        async def stop_one(actor: Any) -> bool:
+        async def stop_one(node: str, actor: Any) -> bool:
             try:
                 ran = bool(await asyncio.wait_for(actor.stop.remote(), 2 * STOP_GRACE))
             except (TimeoutError, ray.exceptions.RayError):
                 ran = False  # its node died, or it hangs: killing the actor ends the daemon
-            ray.kill(actor)
+            await kill_and_forget(actor, daemon_name(node))
             return ran
-        return sum(await asyncio.gather(*(stop_one(a) for a in actors.values())))
+        return sum(await asyncio.gather(*(stop_one(n, a) for n, a in actors.items())))

@@ -105,9 +105,17 @@ def hoplite_actors() -> list[str]:
 
 
 def daemon_pids() -> list[int]:
-    infos = [ray.get(ray.get_actor(name, namespace="hoplite").info.remote())
-             for name in hoplite_actors() if name.startswith("hoplited:")]
-    return [info["pid"] for info in infos if info]
+    """The daemons' PIDs, from their live actors."""
+    pids = []
+    for name in hoplite_actors():
+        if name.startswith("hoplited:"):
+            try:
+                info = ray.get(ray.get_actor(name, namespace="hoplite").info.remote())
+            except (ValueError, ray.exceptions.RayActorError):
+                continue  # its node died, and the actor with it
+            if info:
+                pids.append(info["pid"])
+    return pids
 
 
 def alive(pid: int) -> bool:
@@ -178,6 +186,10 @@ def test_one_daemon_per_node_in_one_cluster_and_init_is_idempotent(hoplite: Clus
     hray.init(capacity=CAPACITY)  # already running: nothing more starts
     assert hray.nodes() == nodes
     assert len(daemon_pids()) == 3
+    hray.shutdown()  # and at once again: the actors' names are free
+    assert not hoplite_actors()
+    hray.init(capacity=CAPACITY, watch_interval=1.0)
+    assert sorted(hray.nodes()) == sorted(nodes)
 
     async def members() -> int:
         client = await hray.client()
