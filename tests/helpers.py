@@ -266,3 +266,12 @@ async def assert_healthy_after_abuse(cluster: Any) -> None:
         at = log.find("Traceback")
         assert at < 0, f"a traceback in daemon {node.index}'s log:\n{log[max(0, at - 400):at + 3000]}"
     await put_get_roundtrip(cluster.sockets[0], cluster.sockets[1])
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie nobody reaped yet counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True

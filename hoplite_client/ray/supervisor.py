@@ -104,9 +104,6 @@ class Supervisor:
     async def _start(self, ins: Start) -> dict[str, Any] | None:
         """Start the daemon of node ``ins.node``; its failure, or None."""
         self._daemons[ins.node] = Daemon()
-        old = self._actors.pop(ins.node, None)
-        if old is not None:  # a failed start's actor: its directory is gone already
-            await kill_and_forget(old, daemon_name(ins.node))
         try:
             remote: Any = ray.remote(NodeDaemon)
             actor = remote.options(

@@ -129,7 +129,7 @@ class Allreduces:
                                striped=striped, link=self._d.link())
         if result in self._orchestrators or self._d.store.get(result) is not None:
             raise ObjectExistsError(f"object {result.hex()} already exists")
-        orchestrator = Orchestrator(self._d, plan, inputs, timeout,
+        orchestrator = Orchestrator(self._d, plan, timeout,
                                     lambda: self._orchestrators.pop(result, None), self.rings,
                                     lambda: self._withdraw_ring(result))
         self._orchestrators[result] = orchestrator
@@ -333,14 +333,13 @@ async def drop_entry(directory: DirectoryClient, oid: ObjectID) -> None:
 class Orchestrator:
     """Carries out one allreduce's plan on the caller's node."""
 
-    def __init__(self, deps: AllreduceDeps, plan: s.AllreducePlan, inputs: list[ObjectID],
-                 timeout: float | None, forget: Callable[[], object],
-                 counts: RingCounts, withdraw_ring: Callable[[], None]) -> None:
+    def __init__(self, deps: AllreduceDeps, plan: s.AllreducePlan, timeout: float | None,
+                 forget: Callable[[], object], counts: RingCounts,
+                 withdraw_ring: Callable[[], None]) -> None:
         self.d = deps
         self._counts = counts
         self._withdraw_ring = withdraw_ring  # this node's ring member, if any, drops its copy
         self.plan = plan
-        self._inputs = inputs  # as listed (repeats count twice, as in a reduce)
         self._timeout = timeout
         self._forget = forget
         self._waits: list[asyncio.Task[None]] = []
@@ -395,7 +394,7 @@ class Orchestrator:
         d, plan = self.d, self.plan
         if isinstance(ins, s.Plain):
             try:
-                d.reductions.start(plan.result, self._inputs, plan.op, len(self._inputs),
+                d.reductions.start(plan.result, plan.listed, plan.op, len(plan.listed),
                                    self._timeout, everyone=not plan.striped)
             except HopliteError as exc:
                 log.warning("allreduce %s: %s", plan.result.short(), exc)
@@ -491,7 +490,7 @@ class Orchestrator:
         first = self.plan.first
         assert first is not None
         await self.d.rpc.call_node(ins.node, StripeTask(
-            result=self.plan.result, inputs=self._inputs, op=self.plan.op, size=first.size,
+            result=self.plan.result, inputs=self.plan.listed, op=self.plan.op, size=first.size,
             dtype=first.dtype, shape=list(first.shape), version=self._version,
             stripes=self.plan.stripes, stripe=ins.stripe, gen=ins.gen, timeout=self._timeout))
 

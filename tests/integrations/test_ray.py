@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import MiB
+from helpers import MiB, process_gone
 
 ray = pytest.importorskip("ray", reason="hoplite[ray] is not installed")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -69,7 +69,7 @@ def hoplite(ray_cluster: Cluster) -> Iterator[Cluster]:
         pids = daemon_pids()
         hray.shutdown()
         assert not hoplite_actors()
-        assert not [pid for pid in pids if alive(pid)]
+        assert not [pid for pid in pids if not process_gone(pid)]
 
 
 def remove_when_quiet(path: str, timeout: float = 30.0) -> None:
@@ -116,15 +116,6 @@ def daemon_pids() -> list[int]:
             if info:
                 pids.append(info["pid"])
     return pids
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie nobody reaped yet has ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @ray.remote
@@ -228,7 +219,7 @@ def test_a_node_that_joins_gets_a_daemon_and_one_that_dies_takes_it_along(
     oid, where = ray.get(put_here.options(**on(new)).remote(3))
     assert where == new
     hoplite.remove_node(extra, allow_graceful=False)
-    until(lambda: not alive(pid), timeout=30)  # --exit-with-parent
+    until(lambda: process_gone(pid), timeout=30)  # --exit-with-parent
     shutil.rmtree(workdir)  # the dead node's daemon log, which nobody else removes
     until(lambda: new not in hray.nodes(), timeout=60)
     # the survivors carry on without it
@@ -280,7 +271,7 @@ def hoplited_processes() -> set[int]:
                     cmd = f.read()
             except OSError:
                 continue
-            if b"hoplited" in cmd and b"hoplite-ray-" in cmd and alive(int(entry)):
+            if b"hoplited" in cmd and b"hoplite-ray-" in cmd and not process_gone(int(entry)):
                 found.add(int(entry))
     return found
 

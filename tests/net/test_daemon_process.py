@@ -11,18 +11,9 @@ import signal
 import sys
 import textwrap
 
-from helpers import eventually, run_hoplited
+from helpers import eventually, process_gone, run_hoplited
 
 from hoplited.config import host_memory
-
-
-def gone(pid: int) -> bool:
-    """Whether process ``pid`` has ended (a zombie nobody reaped yet counts as ended)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 async def test_a_capacity_beyond_the_hosts_memory_is_refused(tmp_path) -> None:
@@ -51,17 +42,17 @@ async def test_exit_with_parent_stops_the_daemon_when_its_parent_dies(tmp_path) 
     try:
         assert parent.stdout is not None
         pid = json.loads(await asyncio.wait_for(parent.stdout.readline(), 60))["pid"]
-        assert not gone(pid) and sock.exists()
+        assert not process_gone(pid) and sock.exists()
         parent.kill()
         await parent.wait()
 
         async def stopped() -> bool:
-            return gone(pid)
+            return process_gone(pid)
         await eventually(stopped, timeout=30, what="the orphaned daemon's exit")
         assert not sock.exists()
     finally:
         if parent.returncode is None:
             parent.kill()
             await parent.wait()
-        if pid and not gone(pid):
+        if pid and not process_gone(pid):
             os.kill(pid, signal.SIGKILL)
