@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import signal
@@ -12,8 +13,9 @@ from collections.abc import Callable
 import click
 import uvloop
 
+from hoplite_client.daemon_process import EXIT_NO_PEER
 from hoplite_client.net.endpoints import default_socket, parse_address
-from hoplite_client.wire.errors import HopliteError
+from hoplite_client.wire.errors import HopliteError, UnreachableError
 from hoplite_client.wire.units import parse_size
 from hoplited.collectives.tree import TWO_TREE_MODES
 from hoplited.config import DaemonConfig
@@ -22,19 +24,26 @@ from hoplited.node import Daemon
 
 log = logging.getLogger("hoplited")
 
-# How often a daemon started with --exit-with-parent checks that its parent still runs.
+# How often a daemon started with --exit-with-parent (--exit-when-unused) checks that its
+# parent still runs (that a user still holds the lock).
 PARENT_POLL = 0.5
 
 
-async def run(config: DaemonConfig, exit_with_parent: bool = False) -> None:
+async def run(config: DaemonConfig, exit_with_parent: bool = False,
+              users_lock: str | None = None) -> None:
     """Start the daemon, print its ready line, serve until SIGTERM/SIGINT (or, with
-    ``exit_with_parent``, until the process that started us is gone), then shut down."""
+    ``exit_with_parent``, until the process that started us is gone; with ``users_lock``,
+    until no process holds that file locked), then shut down."""
     daemon = Daemon(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.request_stop)
-    if exit_with_parent:  # cancelled with the daemon's other tasks when it stops
+    # Both watches are cancelled with the daemon's other tasks when it stops.
+    if exit_with_parent:
         daemon.tasks.spawn(watch_parent(os.getppid(), daemon.request_stop), name="parent")
+    if users_lock is not None:
+        fd = os.open(users_lock, os.O_RDWR | os.O_CREAT, 0o600)
+        daemon.tasks.spawn(watch_users(fd, daemon.request_stop), name="users")
     try:
         await daemon.start()
         print(daemon.ready_line(), flush=True)
@@ -51,6 +60,22 @@ async def watch_parent(parent: int, stop: Callable[[], None]) -> None:
         await asyncio.sleep(PARENT_POLL)
     log.warning("the process that started us (pid %d) is gone: stopping", parent)
     stop()
+
+
+async def watch_users(fd: int, stop: Callable[[], None]) -> None:
+    """Call ``stop`` once no process holds a shared lock on ``fd``'s file: the users (the Dask
+    workers of hoplite_client.dask) hold one while they may use us, and the kernel drops it
+    when they die. We keep the exclusive lock until we exit, so a user that comes meanwhile
+    waits and then starts a new daemon (docs/quickstart.md)."""
+    while True:
+        await asyncio.sleep(PARENT_POLL)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue
+        log.warning("no process uses us any more (nobody holds the lock): stopping")
+        stop()
+        return
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -104,13 +129,16 @@ async def watch_parent(parent: int, stop: Callable[[], None]) -> None:
 @click.option("--exit-with-parent", is_flag=True,
               help="Stop when the process that started us is gone (a supervisor such as "
                    "the Ray actor of hoplite_client.ray, killed with its node).")
+@click.option("--exit-when-unused", "users_lock", default=None, metavar="FILE",
+              help="Stop once no process holds a shared flock on FILE (the workers of one "
+                   "host sharing this daemon, as hoplite_client.dask's do).")
 def main(listen: str, socket_path: str | None, join: tuple[str, ...],
          token_file: str | None, insecure: bool, capacity: str | None, fanout: int,
          two_trees: str, ring_wait: float, advertise: str | None, heartbeat_interval: float,
          heartbeat_timeout: float,
          suspect_after: float, stall_timeout: float, log_level: str, log_format: str,
          metrics_port: int | None, tls_cert: str | None, tls_key: str | None,
-         tls_ca: str | None, exit_with_parent: bool) -> None:
+         tls_ca: str | None, exit_with_parent: bool, users_lock: str | None) -> None:
     """Run the hoplite daemon for this host."""
     log_to_stderr(log_level, log_format)
     try:
@@ -130,7 +158,10 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
                 config.token = f.read().strip()
             if not config.token:
                 raise click.UsageError(f"{token_file} is empty")
-        uvloop.run(run(config, exit_with_parent))
+        uvloop.run(run(config, exit_with_parent, users_lock))
+    except UnreachableError as exc:  # no --join peer could be reached at all
+        click.echo(f"hoplited: {exc}", err=True)
+        sys.exit(EXIT_NO_PEER)
     except HopliteError as exc:
         click.echo(f"hoplited: {exc}", err=True)
         sys.exit(2)

@@ -4,7 +4,7 @@ Tests live in one directory per tier and are marked by it: ``unit`` (pure cores 
 I/O), ``net`` (real daemons on loopback), ``cluster`` (several daemons, processes killed or
 stopped), ``emulated`` (network namespaces: each module skips itself, saying why, without
 root, iproute2 or the baseline's packages), ``integrations`` (hoplite inside real local Ray
-clusters of several processes).
+and Dask clusters of several processes).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -275,3 +276,12 @@ def process_gone(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def until(check: Callable[[], bool], timeout: float) -> None:
+    """Poll ``check`` until it holds: the blocking ``eventually``, for tests driving a
+    framework whose calls block (Ray, Dask)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not reached within {timeout}s"
+        time.sleep(0.2)

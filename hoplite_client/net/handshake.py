@@ -29,6 +29,7 @@ from hoplite_client.wire.errors import (
     HopliteError,
     HopliteTimeoutError,
     RemoteProtocolError,
+    UnreachableError,
     VersionMismatchError,
     error_from_wire,
 )
@@ -86,7 +87,7 @@ async def dial(host: str, port: int, role: str, me: Identity,
     except ssl.SSLError as exc:  # its certificate refused, or it does not speak TLS
         raise AuthenticationError(f"TLS with {host}:{port} failed: {describe(exc)}") from exc
     except OSError as exc:
-        raise ConnectionLostError(f"cannot connect to {host}:{port}: {exc}") from exc
+        raise UnreachableError(f"cannot connect to {host}:{port}: {exc}") from exc
     welcome: Welcome | None = None
     try:
         nonce = auth.new_nonce()

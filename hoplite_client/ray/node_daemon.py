@@ -11,23 +11,18 @@ last lines), so it can name the node in one typed error (:mod:`.api`).
 
 from __future__ import annotations
 
-import json
 import os
-import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import ray
 
-# A daemon start on a loaded machine can take seconds (as in LocalCluster).
-READY_TIMEOUT = 60.0
-STOP_GRACE = 10.0
+from hoplite_client import daemon_process
+from hoplite_client.daemon_process import DaemonStartError
 
 
 class NodeDaemon:
@@ -58,44 +53,16 @@ class NodeDaemon:
                 *(["--capacity", self._capacity] if self._capacity else []), *self._args]
         for peer in join:
             args += ["--join", peer]
-        with open(log_path, "ab") as log:
-            self._process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log,
-                                             stdin=subprocess.DEVNULL)
-        line = self._ready_line()
-        if line is None:
-            error = self._failure(log_path)
+        try:
+            self._process, ready = daemon_process.start(args, log_path)
+        except DaemonStartError as exc:
             self.stop()
-            return {"error": error, "ray_node": self.ray_node, "host": self.host}
+            return {"error": str(exc), "ray_node": self.ray_node, "host": self.host}
         os.unlink(self._token_file)  # read at start: the secret stays in memory only
-        ready = json.loads(line)
         self._info = {"node_id": ready["node_id"], "listen": ready["listen"], "socket": sock,
                       "pid": self._process.pid, "ray_node": self.ray_node, "host": self.host,
                       "log": log_path}
         return self.info()
-
-    def _ready_line(self) -> bytes | None:
-        """The daemon's ready line, or None if it exited or stayed silent too long."""
-        assert self._process is not None and self._process.stdout is not None
-        deadline = time.monotonic() + READY_TIMEOUT
-        while (left := deadline - time.monotonic()) > 0:
-            readable, _, _ = select.select([self._process.stdout], [], [], left)
-            if readable:
-                line = self._process.stdout.readline()
-                return line or None
-        return None
-
-    def _failure(self, log_path: str) -> str:
-        """Why the start failed: the exit status and the log's last lines."""
-        assert self._process is not None
-        code = self._process.poll()
-        try:
-            with open(log_path, errors="replace") as f:
-                tail = "".join(f.readlines()[-5:]).strip()
-        except OSError:
-            tail = ""
-        status = f"exited with {code}" if code is not None else (
-            f"not ready within {READY_TIMEOUT:.0f}s")
-        return f"hoplited {status}: {tail or 'no log'}"
 
     def info(self) -> dict[str, Any]:
         """Where clients and peers reach the daemon (empty before :meth:`start`)."""
@@ -106,17 +73,6 @@ class NodeDaemon:
         Whether a daemon was running."""
         process, self._process = self._process, None
         self._info = {}
-        ran = process is not None and process.poll() is None
-        if process is not None:
-            if process.poll() is None:
-                process.send_signal(signal.SIGCONT)  # a stopped daemon cannot act on TERM
-                process.terminate()
-                try:
-                    process.wait(STOP_GRACE)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-            if process.stdout is not None:
-                process.stdout.close()
+        ran = process is not None and daemon_process.stop(process)
         shutil.rmtree(self._workdir, ignore_errors=True)
         return ran

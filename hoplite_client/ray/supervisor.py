@@ -21,7 +21,8 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from hoplite_client.ray.node_daemon import STOP_GRACE, NodeDaemon
+from hoplite_client.daemon_process import STOP_GRACE
+from hoplite_client.ray.node_daemon import NodeDaemon
 from hoplite_client.ray.placement import Daemon, Forget, Start, reconcile
 
 log = logging.getLogger("hoplite.ray")

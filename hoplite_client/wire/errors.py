@@ -86,6 +86,12 @@ class ConnectionLostError(HopliteError, ConnectionError):
     code = "connection_lost"
 
 
+class UnreachableError(ConnectionLostError):
+    """No connection to the peer could be made at all (nothing listens there, no route):
+    unlike a connection lost midway, nothing of ours reached it. Travels as
+    ``connection_lost``."""
+
+
 class PeerUnavailableError(HopliteError):
     """A cluster member is dead or unreachable (``data['node']`` names it when known)."""
 

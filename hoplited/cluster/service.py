@@ -12,7 +12,12 @@ import logging
 
 from hoplite_client.net.channel import Channel
 from hoplite_client.net.handshake import HANDSHAKE_TIMEOUT, Identity, dial
-from hoplite_client.wire.errors import ConnectionLostError, HopliteError
+from hoplite_client.wire.errors import (
+    ConnectionLostError,
+    HopliteError,
+    HopliteTimeoutError,
+    UnreachableError,
+)
 from hoplite_client.wire.messages import Join, MemberInfo, Members, MemberUp, Ok, Ping, WireMessage
 from hoplited.cluster.links import Links
 from hoplited.cluster.membership import Membership
@@ -34,7 +39,8 @@ class ClusterService:
 
     async def join(self, seeds: list[tuple[str, int]]) -> None:
         """Join through the first seed that answers; learn the whole membership from it."""
-        errors = []
+        errors: list[str] = []
+        unreachable = True  # every seed refused the connection or timed out on it
         for host, port in seeds:
             try:
                 protocol, _ = await dial(host, port, "peer", self._identity)
@@ -45,11 +51,13 @@ class ClusterService:
                     protocol.close()
             except HopliteError as exc:
                 errors.append(f"{host}:{port}: {exc}")
+                unreachable &= isinstance(exc, UnreachableError | HopliteTimeoutError)
                 continue
             for member in frame.msg.members:
                 self.add_member(member, announce=False)
             return
-        raise ConnectionLostError("could not join the cluster: " + "; ".join(errors))
+        error = UnreachableError if unreachable else ConnectionLostError
+        raise error("could not join the cluster: " + "; ".join(errors))
 
     def add_member(self, member: MemberInfo, announce: bool) -> None:
         """Learn of a member; ``announce`` tells the others (when it joined through us)."""

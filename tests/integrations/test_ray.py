@@ -10,12 +10,12 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import MiB, process_gone
+from helpers import MiB, process_gone, until
 
 ray = pytest.importorskip("ray", reason="hoplite[ray] is not installed")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -80,14 +80,6 @@ def remove_when_quiet(path: str, timeout: float = 30.0) -> None:
         time.sleep(1.0)
         if not os.path.exists(path) or time.monotonic() > deadline:
             return
-
-
-def until(check: Callable[[], bool], timeout: float) -> None:
-    """Poll ``check`` until it holds (Ray's calls block: this is the sync ``eventually``)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not reached within {timeout}s"
-        time.sleep(0.2)
 
 
 def alive_nodes() -> list[str]:
