@@ -13,7 +13,10 @@ The collectives, written as task graphs (the standard idiom of a task-based prog
   worker runs one task that depends on it, so each fetches it from worker 0. The alternative
   ``idiom="scatter"`` is ``client.scatter(data, broadcast=True)`` from the client in host 0
   (Dask then replicates through the workers two at a time, a tree), for data that starts in
-  the client rather than in a task's result;
+  the client rather than in a task's result. ``idiom="hoplite"`` is the same Dask cluster
+  with :class:`hoplite_client.dask.HopliteWorkerPlugin` registered: a task on worker 0 puts
+  the input into hoplite and every other worker runs one task that gets its id (Dask + Hoplite,
+  docs/quickstart.md; the only idiom whose tasks import hoplite_client);
 - reduce: one task on worker 0 depending on every input, summing them;
 - allreduce: that reduce, then one task per other worker depending on the sum;
 - gather: one task on worker 0 depending on every input (the root fetches them all).
@@ -63,7 +66,7 @@ from bench.baselines.procs import alive, process_tree, signal_procs, tail
 
 INSTALL_HINT = ("the Dask baseline needs Dask distributed: "
                 "pip install 'dask[distributed]==2026.8.0'")
-IDIOMS = ("tasks", "scatter")
+IDIOMS = ("tasks", "scatter", "hoplite")
 SCHEDULER_PORT = 8786  # Dask's default; every host namespace has its own port space
 START_TIMEOUT = 120.0  # scheduler and workers up, on a loaded 2-core machine
 MIN_RATE_FOR_TIMEOUT = 10e6  # bytes/s: run timeouts assume at least this per object copy
@@ -101,6 +104,43 @@ def _stamp(stamped: tuple[float, Any]) -> float:
     return stamped[0]
 
 
+def _hoplite_put(size: int, rank: int) -> Any:
+    """Rank ``rank``'s input, put into this host's hoplite daemon: its id."""
+    import hoplite_client.dask as hdask
+
+    client = hdask.client_sync()
+    try:
+        return client.put(float32_data(size, rank))
+    finally:
+        client.close()
+
+
+def _hoplite_hold(oid: Any, receivers: int, size: int) -> tuple[float, bool]:
+    """A hoplite receiver: the moment its get returned, and whether the data is right
+    (checked after the stamp)."""
+    import numpy as np
+
+    import hoplite_client.dask as hdask
+
+    client = hdask.client_sync()
+    try:
+        value = client.get(oid, timeout=START_TIMEOUT, receivers=receivers)
+        stamp = time.monotonic()
+        return stamp, bool(np.array_equal(value, float32_data(size, 0)))
+    finally:
+        client.close()
+
+
+def _hoplite_delete(oid: Any) -> None:
+    import hoplite_client.dask as hdask
+
+    client = hdask.client_sync()
+    try:
+        client.delete(oid)
+    finally:
+        client.close()
+
+
 def _check(value: Any, op: str, size: int, nodes: int) -> bool:
     """Is what a participant holds after ``op`` right?"""
     import numpy as np
@@ -119,7 +159,8 @@ def _check(value: Any, op: str, size: int, nodes: int) -> bool:
 # the driver (the client, inside host 0's namespace)
 
 
-def driver(address: str, ips: Sequence[str], op: str, size: int, runs: int, idiom: str) -> int:
+def driver(address: str, ips: Sequence[str], op: str, size: int, runs: int, idiom: str,
+           workdir: str) -> int:
     """Connect, time ``runs`` ``op``s, print one RESULT_TAG line."""
     from distributed import Client, wait
 
@@ -127,6 +168,11 @@ def driver(address: str, ips: Sequence[str], op: str, size: int, runs: int, idio
     errors: list[str] = []
     with Client(address, timeout=f"{START_TIMEOUT}s") as client:
         client.wait_for_workers(nodes, timeout=START_TIMEOUT)
+        if idiom == "hoplite":
+            from hoplite_client.dask import HopliteWorkerPlugin
+
+            client.register_plugin(HopliteWorkerPlugin(capacity=str(max(4 * size, 256 << 20)),
+                                                       workdir=workdir))
         by_ip = {}
         for addr in client.scheduler_info(n_workers=-1)["workers"]:
             by_ip[addr.split("://", 1)[-1].rsplit(":", 1)[0]] = addr
@@ -142,6 +188,15 @@ def driver(address: str, ips: Sequence[str], op: str, size: int, runs: int, idio
                 t0 = time.monotonic()
                 future = client.scatter(data, broadcast=True, hash=False)
                 return time.monotonic() - t0, [(r, future) for r in range(nodes)]
+            if op == "broadcast" and idiom == "hoplite":
+                oid = on(0, _hoplite_put, size, 0).result()  # the barrier: the input exists
+                t0 = time.monotonic()
+                got = client.gather([on(r, _hoplite_hold, oid, nodes - 1, size)
+                                     for r in range(1, nodes)])
+                on(0, _hoplite_delete, oid).result()  # untimed: room for the next run
+                if not all(ok for _, ok in got):
+                    raise RuntimeError("a hoplite receiver got wrong data")
+                return max(stamp for stamp, _ in got) - t0, []
             ranks = [0] if op == "broadcast" else list(range(nodes))
             inputs = [on(r, _make_input, size, r) for r in ranks]
             wait(inputs)  # the barrier: every input exists
@@ -286,11 +341,13 @@ class DaskCluster:
     async def run(self, op: str, size: int, repeat: int, warmup: int = 1,
                   idiom: str = "tasks") -> list[float]:
         """Latency in seconds of each of ``repeat`` ``op``s (after ``warmup`` ones);
-        ``idiom`` (broadcast only): "tasks" or "scatter" (see the module's doc)."""
+        ``idiom`` (broadcast only): "tasks", "scatter" or "hoplite" (the module's doc)."""
         if op not in OPS:
             raise ValueError(f"op must be one of {OPS}, not {op!r}")
         if idiom not in IDIOMS:
             raise ValueError(f"idiom must be one of {IDIOMS}, not {idiom!r}")
+        if idiom != "tasks" and op != "broadcast":
+            raise ValueError(f"the {idiom} idiom is a broadcast's, not a {op}'s")
         if size < 4 or repeat < 1 or warmup < 0:
             raise ValueError("need size >= 4, repeat >= 1 and warmup >= 0")
         runs = warmup + repeat
@@ -301,7 +358,8 @@ class DaskCluster:
             *module_command("bench.baselines.dask_baseline"), "--driver",
             "--address", self.address,
             "--op", op, "--size", str(size), "--runs", str(runs),
-            "--idiom", idiom, "--ips", ",".join(h.ip for h in self.testbed.hosts)]
+            "--idiom", idiom, "--ips", ",".join(h.ip for h in self.testbed.hosts),
+            "--workdir", self.tmp]
         with open(log, "wb") as err:
             process = await asyncio.create_subprocess_exec(
                 *argv, env=self.env(), cwd=REPO_ROOT, stdin=asyncio.subprocess.DEVNULL,
@@ -392,10 +450,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--op", choices=OPS, required=True)
         p.add_argument("--idiom", choices=IDIOMS, default="tasks")
         p.add_argument("--ips", required=True)
+        p.add_argument("--workdir", required=True)
         for name in ("--size", "--runs"):
             p.add_argument(name, type=int, required=True)
         a = p.parse_args(argv[1:])
-        return driver(a.address, a.ips.split(","), a.op, a.size, a.runs, a.idiom)
+        return driver(a.address, a.ips.split(","), a.op, a.size, a.runs, a.idiom, a.workdir)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--rate", default="1Gbit")
@@ -407,8 +466,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--idiom", choices=IDIOMS, default="tasks",
-                        help="broadcast: tasks depending on worker 0's future (default), or "
-                             "client.scatter(broadcast=True)")
+                        help="broadcast: tasks depending on worker 0's future (default), "
+                             "client.scatter(broadcast=True), or hoplite gets in tasks (the "
+                             "worker plugin of hoplite_client.dask)")
     parser.add_argument("--check", action="store_true", help="measure the links first")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)

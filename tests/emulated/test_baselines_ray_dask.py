@@ -90,6 +90,14 @@ class TestDask:
     async def test_scatter_broadcast(self, dask_cluster: dask_baseline.DaskCluster) -> None:
         _check_latencies(await dask_cluster.run("broadcast", SIZE, REPEAT, idiom="scatter"))
 
+    async def test_hoplite_broadcast_through_the_worker_plugin(
+            self, dask_cluster: dask_baseline.DaskCluster) -> None:
+        """Dask + Hoplite in the namespaces: each worker's host gets its daemon, the gets in
+        tasks return the right data (checked by the driver, which fails otherwise)."""
+        _check_latencies(await dask_cluster.run("broadcast", SIZE, REPEAT, idiom="hoplite"))
+        with pytest.raises(ValueError, match="broadcast"):
+            await dask_cluster.run("reduce", SIZE, REPEAT, idiom="hoplite")
+
 
 @pytest.mark.parametrize("module,package", [(ray_baseline, "ray"),
                                             (dask_baseline, "distributed")])
