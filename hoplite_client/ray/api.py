@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from hoplite_client.client import CONNECT_TIMEOUT, Client, connect
 from hoplite_client.ray.supervisor import (
@@ -31,6 +30,9 @@ from hoplite_client.wire.errors import HopliteError, InvalidArgumentError
 
 # How often the supervisor looks for Ray nodes that joined or died.
 WATCH_INTERVAL = 5.0
+# The resource only Ray's head node has, and the sliver of it the supervisor asks for.
+HEAD_NODE_RESOURCE = "node:__internal_head__"
+HEAD_NODE_SHARE = 0.001
 
 
 class RaySetupError(HopliteError):
@@ -55,12 +57,13 @@ def init(capacity: str | None = None, port: int = 0, daemon_args: Sequence[str] 
         ray.init()
     if _supervisor() is not None:
         return
-    here = ray.get_runtime_context().get_node_id()
     remote: Any = ray.remote(Supervisor)
     try:
+        # On the head node, as Ray's own state actors: it lives as long as the Ray cluster
+        # (the GCS runs there), whichever node the driver is on.
         supervisor = remote.options(
             name=SUPERVISOR, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
-            max_restarts=0, scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=True),
+            max_restarts=0, resources={HEAD_NODE_RESOURCE: HEAD_NODE_SHARE},
         ).remote(secrets.token_hex(32), capacity, port, list(daemon_args), watch_interval)
     except ValueError:  # another driver's init() created it a moment ago
         return
