@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-unit fuzz soak lint bench-loopback bench-failures bench-deps bench-compare bench-failures-compare clean
+.PHONY: install demo apps test test-unit fuzz soak lint bench-loopback bench-failures bench-deps bench-compare bench-failures-compare clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ install: $(STAMP)
 
 demo: install
 	$(BIN)/python -m bench.demo
+
+# The paper's applications (async SGD, RL weight broadcast, ensemble serving) on plain Ray and
+# on Ray + Hoplite, smoke-sized in one local Ray cluster of 3 nodes: a table of their results.
+apps: install
+	$(BIN)/python -m bench.apps --smoke
 
 # Tiers (tests/unit, net, cluster, emulated): the emulated tier skips itself, saying why,
 # without root or iproute2.
