@@ -96,6 +96,9 @@ class HopliteWorkerPlugin(WorkerPlugin):
             raise DaskSetupError(f"no hoplite daemon on host {host} (worker {worker.address}):"
                                  f" not started within {self.start_timeout:.0f}s",
                                  host=host) from None
+        except OSError as exc:  # its directory, or the scheduler while we registered
+            raise DaskSetupError(f"no hoplite daemon on host {host} (worker {worker.address}):"
+                                 f" {exc}", host=host) from exc
         self._daemon, self.socket = daemon, daemon.socket
         log.info("worker %s uses hoplited %s at %s", worker.address, info["node_id"],
                  info["listen"])

@@ -285,3 +285,16 @@ def test_a_daemon_that_cannot_start_fails_the_registration_typed(
     finally:
         dask_client.unregister_worker_plugin(hdask.HopliteWorkerPlugin.name)
     assert not daemon_pids(workdir) and not list(workdir.glob("*/hoplited.sock"))
+
+
+def test_a_workdir_that_cannot_be_made_fails_the_registration_typed(
+        dask_client: Client, workdir: Path) -> None:
+    not_a_directory = workdir / "file"
+    not_a_directory.write_text("")
+    plugin = hdask.HopliteWorkerPlugin(capacity=CAPACITY, workdir=str(not_a_directory))
+    try:
+        with pytest.raises(hdask.DaskSetupError, match="no hoplite daemon on host 127.0.0"):
+            dask_client.register_plugin(plugin)
+        assert not daemon_pids(workdir)
+    finally:
+        dask_client.unregister_worker_plugin(hdask.HopliteWorkerPlugin.name)
