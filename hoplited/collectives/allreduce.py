@@ -565,20 +565,35 @@ class Member:
         """Reduce ``stripe`` here (assignment ``gen``), into its view of the result."""
         if self._ended or self.whole.regions[stripe].filled:
             return  # complete here already: this copy serves the others
-        d, oid = self.d, self.ids[stripe]
         fetch = self._fetches.pop(stripe, None)
         if fetch is not None:
             fetch.cancel()
+        self._reducing[stripe] = gen
+        self.d.tasks.spawn(self._reduce_here(stripe, gen, fetch), name="stripe-reduce",
+                           on_error=self._failed)
+
+    async def _reduce_here(self, stripe: int, gen: int,
+                           fetch: asyncio.Task[None] | None) -> None:
+        """Once this node's fetch of the stripe has ended, start its reduce here; report it
+        if it fails. The fetch is awaited, not only cancelled: one that had allocated the
+        stripe's view would otherwise take the id the reduce creates."""
+        d, oid = self.d, self.ids[stripe]
+        if fetch is not None:
+            await asyncio.wait([fetch])
+        shared = d.fetcher.abort(oid)
+        if shared is not None:
+            await asyncio.wait([shared])
+        if self._ended or self._reducing.get(stripe) != gen:
+            return
         partial = d.store.get(oid)
         if partial is not None:  # fetched in part: the reduce computes it here from byte 0
             d.store.remove(oid, ObjectNotFoundError(
                 f"stripe {stripe} of {self.result.hex()} is reduced on {d.me} now",
                 oid=oid.hex()))
-        self._reducing[stripe] = gen
         m = self._msg
         d.reductions.start(oid, m.inputs, m.op, len(m.inputs), m.timeout,
                            window=self.bounds[stripe], ring=tuple(sorted(d.members())))
-        d.tasks.spawn(self._watch(stripe, gen), name="stripe-reduce", on_error=self._failed)
+        await self._watch(stripe, gen)
 
     async def _watch(self, stripe: int, gen: int) -> None:
         """Report the stripe's reduce if it fails; once it ended, forget it (its result, the

@@ -228,6 +228,19 @@ class Fetcher:
             if obj is not None:
                 store.unpin(obj)
 
+    def abort(self, oid: ObjectID) -> asyncio.Task[StoredObject] | None:
+        """Stop the fetch of ``oid`` under way here, whatever its phase, once nobody waits for
+        it: the caller computes ``oid`` here instead (an allreduce stripe given to this node,
+        docs/design.md §4), and a fetch that allocated meanwhile would take its id. The
+        fetch's task, to await its end (its copy removed), or None."""
+        running = self._fetches.get(oid)
+        if running is None or self._callers.get(oid):
+            return None
+        task = running[0]
+        self._forget(oid, task)
+        task.cancel()
+        return task
+
     def _forget(self, oid: ObjectID, task: asyncio.Task[StoredObject]) -> None:
         """``task`` ended: it is no longer the fetch of ``oid`` (a newer one may be)."""
         running = self._fetches.get(oid)
