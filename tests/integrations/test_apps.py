@@ -15,6 +15,8 @@ from helpers import MiB, process_gone
 
 ray = pytest.importorskip("ray", reason="hoplite[ray] is not installed")
 
+from ray_daemons import daemon_pids  # noqa: E402
+
 import hoplite_client.ray as hray  # noqa: E402
 from bench.apps.common import LocalRayCluster  # noqa: E402
 from bench.apps.suite import APPS, app_args, run_app  # noqa: E402
@@ -55,20 +57,6 @@ class Cluster:
                 hray.shutdown()
         finally:
             self.ray.stop()
-
-
-def daemon_pids() -> list[int]:
-    """The PIDs of the hoplited processes running now, from their actors."""
-    pids = []
-    for name in [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                 if a["namespace"] == "hoplite" and a["name"].startswith("hoplited:")]:
-        try:
-            info = ray.get(ray.get_actor(name, namespace="hoplite").info.remote(), timeout=60)
-        except (ValueError, ray.exceptions.RayError):
-            continue  # its node died, and the actor with it
-        if info:
-            pids.append(info["pid"])
-    return pids
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import os
 import shutil
 import socket
 import tempfile
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,8 +19,10 @@ from helpers import MiB, process_gone, until
 ray = pytest.importorskip("ray", reason="hoplite[ray] is not installed")
 from ray.cluster_utils import Cluster  # noqa: E402
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # noqa: E402
+from ray_daemons import daemon_pids, hoplite_actors  # noqa: E402
 
 import hoplite_client.ray as hray  # noqa: E402
+from bench.apps.common import remove_when_quiet  # noqa: E402
 from hoplite_client.wire.errors import InvalidArgumentError  # noqa: E402
 from hoplite_client.wire.ids import ObjectID  # noqa: E402
 
@@ -72,16 +73,6 @@ def hoplite(ray_cluster: Cluster) -> Iterator[Cluster]:
         assert not [pid for pid in pids if not process_gone(pid)]
 
 
-def remove_when_quiet(path: str, timeout: float = 30.0) -> None:
-    """Remove ``path`` for good: Ray's exiting processes may still write a file or two."""
-    deadline = time.monotonic() + timeout
-    while True:
-        shutil.rmtree(path, ignore_errors=True)
-        time.sleep(1.0)
-        if not os.path.exists(path) or time.monotonic() > deadline:
-            return
-
-
 def alive_nodes() -> list[str]:
     return [n["NodeID"] for n in ray.nodes() if n["Alive"]]
 
@@ -89,25 +80,6 @@ def alive_nodes() -> list[str]:
 def on(node: str) -> dict[str, Any]:
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False),
             "num_cpus": 0}
-
-
-def hoplite_actors() -> list[str]:
-    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["namespace"] == "hoplite"]
-
-
-def daemon_pids() -> list[int]:
-    """The daemons' PIDs, from their live actors."""
-    pids = []
-    for name in hoplite_actors():
-        if name.startswith("hoplited:"):
-            try:
-                info = ray.get(ray.get_actor(name, namespace="hoplite").info.remote())
-            except (ValueError, ray.exceptions.RayActorError):
-                continue  # its node died, and the actor with it
-            if info:
-                pids.append(info["pid"])
-    return pids
 
 
 @ray.remote
