@@ -95,8 +95,9 @@ async def watch_users(fd: int, stop: Callable[[], None]) -> None:
               help="Transfers one holder serves per object at once.")
 @click.option("--two-trees", default="auto", show_default=True,
               type=click.Choice(TWO_TREE_MODES),
-              help="When a reduce of every input runs as two trees of halves: where the link "
-                   "model says they pay, always, or never (docs/design.md §4).")
+              help="When a reduce of every input, or a broadcast whose gets say how many "
+                   "they are, runs as two trees of halves: where the link model says they "
+                   "pay, always, or never (docs/design.md §3, §4).")
 @click.option("--ring-wait", default=0.1, show_default=True, type=float,
               help="Seconds an allreduce waits, from its first ready input, for all the "
                    "others to run them as a ring (docs/design.md §4); 0: never a ring.")

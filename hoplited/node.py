@@ -29,7 +29,7 @@ from hoplited.collectives.allreduce import AllreduceDeps, Allreduces
 from hoplited.collectives.coordinator import CoordinatorDeps
 from hoplited.collectives.reductions import Reductions
 from hoplited.collectives.ring_member import RingDeps
-from hoplited.collectives.tree import tree_fanout
+from hoplited.collectives.tree import broadcast_halves, tree_fanout
 from hoplited.collectives.worker import ReduceWorker
 from hoplited.config import DaemonConfig
 from hoplited.directory.client import DirectoryClient
@@ -94,7 +94,10 @@ class Daemon:
         # shard counts trusted members only (docs/design.md §5, "Suspicion")
         shard = DirectoryShard(cfg.fanout, membership.is_trusted, membership.owner, self.node_id,
                                fanout_for=lambda n, size: tree_fanout(
-                                   n, size, link_model.bandwidth, link_model.latency))
+                                   n, size, link_model.bandwidth, link_model.latency),
+                               halves_for=lambda n, size, dtype: broadcast_halves(
+                                   cfg.two_trees, n, size, dtype, link_model.bandwidth,
+                                   link_model.latency))
         directory = DirectoryClient(rpc, store, membership, tasks)
         space = Space(store, directory.may_drop, tasks)  # evicts what the shards agree to
         self._connections = connections = DataConnections(self.identity, tasks,
@@ -127,6 +130,7 @@ class Daemon:
             "clients": lambda: len(listener), "reduce_tasks": lambda: len(worker.slots),
             "reduce_folds": lambda: worker.folds,
             "reduces_in_halves": lambda: reductions.halved, "allreduces": lambda: len(allreduces),
+            "gets_in_halves": lambda: fetcher.halved,
             "allreduces_as_ring": lambda: allreduces.rings.run,
             "rings_given_up": lambda: allreduces.rings.given_up,
             "idle_data_connections": lambda: len(connections),

@@ -360,7 +360,8 @@ class Ping(Request["Ok"]):
 # --- 44-52: daemon to directory shard ---
 @message(44, shape="request", roles=(PEER,))
 class Locate(Request["Located"]):
-    """Ask the owner shard for a source of ``oid`` (waiting up to ``timeout`` for a put)."""
+    """Ask the owner shard for a source of ``oid`` (waiting up to ``timeout`` for a put);
+    ``half`` 0 or 1: a source of that half of an object taken as two halves."""
 
     rid: int = 0
     oid: ObjectID
@@ -369,11 +370,14 @@ class Locate(Request["Located"]):
     offset: int
     ring: bool = False
     receivers: int = 0
+    half: int = -1
 
 
 @message(45, shape="reply", payload="small")
 class Located(Reply):
-    """A source to pull from, or (``source`` None) the object's bytes as the payload."""
+    """A source to pull from, or (``source`` None) the object's bytes as the payload; with
+    ``halves`` (lo0, hi0, lo1, hi1), no source: take the object as two halves, each located
+    on its own, as receiver ``index`` of the two trees."""
 
     rid: int = 0
     source: str | None
@@ -381,6 +385,8 @@ class Located(Reply):
     dtype: str
     shape: list[int]
     version: bytes
+    index: int = -1
+    halves: list[int] | None = None
 
 
 @message(46, shape="request", roles=(PEER,), payload="small")
@@ -397,19 +403,22 @@ class Publish(Request["Ok"]):
 
 @message(47, shape="oneway", roles=(PEER,))
 class Progress(WireMessage):
-    """How many bytes of ``oid`` the sender holds so far."""
+    """How many bytes of ``oid`` (of its half ``half``, if 0 or 1) the sender holds so far."""
 
     oid: ObjectID
     received: int
+    half: int = -1
 
 
 @message(48, shape="oneway", roles=(PEER,))
 class TransferDone(WireMessage):
-    """A pull from ``source`` ended; ``complete`` tells whether the sender has it all."""
+    """A pull from ``source`` ended; ``complete`` tells whether the sender has it all (all of
+    half ``half``, if 0 or 1)."""
 
     oid: ObjectID
     source: str
     complete: bool
+    half: int = -1
 
 
 @message(49, shape="request", roles=(PEER,))
@@ -527,10 +536,14 @@ class ReduceFailed(WireMessage):
 # --- 60-61: data connections ---
 @message(60, shape="request", roles=(DATA,))
 class Pull(Request["DataStream"]):
+    """Stream ``oid`` from ``offset`` on; with ``window`` (lo, hi), only its bytes lo..hi
+    (a half of a broadcast taken as two halves; ``offset`` counts within the window)."""
+
     rid: int = 0
     oid: ObjectID
     version: bytes
     offset: int
+    window: list[int] | None = None
 
 
 @message(61, shape="reply", payload="stream")

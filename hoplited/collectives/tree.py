@@ -20,6 +20,12 @@ Two flows share every link, which the model does not charge, and two plans run t
 tasks and edges, so ``two_trees_pay`` takes them only where the model saves a fifth of the
 best single tree's time and at least ``TWO_TREE_SAVING`` (docs/design.md §4, "Two trees of
 halves").
+
+A broadcast to n receivers that say how many they are can run as two trees of halves too
+(``half_parent``, ``broadcast_halves``): complete binary trees in heap order under the object's
+holder, the i-th receiver to ask at heap position i + 1 in tree 0 and, rotated by n // 2, in
+tree 1, so that the inner positions 1..n // 2 hold different receivers in the two trees
+(docs/design.md §3, "Two trees of halves for a broadcast").
 """
 
 from __future__ import annotations
@@ -256,5 +262,55 @@ def two_tree_halves(mode: str, n: int, k: int, size: int, dtype: str, op: str,
     if any(hi - lo <= INLINE_MAX for lo, hi in halves):
         return None
     if mode == "always" or two_trees_pay(n, size, bandwidth, latency):
+        return halves
+    return None
+
+
+# --- two trees of halves for a broadcast (docs/design.md §3) ---
+def half_position(n: int, half: int, index: int) -> int:
+    """The heap position (1 is the top) of the ``index``-th of ``n`` receivers in the tree of
+    ``half``: tree 0 in order, tree 1 rotated by n // 2, so the receivers inner in tree 0
+    (positions 1..n // 2) are leaves in tree 1."""
+    if half not in (0, 1) or not 0 <= index < n:
+        raise ValueError(f"receiver {index} of {n}, half {half}: out of range")
+    return index + 1 if half == 0 else (index - n // 2) % n + 1
+
+
+def half_receiver(n: int, half: int, position: int) -> int:
+    """The index of the receiver at heap ``position`` of the tree of ``half`` (the inverse of
+    ``half_position``)."""
+    if half not in (0, 1) or not 1 <= position <= n:
+        raise ValueError(f"position {position} of {n}, half {half}: out of range")
+    return position - 1 if half == 0 else (position - 1 + n // 2) % n
+
+
+def half_parent(n: int, half: int, index: int) -> int | None:
+    """The index of the receiver the ``index``-th of ``n`` receivers pulls ``half`` from, or
+    None: from a holder of the whole object (it is the top of that tree)."""
+    up = half_position(n, half, index) // 2
+    return None if up == 0 else half_receiver(n, half, up)
+
+
+def broadcast_halves(mode: str, receivers: int, size: int, dtype: str, bandwidth: float,
+                     latency: float) -> list[tuple[int, int]] | None:
+    """The byte ranges of the two halves if ``receivers`` nodes getting an object of ``size``
+    bytes should take it as two trees of halves, else None (one tree). ``mode`` is
+    ``--two-trees``, which rules the reduce's shape too; the rule is the reduce's
+    (``two_trees_pay``), the receivers counting as its inputs."""
+    if mode not in TWO_TREE_MODES:
+        raise InvalidArgumentError(f"two-trees mode {mode!r}; one of "
+                                   f"{', '.join(TWO_TREE_MODES)}")
+    if mode == "never" or receivers < 2:
+        return None
+    try:
+        itemsize = parse_dtype(dtype).itemsize
+    except InvalidArgumentError:
+        return None  # not an array the store would take: its gets report that
+    if itemsize < 1:
+        return None
+    halves = stripe_bounds(size, itemsize, 2)
+    if len(halves) != 2 or any(hi - lo <= INLINE_MAX for lo, hi in halves):
+        return None
+    if mode == "always" or two_trees_pay(receivers, size, bandwidth, latency):
         return halves
     return None

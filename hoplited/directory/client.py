@@ -55,13 +55,16 @@ class DirectoryClient:
         return {Drop: self.on_drop}
 
     async def locate(self, oid: ObjectID, timeout: float | None, exclude: list[str],
-                     offset: int, ring: bool = False, receivers: int = 0) -> Frame[Located]:
+                     offset: int, ring: bool = False, receivers: int = 0,
+                     half: int = -1) -> Frame[Located]:
         """A source for ``oid`` (this node is enrolled as a receiver resuming at ``offset``;
         ``ring``: behind its predecessor in the ring, docs/design.md §4; ``receivers``: how
-        many get it together, if known, docs/design.md §3)."""
+        many get it together, if known, docs/design.md §3; ``half``: of that half of an
+        object the shard split, §3)."""
         return await self._rpc.call_owner(oid, Locate(oid=oid, timeout=timeout,
                                                       exclude=list(exclude), offset=offset,
-                                                      ring=ring, receivers=receivers))
+                                                      ring=ring, receivers=receivers,
+                                                      half=half))
 
     async def wait_object(self, oid: ObjectID, timeout: float | None) -> Frame[ObjectInfo]:
         """Holders and metadata of ``oid`` once it is complete somewhere (small ones inline)."""
@@ -95,11 +98,12 @@ class DirectoryClient:
             log.debug("may not evict %s: %s", obj.oid.short(), frame.msg.reason)
         return frame.msg.allowed
 
-    def progress(self, oid: ObjectID, received: int) -> None:
-        self._rpc.tell_owner(oid, Progress(oid=oid, received=received))
+    def progress(self, oid: ObjectID, received: int, half: int = -1) -> None:
+        self._rpc.tell_owner(oid, Progress(oid=oid, received=received, half=half))
 
-    def transfer_done(self, oid: ObjectID, source: str, complete: bool) -> None:
-        self._rpc.tell_owner(oid, TransferDone(oid=oid, source=source, complete=complete))
+    def transfer_done(self, oid: ObjectID, source: str, complete: bool, half: int = -1) -> None:
+        self._rpc.tell_owner(oid, TransferDone(oid=oid, source=source, complete=complete,
+                                               half=half))
 
     def on_drop(self, peer: str, msg: Drop, payload: memoryview | None) -> Ok:
         if self._store.remove(msg.oid) is not None:

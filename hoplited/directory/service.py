@@ -32,7 +32,7 @@ from hoplite_client.wire.messages import (
     WireMessage,
 )
 from hoplite_client.wire.receivers import check_receivers
-from hoplited.directory.shard import DirectoryShard
+from hoplited.directory.shard import DirectoryShard, Split
 from hoplited.dispatch import Handler
 from hoplited.rpc import Rpc
 
@@ -41,6 +41,13 @@ log = logging.getLogger("hoplited.directory")
 # How long a delete waits for a holder to confirm its Drop: a live member answers in
 # milliseconds; a dead or silent one must not hold the delete up (its copy dies with it).
 DROP_TIMEOUT = 5.0
+
+
+def check_half(value: int) -> int:
+    """``value`` as a half of an object taken as two halves: 0 or 1, or -1 for the whole."""
+    if value not in (-1, 0, 1):
+        raise InvalidArgumentError(f"half must be 0, 1 or -1 (the whole object), not {value}")
+    return value
 
 
 class DirectoryService:
@@ -64,8 +71,14 @@ class DirectoryService:
     async def on_locate(self, peer: str, msg: Locate,
                         payload: memoryview | None) -> tuple[Located, bytes | None]:
         src = await self.shard.locate(msg.oid, peer, msg.timeout, msg.exclude, msg.offset,
-                                     msg.ring, check_receivers(msg.receivers))
+                                     msg.ring, check_receivers(msg.receivers),
+                                     check_half(msg.half))
         e = src.entry
+        if isinstance(src, Split):
+            assert e.trees is not None
+            return Located(source=None, size=e.size, dtype=e.dtype, shape=e.shape,
+                           version=e.version, index=src.index,
+                           halves=[b for bounds in e.trees.bounds for b in bounds]), None
         return Located(source=src.node, size=e.size, dtype=e.dtype, shape=e.shape,
                        version=e.version), e.inline
 
@@ -79,11 +92,11 @@ class DirectoryService:
         return Ok()
 
     def on_progress(self, peer: str, msg: Progress, payload: memoryview | None) -> None:
-        self.shard.progress(msg.oid, peer, msg.received)
+        self.shard.progress(msg.oid, peer, msg.received, check_half(msg.half))
 
     def on_transfer_done(self, peer: str, msg: TransferDone,
                          payload: memoryview | None) -> None:
-        self.shard.transfer_done(msg.oid, msg.source, peer, msg.complete)
+        self.shard.transfer_done(msg.oid, msg.source, peer, msg.complete, check_half(msg.half))
 
     async def on_delete_entry(self, peer: str, msg: DeleteEntry,
                               payload: memoryview | None) -> Ok:

@@ -17,28 +17,27 @@ from typing import TypeVar
 from hoplite_client.wire.errors import HopliteError, HopliteTimeoutError
 from hoplite_client.wire.ids import ObjectID
 from hoplited.directory.state import (
+    RING_WAIT,
     DirectoryState,
     DropCopy,
     DropVerdict,
     Entry,
+    HalvesRule,
     Holder,
     Instruction,
     Moved,
     NotYet,
     Source,
+    Split,
     Wake,
     WakeAll,
 )
 from hoplited.waiters import KeyedWaiters
 
-__all__ = ["DirectoryShard", "Entry", "Holder", "Source"]
+__all__ = ["DirectoryShard", "Entry", "Holder", "Source", "Split"]
 
 T = TypeVar("T")
 
-# A ring requester waits this long at most for its predecessor to enrol, then takes the usual
-# choice: a predecessor that lags (its request is still on its way, or it waits for a source
-# for another reason) costs the chain its order, never a stall (docs/design.md §4).
-RING_WAIT = 0.5
 
 
 class DirectoryShard:
@@ -46,8 +45,9 @@ class DirectoryShard:
 
     def __init__(self, fanout: int, is_alive: Callable[[str], bool],
                  owner_of: Callable[[ObjectID], str], me: str,
-                 fanout_for: Callable[[int, int], int] | None = None) -> None:
-        self.state = DirectoryState(fanout, is_alive, owner_of, me, fanout_for)
+                 fanout_for: Callable[[int, int], int] | None = None,
+                 halves_for: HalvesRule | None = None) -> None:
+        self.state = DirectoryState(fanout, is_alive, owner_of, me, fanout_for, halves_for)
         self._waiters: KeyedWaiters[ObjectID] = KeyedWaiters()
         self._ring: dict[ObjectID, Counter[str]] = {}  # ring requesters without a source yet
 
@@ -62,38 +62,42 @@ class DirectoryShard:
     # --- waits ---
     async def locate(self, oid: ObjectID, requester: str, timeout: float | None,
                      exclude: list[str], offset: int, ring: bool = False,
-                     receivers: int = 0) -> Source:
+                     receivers: int = 0, half: int = -1) -> Source | Split:
         """Pick a source for ``requester``, waiting up to ``timeout`` for the object to exist;
         ``ring``: its predecessor in the ring, if it enrols within RING_WAIT; ``receivers``:
-        how many get it together, if the requester knows."""
-        if not ring:
-            return await self._until(oid, timeout, lambda: self.state.try_locate(
-                oid, requester, exclude, offset, receivers=receivers))
+        how many get it together, if the requester knows; ``half``: a source of that half of
+        an object taken as two trees of halves, the requester's parent in that tree if it
+        asks within RING_WAIT. A ``Split`` answer wakes the receivers waiting for this one."""
         loop = asyncio.get_running_loop()
-        give_up: float | None = None  # when waiting for the predecessor stops
+        give_up: float | None = None  # when waiting for the predecessor (parent) stops
 
-        def attempt() -> Source | NotYet:
+        def attempt() -> Source | Split | NotYet:
             nonlocal give_up
             patient = give_up is None or loop.time() < give_up
-            peers = [n for n in self._ring[oid] if n != requester] if patient else None
-            answer = self.state.try_locate(oid, requester, exclude, offset, peers, receivers)
+            peers = ([n for n in self._ring[oid] if n != requester] if ring and patient
+                     else None)
+            answer = self.state.try_locate(oid, requester, exclude, offset, peers, receivers,
+                                           half, patient)
             if isinstance(answer, NotYet) and answer.ring and give_up is None:
                 give_up = loop.time() + RING_WAIT
-            elif not isinstance(answer, NotYet):
-                self._waiters.wake(oid)  # ring requesters behind it may chain on now
+            elif not isinstance(answer, NotYet) and (ring or half >= 0
+                                                     or isinstance(answer, Split)):
+                self._waiters.wake(oid)  # requesters behind it may chain on now
             return answer
 
-        self._ring.setdefault(oid, Counter())[requester] += 1
+        if ring:
+            self._ring.setdefault(oid, Counter())[requester] += 1
         try:
             return await self._until(oid, timeout, attempt, lambda: (
                 give_up if give_up is not None and loop.time() < give_up else None))
         finally:
-            waiting = self._ring[oid]
-            waiting[requester] -= 1
-            if waiting[requester] <= 0:
-                del waiting[requester]
-            if not waiting:
-                del self._ring[oid]
+            if ring:
+                waiting = self._ring[oid]
+                waiting[requester] -= 1
+                if waiting[requester] <= 0:
+                    del waiting[requester]
+                if not waiting:
+                    del self._ring[oid]
 
     async def wait_object(self, oid: ObjectID, timeout: float | None) -> Entry:
         """The entry of ``oid`` once a live member holds all of it (or it is inline)."""
@@ -151,13 +155,15 @@ class DirectoryShard:
         self._apply(self.state.publish(oid, holder, size, dtype, shape, version, inline,
                                        received, producing, source, serving, receivers))
 
-    def progress(self, oid: ObjectID, holder: str, received: int) -> None:
-        """A receiver reports how far along it is."""
-        self._apply(self.state.progress(oid, holder, received))
+    def progress(self, oid: ObjectID, holder: str, received: int, half: int = -1) -> None:
+        """A receiver reports how far along it is (in half ``half``, if one)."""
+        self._apply(self.state.progress(oid, holder, received, half))
 
-    def transfer_done(self, oid: ObjectID, source: str, receiver: str, complete: bool) -> None:
-        """A pull ended: free the source's slot; a completed receiver becomes a full holder."""
-        self._apply(self.state.transfer_done(oid, source, receiver, complete))
+    def transfer_done(self, oid: ObjectID, source: str, receiver: str, complete: bool,
+                      half: int = -1) -> None:
+        """A pull ended: free the source's slot; a completed receiver becomes a full holder
+        (of half ``half``, if one)."""
+        self._apply(self.state.transfer_done(oid, source, receiver, complete, half))
 
     def may_drop(self, oid: ObjectID, holder: str, version: bytes) -> DropVerdict:
         """May ``holder`` evict its copy? A yes forgets it as a holder (nobody is woken: fewer

@@ -24,6 +24,15 @@ participant holds anything) gives way to the usual choice. Requesters that arriv
 chain around the ring from the producer, so a striped allreduce's stripes, each started at a
 different node, load every link equally.
 
+Two trees of halves (docs/design.md §3, "Two trees of halves for a broadcast"). Where the
+injected rule (``halves_for``) says so for the receivers a get announced, the entry splits: each
+new receiver is given an index, in the order they ask (``Split``), and then locates each half
+on its own (``half``): it pulls half h from the receiver at its parent position in tree h
+(``tree.half_parent``), waiting for that receiver to ask while the requester is ``patient``, or
+from a holder of the whole object at the top. Each half keeps its own holders (``parts``), as
+an entry does, so failures and re-attaches follow the usual rules within a half. A receiver
+holds the whole object once both of its halves are complete.
+
 Nothing here waits or reads a clock: ``try_*`` answer now or say ``NotYet``, and every mutator
 returns the instructions its caller must carry out (``Wake`` the waiters of an id, ``DropCopy``
 on a holder, ...). ``hoplited.directory.shard`` is the asyncio adapter that owns the waiters
@@ -46,6 +55,7 @@ from hoplite_client.wire.errors import (
     PeerUnavailableError,
 )
 from hoplite_client.wire.ids import ObjectID
+from hoplited.collectives.tree import half_parent
 
 # Records kept per id: a get with a few re-attaches and the transfers it caused fit with room
 # to spare (dask keeps its story in a similarly bounded log).
@@ -53,6 +63,11 @@ STORY_RECORDS = 64
 # Ids whose story is kept, oldest written evicted first: bounds the memory at ~STORY_OIDS x
 # STORY_RECORDS short tuples whatever the number of objects.
 STORY_OIDS = 1024
+# A ring requester waits this long at most for its predecessor to enrol (a receiver of a half,
+# for its parent in that half's tree), then takes the usual choice: a predecessor that lags
+# (its request is still on its way, or it waits for a source for another reason) costs the
+# chain its order, never a stall (docs/design.md §3, §4). The adapters keep the time.
+RING_WAIT = 0.5
 
 
 @dataclass(slots=True)
@@ -63,6 +78,7 @@ class Holder:
     seq: int  # enrolment order: where a chain's sources are unknown, sources come first
     serving: int = 0  # transfers it is sending to others now
     source: str | None = None
+    halves: bool = False  # it receives the object as two halves: no source until complete
 
 
 @dataclass(slots=True)
@@ -78,10 +94,24 @@ class Entry:
     holders: dict[str, Holder] = field(default_factory=dict)
     producer: str | None = None  # the node computing it (a reduce's result), if any
     receivers: int = 0  # how many members will get it, as its producer said (0: unknown)
+    trees: HalfTrees | None = None  # its receivers take it as two trees of halves
 
     def complete_holders(self) -> list[str]:
         """The holders (alive or not) that have every byte."""
         return [n for n, h in self.holders.items() if h.received >= self.size]
+
+
+@dataclass(slots=True)
+class HalfTrees:
+    """An object broadcast as two trees of halves: each half's bytes (``bounds``), the count
+    of receivers the trees are built for (``n``), the receivers in the order they asked, and
+    each half's holders, kept as an entry of the half's size (``parts``)."""
+
+    bounds: list[tuple[int, int]]
+    n: int
+    parts: list[Entry]
+    order: list[str] = field(default_factory=list)
+    index: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +167,18 @@ class Moved:
     oid: ObjectID
 
 
+@dataclass(frozen=True, slots=True)
+class Split:
+    """The answer to a locate of an object broadcast as two trees of halves: the requester is
+    receiver ``index`` and locates each half of ``entry.trees.bounds`` on its own."""
+
+    entry: Entry
+    index: int
+
+
 Instruction = Wake | WakeAll | DropCopy | Moved
+# (receivers, size, dtype) -> the bytes of the two halves, or None for one tree
+HalvesRule = Callable[[int, int, str], list[tuple[int, int]] | None]
 
 
 class DirectoryState:
@@ -146,9 +187,11 @@ class DirectoryState:
 
     def __init__(self, fanout: int, is_alive: Callable[[str], bool],
                  owner_of: Callable[[ObjectID], str], me: str,
-                 fanout_for: Callable[[int, int], int] | None = None) -> None:
+                 fanout_for: Callable[[int, int], int] | None = None,
+                 halves_for: HalvesRule | None = None) -> None:
         self.fanout = fanout
         self.fanout_for = fanout_for  # (nodes, size) -> fan-out, for entries that know both
+        self.halves_for = halves_for  # when the receivers take an object as two halves
         self.is_alive = is_alive
         self.owner_of = owner_of
         self.me = me
@@ -166,17 +209,22 @@ class DirectoryState:
 
     def try_locate(self, oid: ObjectID, requester: str, exclude: Iterable[str],
                    offset: int, ring: Collection[str] | None = None,
-                   receivers: int = 0) -> Source | NotYet:
+                   receivers: int = 0, half: int = -1,
+                   patient: bool = True) -> Source | Split | NotYet:
         """Pick a source for ``requester`` (enrolling it behind that source) or say NotYet;
         ``ring``: follow the ring order, ``ring`` naming the other ring requesters of ``oid``
         still waiting for a source; ``receivers``: how many get it together, if the requester
-        knows (the largest count heard is kept)."""
+        knows (the largest count heard is kept). ``Split``: take it as two halves, each
+        located with ``half`` (0 or 1); ``patient``: a half's requester may still wait for the
+        receiver at its parent position to ask."""
         excluded = set(exclude)
         event = (f"locate by {requester} exclude={sorted(excluded)} offset={offset}"
-                 + ("" if ring is None else " ring"))
+                 + ("" if ring is None else " ring") + ("" if half < 0 else f" half {half}"))
         entry = self._current(oid, event)
         if entry is None:
             return self._not_yet(oid, event, "not put yet")
+        if half >= 0:
+            return self._locate_half(entry, requester, excluded, offset, half, patient, event)
         entry.receivers = max(entry.receivers, receivers)
         if entry.inline is not None:  # the requester keeps a copy: a delete must reach it
             if requester not in entry.holders:
@@ -185,19 +233,17 @@ class DirectoryState:
         mine = entry.holders.get(requester)
         if mine is not None and mine.received >= entry.size:
             return self._answer(oid, event, Source(entry, requester), "requester holds it")
+        split = self._split(entry, requester, offset)
+        if split is not None:
+            self._record(oid, event, f"receiver {split.index} of the two trees of halves")
+            return split
         node = None
         if ring is not None:
             node, wait = self._ring_choice(entry, requester, excluded, ring)
             if wait is not None:
                 return self._not_yet(oid, event, f"waiting for {wait}, before it in the ring",
                                      ring=True)
-        node = node or self._choose(entry, requester, excluded)
-        if node is None:
-            return self._not_yet(oid, event, "no eligible source")
-        h = entry.holders[node]
-        why = f"{node}: {h.received}/{entry.size} bytes, serving {h.serving}, seq {h.seq}"
-        self._enrol(entry, requester, node, offset)
-        return self._answer(oid, event, Source(entry, node), why)
+        return self._take(oid, event, entry, requester, excluded, node, offset)
 
     def try_wait_object(self, oid: ObjectID) -> Entry | NotYet:
         """The entry of ``oid`` once a live member holds all of it (or it is inline)."""
@@ -262,18 +308,27 @@ class DirectoryState:
         self._record(oid, event, outcome)
         return [Wake(oid)]
 
-    def progress(self, oid: ObjectID, holder: str, received: int) -> list[Instruction]:
-        """A receiver is ``received`` bytes along (never goes backwards). Not in the story:
-        too frequent, and it decides nothing; the next locate's outcome shows it."""
-        entry = self.entries.get(oid)
+    def progress(self, oid: ObjectID, holder: str, received: int,
+                 half: int = -1) -> list[Instruction]:
+        """A receiver is ``received`` bytes along (never goes backwards), of half ``half`` if
+        it is one. Not in the story: too frequent, and it decides nothing; the next locate's
+        outcome shows it."""
+        if half >= 0:
+            parts = self._parts(oid, half)
+            entry = None if parts is None else parts[1]
+        else:
+            entry = self.entries.get(oid)
         if entry is not None and holder in entry.holders:
             h = entry.holders[holder]
             h.received = max(h.received, received)
         return []
 
     def transfer_done(self, oid: ObjectID, source: str, receiver: str,
-                      complete: bool) -> list[Instruction]:
-        """A pull ended: free the source's slot; a completed receiver becomes a full holder."""
+                      complete: bool, half: int = -1) -> list[Instruction]:
+        """A pull ended: free the source's slot; a completed receiver becomes a full holder
+        (of half ``half``, if it is one: of the object once it has both)."""
+        if half >= 0:
+            return self._half_done(oid, source, receiver, complete, half)
         entry = self.entries.get(oid)
         if entry is None:
             return []
@@ -281,6 +336,30 @@ class DirectoryState:
         outcome = "receiver unknown"
         if h is not None:
             outcome = "slot freed" if h.source == source else "stale source, slot kept"
+        self._free_slot(entry, source, receiver, complete)
+        self._record(oid, f"transfer {source}->{receiver} done complete={complete}", outcome)
+        return [Wake(oid)]
+
+    def _half_done(self, oid: ObjectID, source: str, receiver: str, complete: bool,
+                   half: int) -> list[Instruction]:
+        parts = self._parts(oid, half)
+        if parts is None:
+            return []
+        entry, part = parts
+        self._free_slot(part, source, receiver, complete)
+        whole = entry.holders.get(receiver)
+        assert entry.trees is not None
+        if complete and whole is not None and all(
+                p.holders.get(receiver) is not None
+                and p.holders[receiver].received >= p.size for p in entry.trees.parts):
+            whole.received, whole.halves = entry.size, False
+            self._record(oid, f"{receiver} has both halves", "a holder of the whole object")
+        return [Wake(oid)]
+
+    @staticmethod
+    def _free_slot(entry: Entry, source: str, receiver: str, complete: bool) -> None:
+        """Free ``source``'s slot in ``entry`` (an object or a half's holders)."""
+        h = entry.holders.get(receiver)
         if h is not None and h.source == source:
             h.source = None
             src = entry.holders.get(source)
@@ -288,8 +367,6 @@ class DirectoryState:
                 src.serving = max(0, src.serving - 1)
         if h is not None and complete:
             h.received = entry.size
-        self._record(oid, f"transfer {source}->{receiver} done complete={complete}", outcome)
-        return [Wake(oid)]
 
     def may_drop(self, oid: ObjectID, holder: str, version: bytes) -> DropVerdict:
         """May ``holder`` evict its complete copy of ``oid`` at ``version``? Yes only if
@@ -304,18 +381,16 @@ class DirectoryState:
             return self._verdict(oid, event, False, "no entry: cannot tell who else holds it")
         if entry.version != version:
             return self._verdict(oid, event, True, "not the entry's version")
-        readers = sorted(n for n, h in entry.holders.items() if h.source == holder)
-        mine = entry.holders.get(holder)
-        if readers or (mine is not None and mine.serving > 0):
+        held = [entry, *(entry.trees.parts if entry.trees is not None else ())]
+        readers = sorted({n for e in held for n, h in e.holders.items() if h.source == holder})
+        serving = [e.holders[holder].serving for e in held if holder in e.holders]
+        if readers or any(serving):
             return self._verdict(oid, event, False, f"transfers from it under way: {readers}")
         others = [n for n in entry.complete_holders() if n != holder and self.is_alive(n)]
         if not others:
             return self._verdict(oid, event, False, "it holds the last live complete copy")
-        if mine is not None:
-            del entry.holders[holder]
-            if mine.source in entry.holders:
-                src = entry.holders[mine.source]
-                src.serving = max(0, src.serving - 1)
+        for e in held:
+            self._forget_holder(e, holder)
         return self._verdict(oid, event, True, f"complete on {sorted(others)}")
 
     def fail(self, oid: ObjectID, error: HopliteError) -> list[Instruction]:
@@ -358,16 +433,25 @@ class DirectoryState:
                 self._record(oid, f"{node} died", "tombstone: its producer died")
                 out.append(Wake(oid))
                 continue
-            h = entry.holders.pop(node, None)
-            if h is not None and h.source in entry.holders:
-                src = entry.holders[h.source]
-                src.serving = max(0, src.serving - 1)
-            orphans = [n for n, other in entry.holders.items() if other.source == node]
-            for n in orphans:
-                entry.holders[n].source = None
-            if h is not None or orphans:
-                self._record(oid, f"{node} died", f"holder removed, orphaned {orphans}")
+            for held in [entry, *(entry.trees.parts if entry.trees is not None else ())]:
+                h = self._forget_holder(held, node)
+                orphans = [n for n, other in held.holders.items() if other.source == node]
+                for n in orphans:
+                    held.holders[n].source = None
+                if h is not None or orphans:
+                    part = "" if held is entry else f" (a half of {held.size} bytes)"
+                    self._record(oid, f"{node} died",
+                                 f"holder removed, orphaned {orphans}{part}")
         return out
+
+    @staticmethod
+    def _forget_holder(entry: Entry, node: str) -> Holder | None:
+        """Remove ``node`` from ``entry``'s holders, freeing its source's slot."""
+        h = entry.holders.pop(node, None)
+        if h is not None and h.source in entry.holders:
+            src = entry.holders[h.source]
+            src.serving = max(0, src.serving - 1)
+        return h
 
     def membership_changed(self) -> list[Instruction]:
         """Drop entries owned elsewhere now, and wake every waiter to re-check its owner."""
@@ -395,6 +479,7 @@ class DirectoryState:
         candidates = []
         for node, h in entry.holders.items():
             if (node == requester or node in exclude or not self.is_alive(node)
+                    or (h.halves and h.received < entry.size)
                     or not self._eligible(entry, node, requester)):
                 continue
             partial, full = h.received < entry.size, h.serving >= fanout
@@ -404,6 +489,86 @@ class DirectoryState:
             order = (h.seq, h.serving) if partial and not full else (h.serving, h.seq)
             candidates.append((full, partial, -h.received, order, node))
         return min(candidates)[-1] if candidates else None
+
+    def _split(self, entry: Entry, requester: str, offset: int) -> Split | None:
+        """The requester's place in the two trees of halves, if the object is (or now becomes)
+        taken so: a receiver starting from byte 0 with no copy of its own under way."""
+        mine = entry.holders.get(requester)
+        if offset or (mine is not None and not mine.halves):
+            return None
+        trees = entry.trees
+        if trees is None and not self._has_live_copy(entry):
+            return None  # still produced (a reduce's result): its gets chain behind it
+        if trees is None:
+            bounds = (None if self.halves_for is None or not entry.receivers
+                      else self.halves_for(entry.receivers, entry.size, entry.dtype))
+            if bounds is None:
+                return None
+            trees = entry.trees = HalfTrees(bounds, entry.receivers, [
+                Entry(entry.oid, hi - lo, entry.dtype, [], entry.version)
+                for lo, hi in bounds])
+        index = trees.index.get(requester)
+        if index is None:
+            index = trees.index[requester] = len(trees.order)
+            trees.order.append(requester)
+        if mine is None:  # a delete must reach its copy, and no whole-object pull picks it
+            entry.holders[requester] = Holder(received=0, seq=next(self._seq), halves=True)
+        return Split(entry, index)
+
+    def _locate_half(self, entry: Entry, requester: str, excluded: set[str], offset: int,
+                     half: int, patient: bool, event: str) -> Source | NotYet:
+        """A source of half ``half`` for receiver ``requester``: the receiver at its parent
+        position in that half's tree, a holder of the whole object at the top, or, when that
+        receiver is gone, excluded, or (``patient`` False) has not asked yet, the usual
+        choice among the half's holders."""
+        trees = entry.trees
+        if trees is None or not 0 <= half < len(trees.parts):
+            raise PeerUnavailableError(
+                f"object {entry.oid.hex()} is no longer taken as two halves here (its entry "
+                f"was rebuilt, or never split): get it again", oid=entry.oid.hex())
+        part = trees.parts[half]
+        for whole in entry.complete_holders():  # holders of the whole hold each half
+            if whole not in part.holders:
+                part.holders[whole] = Holder(received=part.size, seq=next(self._seq))
+        oid = entry.oid
+        mine = part.holders.get(requester)
+        if mine is not None and mine.received >= part.size:
+            return self._answer(oid, event, Source(part, requester), "requester holds it")
+        index = trees.index.get(requester)
+        parent = (None if index is None or index >= trees.n
+                  else half_parent(trees.n, half, index))
+        node: str | None = None
+        if parent is not None and parent >= len(trees.order):
+            if patient:
+                return self._not_yet(oid, event, f"waiting for receiver {parent} to ask",
+                                     ring=True)
+        elif parent is not None:
+            up = trees.order[parent]
+            if up not in excluded and self.is_alive(up):
+                if up not in part.holders:  # it asked for the whole, not yet for this half
+                    part.holders[up] = Holder(received=0, seq=next(self._seq))
+                if self._eligible(part, up, requester):
+                    node = up
+        return self._take(oid, event, part, requester, excluded, node, offset)
+
+    def _take(self, oid: ObjectID, event: str, held: Entry, requester: str,
+              excluded: set[str], node: str | None, offset: int) -> Source | NotYet:
+        """``node``, or else the usual choice among ``held``'s holders (an object's, or a
+        half's), enrolled as ``requester``'s source."""
+        node = node or self._choose(held, requester, excluded)
+        if node is None:
+            return self._not_yet(oid, event, "no eligible source")
+        h = held.holders[node]
+        why = f"{node}: {h.received}/{held.size} bytes, serving {h.serving}, seq {h.seq}"
+        self._enrol(held, requester, node, offset)
+        return self._answer(oid, event, Source(held, node), why)
+
+    def _parts(self, oid: ObjectID, half: int) -> tuple[Entry, Entry] | None:
+        """(the entry, its half ``half``'s holders), if ``oid`` is taken as halves here."""
+        entry = self.entries.get(oid)
+        if entry is None or entry.trees is None or not 0 <= half < len(entry.trees.parts):
+            return None
+        return entry, entry.trees.parts[half]
 
     def _fanout(self, entry: Entry) -> int:
         """The most pulls one holder of ``entry`` should serve: the configured fan-out, or 2

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from hoplite_client.wire.errors import CapacityError, HopliteError
 from hoplite_client.wire.ids import ObjectID
@@ -47,10 +47,11 @@ class Space:
 
     async def create(self, oid: ObjectID, size: int, dtype: str, shape: list[int],
                      version: bytes | None = None, temporary: bool = False,
-                     wait: float | None = 0.0) -> StoredObject:
+                     wait: float | None = 0.0,
+                     stripes: Sequence[tuple[ObjectID, int, int]] = ()) -> StoredObject:
         """A new, empty object, evicting other copies to make room; waits at most ``wait`` s
         (None: forever) for memory to be freed. An object larger than the whole store, or
-        bad metadata, fails at once."""
+        bad metadata, fails at once. ``stripes``: a composite of those (``create_composite``)."""
         store, arena = self._store, self._store.arena
         check_meta(dtype, shape, size)
         if _pages(size) > arena.capacity:
@@ -62,6 +63,8 @@ class Space:
         while True:
             seen = store.space_events
             try:
+                if stripes:
+                    return store.create_composite(oid, size, dtype, shape, stripes, version)
                 return store.create(oid, size, dtype, shape, version, temporary)
             except CapacityError:
                 pass

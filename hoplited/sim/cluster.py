@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
-from hoplited.collectives.tree import tree_fanout
+from hoplited.collectives.tree import broadcast_halves, tree_fanout
 from hoplited.sim.clock import Clock
 from hoplited.sim.network import Copy, Network
 from hoplited.sim.shard import Shard
@@ -30,12 +30,17 @@ class Cluster:
     copies: dict[tuple[str, ObjectID], Copy] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, rate: float, latency: float, segment: int, fanout: int) -> Cluster:
-        """Links of ``rate`` bytes/s and ``latency`` s per hop; the shard lives on node 0."""
+    def build(cls, rate: float, latency: float, segment: int, fanout: int,
+              two_trees: str = "auto") -> Cluster:
+        """Links of ``rate`` bytes/s and ``latency`` s per hop; the shard lives on node 0.
+        ``two_trees``: when a broadcast is taken as two trees of halves, as hoplited's
+        ``--two-trees``."""
         clock = Clock()
         return cls(clock, Network(clock, rate, latency, segment),
                    Shard(clock, latency, fanout, node_name(0), lambda n, size: tree_fanout(
-                       n, size, rate, latency, segment)))
+                       n, size, rate, latency, segment),
+                       lambda n, size, dtype: broadcast_halves(two_trees, n, size, dtype,
+                                                               rate, latency)))
 
     def put(self, node: str, oid: ObjectID, size: int, dtype: str,
             shape: tuple[int, ...]) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplited.cluster.link_model import DEFAULT_LATENCY
-from hoplited.collectives.tree import two_tree_halves
+from hoplited.collectives.tree import broadcast_halves, two_tree_halves
 from hoplited.config import DaemonConfig
 from hoplited.sim.cluster import Cluster, node_name
 from hoplited.sim.errors import SimulationError
@@ -45,7 +45,7 @@ class SimResult:
     error: str | None
     events: int
     depth: int | None = None  # of the reduce tree (0: one chain)
-    two_trees: bool = False  # the reduce ran as two trees of halves
+    two_trees: bool = False  # the reduce ran, or the broadcast was taken, as two trees of halves
 
     @property
     def s_over_rate(self) -> float:
@@ -69,8 +69,9 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
              two_trees: str = "auto") -> SimResult:
     """Run ``op`` on ``nodes`` nodes with objects of ``size`` bytes over links of ``rate_bps``
     bit/s and ``latency`` s per hop; ``concurrency`` bounds a gather's gets (None: none);
-    ``two_trees``: when the reduce runs as two trees of halves, as hoplited's ``--two-trees``
-    decides (``tree.two_tree_halves`` on the simulated links; docs/simulation.md §6)."""
+    ``two_trees``: when the reduce runs, or a broadcast is taken, as two trees of halves, as
+    hoplited's ``--two-trees`` decides (``tree.two_tree_halves``, ``tree.broadcast_halves``
+    on the simulated links; docs/simulation.md §6)."""
     if op not in OPS:
         raise SimulationError(f"unknown collective {op!r}; one of {', '.join(OPS)}")
     if nodes < 2 or size < 1 or fanout < 1 or (concurrency is not None and concurrency < 1):
@@ -78,10 +79,14 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
                               f"{concurrency}: need 2 nodes, 1 byte, 1 and 1 at least")
     halves = two_tree_halves(two_trees, nodes, nodes, size, DTYPE, "sum", rate_bps / 8,
                              latency) if op == "reduce" else None
-    if two_trees == "always" and halves is None:
-        raise SimulationError(f"two trees of halves are a shape of the reduce, for halves of "
-                              f"more than {INLINE_MAX} bytes")
-    c = Cluster.build(rate_bps / 8, latency, segment, fanout)
+    if two_trees == "always" and (
+            op not in ("reduce", "broadcast") or (op == "reduce" and halves is None)
+            or (op == "broadcast" and broadcast_halves(two_trees, nodes - 1, size, DTYPE,
+                                                       rate_bps / 8, latency) is None)):
+        raise SimulationError(f"two trees of halves are a shape of the reduce and of a "
+                              f"broadcast to two receivers or more, for halves of more than "
+                              f"{INLINE_MAX} bytes")
+    c = Cluster.build(rate_bps / 8, latency, segment, fanout, two_trees)
     runs: list[ReduceRun] = []
     if op == "broadcast":
         oid = object_id("broadcast")
@@ -118,9 +123,11 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
     if len(done) < len(wanted) and not failed:
         failed.append(f"the simulation stopped with {len(wanted) - len(done)} gets "
                       f"unfinished ({c.shard.waiting} waiting at the shard)")
+    split = op == "broadcast" and c.shard.state.entries[wanted[0][1]].trees is not None
     return SimResult(op, nodes, size, rate_bps, latency, segment, fanout,
                      None if failed else max(done), failed[0] if failed else None,
-                     c.clock.events, runs[0].depth if runs else None, halves is not None)
+                     c.clock.events, runs[0].depth if runs else None,
+                     halves is not None or split)
 
 
 def _start_gets(c: Cluster, wanted: list[tuple[str, ObjectID]],

@@ -14,7 +14,17 @@ from collections.abc import Callable, Iterable
 
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.ids import ObjectID
-from hoplited.directory.state import DirectoryState, Entry, Instruction, NotYet, Source, Wake
+from hoplited.directory.state import (
+    RING_WAIT,
+    DirectoryState,
+    Entry,
+    HalvesRule,
+    Instruction,
+    NotYet,
+    Source,
+    Split,
+    Wake,
+)
 from hoplited.sim.clock import Clock
 
 Attempt = Callable[[], bool]  # True once answered
@@ -24,10 +34,12 @@ class Shard:
     """``DirectoryState`` (fan-out ``fanout``, every node alive) reached in one hop."""
 
     def __init__(self, clock: Clock, latency: float, fanout: int, me: str,
-                 fanout_for: Callable[[int, int], int] | None = None) -> None:
+                 fanout_for: Callable[[int, int], int] | None = None,
+                 halves_for: HalvesRule | None = None) -> None:
         self.clock, self.latency = clock, latency
         self.state = DirectoryState(fanout, is_alive=lambda node: True,
-                                    owner_of=lambda oid: me, me=me, fanout_for=fanout_for)
+                                    owner_of=lambda oid: me, me=me, fanout_for=fanout_for,
+                                    halves_for=halves_for)
         self._waiters: defaultdict[ObjectID, list[Attempt]] = defaultdict(list)
 
     @property
@@ -36,21 +48,38 @@ class Shard:
         return sum(map(len, self._waiters.values()))
 
     def locate(self, oid: ObjectID, requester: str, exclude: Iterable[str], offset: int,
-               reply: Callable[[Source | HopliteError], None], receivers: int = 0) -> None:
-        """``Locate``: a source for ``requester`` (enrolled behind it), or the shard's error;
-        ``receivers``: how many get the object together, as the get says."""
+               reply: Callable[[Source | Split | HopliteError], None], receivers: int = 0,
+               half: int = -1) -> None:
+        """``Locate``: a source for ``requester`` (enrolled behind it), the split into two
+        halves, or the shard's error; ``receivers``: how many get the object together, as the
+        get says; ``half``: of that half, waiting ``RING_WAIT`` at most for the parent in its
+        tree to ask, as ``directory/shard.py`` does."""
         excluded = tuple(exclude)
+        patience: list[bool] = []  # [True] while waiting for a parent, [False] once over
 
         def attempt() -> bool:
+            patient = not patience or patience[0]
             try:
-                answer: Source | NotYet | HopliteError = self.state.try_locate(
-                    oid, requester, excluded, offset, receivers=receivers)
+                answer: Source | Split | NotYet | HopliteError = self.state.try_locate(
+                    oid, requester, excluded, offset, receivers=receivers, half=half,
+                    patient=patient)
             except HopliteError as exc:
                 answer = exc
             if isinstance(answer, NotYet):
+                if answer.ring and not patience:
+                    patience.append(True)
+                    self.clock.after(RING_WAIT, impatient)
                 return False
+            if half >= 0 or isinstance(answer, Split):
+                # receivers waiting for this one may go on; woken next, not from within an
+                # attempt (``_apply`` is iterating over the waiters)
+                self.clock.after(0.0, lambda: self._apply([Wake(oid)]))
             self.clock.after(self.latency, lambda: reply(answer))
             return True
+
+        def impatient() -> None:
+            patience[0] = False
+            self._apply([Wake(oid)])
         self.clock.after(self.latency, lambda: self._ask(oid, attempt))
 
     def wait_object(self, oid: ObjectID, reply: Callable[[Entry], None]) -> None:
@@ -71,13 +100,14 @@ class Shard:
             oid, holder, size, dtype, shape, version, inline, received, producing,
             receivers=receivers)))
 
-    def progress(self, oid: ObjectID, holder: str, received: int) -> None:
+    def progress(self, oid: ObjectID, holder: str, received: int, half: int = -1) -> None:
         self.clock.after(self.latency, lambda: self._apply(
-            self.state.progress(oid, holder, received)))
+            self.state.progress(oid, holder, received, half)))
 
-    def transfer_done(self, oid: ObjectID, source: str, receiver: str, complete: bool) -> None:
+    def transfer_done(self, oid: ObjectID, source: str, receiver: str, complete: bool,
+                      half: int = -1) -> None:
         self.clock.after(self.latency, lambda: self._apply(
-            self.state.transfer_done(oid, source, receiver, complete)))
+            self.state.transfer_done(oid, source, receiver, complete, half)))
 
     def fail(self, oid: ObjectID, error: HopliteError) -> None:
         """``FailEntry``: ``oid`` will never exist; its waiters get ``error``."""

@@ -34,9 +34,11 @@ it was asked with is final: it may be the shard's record of a failed reduce); on
 has passed, no caller waits and the fetch fails instead of asking again. Each caller still gives
 up on its own timeout in the driver (``hoplited.transfer.fetcher``).
 
-Phases: new -> asking <-> pulling -> over. An event that does not fit the phase (an answer
-while a pull runs, the end of a pull that is not the current one, anything once over) is
-stale: it changes nothing and yields no instruction. Nothing here waits or does I/O:
+Phases: new -> asking <-> pulling -> over; or asking -> halves -> over, when the owner splits
+the object into two halves (``FetchHalves``): each half is then a fetch of its own, with a plan
+of its own, and this one only waits for both (``HalvesEnded``). An event that does not fit the
+phase (an answer while a pull runs, the end of a pull that is not the current one, anything
+once over) is stale: it changes nothing and yields no instruction. Nothing here waits or does I/O:
 ``handle(event)`` returns instructions, carried out in order; ``history`` keeps the last few.
 """
 
@@ -56,6 +58,7 @@ from hoplite_client.wire.errors import (
     ProtocolError,
 )
 from hoplite_client.wire.ids import ObjectID
+from hoplited.collectives.ops import derived_id
 
 # Sources tried before a get gives up on a transfer: enough to ride out several deaths in a
 # row, few enough that a poisoned object fails in bounded time (the pre-plan fetcher's value).
@@ -94,6 +97,8 @@ class Located:
     shape: tuple[int, ...]
     version: bytes
     here: bool = False
+    halves: tuple[tuple[int, int], ...] | None = None  # take it as these two halves...
+    index: int = -1  # ... as this receiver of their trees
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,13 +127,21 @@ class CopyFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class HalvesEnded:
+    """Both halves' fetches ended: the copy is complete, or (``error``) one of them failed
+    after its own retries."""
+
+    error: HopliteError | None
+
+
+@dataclass(frozen=True, slots=True)
 class CallerJoined:
     """Another get of the same id joined; its ``deadline`` (None: none) may extend ours."""
 
     deadline: float | None
 
 
-Event = Located | LocateFailed | PullEnded | CopyFailed | CallerJoined
+Event = Located | LocateFailed | PullEnded | CopyFailed | CallerJoined | HalvesEnded
 
 
 # --- instructions ---
@@ -176,6 +189,19 @@ class Pull:
 
 
 @dataclass(frozen=True, slots=True)
+class FetchHalves:
+    """Create the local copy as two halves (``bounds``) and fetch each on its own, as
+    receiver ``index`` of the two trees (docs/design.md §3); ``HalvesEnded`` follows."""
+
+    size: int
+    dtype: str
+    shape: tuple[int, ...]
+    version: bytes
+    bounds: tuple[tuple[int, int], ...]
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
 class Report:
     """Tell the owner shard the pull from ``source`` ended (``complete`` or not)."""
 
@@ -196,8 +222,14 @@ class Fail:
 
 
 Instruction = (AskOwner | UseLocalCopy | StoreInline | Allocate | Discard | Pull | Report | Done
-               | Fail)
-Phase = Literal["new", "asking", "pulling", "over"]
+               | Fail | FetchHalves)
+Phase = Literal["new", "asking", "pulling", "halves", "over"]
+
+
+def view_id(oid: ObjectID, half: int) -> ObjectID:
+    """The local id of half ``half`` of ``oid`` taken as two halves: the view its pulls fill
+    and its receivers' pulls read (never published)."""
+    return derived_id(oid, half, b"broadcast-half")
 
 
 def is_retriable(error: BaseException) -> bool:
@@ -260,7 +292,12 @@ class FetchPlan:
         self.history.append((event, tuple(out)))
         return out
 
-    def _handle(self, ev: Located | LocateFailed | PullEnded | CopyFailed) -> list[Instruction]:
+    def _handle(self, ev: Located | LocateFailed | PullEnded | CopyFailed | HalvesEnded
+                ) -> list[Instruction]:
+        if isinstance(ev, HalvesEnded):
+            if self.phase != "halves":
+                return []
+            return [Done()] if ev.error is None else [Fail(ev.error)]
         if isinstance(ev, CopyFailed):
             if self.phase in ("new", "over"):
                 return []
@@ -295,6 +332,11 @@ class FetchPlan:
             self.watermark = 0
             self.exclude.clear()  # about copies of the old version
             self.stalled.clear()
+        if ev.halves is not None:  # a copy begun is discarded above (its source is None)
+            self.size, self.version, self.watermark = ev.size, ev.version, 0
+            self.phase = "halves"
+            return [*out, FetchHalves(ev.size, ev.dtype, ev.shape, ev.version, ev.halves,
+                                      ev.index)]
         if ev.source is None:
             return [*out, StoreInline(), Done()]
         if self.version is None:

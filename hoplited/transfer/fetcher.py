@@ -16,6 +16,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from hoplite_client.net.handshake import Identity, refused
@@ -38,10 +39,11 @@ from hoplited.cluster.membership import Membership
 from hoplited.directory.client import DirectoryClient
 from hoplited.memory.arena import Arena
 from hoplited.memory.space import Space
-from hoplited.memory.store import CopyWithdrawn, ObjectStore, StoredObject
+from hoplited.memory.store import CopyWithdrawn, ObjectStore, StoredObject, parse_dtype
 from hoplited.tasks import Tasks
 from hoplited.transfer import fetch_plan as fp
 from hoplited.transfer.data_connections import DataConnections
+from hoplited.transfer.fetch_plan import view_id
 from hoplited.transfer.sender import SEND_SLICE
 from hoplited.transfer.traffic import Traffic
 
@@ -75,6 +77,8 @@ class Fetcher:
         self._connections = connections  # idle ones, kept for the next pull
         self._fetches: dict[ObjectID, tuple[asyncio.Task[StoredObject], fp.FetchPlan]] = {}
         self._callers: Counter[ObjectID] = Counter()  # gets waiting on each fetch
+        self._half_plans: dict[ObjectID, list[fp.FetchPlan]] = {}  # a fetch's halves' plans
+        self.halved = 0  # objects received as two halves
 
     def in_flight(self) -> list[dict[str, Any]]:
         """Every fetch under way: the object, its phase, the source pulled and the bytes held
@@ -145,7 +149,8 @@ class Fetcher:
                 task.add_done_callback(lambda done: self._forget(oid, done))
             else:
                 task, plan = running
-                plan.handle(fp.CallerJoined(deadline))  # our deadline may outlast the others'
+                for joined in [plan, *self._half_plans.get(oid, ())]:
+                    joined.handle(fp.CallerJoined(deadline))  # ours may outlast the others'
             self._callers[oid] += 1
             try:
                 return await asyncio.shield(task)  # it outlives callers that give up...
@@ -184,7 +189,8 @@ class Fetcher:
                     located, m = answer, answer.msg
                     todo.extend(plan.handle(fp.Located(
                         loop.time(), m.source, m.size, m.dtype, tuple(m.shape), m.version,
-                        here=obj is None and store.get(oid) is not None)))
+                        here=obj is None and store.get(oid) is not None,
+                        halves=_bounds(m.halves), index=m.index)))
                 elif isinstance(ins, fp.UseLocalCopy):
                     result = await self._local_copy(oid)
                 elif isinstance(ins, fp.StoreInline):
@@ -197,6 +203,16 @@ class Fetcher:
                     populate = self._tasks.spawn(self._arena.populate(obj.offset, obj.size),
                                                  name="populate",
                                                  on_error=functools.partial(self._unbacked, obj))
+                elif isinstance(ins, fp.FetchHalves):
+                    obj = await self._space.create(
+                        oid, ins.size, ins.dtype, list(ins.shape), ins.version,
+                        stripes=[(view_id(oid, h), lo, hi)
+                                 for h, (lo, hi) in enumerate(ins.bounds)])
+                    store.pin(obj)  # the kernel writes into it until the pulls end
+                    populate = self._tasks.spawn(self._arena.populate(obj.offset, obj.size),
+                                                 name="populate",
+                                                 on_error=functools.partial(self._unbacked, obj))
+                    todo.extend(plan.handle(await self._fetch_halves(obj, ins, plan)))
                 elif isinstance(ins, fp.Discard):
                     assert obj is not None
                     if store.get(oid) is obj:  # those reading it from us ask again too
@@ -228,6 +244,81 @@ class Fetcher:
             if obj is not None:
                 store.unpin(obj)
 
+    async def _fetch_halves(self, obj: StoredObject, ins: fp.FetchHalves,
+                            plan: fp.FetchPlan) -> fp.HalvesEnded:
+        """Fetch both halves of the composite ``obj`` at once, each with a plan of its own
+        (docs/design.md §3, "Two trees of halves for a broadcast"); the first failure stops
+        the other. The halves' views go once the copy is whole: it serves both from then on."""
+        store = self._store
+        itemsize = parse_dtype(obj.dtype).itemsize
+        views = [store.create(view_id(obj.oid, h), hi - lo, obj.dtype,
+                              [(hi - lo) // itemsize], obj.version)
+                 for h, (lo, hi) in enumerate(ins.bounds)]
+        plans = [fp.FetchPlan(obj.oid, self.me, plan.deadline, patience=self._patience)
+                 for _ in views]
+        self._half_plans[obj.oid] = plans
+        halves = [self._tasks.spawn(self._fetch_half(view, h, ins.bounds[h], hp),
+                                    name=f"fetch-half-{h}-{obj.oid.short()}",
+                                    on_error=_awaited)
+                  for h, (view, hp) in enumerate(zip(views, plans))]
+        try:
+            for done in asyncio.as_completed(halves):
+                await done
+        except HopliteError as exc:
+            return fp.HalvesEnded(exc)
+        finally:
+            for task in halves:
+                task.cancel()
+            await asyncio.gather(*halves, return_exceptions=True)
+            if self._half_plans.get(obj.oid) is plans:
+                del self._half_plans[obj.oid]
+        for view in views:
+            if store.get(view.oid) is view:
+                store.remove(view.oid)
+        obj.temporary = False  # a copy like any other from now on: it may be evicted
+        self.halved += 1
+        return fp.HalvesEnded(None)
+
+    async def _fetch_half(self, view: StoredObject, half: int, window: tuple[int, int],
+                          plan: fp.FetchPlan) -> None:
+        """Carry out ``plan``, the fetch of one half into its ``view``, as ``_fetch`` does a
+        whole object's: the owner is the whole object's, asked about ``half``."""
+        oid = plan.oid
+        loop = asyncio.get_running_loop()
+        todo: deque[fp.Instruction] = deque(plan.start(loop.time()))
+        while todo:
+            ins = todo.popleft()
+            if isinstance(ins, fp.AskOwner):
+                answer = await self._ask(oid, ins, view, loop, False, 0, half)
+                if not isinstance(answer, Frame):
+                    todo.extend(plan.handle(answer))
+                    continue
+                m = answer.msg
+                todo.extend(plan.handle(fp.Located(loop.time(), m.source, m.size, m.dtype,
+                                                   tuple(m.shape), m.version)))
+            elif (isinstance(ins, fp.Discard) or isinstance(ins, fp.Allocate)
+                  and (ins.size != view.size or ins.version != view.version)):
+                raise ObjectNotFoundError(
+                    f"half {half} of {oid.hex()} changed while being received (put again)",
+                    oid=oid.hex())
+            elif isinstance(ins, fp.Allocate):
+                continue  # its view was made with the copy
+            elif isinstance(ins, fp.Pull):
+                todo.extend(plan.handle(await self._pull(view, ins.source, loop, oid, window,
+                                                         half)))
+            elif isinstance(ins, fp.Report):
+                self._directory.transfer_done(oid, ins.source, ins.complete, half)
+            elif isinstance(ins, fp.UseLocalCopy):
+                await view.wait_for(view.size)
+            elif isinstance(ins, fp.Done):
+                return
+            elif isinstance(ins, fp.Fail):
+                raise ins.error
+            else:  # a half is never inline or split again
+                raise RemoteProtocolError(f"half {half} of {oid.hex()}: the owner answered "
+                                          f"{type(ins).__name__}")
+        raise AssertionError("a fetch plan ends with Done or Fail")
+
     def abort(self, oid: ObjectID) -> asyncio.Task[StoredObject] | None:
         """Stop the fetch of ``oid`` under way here, whatever its phase, once nobody waits for
         it: the caller computes ``oid`` here instead (an allreduce stripe given to this node,
@@ -257,7 +348,7 @@ class Fetcher:
         task.cancel()
 
     async def _ask(self, oid: ObjectID, ins: fp.AskOwner, obj: StoredObject | None,
-                   loop: asyncio.AbstractEventLoop, ring: bool, receivers: int
+                   loop: asyncio.AbstractEventLoop, ring: bool, receivers: int, half: int = -1
                    ) -> Frame[Located] | fp.LocateFailed | fp.CopyFailed:
         """Ask the owner for a source. If our partial copy fails meanwhile (it was deleted),
         the ask ends with that: the shard would wait for a put that may never come, and the
@@ -275,7 +366,7 @@ class Fetcher:
         try:
             async with scope:
                 return await self._directory.locate(oid, ins.timeout, list(ins.exclude),
-                                                    ins.offset, ring, receivers)
+                                                    ins.offset, ring, receivers, half)
         except HopliteError as exc:  # the shard's answer, its timeout included
             return fp.LocateFailed(loop.time(), exc)
         except TimeoutError:
@@ -293,14 +384,18 @@ class Fetcher:
             self._store.remove(obj.oid, exc if isinstance(exc, HopliteError) else CapacityError(
                 f"no memory for object {obj.oid.hex()}: {exc!r}", oid=obj.oid.hex()))
 
-    async def _pull(self, obj: StoredObject, source: str,
-                    loop: asyncio.AbstractEventLoop) -> fp.PullEnded | fp.CopyFailed:
-        """One pull from ``source``, its outcome as the plan's event."""
+    async def _pull(self, obj: StoredObject, source: str, loop: asyncio.AbstractEventLoop,
+                    remote: ObjectID | None = None, window: tuple[int, int] | None = None,
+                    half: int = -1) -> fp.PullEnded | fp.CopyFailed:
+        """One pull from ``source`` (of ``window`` of ``remote``, a half), its outcome as the
+        plan's event."""
         error: HopliteError | None = None
         try:
-            await self.pull_into(obj, source, obj.oid, obj.version, report=True,
+            await self.pull_into(obj, source, obj.oid if remote is None else remote,
+                                 obj.version, report=True,
                                  stall=self._link_model.stall_window(SEND_SLICE,
-                                                                     self._stall_timeout))
+                                                                     self._stall_timeout),
+                                 window=window, half=half)
         except HopliteError as exc:
             error = exc
         if obj.error is not None:
@@ -342,23 +437,25 @@ class Fetcher:
 
     async def pull_into(self, obj: StoredObject, source: str, remote: ObjectID, version: bytes,
                         report: bool = False, stall: float | None = None,
-                        until: int | None = None) -> None:
+                        until: int | None = None, window: tuple[int, int] | None = None,
+                        half: int = -1) -> None:
         """Stream ``source``'s object ``remote`` (at ``version``) into ``obj`` from its
         watermark on; ``report`` tells the directory how far along we are. ``stall``: how long
         the source may send nothing (default: the configured cap; a reduce's pulls keep it,
         since a partial sum legitimately waits for inputs that have not arrived yet).
-        ``until``: close the stream once the watermark reaches it (bytes past it may land)."""
+        ``until``: close the stream once the watermark reaches it (bytes past it may land).
+        ``window``: only those bytes of ``remote``, its half ``half`` (``obj`` is that size)."""
         if until is not None and obj.received >= until:
             return
         self._store.pin(obj)  # its memory stays valid until the stream is closed
         try:
-            await self._pull_pinned(obj, source, remote, version, report, stall, until)
+            await self._pull_pinned(obj, source, remote, version,
+                                    _Stream(report, stall, until, window, half))
         finally:
             self._store.unpin(obj)
 
     async def _pull_pinned(self, obj: StoredObject, source: str, remote: ObjectID,
-                           version: bytes, report: bool, stall: float | None,
-                           until: int | None) -> None:
+                           version: bytes, how: _Stream) -> None:
         member = self._membership.members.get(source)
         if member is None or not self._membership.is_trusted(source):
             raise PeerUnavailableError(f"source {source} is not a live member, or is silent",
@@ -366,7 +463,7 @@ class Fetcher:
         idle = self._connections.take(source)
         if idle is not None:
             try:
-                await self._stream(idle, obj, source, remote, version, report, stall, until)
+                await self._stream(idle, obj, source, remote, version, how)
                 return
             except _Unanswered:
                 # closed before the source said a word: the end of a kept connection, no news
@@ -379,16 +476,16 @@ class Fetcher:
                 self._refused(source)
             raise
         try:
-            await self._stream(protocol, obj, source, remote, version, report, stall, until)
+            await self._stream(protocol, obj, source, remote, version, how)
         except _Unanswered as exc:
             raise exc.error from None
 
     async def _stream(self, protocol: FrameProtocol, obj: StoredObject, source: str,
-                      remote: ObjectID, version: bytes, report: bool, stall: float | None,
-                      until: int | None) -> None:
+                      remote: ObjectID, version: bytes, how: _Stream) -> None:
         """One Pull on ``protocol``; the connection goes back to the idle pool when the
         source's answer ended cleanly, and is closed otherwise. Raises :class:`_Unanswered`
         when it closed before any answer."""
+        report, stall, until = how.report, how.stall, how.until
         if obj.error is not None:  # failed or deleted while we connected: nothing to fill
             protocol.close()
             raise obj.error
@@ -418,7 +515,7 @@ class Fetcher:
             now = time.monotonic()
             if report and now - last_report >= PROGRESS_INTERVAL:
                 last_report = now
-                self._directory.progress(obj.oid, obj.received)
+                self._directory.progress(remote, obj.received, how.half)
 
         def on_frame(frame: Frame[Any]) -> None:  # any kind may arrive; checked here
             nonlocal answered
@@ -443,7 +540,8 @@ class Fetcher:
         began = time.monotonic()
         frame: Frame[DataStream | Error] | None = None
         try:
-            protocol.send(Pull(rid=1, oid=remote, version=version, offset=start))
+            protocol.send(Pull(rid=1, oid=remote, version=version, offset=start,
+                               window=None if how.window is None else list(how.window)))
             frame = await self._watch(protocol, obj, done,
                                       self._stall_timeout if stall is None else stall, source)
         except ConnectionLostError as exc:
@@ -498,6 +596,31 @@ class Fetcher:
                            or not self._membership.is_trusted(source)):
                 raise HopliteTimeoutError(f"source sent nothing for {silent:g}s")
             seen = obj.received
+
+
+@dataclass(frozen=True, slots=True)
+class _Stream:
+    """How one pull streams: reports progress, its stall window, where it stops early, and
+    the window (and half) of the remote object it takes."""
+
+    report: bool
+    stall: float | None
+    until: int | None
+    window: tuple[int, int] | None
+    half: int
+
+
+def _awaited(exc: BaseException) -> None:
+    """A half's fetch failed: the whole object's fetch awaits it and ends with its error."""
+
+
+def _bounds(flat: list[int] | None) -> tuple[tuple[int, int], ...] | None:
+    """(lo0, hi0, lo1, hi1) as the two halves' bounds; anything else is the shard's error."""
+    if flat is None:
+        return None
+    if len(flat) != 4 or not 0 <= flat[0] < flat[1] == flat[2] < flat[3]:
+        raise RemoteProtocolError(f"halves {flat} do not split an object in two")
+    return (flat[0], flat[1]), (flat[2], flat[3])
 
 
 class _Unanswered(Exception):

@@ -21,7 +21,7 @@ from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, Objec
 from hoplite_client.wire.frames import Frame, encode_header
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import DataStream, Error, Pull, RingOpen
-from hoplited.memory.store import ObjectStore
+from hoplited.memory.store import ObjectStore, StoredObject
 from hoplited.transfer.traffic import Traffic
 
 log = logging.getLogger("hoplited.transfer")
@@ -98,27 +98,52 @@ class Sender:
                                 message=f"no copy of {pull.oid.hex()} (version "
                                         f"{pull.version.hex()}) here", data={}))
             return
-        if not 0 <= pull.offset <= obj.size:
+        whole, base = obj, 0
+        if pull.window is not None:
+            try:
+                obj, base = await self._window(obj, pull.window)
+            except HopliteError as exc:
+                protocol.send(Error(rid=pull.rid, code=exc.code, message=str(exc), data={}))
+                return
+        size = obj.size if pull.window is None else pull.window[1] - pull.window[0]
+        if not 0 <= pull.offset <= size:
             protocol.send(Error(rid=pull.rid, code=InvalidArgumentError.code,
-                                message=f"offset {pull.offset} outside 0..{obj.size}", data={}))
+                                message=f"offset {pull.offset} outside 0..{size}", data={}))
             return
         store.pin(obj)
-        self._streams[obj.oid] += 1
+        self._streams[whole.oid] += 1
         try:
             protocol.write_raw(memoryview(encode_header(
-                DataStream(rid=pull.rid, offset=pull.offset, size=obj.size),
-                obj.size - pull.offset)))
+                DataStream(rid=pull.rid, offset=pull.offset, size=size), size - pull.offset)))
             pos = pull.offset
-            while pos < obj.size:
-                valid = await obj.wait_for(pos + 1)
-                end = min(valid, pos + SEND_SLICE)
-                protocol.write_raw(obj.buffer[pos:end])
+            while pos < size:
+                valid = await obj.wait_for(base + pos + 1) - base
+                end = min(valid, pos + SEND_SLICE, size)
+                protocol.write_raw(obj.buffer[base + pos:base + end])
                 self._traffic.add_sent(peer, end - pos)
                 pos = end
                 await protocol.drain()
             await protocol.flush()
         finally:
             store.unpin(obj)
-            self._streams[obj.oid] -= 1
-            if not self._streams[obj.oid]:
-                del self._streams[obj.oid]
+            self._streams[whole.oid] -= 1
+            if not self._streams[whole.oid]:
+                del self._streams[whole.oid]
+
+    async def _window(self, obj: StoredObject, window: list[int]) -> tuple[StoredObject, int]:
+        """What serves bytes ``window`` of ``obj`` (a half, docs/design.md §3), and where they
+        start in it: the object itself once complete, else the view of its half that this
+        node's own fetch fills (it may be about to create it)."""
+        if len(window) != 2 or not 0 <= window[0] < window[1] <= obj.size:
+            raise InvalidArgumentError(f"window {window} outside 0..{obj.size}")
+        lo, hi = window
+        if obj.complete:
+            return obj, lo
+        for region in obj.regions:
+            if (region.lo, region.hi) == (lo, hi):
+                view = self._store.get(region.oid) or await self._store.wait_created(
+                    region.oid, ENROLLED_WAIT)
+                if view is not None and view.error is None:
+                    return view, 0
+        raise ObjectNotFoundError(f"no copy of bytes {lo}..{hi} of {obj.oid.hex()} here",
+                                  oid=obj.oid.hex())

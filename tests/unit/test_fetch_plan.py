@@ -31,7 +31,9 @@ from hoplited.transfer.fetch_plan import (
     Done,
     Event,
     Fail,
+    FetchHalves,
     FetchPlan,
+    HalvesEnded,
     Instruction,
     Located,
     LocateFailed,
@@ -67,6 +69,15 @@ Want = Instruction | FailWith
 
 def at(source: str | None, now: float = 1.0, version: bytes = V1, here: bool = False) -> Located:
     return Located(now, source, SIZE, "<f4", (250,), version, here)
+
+
+BOUNDS = ((0, 500), (500, SIZE))
+HALVES = FetchHalves(SIZE, "<f4", (250,), V1, BOUNDS, 3)
+
+
+def split(now: float = 1.0) -> Located:
+    """The owner's answer that the object is taken as two halves, this node receiver 3."""
+    return Located(now, None, SIZE, "<f4", (250,), V1, halves=BOUNDS, index=3)
 
 
 def ended(source: str, watermark: int, error: Exception | None = None,
@@ -212,6 +223,26 @@ CASES: dict[str, Case] = {
         (ended("a", 10, DEAD), [Report("a", False), AskOwner(("a",), 10, OWNER_POLL)]),
         (at("b", version=V2), [Discard(), Allocate(SIZE, "<f4", (250,), V2), Pull("b", 0)]),
         (ended("b", 20, DEAD), [Report("b", False), AskOwner(("b",), 20, OWNER_POLL)])]),
+    "split: the halves are fetched on their own, and their end is the fetch's": Case(None, [
+        (split(), [HALVES]),
+        (ended("a", SIZE), []),  # no pull of the whole runs: stale
+        (at("a"), []),
+        (HalvesEnded(None), [Done()])]),
+    "split: a half that failed fails the fetch": Case(None, [
+        (split(), [HALVES]),
+        (HalvesEnded(DEAD), [FailWith(PeerUnavailableError)])]),
+    "split: the copy deleted while the halves run": Case(None, [
+        (split(), [HALVES]),
+        (CopyFailed(GONE), [FailWith(ObjectDeletedError)]),
+        (HalvesEnded(None), [])]),
+    "split after a copy was begun (nothing received): it is discarded first": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", 0, DEAD), [Report("a", False), AskOwner(("a",), 0, OWNER_POLL)]),
+        (split(), [Discard(), HALVES]),
+        (HalvesEnded(None), [Done()])]),
+    "an end of halves that were never asked for is stale": Case(None, [
+        (HalvesEnded(None), []),
+        (at("a"), [ALLOC, Pull("a", 0)])]),
 }
 
 

@@ -50,8 +50,8 @@ def test_bad_options_are_usage_errors(args: list[str], message: str) -> None:
 
 def test_two_trees_follow_the_daemons_rule_or_the_option() -> None:
     """The reduce takes two trees of halves where hoplited would (auto: not at N = 64 and
-    32 MiB), always or never, and the table says which; ``always`` is refused for other
-    collectives."""
+    32 MiB), always or never, and the table says which; ``always`` is refused for the
+    collectives that have no such shape."""
     def ratio(*args: str) -> dict[str, Any]:
         out = CliRunner().invoke(main, ["simulate", "reduce", "--nodes", "64", "--size",
                                         "32MiB", *args, "--json"])
@@ -65,5 +65,5 @@ def test_two_trees_follow_the_daemons_rule_or_the_option() -> None:
                                       "always"])
     assert table.exit_code == 0 and "two trees of halves: always" in table.output
     assert table.output.splitlines()[-1].split()[-4] == "halves"
-    refused = CliRunner().invoke(main, ["simulate", "broadcast", "--two-trees", "always"])
-    assert refused.exit_code == 2 and "a shape of the reduce" in refused.output
+    refused = CliRunner().invoke(main, ["simulate", "allreduce", "--two-trees", "always"])
+    assert refused.exit_code == 2 and "a shape of the reduce and the broadcast" in refused.output

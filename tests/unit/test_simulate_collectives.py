@@ -149,18 +149,23 @@ def test_bad_settings_are_refused(args: tuple[str, int, int, float], match: str)
         simulate(*args)
 
 
-@pytest.mark.parametrize("nodes, size, one, two", [
-    (8, 1 * MiB, 1.625, 1.453),
-    (64, 256 * MiB, 1.019, 1.003),
-    (256, 32 * MiB, 1.596, 1.036),
+@pytest.mark.parametrize("op, nodes, size, one, two", [
+    ("reduce", 8, 1 * MiB, 1.625, 1.453),
+    ("reduce", 64, 256 * MiB, 1.019, 1.003),
+    ("reduce", 256, 32 * MiB, 1.596, 1.036),
+    ("broadcast", 8, 32 * MiB, 1.018, 1.013),
+    ("broadcast", 256, 32 * MiB, 1.594, 1.034),
+    ("broadcast", 1000, 32 * MiB, 2.038, 1.043),
+    ("broadcast", 1000, 256 * MiB, 1.291, 1.005),
 ])
-def test_two_trees_of_halves(nodes: int, size: int, one: float, two: float) -> None:
-    """The reduce as two halves over complete trees whose inner nodes differ: every link
-    carries the object once, over log2(N) levels of hops at half the rate, where one chain
-    pays N hops or one tree 2·S/RATE (docs/simulation.md §6)."""
-    result = simulate("reduce", nodes, size, GBIT, two_trees="never")
+def test_two_trees_of_halves(op: str, nodes: int, size: int, one: float, two: float) -> None:
+    """A reduce, or a broadcast whose gets say how many they are, as two halves over
+    complete trees whose inner nodes differ: every link carries the object once, over
+    log2(N) levels of hops at half the rate, where one chain pays N hops or one tree
+    2·S/RATE (docs/simulation.md §6)."""
+    result = simulate(op, nodes, size, GBIT, two_trees="never")
     assert not result.two_trees and result.ratio == pytest.approx(one, abs=1e-3)
-    result = simulate("reduce", nodes, size, GBIT, two_trees="always")
+    result = simulate(op, nodes, size, GBIT, two_trees="always")
     assert result.error is None and result.two_trees
     assert result.ratio == pytest.approx(two, abs=1e-3)
 
@@ -198,7 +203,20 @@ def test_two_trees_use_the_plans_halves() -> None:
     assert inner[0] & inner[1] == {node_name(0)}
 
 
-@pytest.mark.parametrize("op, size", [("reduce", 128 * 1024), ("allreduce", 32 * MiB)])
-def test_two_trees_are_for_reduces_of_halves_that_are_not_inline(op: str, size: int) -> None:
-    with pytest.raises(SimulationError, match="shape of the reduce"):
-        simulate(op, 8, size, GBIT, two_trees="always")
+@pytest.mark.parametrize("op, nodes, size", [
+    ("reduce", 8, 128 * 1024), ("allreduce", 8, 32 * MiB), ("broadcast", 8, 128 * 1024),
+    ("broadcast", 2, 32 * MiB)])
+def test_two_trees_are_for_halves_that_are_not_inline(op: str, nodes: int, size: int) -> None:
+    with pytest.raises(SimulationError, match="shape of the reduce and of a broadcast"):
+        simulate(op, nodes, size, GBIT, two_trees="always")
+
+
+@pytest.mark.parametrize("nodes, size, two_trees", [
+    (8, 32 * MiB, False), (64, 32 * MiB, False), (256, 32 * MiB, True),
+    (256, 256 * MiB, False), (1000, 256 * MiB, True), (1000, 1 * MiB, False),
+])
+def test_the_broadcast_takes_two_trees_where_hoplited_would(nodes: int, size: int,
+                                                            two_trees: bool) -> None:
+    """By default the simulated shard follows hoplited's rule (``tree.broadcast_halves``)."""
+    assert simulate("broadcast", nodes, size, GBIT).two_trees is two_trees
+

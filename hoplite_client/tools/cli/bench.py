@@ -178,8 +178,9 @@ def _make_command(op: str) -> click.Command:
                   help="allreduce: in stripes, one per input, where no ring runs "
                        "(docs/design.md §4).")
     @click.option("--two-trees", default=None, type=click.Choice(TWO_TREE_MODES),
-                  help="The started daemons' --two-trees: when a reduce of every input runs "
-                       "as two trees of halves (docs/design.md §4) [default: theirs, auto].")
+                  help="The started daemons' --two-trees: when a reduce of every input, or "
+                       "a broadcast, runs as two trees of halves (docs/design.md §3, §4) "
+                       "[default: theirs, auto].")
     @click.option("--ring-wait", default=None, type=click.FloatRange(0, 60),
                   help="The started daemons' --ring-wait: how long an allreduce waits for "
                        "every input to run them as a ring; 0: never (docs/design.md §4) "

@@ -69,8 +69,9 @@ def _record(result: sim.SimResult, wall: float) -> dict[str, Any]:
               type=click.IntRange(1), help="Transfers a holder serves at once (hoplited's).")
 @click.option("--two-trees", default="auto", show_default=True,
               type=click.Choice(TWO_TREE_MODES),
-              help="When the reduce runs as two trees of halves, as hoplited's --two-trees "
-                   "(docs/simulation.md §6); a depth of 'halves' in the table says it did.")
+              help="When the reduce runs, or a broadcast is taken, as two trees of halves, as "
+                   "hoplited's --two-trees (docs/simulation.md §6); a depth of 'halves' in the "
+                   "table says it did.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record per run.")
 def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: float,
              segment: str | None, fanout: int, two_trees: str, as_json: bool) -> None:
@@ -82,8 +83,8 @@ def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: fl
         seg = SEGMENT if segment is None else parse_size(segment)
     except HopliteError as exc:
         raise click.UsageError(str(exc)) from exc
-    if two_trees == "always" and op != "reduce":
-        raise click.UsageError("--two-trees always is a shape of the reduce")
+    if two_trees == "always" and op not in ("reduce", "broadcast"):
+        raise click.UsageError("--two-trees always is a shape of the reduce and the broadcast")
     if not as_json:
         click.echo(f"{op} of {nbytes} bytes ({nbytes / 2**20:.3g} MiB), simulated "
                    f"{format_rate(bps)} links, "

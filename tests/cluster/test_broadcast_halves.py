@@ -1,0 +1,116 @@
+"""Broadcasts taken as two trees of halves (docs/design.md §3, "Two trees of halves for a
+broadcast"), through real daemons and clients: the bytes every receiver gets, a receiver that
+is inner in a tree killed while it forwards, counts that do not match the gets, deletion.
+
+``--two-trees always`` forces the shape: on loopback the rule never takes it (hops cost
+nothing next to S/B), as on the emulated links below N = 256.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from faultproxy import FaultProxy
+from helpers import FAST_HEARTBEAT
+from test_reduce import node_stats, wait_settled
+
+import hoplite_client as hc
+from hoplite_client.tools.local_cluster import LocalCluster
+
+ALWAYS = ["--two-trees", "always"]
+GET_TIMEOUT = 120
+MiB = 1024 * 1024
+
+
+async def halved(client: hc.Client, cluster: LocalCluster) -> dict[int, int]:
+    """How many objects each node received as two halves."""
+    return {i: s["gets_in_halves"] for i, s in (await node_stats(client, cluster)).items()}
+
+
+def payload(shape: tuple[int, ...], dtype: type, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 1 << 30, size=shape).astype(dtype)
+
+
+async def test_every_receiver_gets_the_bytes_of_both_halves(make_cluster, connect) -> None:
+    """Six nodes; node 0 puts, five get at once saying they are five: each gets the object
+    as two halves and holds exactly the put's bytes, dtype and shape; sizes that are no
+    multiple of a page or of the halves' alignment, 1-D and 2-D. Afterwards each node holds
+    one object per broadcast (the halves' views are gone) and nothing stays pinned."""
+    cluster = await make_cluster(6, daemon_args=ALWAYS)
+    clients = [await connect(s) for s in cluster.sockets]
+    cases = [((3 * MiB // 8 + 7,), np.float64), ((301, 1001), np.int32),
+             ((5 * MiB + 13,), np.uint8)]
+    for seed, (shape, dtype) in enumerate(cases):
+        data = payload(shape, dtype, seed)
+        oid = await clients[0].put(data)
+        got = await asyncio.gather(*(c.get(oid, timeout=GET_TIMEOUT, receivers=5)
+                                     for c in clients[1:]))
+        for i, array in enumerate(got, start=1):
+            assert array.dtype == data.dtype and array.shape == data.shape, (i, shape)
+            assert np.array_equal(array, data), (i, shape)
+    assert await halved(clients[0], cluster) == {0: 0, **{i: len(cases) for i in range(1, 6)}}
+    await wait_settled(clients[0], cluster, {i: len(cases) for i in range(6)})
+
+
+async def test_receivers_that_do_not_match_the_count_still_get_it(make_cluster,
+                                                                   connect) -> None:
+    """Gets that say 4 receivers when 2 come (their parents in tree 1 never ask: they wait a
+    moment, then take another source), and 2 receivers when 4 come (those past the count have
+    no place in the trees and take the usual choice): every get ends with the bytes."""
+    cluster = await make_cluster(5, daemon_args=ALWAYS)
+    clients = [await connect(s) for s in cluster.sockets]
+    for seed, (said, getters) in enumerate([(4, clients[1:3]), (2, clients[1:5])]):
+        data = payload((MiB,), np.float32, seed)
+        oid = await clients[0].put(data)
+        got = await asyncio.gather(*(c.get(oid, timeout=GET_TIMEOUT, receivers=said)
+                                     for c in getters))
+        assert all(np.array_equal(a, data) for a in got), (said, len(getters))
+
+
+async def test_deleting_the_object_ends_the_gets_in_halves(make_cluster, connect) -> None:
+    """An object deleted while receivers take it in halves (one receiver's parent never
+    asks, so it waits): the waiting get fails with the typed error, and no receiver keeps a
+    copy, a view or a pin."""
+    cluster = await make_cluster(4, daemon_args=ALWAYS)
+    clients = [await connect(s) for s in cluster.sockets]
+    oid = await clients[0].put(payload((4 * MiB,), np.float32, 3))
+    waiting = asyncio.ensure_future(clients[1].get(oid, timeout=GET_TIMEOUT, receivers=3))
+    await asyncio.sleep(0.2)  # receiver 0 waits for receiver 1, its parent in tree 1
+    await clients[0].delete(oid)
+    with pytest.raises((hc.ObjectDeletedError, hc.ObjectNotFoundError)):
+        await waiting
+    await wait_settled(clients[0], cluster, {i: 0 for i in range(4)})
+
+
+async def test_a_receiver_killed_while_it_forwards_a_half(make_cluster, connect) -> None:
+    """Node 3 asks first, so it is the top of tree 0 and forwards half 0 to two receivers,
+    through a rate-limited proxy; it is SIGKILLed mid-stream. Its children take half 0 from
+    another source and every surviving receiver gets the put's bytes."""
+    rate = 16 * MiB
+    proxy = await FaultProxy.free_pair(rate=rate)
+    try:
+        cluster = await make_cluster(6, daemon_args=[*ALWAYS, *FAST_HEARTBEAT], node_args={
+            3: ["--listen", f"{proxy.target_host}:{proxy.port}",
+                "--advertise", proxy.listen_host]})
+        clients = [await connect(s) for s in cluster.sockets]
+        data = payload((16 * MiB,), np.float32, 4)  # 64 MiB: ~2 s per half through the proxy
+        oid = await clients[0].put(data)
+        first = asyncio.ensure_future(clients[3].get(oid, timeout=GET_TIMEOUT, receivers=5))
+        await asyncio.sleep(0.3)  # node 3 is receiver 0: inner in tree 0
+        others = [asyncio.ensure_future(c.get(oid, timeout=GET_TIMEOUT, receivers=5))
+                  for i, c in enumerate(clients) if i not in (0, 3)]
+        await asyncio.sleep(1.0)
+        cluster.kill(3)
+        got = await asyncio.gather(*others)
+        assert all(np.array_equal(a, data) for a in got)
+        assert proxy.bytes_forwarded < data.nbytes, "node 3 forwarded half 0 to both children"
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        survivors = {i: 1 for i in (0, 1, 2, 4, 5)}
+        stats = await node_stats(clients[0], cluster)
+        assert {i: stats[i]["gets_in_halves"] for i in survivors} == {
+            0: 0, 1: 1, 2: 1, 4: 1, 5: 1}
+    finally:
+        await proxy.stop()
