@@ -361,7 +361,8 @@ class Ping(Request["Ok"]):
 @message(44, shape="request", roles=(PEER,))
 class Locate(Request["Located"]):
     """Ask the owner shard for a source of ``oid`` (waiting up to ``timeout`` for a put);
-    ``half`` 0 or 1: a source of that half of an object taken as two halves."""
+    ``half`` 0 or 1: a source of that half of an object taken as two halves, the sender
+    being receiver ``index`` of trees built for ``receivers``, the half bytes ``window``."""
 
     rid: int = 0
     oid: ObjectID
@@ -371,13 +372,15 @@ class Locate(Request["Located"]):
     ring: bool = False
     receivers: int = 0
     half: int = -1
+    index: int = -1
+    window: list[int] | None = None
 
 
 @message(45, shape="reply", payload="small")
 class Located(Reply):
     """A source to pull from, or (``source`` None) the object's bytes as the payload; with
     ``halves`` (lo0, hi0, lo1, hi1), no source: take the object as two halves, each located
-    on its own, as receiver ``index`` of the two trees."""
+    on its own, as receiver ``index`` of the two trees built for ``receivers``."""
 
     rid: int = 0
     source: str | None
@@ -386,6 +389,7 @@ class Located(Reply):
     shape: list[int]
     version: bytes
     index: int = -1
+    receivers: int = 0
     halves: list[int] | None = None
 
 

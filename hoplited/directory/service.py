@@ -50,6 +50,16 @@ def check_half(value: int) -> int:
     return value
 
 
+def check_window(value: list[int] | None) -> tuple[int, int] | None:
+    """``value`` as a half's bytes (lo, hi), or None; the state checks them against the
+    object."""
+    if value is None:
+        return None
+    if len(value) != 2:
+        raise InvalidArgumentError(f"a window is two offsets (lo, hi), not {len(value)}")
+    return value[0], value[1]
+
+
 class DirectoryService:
     """Serves this node's shard: Locate, WaitObject, Publish, Announce, progress, deletes,
     evictions."""
@@ -72,13 +82,12 @@ class DirectoryService:
                         payload: memoryview | None) -> tuple[Located, bytes | None]:
         src = await self.shard.locate(msg.oid, peer, msg.timeout, msg.exclude, msg.offset,
                                      msg.ring, check_receivers(msg.receivers),
-                                     check_half(msg.half))
+                                     check_half(msg.half), msg.index, check_window(msg.window))
         e = src.entry
         if isinstance(src, Split):
-            assert e.trees is not None
             return Located(source=None, size=e.size, dtype=e.dtype, shape=e.shape,
-                           version=e.version, index=src.index,
-                           halves=[b for bounds in e.trees.bounds for b in bounds]), None
+                           version=e.version, index=src.index, receivers=src.receivers,
+                           halves=[b for bounds in src.bounds for b in bounds]), None
         return Located(source=src.node, size=e.size, dtype=e.dtype, shape=e.shape,
                        version=e.version), e.inline
 

@@ -62,12 +62,14 @@ class DirectoryShard:
     # --- waits ---
     async def locate(self, oid: ObjectID, requester: str, timeout: float | None,
                      exclude: list[str], offset: int, ring: bool = False,
-                     receivers: int = 0, half: int = -1) -> Source | Split:
+                     receivers: int = 0, half: int = -1, index: int = -1,
+                     window: tuple[int, int] | None = None) -> Source | Split:
         """Pick a source for ``requester``, waiting up to ``timeout`` for the object to exist;
         ``ring``: its predecessor in the ring, if it enrols within RING_WAIT; ``receivers``:
         how many get it together, if the requester knows; ``half``: a source of that half of
         an object taken as two trees of halves, the requester's parent in that tree if it
-        asks within RING_WAIT. A ``Split`` answer wakes the receivers waiting for this one."""
+        asks within RING_WAIT (``index``, ``receivers`` and ``window``: what the requester was
+        told at its split). A ``Split`` answer wakes the receivers waiting for this one."""
         loop = asyncio.get_running_loop()
         give_up: float | None = None  # when waiting for the predecessor (parent) stops
 
@@ -77,7 +79,7 @@ class DirectoryShard:
             peers = ([n for n in self._ring[oid] if n != requester] if ring and patient
                      else None)
             answer = self.state.try_locate(oid, requester, exclude, offset, peers, receivers,
-                                           half, patient)
+                                           half, patient, index, window)
             if isinstance(answer, NotYet) and answer.ring and give_up is None:
                 give_up = loop.time() + RING_WAIT
             elif not isinstance(answer, NotYet) and (ring or half >= 0

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 from hoplite_client.wire.errors import (
     HopliteError,
+    InvalidArgumentError,
     NotOwnerError,
     ObjectExistsError,
     ObjectNotFoundError,
@@ -103,15 +104,23 @@ class Entry:
 
 @dataclass(slots=True)
 class HalfTrees:
-    """An object broadcast as two trees of halves: each half's bytes (``bounds``), the count
-    of receivers the trees are built for (``n``), the receivers in the order they asked, and
-    each half's holders, kept as an entry of the half's size (``parts``)."""
+    """An object broadcast as two trees of halves: the count of receivers the trees are built
+    for (``n``), each half's bytes (``bounds``) and holders, kept as an entry of the half's
+    size (``parts``), and which receiver holds which index. ``rebuilt``: pieced together from
+    the receivers' locates of their halves after the entry moved to this shard (a half or an
+    index not heard of yet is missing), so it splits no new receiver."""
 
-    bounds: list[tuple[int, int]]
     n: int
-    parts: list[Entry]
-    order: list[str] = field(default_factory=list)
+    bounds: list[tuple[int, int] | None]
+    parts: list[Entry | None]
+    by_index: dict[int, str] = field(default_factory=dict)
     index: dict[str, int] = field(default_factory=dict)
+    rebuilt: bool = False
+
+    def enrol(self, requester: str, index: int) -> None:
+        """``requester`` is receiver ``index`` (a first claim on an index holds)."""
+        if requester not in self.index and index not in self.by_index:
+            self.index[requester], self.by_index[index] = index, requester
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,15 +179,35 @@ class Moved:
 @dataclass(frozen=True, slots=True)
 class Split:
     """The answer to a locate of an object broadcast as two trees of halves: the requester is
-    receiver ``index`` and locates each half of ``entry.trees.bounds`` on its own."""
+    receiver ``index`` of trees built for ``receivers``, and locates each half (its bytes in
+    ``bounds``) on its own."""
 
     entry: Entry
     index: int
+    receivers: int
+    bounds: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class HalfClaim:
+    """What a receiver locating a half was told at its split: it is receiver ``index`` of
+    trees built for ``receivers``, and the half is bytes ``window``."""
+
+    requester: str
+    index: int = -1
+    receivers: int = 0
+    window: tuple[int, int] | None = None
 
 
 Instruction = Wake | WakeAll | DropCopy | Moved
 # (receivers, size, dtype) -> the bytes of the two halves, or None for one tree
 HalvesRule = Callable[[int, int, str], list[tuple[int, int]] | None]
+
+
+def _held(entry: Entry) -> list[Entry]:
+    """``entry`` and, if it is taken as two halves, each half's holders known here."""
+    parts = () if entry.trees is None else entry.trees.parts
+    return [entry, *(p for p in parts if p is not None)]
 
 
 class DirectoryState:
@@ -209,14 +238,16 @@ class DirectoryState:
 
     def try_locate(self, oid: ObjectID, requester: str, exclude: Iterable[str],
                    offset: int, ring: Collection[str] | None = None,
-                   receivers: int = 0, half: int = -1,
-                   patient: bool = True) -> Source | Split | NotYet:
+                   receivers: int = 0, half: int = -1, patient: bool = True,
+                   index: int = -1, window: tuple[int, int] | None = None
+                   ) -> Source | Split | NotYet:
         """Pick a source for ``requester`` (enrolling it behind that source) or say NotYet;
         ``ring``: follow the ring order, ``ring`` naming the other ring requesters of ``oid``
         still waiting for a source; ``receivers``: how many get it together, if the requester
         knows (the largest count heard is kept). ``Split``: take it as two halves, each
-        located with ``half`` (0 or 1); ``patient``: a half's requester may still wait for the
-        receiver at its parent position to ask."""
+        located with ``half`` (0 or 1), saying the ``index``, ``receivers`` and ``window`` it
+        was told; ``patient``: a half's requester may still wait for the receiver at its
+        parent position to ask."""
         excluded = set(exclude)
         event = (f"locate by {requester} exclude={sorted(excluded)} offset={offset}"
                  + ("" if ring is None else " ring") + ("" if half < 0 else f" half {half}"))
@@ -224,7 +255,8 @@ class DirectoryState:
         if entry is None:
             return self._not_yet(oid, event, "not put yet")
         if half >= 0:
-            return self._locate_half(entry, requester, excluded, offset, half, patient, event)
+            return self._locate_half(entry, requester, excluded, offset, half, patient, event,
+                                     HalfClaim(requester, index, receivers, window))
         entry.receivers = max(entry.receivers, receivers)
         if entry.inline is not None:  # the requester keeps a copy: a delete must reach it
             if requester not in entry.holders:
@@ -350,7 +382,7 @@ class DirectoryState:
         whole = entry.holders.get(receiver)
         assert entry.trees is not None
         if complete and whole is not None and all(
-                p.holders.get(receiver) is not None
+                p is not None and p.holders.get(receiver) is not None
                 and p.holders[receiver].received >= p.size for p in entry.trees.parts):
             whole.received, whole.halves = entry.size, False
             self._record(oid, f"{receiver} has both halves", "a holder of the whole object")
@@ -381,7 +413,7 @@ class DirectoryState:
             return self._verdict(oid, event, False, "no entry: cannot tell who else holds it")
         if entry.version != version:
             return self._verdict(oid, event, True, "not the entry's version")
-        held = [entry, *(entry.trees.parts if entry.trees is not None else ())]
+        held = _held(entry)
         readers = sorted({n for e in held for n, h in e.holders.items() if h.source == holder})
         serving = [e.holders[holder].serving for e in held if holder in e.holders]
         if readers or any(serving):
@@ -433,7 +465,7 @@ class DirectoryState:
                 self._record(oid, f"{node} died", "tombstone: its producer died")
                 out.append(Wake(oid))
                 continue
-            for held in [entry, *(entry.trees.parts if entry.trees is not None else ())]:
+            for held in _held(entry):
                 h = self._forget_holder(held, node)
                 orphans = [n for n, other in held.holders.items() if other.source == node]
                 for n in orphans:
@@ -504,29 +536,28 @@ class DirectoryState:
                       else self.halves_for(entry.receivers, entry.size, entry.dtype))
             if bounds is None:
                 return None
-            trees = entry.trees = HalfTrees(bounds, entry.receivers, [
-                Entry(entry.oid, hi - lo, entry.dtype, [], entry.version)
-                for lo, hi in bounds])
+            trees = entry.trees = HalfTrees(entry.receivers, list(bounds), [
+                Entry(entry.oid, hi - lo, entry.dtype, [], entry.version) for lo, hi in bounds])
+        if trees.rebuilt:
+            return None  # a half's bounds may be unknown here: the usual choice
         index = trees.index.get(requester)
         if index is None:
-            index = trees.index[requester] = len(trees.order)
-            trees.order.append(requester)
+            index = len(trees.by_index)
+            trees.enrol(requester, index)
         if mine is None:  # a delete must reach its copy, and no whole-object pull picks it
             entry.holders[requester] = Holder(received=0, seq=next(self._seq), halves=True)
-        return Split(entry, index)
+        return Split(entry, index, trees.n, tuple(b for b in trees.bounds if b is not None))
 
     def _locate_half(self, entry: Entry, requester: str, excluded: set[str], offset: int,
-                     half: int, patient: bool, event: str) -> Source | NotYet:
+                     half: int, patient: bool, event: str, claim: HalfClaim) -> Source | NotYet:
         """A source of half ``half`` for receiver ``requester``: the receiver at its parent
         position in that half's tree, a holder of the whole object at the top, or, when that
         receiver is gone, excluded, or (``patient`` False) has not asked yet, the usual
-        choice among the half's holders."""
+        choice among the half's holders. ``claim``: what the requester was told at its split,
+        from which an entry rebuilt here (its owner died) learns the trees again."""
+        part = self._part(entry, half, claim)
         trees = entry.trees
-        if trees is None or not 0 <= half < len(trees.parts):
-            raise PeerUnavailableError(
-                f"object {entry.oid.hex()} is no longer taken as two halves here (its entry "
-                f"was rebuilt, or never split): get it again", oid=entry.oid.hex())
-        part = trees.parts[half]
+        assert trees is not None
         for whole in entry.complete_holders():  # holders of the whole hold each half
             if whole not in part.holders:
                 part.holders[whole] = Holder(received=part.size, seq=next(self._seq))
@@ -538,18 +569,49 @@ class DirectoryState:
         parent = (None if index is None or index >= trees.n
                   else half_parent(trees.n, half, index))
         node: str | None = None
-        if parent is not None and parent >= len(trees.order):
+        up = None if parent is None else trees.by_index.get(parent)
+        if parent is not None and up is None:
             if patient:
                 return self._not_yet(oid, event, f"waiting for receiver {parent} to ask",
                                      ring=True)
-        elif parent is not None:
-            up = trees.order[parent]
-            if up not in excluded and self.is_alive(up):
-                if up not in part.holders:  # it asked for the whole, not yet for this half
-                    part.holders[up] = Holder(received=0, seq=next(self._seq))
-                if self._eligible(part, up, requester):
-                    node = up
+        elif up is not None and up not in excluded and self.is_alive(up):
+            if up not in part.holders:  # it asked for the whole, not yet for this half
+                part.holders[up] = Holder(received=0, seq=next(self._seq))
+            if self._eligible(part, up, requester):
+                node = up
         return self._take(oid, event, part, requester, excluded, node, offset)
+
+    def _part(self, entry: Entry, half: int, claim: HalfClaim) -> Entry:
+        """Half ``half``'s holders, learning the trees, the half and the requester's index
+        from ``claim`` where this entry lost them (rebuilt after its shard moved)."""
+        if half not in (0, 1):
+            raise InvalidArgumentError(f"half must be 0 or 1, not {half}")
+        trees = entry.trees
+        if trees is None or trees.parts[half] is None:
+            if claim.window is None or not claim.receivers >= 1 or not claim.index >= 0:
+                raise PeerUnavailableError(
+                    f"object {entry.oid.hex()} is not taken as two halves here (never split, "
+                    f"or its entry was rebuilt and the locate did not say which half)",
+                    oid=entry.oid.hex())
+            lo, hi = claim.window
+            if not (0 <= lo < hi <= entry.size
+                    and ((lo, half) == (0, 0) and hi < entry.size
+                         or (hi, half) == (entry.size, 1) and lo > 0)):
+                raise InvalidArgumentError(f"bytes {lo}..{hi} are not half {half} of an object "
+                                           f"of {entry.size} bytes")
+            if trees is None:
+                trees = entry.trees = HalfTrees(claim.receivers, [None, None], [None, None],
+                                                rebuilt=True)
+            trees.bounds[half] = (lo, hi)
+            trees.parts[half] = Entry(entry.oid, hi - lo, entry.dtype, [], entry.version)
+        elif claim.window is not None and tuple(claim.window) != trees.bounds[half]:
+            raise InvalidArgumentError(f"bytes {claim.window} are not half {half} of "
+                                       f"{entry.oid.hex()}: {trees.bounds[half]}")
+        if trees.rebuilt and 0 <= claim.index < trees.n:
+            trees.enrol(claim.requester, claim.index)
+        part = trees.parts[half]
+        assert part is not None
+        return part
 
     def _take(self, oid: ObjectID, event: str, held: Entry, requester: str,
               excluded: set[str], node: str | None, offset: int) -> Source | NotYet:
@@ -566,9 +628,10 @@ class DirectoryState:
     def _parts(self, oid: ObjectID, half: int) -> tuple[Entry, Entry] | None:
         """(the entry, its half ``half``'s holders), if ``oid`` is taken as halves here."""
         entry = self.entries.get(oid)
-        if entry is None or entry.trees is None or not 0 <= half < len(entry.trees.parts):
+        if entry is None or entry.trees is None or half not in (0, 1):
             return None
-        return entry, entry.trees.parts[half]
+        part = entry.trees.parts[half]
+        return None if part is None else (entry, part)
 
     def _fanout(self, entry: Entry) -> int:
         """The most pulls one holder of ``entry`` should serve: the configured fan-out, or 2

@@ -31,10 +31,10 @@ class Fetch:
 
     def __init__(self, cluster: Cluster, node: str, oid: ObjectID,
                  on_end: Callable[[Fetch], None], receivers: int = 0, half: int = -1,
-                 window: int = 0) -> None:
+                 split: fp.FetchHalves | None = None) -> None:
         self.cluster, self.node, self.oid, self.on_end = cluster, node, oid, on_end
         self.receivers = receivers
-        self.half, self.window = half, window  # a half of ``window`` bytes, if half >= 0
+        self.half, self.split = half, split  # a half, and what the split said, if half >= 0
         self.key = oid if half < 0 else view_id(oid, half)  # its copy in the stores
         self.plan = fp.FetchPlan(oid, node, deadline=None)
         self.done_at: float | None = None
@@ -55,7 +55,7 @@ class Fetch:
             ins = self._todo.popleft()
             if isinstance(ins, fp.AskOwner):
                 c.shard.locate(self.oid, self.node, ins.exclude, ins.offset, self._answered,
-                               self.receivers, self.half)
+                               self.receivers, self.half, self.split)
                 return
             if isinstance(ins, fp.FetchHalves):
                 self._halves(ins)
@@ -106,9 +106,9 @@ class Fetch:
         e = answer.entry
         self._size = e.size
         if isinstance(answer, Split):
-            assert e.trees is not None
             self._handle(fp.Located(now, None, e.size, e.dtype, tuple(e.shape), e.version,
-                                    halves=tuple(e.trees.bounds), index=answer.index))
+                                    halves=answer.bounds, index=answer.index,
+                                    receivers=answer.receivers))
             return
         here = (self.half < 0 and self._copy is None  # a half's copy may be a placeholder
                 and (self.node, self.key) in self.cluster.copies)
@@ -129,8 +129,8 @@ class Fetch:
                 self._create(ins.size).fill(c.clock.now)
                 self._handle(fp.HalvesEnded(None))
 
-        for h, (lo, hi) in enumerate(ins.bounds):
-            Fetch(c, self.node, self.oid, ended, half=h, window=hi - lo).start()
+        for h in range(len(ins.bounds)):
+            Fetch(c, self.node, self.oid, ended, half=h, split=ins).start()
 
     def _source_copy(self, source: str) -> Copy:
         """``source``'s copy to pull: of the object, or of this half. A holder of the whole
@@ -140,7 +140,9 @@ class Fetch:
         copies = self.cluster.copies
         copy = copies.get((source, self.key))
         if copy is None and self.half >= 0:
-            copy = copies[(source, self.key)] = Copy(source, self.cluster.net.layout(self.window))
+            assert self.split is not None
+            lo, hi = self.split.bounds[self.half]
+            copy = copies[(source, self.key)] = Copy(source, self.cluster.net.layout(hi - lo))
             whole = copies.get((source, self.oid))
             if whole is not None:
                 whole.when_complete(copy.fill)

@@ -26,6 +26,7 @@ from hoplited.directory.state import (
     Wake,
 )
 from hoplited.sim.clock import Clock
+from hoplited.transfer.fetch_plan import FetchHalves
 
 Attempt = Callable[[], bool]  # True once answered
 
@@ -49,20 +50,24 @@ class Shard:
 
     def locate(self, oid: ObjectID, requester: str, exclude: Iterable[str], offset: int,
                reply: Callable[[Source | Split | HopliteError], None], receivers: int = 0,
-               half: int = -1) -> None:
+               half: int = -1, split: FetchHalves | None = None) -> None:
         """``Locate``: a source for ``requester`` (enrolled behind it), the split into two
         halves, or the shard's error; ``receivers``: how many get the object together, as the
         get says; ``half``: of that half, waiting ``RING_WAIT`` at most for the parent in its
-        tree to ask, as ``directory/shard.py`` does."""
+        tree to ask, as ``directory/shard.py`` does, and saying what ``split`` said."""
         excluded = tuple(exclude)
+        claim: tuple[int, int, tuple[int, int] | None] = (
+            (-1, receivers, None) if split is None or half < 0
+            else (split.index, split.receivers, split.bounds[half]))
         patience: list[bool] = []  # [True] while waiting for a parent, [False] once over
 
         def attempt() -> bool:
             patient = not patience or patience[0]
             try:
+                index, said, window = claim
                 answer: Source | Split | NotYet | HopliteError = self.state.try_locate(
-                    oid, requester, excluded, offset, receivers=receivers, half=half,
-                    patient=patient)
+                    oid, requester, excluded, offset, receivers=said, half=half,
+                    patient=patient, index=index, window=window)
             except HopliteError as exc:
                 answer = exc
             if isinstance(answer, NotYet):

@@ -98,7 +98,8 @@ class Located:
     version: bytes
     here: bool = False
     halves: tuple[tuple[int, int], ...] | None = None  # take it as these two halves...
-    index: int = -1  # ... as this receiver of their trees
+    index: int = -1  # ... as this receiver of their trees...
+    receivers: int = 0  # ... built for this many
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +192,8 @@ class Pull:
 @dataclass(frozen=True, slots=True)
 class FetchHalves:
     """Create the local copy as two halves (``bounds``) and fetch each on its own, as
-    receiver ``index`` of the two trees (docs/design.md §3); ``HalvesEnded`` follows."""
+    receiver ``index`` of the two trees built for ``receivers`` (docs/design.md §3);
+    ``HalvesEnded`` follows."""
 
     size: int
     dtype: str
@@ -199,6 +201,7 @@ class FetchHalves:
     version: bytes
     bounds: tuple[tuple[int, int], ...]
     index: int
+    receivers: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +339,7 @@ class FetchPlan:
             self.size, self.version, self.watermark = ev.size, ev.version, 0
             self.phase = "halves"
             return [*out, FetchHalves(ev.size, ev.dtype, ev.shape, ev.version, ev.halves,
-                                      ev.index)]
+                                      ev.index, ev.receivers)]
         if ev.source is None:
             return [*out, StoreInline(), Done()]
         if self.version is None:

@@ -190,7 +190,7 @@ class Fetcher:
                     todo.extend(plan.handle(fp.Located(
                         loop.time(), m.source, m.size, m.dtype, tuple(m.shape), m.version,
                         here=obj is None and store.get(oid) is not None,
-                        halves=_bounds(m.halves), index=m.index)))
+                        halves=_bounds(m.halves), index=m.index, receivers=m.receivers)))
                 elif isinstance(ins, fp.UseLocalCopy):
                     result = await self._local_copy(oid)
                 elif isinstance(ins, fp.StoreInline):
@@ -257,7 +257,7 @@ class Fetcher:
         plans = [fp.FetchPlan(obj.oid, self.me, plan.deadline, patience=self._patience)
                  for _ in views]
         self._half_plans[obj.oid] = plans
-        halves = [self._tasks.spawn(self._fetch_half(view, h, ins.bounds[h], hp),
+        halves = [self._tasks.spawn(self._fetch_half(view, h, ins, hp),
                                     name=f"fetch-half-{h}-{obj.oid.short()}",
                                     on_error=_awaited)
                   for h, (view, hp) in enumerate(zip(views, plans))]
@@ -277,19 +277,24 @@ class Fetcher:
                 store.remove(view.oid)
         obj.temporary = False  # a copy like any other from now on: it may be evicted
         self.halved += 1
+        # its shard may have been rebuilt meanwhile and know nothing of this receiver: the
+        # copy is published, as a put is, so that gets may use it and a delete reaches it
+        self._tasks.spawn(self._directory.publish(obj), name=f"publish-{obj.oid.short()}")
         return fp.HalvesEnded(None)
 
-    async def _fetch_half(self, view: StoredObject, half: int, window: tuple[int, int],
+    async def _fetch_half(self, view: StoredObject, half: int, split: fp.FetchHalves,
                           plan: fp.FetchPlan) -> None:
         """Carry out ``plan``, the fetch of one half into its ``view``, as ``_fetch`` does a
-        whole object's: the owner is the whole object's, asked about ``half``."""
-        oid = plan.oid
+        whole object's: the owner is the whole object's, asked about ``half`` (and told what
+        the ``split`` said, should it have lost that)."""
+        oid, window = plan.oid, split.bounds[half]
+        claim = (split.receivers, half, split.index, window)
         loop = asyncio.get_running_loop()
         todo: deque[fp.Instruction] = deque(plan.start(loop.time()))
         while todo:
             ins = todo.popleft()
             if isinstance(ins, fp.AskOwner):
-                answer = await self._ask(oid, ins, view, loop, False, 0, half)
+                answer = await self._ask(oid, ins, view, loop, False, *claim)
                 if not isinstance(answer, Frame):
                     todo.extend(plan.handle(answer))
                     continue
@@ -348,7 +353,8 @@ class Fetcher:
         task.cancel()
 
     async def _ask(self, oid: ObjectID, ins: fp.AskOwner, obj: StoredObject | None,
-                   loop: asyncio.AbstractEventLoop, ring: bool, receivers: int, half: int = -1
+                   loop: asyncio.AbstractEventLoop, ring: bool, receivers: int, half: int = -1,
+                   index: int = -1, window: tuple[int, int] | None = None
                    ) -> Frame[Located] | fp.LocateFailed | fp.CopyFailed:
         """Ask the owner for a source. If our partial copy fails meanwhile (it was deleted),
         the ask ends with that: the shard would wait for a put that may never come, and the
@@ -366,7 +372,8 @@ class Fetcher:
         try:
             async with scope:
                 return await self._directory.locate(oid, ins.timeout, list(ins.exclude),
-                                                    ins.offset, ring, receivers, half)
+                                                    ins.offset, ring, receivers, half, index,
+                                                    window)
         except HopliteError as exc:  # the shard's answer, its timeout included
             return fp.LocateFailed(loop.time(), exc)
         except TimeoutError:

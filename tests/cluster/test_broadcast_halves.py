@@ -13,11 +13,12 @@ import asyncio
 import numpy as np
 import pytest
 from faultproxy import FaultProxy
-from helpers import FAST_HEARTBEAT
+from helpers import FAST_HEARTBEAT, eventually
 from test_reduce import node_stats, wait_settled
 
 import hoplite_client as hc
 from hoplite_client.tools.local_cluster import LocalCluster
+from hoplited.cluster.membership import rendezvous_owner
 
 ALWAYS = ["--two-trees", "always"]
 GET_TIMEOUT = 120
@@ -29,6 +30,13 @@ async def halved(client: hc.Client, cluster: LocalCluster) -> dict[int, int]:
     return {i: s["gets_in_halves"] for i, s in (await node_stats(client, cluster)).items()}
 
 
+async def survivors_hold_nothing(client: hc.Client, cluster: LocalCluster) -> bool:
+    """Every node that answers holds no object and keeps no deleted-but-pinned memory."""
+    stats = await node_stats(client, cluster)
+    return all(s["store"]["objects"] == 0 and s["store"]["pinned_deleted"] == 0
+               for s in stats.values() if s.get("store") is not None)
+
+
 def payload(shape: tuple[int, ...], dtype: type, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 1 << 30, size=shape).astype(dtype)
 
@@ -37,14 +45,17 @@ async def test_every_receiver_gets_the_bytes_of_both_halves(make_cluster, connec
     """Six nodes; node 0 puts, five get at once saying they are five: each gets the object
     as two halves and holds exactly the put's bytes, dtype and shape; sizes that are no
     multiple of a page or of the halves' alignment, 1-D and 2-D. Afterwards each node holds
-    one object per broadcast (the halves' views are gone) and nothing stays pinned."""
+    one object per broadcast (the halves' views are gone) and nothing stays pinned; deleted,
+    they are gone everywhere."""
     cluster = await make_cluster(6, daemon_args=ALWAYS)
     clients = [await connect(s) for s in cluster.sockets]
     cases = [((3 * MiB // 8 + 7,), np.float64), ((301, 1001), np.int32),
              ((5 * MiB + 13,), np.uint8)]
+    oids = []
     for seed, (shape, dtype) in enumerate(cases):
         data = payload(shape, dtype, seed)
         oid = await clients[0].put(data)
+        oids.append(oid)
         got = await asyncio.gather(*(c.get(oid, timeout=GET_TIMEOUT, receivers=5)
                                      for c in clients[1:]))
         for i, array in enumerate(got, start=1):
@@ -52,6 +63,10 @@ async def test_every_receiver_gets_the_bytes_of_both_halves(make_cluster, connec
             assert np.array_equal(array, data), (i, shape)
     assert await halved(clients[0], cluster) == {0: 0, **{i: len(cases) for i in range(1, 6)}}
     await wait_settled(clients[0], cluster, {i: len(cases) for i in range(6)})
+    del got, array  # the clients' views pin their copies
+    for oid in oids:
+        await clients[0].delete(oid)
+    await wait_settled(clients[0], cluster, {i: 0 for i in range(6)})
 
 
 async def test_receivers_that_do_not_match_the_count_still_get_it(make_cluster,
@@ -84,10 +99,16 @@ async def test_deleting_the_object_ends_the_gets_in_halves(make_cluster, connect
     await wait_settled(clients[0], cluster, {i: 0 for i in range(4)})
 
 
-async def test_a_receiver_killed_while_it_forwards_a_half(make_cluster, connect) -> None:
+@pytest.mark.parametrize("victim_owns", [False, True],
+                         ids=["shard-elsewhere", "the-victim-is-the-shard"])
+async def test_a_receiver_killed_while_it_forwards_a_half(make_cluster, connect,
+                                                          victim_owns: bool) -> None:
     """Node 3 asks first, so it is the top of tree 0 and forwards half 0 to two receivers,
     through a rate-limited proxy; it is SIGKILLed mid-stream. Its children take half 0 from
-    another source and every surviving receiver gets the put's bytes."""
+    another source and every surviving receiver gets the put's bytes; their copies are then
+    known to the directory (a get uses them, a delete removes them). When node 3 was also
+    the object's shard, the stand-in shard's entry is rebuilt from announcements, with no
+    trees: it learns them again from what each receiver says when it locates a half."""
     rate = 16 * MiB
     proxy = await FaultProxy.free_pair(rate=rate)
     try:
@@ -95,8 +116,12 @@ async def test_a_receiver_killed_while_it_forwards_a_half(make_cluster, connect)
             3: ["--listen", f"{proxy.target_host}:{proxy.port}",
                 "--advertise", proxy.listen_host]})
         clients = [await connect(s) for s in cluster.sockets]
+        nodes = [n.node_id for n in cluster.nodes]
+        oid = hc.ObjectID.random()
+        while (rendezvous_owner(oid, nodes) == nodes[3]) != victim_owns:
+            oid = hc.ObjectID.random()
         data = payload((16 * MiB,), np.float32, 4)  # 64 MiB: ~2 s per half through the proxy
-        oid = await clients[0].put(data)
+        await clients[0].put(data, object_id=oid)
         first = asyncio.ensure_future(clients[3].get(oid, timeout=GET_TIMEOUT, receivers=5))
         await asyncio.sleep(0.3)  # node 3 is receiver 0: inner in tree 0
         others = [asyncio.ensure_future(c.get(oid, timeout=GET_TIMEOUT, receivers=5))
@@ -108,9 +133,14 @@ async def test_a_receiver_killed_while_it_forwards_a_half(make_cluster, connect)
         assert proxy.bytes_forwarded < data.nbytes, "node 3 forwarded half 0 to both children"
         first.cancel()
         await asyncio.gather(first, return_exceptions=True)
-        survivors = {i: 1 for i in (0, 1, 2, 4, 5)}
         stats = await node_stats(clients[0], cluster)
-        assert {i: stats[i]["gets_in_halves"] for i in survivors} == {
+        assert {i: stats[i]["gets_in_halves"] for i in (0, 1, 2, 4, 5)} == {
             0: 0, 1: 1, 2: 1, 4: 1, 5: 1}
+        again = await clients[1].get(oid, timeout=GET_TIMEOUT)  # its copy is known
+        assert np.array_equal(again, data)
+        del got, again, others  # the clients' views (the futures' results) pin the copies
+        await clients[0].delete(oid)  # and every survivor's copy goes with the entry
+        await eventually(lambda: survivors_hold_nothing(clients[0], cluster),
+                         what="every survivor's copy, view and pin gone")
     finally:
         await proxy.stop()

@@ -7,7 +7,11 @@ from collections.abc import Callable
 
 import pytest
 
-from hoplite_client.wire.errors import ObjectNotFoundError, PeerUnavailableError
+from hoplite_client.wire.errors import (
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    PeerUnavailableError,
+)
 from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.tree import (
     broadcast_halves,
@@ -72,11 +76,13 @@ def get(requester: str, receivers: int = 4, offset: int = 0) -> Step:
 
 
 def half(requester: str, h: int, exclude: tuple[str, ...] = (),
-         patient: bool = True) -> Step:
-    """A locate of half ``h`` by ``requester``."""
+         patient: bool = True, told: int = -1) -> Step:
+    """A locate of half ``h`` by ``requester``; ``told``: the index it says it was given at
+    its split (of trees for 4 receivers, the halves of HALVES), as hoplited's fetcher says."""
     def step(w: World) -> object:
+        claim = {} if told < 0 else {"index": told, "receivers": 4, "window": HALVES[h]}
         return answer(w.state.try_locate(OID, requester, exclude, 0, half=h,
-                                         patient=patient))
+                                         patient=patient, **claim))  # type: ignore[arg-type]
     return step
 
 
@@ -147,6 +153,10 @@ CASES = {
         [put("src"), get("a", 1)], [None, "src"]),
     "a receiver resuming a partial copy keeps its tree": (
         [put("src"), get("a", 0), get("b", 4, offset=100)], [None, "src", "a"]),
+    "an entry rebuilt after its shard moved learns the trees from the halves' locates": (
+        [put("src"), half("b", 0, told=1), half("a", 0, told=0), half("b", 0, told=1),
+         half("b", 1, told=1, patient=False), get("z")],
+        [None, ("wait", "0"), "src", "a", "src", "src"]),
     "a whole-object pull never picks a receiver still taking halves": (
         [put("src"), get("a"), get("z", 0, offset=10)], [None, ("split", 0), "src"]),
 }
@@ -163,6 +173,23 @@ def test_a_half_of_an_object_never_split_is_a_typed_error() -> None:
     put("src")(w)
     with pytest.raises(PeerUnavailableError, match="two halves"):
         w.state.try_locate(OID, "a", [], 0, half=0)
+
+
+@pytest.mark.parametrize("window, match", [
+    ((0, SIZE), "not half 0"), ((1, SIZE // 2), "not half 0"), ((0, SIZE + 1), "not half 0")])
+def test_a_claimed_window_must_be_that_half(window: tuple[int, int], match: str) -> None:
+    w = World()
+    put("src")(w)
+    with pytest.raises(InvalidArgumentError, match=match):
+        w.state.try_locate(OID, "a", [], 0, half=0, index=0, receivers=4, window=window)
+
+
+def test_a_window_that_differs_from_the_split_is_refused() -> None:
+    w = World()
+    for step in [put("src"), get("a")]:
+        step(w)
+    with pytest.raises(InvalidArgumentError, match="not half 1"):
+        w.state.try_locate(OID, "a", [], 0, half=1, index=0, receivers=4, window=(0, 10))
 
 
 def test_a_half_of_an_object_not_put_waits_and_a_deleted_one_is_gone() -> None:

@@ -72,12 +72,13 @@ def at(source: str | None, now: float = 1.0, version: bytes = V1, here: bool = F
 
 
 BOUNDS = ((0, 500), (500, SIZE))
-HALVES = FetchHalves(SIZE, "<f4", (250,), V1, BOUNDS, 3)
+HALVES = FetchHalves(SIZE, "<f4", (250,), V1, BOUNDS, 3, 7)
 
 
 def split(now: float = 1.0) -> Located:
-    """The owner's answer that the object is taken as two halves, this node receiver 3."""
-    return Located(now, None, SIZE, "<f4", (250,), V1, halves=BOUNDS, index=3)
+    """The owner's answer that the object is taken as two halves, this node receiver 3 of
+    trees built for 7."""
+    return Located(now, None, SIZE, "<f4", (250,), V1, halves=BOUNDS, index=3, receivers=7)
 
 
 def ended(source: str, watermark: int, error: Exception | None = None,

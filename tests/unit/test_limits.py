@@ -69,7 +69,8 @@ def with_timeout(cls: type[m.WireMessage], timeout: Any) -> Any:
     values = {"oid": OID, "result": OID, "inputs": [OID], "op": "sum", "num_objects": 1,
               "exclude": [], "offset": 0, "size": 4, "dtype": "<f4", "shape": [1],
               "version": b"v", "stripes": 1, "stripe": 0, "gen": 0, "striped": True,
-              "ring": False, "receivers": 0, "half": -1}
+              "ring": False, "receivers": 0, "half": -1,
+              "index": -1, "window": None}
     fields = [f for f in cls.__dataclass_fields__ if f not in ("rid", "timeout")]
     return cls(rid=3, timeout=timeout, **{f: values[f] for f in fields})
 
