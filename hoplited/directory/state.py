@@ -358,7 +358,9 @@ class DirectoryState:
     def transfer_done(self, oid: ObjectID, source: str, receiver: str,
                       complete: bool, half: int = -1) -> list[Instruction]:
         """A pull ended: free the source's slot; a completed receiver becomes a full holder
-        (of half ``half``, if it is one: of the object once it has both)."""
+        (of half ``half``, if it is one: of the object once it has both). A receiver that took
+        the object as two halves says it has it all with itself as the source: an entry
+        rebuilt since (its shard moved) may not know it, and learns it then."""
         if half >= 0:
             return self._half_done(oid, source, receiver, complete, half)
         entry = self.entries.get(oid)
@@ -366,7 +368,10 @@ class DirectoryState:
             return []
         h = entry.holders.get(receiver)
         outcome = "receiver unknown"
-        if h is not None:
+        if h is None and complete and source == receiver and entry.trees is not None:
+            entry.holders[receiver] = Holder(received=entry.size, seq=next(self._seq))
+            outcome = "a holder of the whole, from its halves"
+        elif h is not None:
             outcome = "slot freed" if h.source == source else "stale source, slot kept"
         self._free_slot(entry, source, receiver, complete)
         self._record(oid, f"transfer {source}->{receiver} done complete={complete}", outcome)

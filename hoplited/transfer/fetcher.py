@@ -277,9 +277,10 @@ class Fetcher:
                 store.remove(view.oid)
         obj.temporary = False  # a copy like any other from now on: it may be evicted
         self.halved += 1
-        # its shard may have been rebuilt meanwhile and know nothing of this receiver: the
-        # copy is published, as a put is, so that gets may use it and a delete reaches it
-        self._tasks.spawn(self._directory.publish(obj), name=f"publish-{obj.oid.short()}")
+        # its shard may have been rebuilt meanwhile and know nothing of this receiver: tell
+        # it the copy is whole, so that gets may use it and a delete reaches it (a message
+        # that never makes an entry: the object may have been deleted meanwhile)
+        self._directory.transfer_done(obj.oid, self.me, True)
         return fp.HalvesEnded(None)
 
     async def _fetch_half(self, view: StoredObject, half: int, split: fp.FetchHalves,

@@ -87,7 +87,7 @@ def half(requester: str, h: int, exclude: tuple[str, ...] = (),
 
 
 def done(requester: str, source: str, h: int) -> Step:
-    """``requester``'s pull of half ``h`` from ``source`` completed."""
+    """``requester``'s pull of half ``h`` (-1: the whole object) from ``source`` completed."""
     def step(w: World) -> object:
         w.state.transfer_done(OID, source, requester, True, h)
         return None
@@ -157,6 +157,11 @@ CASES = {
         [put("src"), half("b", 0, told=1), half("a", 0, told=0), half("b", 0, told=1),
          half("b", 1, told=1, patient=False), get("z")],
         [None, ("wait", "0"), "src", "a", "src", "src"]),
+    "a receiver whose halves a rebuilt entry never heard of says it has the whole": (
+        [put("src"), half("b", 0, told=1, patient=False), done("b", "b", -1), holders],
+        [None, "src", None, ["b", "src"]]),
+    "... which an entry never split does not take from anyone": (
+        [put("src"), done("b", "b", -1), holders], [None, None, ["src"]]),
     "a whole-object pull never picks a receiver still taking halves": (
         [put("src"), get("a"), get("z", 0, offset=10)], [None, ("split", 0), "src"]),
 }
