@@ -249,16 +249,27 @@ def two_tree_halves(mode: str, n: int, k: int, size: int, dtype: str, op: str,
     bytes should run as two trees of halves, else None (one tree). Never for a subset (a
     backup could replace a lost input in one half only), for fewer than two inputs, for a
     type the reduce will refuse anyway, or for halves that would be sent inline."""
-    if mode not in TWO_TREE_MODES:
-        raise InvalidArgumentError(f"two-trees mode {mode!r}; one of "
-                                   f"{', '.join(TWO_TREE_MODES)}")
+    _check_mode(mode)
     if mode == "never" or k != n or n < 2:
         return None
     try:
         check_reducible(op, dtype)
     except InvalidArgumentError:
         return None  # the one tree's plan reports it
-    halves = stripe_bounds(size, parse_dtype(dtype).itemsize, 2)
+    return _halves_that_pay(mode, n, size, parse_dtype(dtype).itemsize, bandwidth, latency)
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in TWO_TREE_MODES:
+        raise InvalidArgumentError(f"two-trees mode {mode!r}; one of "
+                                   f"{', '.join(TWO_TREE_MODES)}")
+
+
+def _halves_that_pay(mode: str, n: int, size: int, itemsize: int, bandwidth: float,
+                     latency: float) -> list[tuple[int, int]] | None:
+    """The two halves of ``size`` bytes of ``itemsize``-byte elements, for ``n`` nodes under
+    ``mode`` (``always``, or ``auto`` where ``two_trees_pay``), unless one would go inline."""
+    halves = stripe_bounds(size, itemsize, 2)
     if any(hi - lo <= INLINE_MAX for lo, hi in halves):
         return None
     if mode == "always" or two_trees_pay(n, size, bandwidth, latency):
@@ -297,9 +308,7 @@ def broadcast_halves(mode: str, receivers: int, size: int, dtype: str, bandwidth
     bytes should take it as two trees of halves, else None (one tree). ``mode`` is
     ``--two-trees``, which rules the reduce's shape too; the rule is the reduce's
     (``two_trees_pay``), the receivers counting as its inputs."""
-    if mode not in TWO_TREE_MODES:
-        raise InvalidArgumentError(f"two-trees mode {mode!r}; one of "
-                                   f"{', '.join(TWO_TREE_MODES)}")
+    _check_mode(mode)
     if mode == "never" or receivers < 2:
         return None
     try:
@@ -308,9 +317,4 @@ def broadcast_halves(mode: str, receivers: int, size: int, dtype: str, bandwidth
         return None  # not an array the store would take: its gets report that
     if itemsize < 1:
         return None
-    halves = stripe_bounds(size, itemsize, 2)
-    if len(halves) != 2 or any(hi - lo <= INLINE_MAX for lo, hi in halves):
-        return None
-    if mode == "always" or two_trees_pay(receivers, size, bandwidth, latency):
-        return halves
-    return None
+    return _halves_that_pay(mode, receivers, size, itemsize, bandwidth, latency)

@@ -336,7 +336,7 @@ class FetchPlan:
             self.exclude.clear()  # about copies of the old version
             self.stalled.clear()
         if ev.halves is not None:  # a copy begun is discarded above (its source is None)
-            self.size, self.version, self.watermark = ev.size, ev.version, 0
+            self.size, self.version = ev.size, ev.version
             self.phase = "halves"
             return [*out, FetchHalves(ev.size, ev.dtype, ev.shape, ev.version, ev.halves,
                                       ev.index, ev.receivers)]

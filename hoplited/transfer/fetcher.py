@@ -199,19 +199,13 @@ class Fetcher:
                 elif isinstance(ins, fp.Allocate):
                     obj = await self._space.create(oid, ins.size, ins.dtype, list(ins.shape),
                                                    ins.version)
-                    store.pin(obj)  # the kernel writes into it until the pulls end
-                    populate = self._tasks.spawn(self._arena.populate(obj.offset, obj.size),
-                                                 name="populate",
-                                                 on_error=functools.partial(self._unbacked, obj))
+                    populate = self._receive_into(obj)
                 elif isinstance(ins, fp.FetchHalves):
                     obj = await self._space.create(
                         oid, ins.size, ins.dtype, list(ins.shape), ins.version,
                         stripes=[(view_id(oid, h), lo, hi)
                                  for h, (lo, hi) in enumerate(ins.bounds)])
-                    store.pin(obj)  # the kernel writes into it until the pulls end
-                    populate = self._tasks.spawn(self._arena.populate(obj.offset, obj.size),
-                                                 name="populate",
-                                                 on_error=functools.partial(self._unbacked, obj))
+                    populate = self._receive_into(obj)
                     todo.extend(plan.handle(await self._fetch_halves(obj, ins, plan)))
                 elif isinstance(ins, fp.Discard):
                     assert obj is not None
@@ -243,6 +237,13 @@ class Fetcher:
                 populate.cancel()
             if obj is not None:
                 store.unpin(obj)
+
+    def _receive_into(self, obj: StoredObject) -> asyncio.Task[None]:
+        """Pin the new copy ``obj`` (the kernel writes into it until the pulls end) and back
+        its pages meanwhile; the task that backs them."""
+        self._store.pin(obj)
+        return self._tasks.spawn(self._arena.populate(obj.offset, obj.size), name="populate",
+                                 on_error=functools.partial(self._unbacked, obj))
 
     async def _fetch_halves(self, obj: StoredObject, ins: fp.FetchHalves,
                             plan: fp.FetchPlan) -> fp.HalvesEnded:
