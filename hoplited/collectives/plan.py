@@ -456,15 +456,16 @@ class ReducePlan:
     ring order; an input held elsewhere then takes the free slot nearest its node's distance
     after ``me`` there, rather than the first free one (docs/design.md §4, "Ring-ordered
     stripes"). ``everyone``: every node gets the result (a plain allreduce); if the first
-    input is held here, it takes the root and the last input a leaf of the root's
-    (docs/design.md §4, "The last input hangs on the root"). ``half``: this plan is tree 0 or 1
+    input reported is held here, or ``here`` says one ready input is, that input takes the
+    root and the last input a leaf of the root's (docs/design.md §4, "The last input hangs on
+    the root"), whichever of the ready inputs is reported first. ``half``: this plan is tree 0 or 1
     of two trees of halves (``window`` is that half): the inputs fill complete trees whose
     inner slots differ (docs/simulation.md §6)."""
 
     def __init__(self, result: ObjectID, inputs: list[ObjectID], k: int, op: str, me: str,
                  depth: Callable[[int, int], int], patience: float = 6.0,
                  window: tuple[int, int] | None = None, ring: tuple[str, ...] = (),
-                 everyone: bool = False, half: int | None = None) -> None:
+                 everyone: bool = False, half: int | None = None, here: bool = False) -> None:
         if not inputs or not 1 <= k <= len(inputs):
             raise InvalidArgumentError(f"num_objects must be between 1 and the "
                                        f"{len(inputs)} inputs")
@@ -478,6 +479,7 @@ class ReducePlan:
         self.half = half
         self.ring = ring
         self.everyone = everyone
+        self.here = here
         self._last_leaf = False  # the tree's shape: see tree_shape
         self.result, self.k, self.op, self.me, self._depth = result, k, op, me, depth
         self.patience = patience
@@ -600,7 +602,7 @@ class ReducePlan:
             m = self.meta
             if m.size > INLINE_MAX:
                 plain_allreduce = self.everyone and self.window is None
-                self._last_leaf = plain_allreduce and self.me in ev.holders
+                self._last_leaf = plain_allreduce and (self.here or self.me in ev.holders)
                 self.shape = self._new_shape()
                 # an allreduce's result goes to every input's node: its gets know their number
                 receivers = self.k - 1 if plain_allreduce else 0

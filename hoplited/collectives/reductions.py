@@ -54,7 +54,10 @@ class Reductions:
         """Validate and start a reduce into ``result`` (of the inputs' bytes ``window`` only,
         if given; slots in ``ring`` order, if given; ``everyone``: an allreduce, every node
         gets the result); it runs in the background."""
-        plan = self._plan(result, inputs, op, k, window, None, ring, everyone)
+        # an input complete here takes an allreduce's root, whichever is reported first
+        here = everyone and any((o := self._deps.store.get(oid)) is not None and o.complete
+                                for oid in inputs)
+        plan = self._plan(result, inputs, op, k, window, None, ring, everyone, here)
         if (result in self._running or result in self._fronts
                 or self._deps.store.get(result) is not None):
             raise ObjectExistsError(f"object {result.hex()} already exists")
@@ -84,11 +87,11 @@ class Reductions:
 
     def _plan(self, result: ObjectID, inputs: list[ObjectID], op: str, k: int,
               window: tuple[int, int] | None, half: int | None, ring: tuple[str, ...] = (),
-              everyone: bool = False) -> p.ReducePlan:
+              everyone: bool = False, here: bool = False) -> p.ReducePlan:
         model = self._deps.link_model
         return p.ReducePlan(result, inputs, k, op, self._deps.me, depth=lambda n, size: (
             tree_depth(n, size, model.bandwidth, model.latency)), patience=self._deps.patience,
-            window=window, ring=ring, everyone=everyone, half=half)
+            window=window, ring=ring, everyone=everyone, half=half, here=here)
 
     def _open(self, plan: p.ReducePlan, inputs: list[ObjectID], deadline: float | None,
               wait_inputs: bool) -> ReduceCoordinator:

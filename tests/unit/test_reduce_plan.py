@@ -139,6 +139,7 @@ class Case:
     inputs: tuple[int, ...] = ()  # explicit input indices (overrides n)
     patience: float = 1.5
     everyone: bool = False  # an allreduce
+    here: bool = False  # an allreduce: an input is ready on this node already
 
 
 DONE: tuple[Event, list[Instruction]] = (ResultComplete(), [Publish()])
@@ -237,6 +238,16 @@ CASES = [
         DONE,
         (Published(), [Release((ME, "n2"))]),
     ]),
+    # the inputs ready when the allreduce starts are reported in any order: one held here
+    # still takes the root, and the last input still hangs on it
+    Case("allreduce-input-here-reported-second-last-input-hangs-on-root", k=4, everyone=True,
+         here=True, steps=[
+             (ready(1, "n1"), [replace(OPEN, receivers=3)]),  # slot 0, the chain's leaf
+             (ready(0, ME), [task(2, ME, 0, R, 2)]),
+             (ready(2, "n2"), [task(1, "n2", 2, out(1), 1)]),
+             (started(2), []),
+             (ready(3, "n3"), [conn(2, ME, 3, "n3", I[3], v(3))]),  # slot 3: the root's leaf
+         ]),
     Case("allreduce-first-input-elsewhere-keeps-the-chain", k=3, everyone=True, steps=[
         (ready(0, "n0"), [replace(OPEN, receivers=2)]),
         (ready(1, ME), [task(2, ME, 1, R, 1)]),  # the root, as in any reduce
@@ -767,7 +778,7 @@ def test_plan(case: Case) -> None:
     idx = case.inputs or tuple(range(case.n or case.k))
     plan = ReducePlan(R, [I[i] for i in idx], case.k, "sum", ME,
                       depth=lambda k, size: case.depth, patience=case.patience,
-                      everyone=case.everyone)
+                      everyone=case.everyone, here=case.here)
     for i, (event, expected) in enumerate(case.steps):
         assert norm(plan.handle(event)) == norm(expected), f"step {i}: {event}"
 
