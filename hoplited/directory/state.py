@@ -309,7 +309,9 @@ class DirectoryState:
         entry = self.entries.get(oid)
         outcome = "updated"
         if entry is not None and entry.version != version:
-            if self._has_live_copy(entry):
+            # a live producer's new version outranks a copy of another one that is not
+            # being produced: one re-announced late, after ownership moved, must not erase it
+            if self._has_live_copy(entry) or (not producing and self._producing(entry)):
                 self._record(oid, event, "refused: exists with another version")
                 raise ObjectExistsError(f"object {oid.hex()} already exists", oid=oid.hex())
             entry, outcome = None, "re-put: every copy was lost"
@@ -510,6 +512,12 @@ class DirectoryState:
 
     def _has_live_copy(self, entry: Entry) -> bool:
         return any(self.is_alive(n) for n in entry.complete_holders())
+
+    def _producing(self, entry: Entry) -> bool:
+        """A live node is still computing ``entry`` (a reduce's result, begun again)."""
+        p = entry.producer
+        return (p is not None and self.is_alive(p) and p in entry.holders
+                and entry.holders[p].received < entry.size)
 
     def _choose(self, entry: Entry, requester: str, exclude: set[str]) -> str | None:
         fanout = self._fanout(entry)

@@ -343,6 +343,23 @@ CASES = [
         (put("x", version=b"v2"), WAKE),
         (holders(), {"x": full()}), (version(), b"v2"),
     ]),
+    # a stripe reduced again after its reducer and its shard died: the new reducer's copy is
+    # announced to the stand-in first, then the same node's partial copy of the old version,
+    # re-announced late; the stale copy must not erase the entry of the copy being produced
+    Case("a-late-partial-copy-of-another-version-does-not-erase-a-live-producers", [
+        (put("p", version=b"v2", received=0, producing=True), WAKE),
+        (put("p", received=100), ObjectExistsError),
+        (put("x", received=0), ObjectExistsError),
+        (version(), b"v2"), (holders(), {"p": (0, 0, None)}),
+    ]),
+    Case("a-producer-may-begin-its-result-again", [
+        (put("p", received=0, producing=True), WAKE), (put("r", received=0), WAKE),
+        (put("p", version=b"v2", received=0, producing=True), WAKE), (version(), b"v2"),
+    ]),
+    Case("a-dead-producers-partial-copy-gives-way", [
+        (put("p", received=10, producing=True), WAKE), (die("p"), None),
+        (put("x", version=b"v2", received=0), WAKE), (version(), b"v2"),
+    ]),
     Case("same-version-from-another-holder", [
         (put("src"), WAKE), (put("x"), WAKE),
         (holders(), {"src": full(), "x": full()}),
