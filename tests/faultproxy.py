@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import socket
 import time
 from types import TracebackType
@@ -18,6 +19,13 @@ CHUNK = 64 * 1024  # the largest read: small enough that rate limiting stays smo
 # Kernel buffer of each proxied socket: bytes the proxy has not passed on must stay few, or a
 # killed node's last megabytes would still trickle out of loopback buffers after its death.
 SOCKET_BUFFER = 64 * 1024
+PROXY_PORTS_FROM = 20000  # free_pair's ports: from here to the start of the ephemeral range
+
+
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out by itself (ip_local_port_range)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as ports:
+        return int(ports.read().split()[0])
 
 
 def _small_buffers(sock: socket.socket) -> None:
@@ -96,22 +104,28 @@ class FaultProxy:
 
     @classmethod
     async def free_pair(cls, listen_host: str = "127.0.0.2", target_host: str = "127.0.0.1",
-                        rate: float | None = None, attempts: int = 20) -> FaultProxy:
-        """A started proxy on an ephemeral port of listen_host whose twin on target_host is free.
+                        rate: float | None = None, attempts: int = 50) -> FaultProxy:
+        """A started proxy on a port of listen_host whose twin on target_host is free.
 
-        Start the daemon with ``--listen {target_host}:{proxy.port} --advertise {listen_host}``.
+        The port lies below the kernel's ephemeral range, so no other socket (a daemon's listener
+        on port 0, an outgoing connection) can take the twin between this probe and the daemon's
+        bind. Start the daemon with ``--listen {target_host}:{proxy.port} --advertise
+        {listen_host}``.
         """
-        for _ in range(attempts):
-            proxy = cls(listen_host, target_host, 0, rate)
-            await proxy.start()
+        low = _ephemeral_low()
+        for port in random.sample(range(PROXY_PORTS_FROM, low), attempts):
             with socket.socket() as probe:
                 try:
-                    probe.bind((target_host, proxy.port))
+                    probe.bind((target_host, port))
                 except OSError:
-                    await proxy.stop()
                     continue
+            proxy = cls(listen_host, target_host, port, rate)
+            try:
+                await proxy.start()
+            except OSError:
+                continue
             return proxy
-        raise OSError(f"no port free on both {listen_host} and {target_host}")
+        raise OSError(f"no port below {low} free on both {listen_host} and {target_host}")
 
     async def start(self) -> None:
         """Listen; if port was 0, ``.port`` becomes the one the system chose."""
