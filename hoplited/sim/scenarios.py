@@ -3,9 +3,10 @@
 Each scenario sets up what its benchmark does (hoplite_client/tools/scenarios.py) and times
 it the same way: from the moment every input exists until the last participant holds its
 result. Broadcast: node 0 holds the object, every other node gets it. Reduce: every node
-holds an input, node 0 reduces (sum) and gets the result. Allreduce: the same, and every node
-gets the result, chaining behind it while it grows. Gather: every node holds an object, node
-0 gets them all, ``concurrency`` at a time.
+holds an input, node 0 reduces (sum) and gets the result. Allreduce: every node holds an
+input, node 0 calls it and every node gets the result: a ring where hoplited's plan takes one
+(:mod:`hoplited.sim.allreduce`), else the reduce whose result the gets chain behind while it
+grows. Gather: every node holds an object, node 0 gets them all, ``concurrency`` at a time.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from hoplite_client.wire.ids import ObjectID
 from hoplited.cluster.link_model import DEFAULT_LATENCY
 from hoplited.collectives.tree import broadcast_halves, two_tree_halves
 from hoplited.config import DaemonConfig
+from hoplited.sim.allreduce import AllreduceRun
 from hoplited.sim.cluster import Cluster, node_name
 from hoplited.sim.errors import SimulationError
 from hoplited.sim.fetch import Fetch
@@ -46,6 +48,7 @@ class SimResult:
     events: int
     depth: int | None = None  # of the reduce tree (0: one chain)
     two_trees: bool = False  # the reduce ran, or the broadcast was taken, as two trees of halves
+    ring: bool = False  # the allreduce ran as a ring
 
     @property
     def s_over_rate(self) -> float:
@@ -88,6 +91,9 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
                               f"{INLINE_MAX} bytes")
     c = Cluster.build(rate_bps / 8, latency, segment, fanout, two_trees)
     runs: list[ReduceRun] = []
+    allreduce: AllreduceRun | None = None
+    gets: list[Fetch] = []
+    ring_done: dict[str, float] = {}
     if op == "broadcast":
         oid = object_id("broadcast")
         c.put(node_name(0), oid, size, DTYPE, (size,))
@@ -98,6 +104,16 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
             c.put(node_name(i), oid, size, DTYPE, (size,))
         if op == "gather":
             wanted = [(node_name(0), oid) for oid in ids]
+        elif op == "allreduce":
+            result = object_id(f"{op}-result")
+            wanted = [(node_name(i), result) for i in range(nodes)]
+            allreduce = AllreduceRun(
+                c, node_name(0), result, ids, [node for node, _ in wanted],
+                DaemonConfig.ring_wait,
+                lambda getters: gets.extend(_start_gets(c, [(g, result) for g in getters],
+                                                        None, 0)),
+                ring_done.__setitem__)
+            allreduce.start()
         else:
             result = object_id(f"{op}-result")
             if halves is not None:  # node 0 gets both halves
@@ -106,20 +122,21 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
                         for h, w in enumerate(halves)]
                 wanted = [(node_name(0), run.result) for run in runs]
             else:
-                runs = [ReduceRun(c, node_name(0), result, ids, everyone=op == "allreduce")]
-                getters = range(nodes) if op == "allreduce" else [0]
-                wanted = [(node_name(i), result) for i in getters]
+                runs = [ReduceRun(c, node_name(0), result, ids)]
+                wanted = [(node_name(0), result)]
             for run in runs:
                 run.start()
-    # a broadcast's gets say how many they are, as `hoplite bench broadcast`'s do
-    gets = _start_gets(c, wanted, concurrency if op == "gather" else None,
-                       len(wanted) if op == "broadcast" else 0)
+    if allreduce is None:  # a broadcast's gets say how many they are, as the bench's do
+        gets = _start_gets(c, wanted, concurrency if op == "gather" else None,
+                           len(wanted) if op == "broadcast" else 0)
     c.clock.run()
+    if allreduce is not None and allreduce.reduce is not None:
+        runs = [allreduce.reduce]
     failed = [str(g.error) for g in gets if g.error is not None]
     for run in runs:
         if run.error is not None:
             failed.insert(0, f"the reduce failed: {run.error}")
-    done = [g.done_at for g in gets if g.done_at is not None]
+    done = [g.done_at for g in gets if g.done_at is not None] + list(ring_done.values())
     if len(done) < len(wanted) and not failed:
         failed.append(f"the simulation stopped with {len(wanted) - len(done)} gets "
                       f"unfinished ({c.shard.waiting} waiting at the shard)")
@@ -127,7 +144,8 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
     return SimResult(op, nodes, size, rate_bps, latency, segment, fanout,
                      None if failed else max(done), failed[0] if failed else None,
                      c.clock.events, runs[0].depth if runs else None,
-                     halves is not None or split)
+                     halves is not None or split,
+                     ring=allreduce is not None and bool(allreduce.ring))
 
 
 def _start_gets(c: Cluster, wanted: list[tuple[str, ObjectID]],

@@ -8,6 +8,7 @@ import pytest
 
 from hoplite_client.wire.errors import InvalidArgumentError
 from hoplited.collectives import plan as plan_module
+from hoplited.collectives import stripes as stripes_module
 from hoplited.collectives.tree import tree_depth, tree_shape
 from hoplited.sim.cluster import Cluster, node_name
 from hoplited.sim.errors import SimulationError
@@ -24,8 +25,8 @@ L = 1e-4  # the default latency per hop
 
 
 # (op, nodes, size, rate in bit/s, fan-out, expected × S/RATE): a chain or a chained reduce
-# costs one S/RATE; an allreduce's links carry the object twice; a gather fills the root's
-# downlink N-1 times; fan-out 2 splits every uplink in two.
+# costs one S/RATE; an allreduce's ring carries 2(N-1)/N of the object through every link; a
+# gather fills the root's downlink N-1 times; fan-out 2 splits every uplink in two.
 RATIOS = [
     ("broadcast", 2, 256 * MiB, GBIT, 1, 1.0),
     ("broadcast", 16, 256 * MiB, GBIT, 1, 1.0),
@@ -34,8 +35,9 @@ RATIOS = [
     ("reduce", 2, 256 * MiB, GBIT, 1, 1.0),
     ("reduce", 8, 256 * MiB, GBIT, 1, 1.0),
     ("reduce", 8, 32 * MiB, GBIT, 1, 1.0),
-    ("allreduce", 2, 256 * MiB, GBIT, 1, 1.0),  # the one getter that pulls is the leaf's node
-    ("allreduce", 8, 256 * MiB, GBIT, 1, 2.0),
+    ("allreduce", 2, 256 * MiB, GBIT, 1, 1.0),  # a ring of two: each sends the other half
+    ("allreduce", 4, 256 * MiB, GBIT, 1, 1.5),
+    ("allreduce", 8, 256 * MiB, GBIT, 1, 1.75),
     ("gather", 4, 32 * MiB, GBIT, 1, 3.0),
 ]
 
@@ -113,6 +115,7 @@ def test_a_plan_that_fails_fails_the_simulation(monkeypatch: pytest.MonkeyPatch)
     def refuse(op: str, dtype: str) -> None:
         raise InvalidArgumentError(f"cannot {op} {dtype} here")
     monkeypatch.setattr(plan_module, "check_reducible", refuse)
+    monkeypatch.setattr(stripes_module, "check_reducible", refuse)  # so no ring: the plain way
     result = simulate("allreduce", 4, 8 * MiB, GBIT)
     assert result.seconds is None and result.ratio is None
     assert result.error == "the reduce failed: cannot sum uint8 here"

@@ -160,8 +160,8 @@ def test_nothing_in_the_daemon_imports_the_simulator() -> None:
 def test_the_block_count_sets_the_cost_not_the_latency(monkeypatch: pytest.MonkeyPatch,
                                                       blocks: int) -> None:
     """Pipelining is set by the segment: coarser or finer blocks give the same latency."""
-    base = hoplited.sim.scenarios.simulate("allreduce", 8, 32 * MiB, 1e9)
+    base = hoplited.sim.scenarios.simulate("reduce", 8, 32 * MiB, 1e9)
     monkeypatch.setattr(hoplited.sim.network, "BLOCKS", blocks)
-    other = hoplited.sim.scenarios.simulate("allreduce", 8, 32 * MiB, 1e9)
+    other = hoplited.sim.scenarios.simulate("reduce", 8, 32 * MiB, 1e9)
     assert other.seconds == pytest.approx(base.seconds, rel=1e-4)
     assert (other.events < base.events) == (blocks < BLOCKS)

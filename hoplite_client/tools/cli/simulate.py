@@ -76,7 +76,8 @@ def _record(result: sim.SimResult, wall: float) -> dict[str, Any]:
 def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: float,
              segment: str | None, fanout: int, two_trees: str, as_json: bool) -> None:
     """Simulate OP (broadcast, reduce, allreduce, gather as ``hoplite bench`` runs them) on
-    NODES nodes: the real directory, fetch and reduce plans over modelled links."""
+    NODES nodes: the real directory, fetch, reduce and allreduce plans over modelled links.
+    The depth column gives the reduce tree's depth (0: a chain), or 'halves' or 'ring'."""
     try:
         nbytes = parse_size(size)
         bps = DEFAULT_RATE_BPS if rate is None else parse_rate(rate)
@@ -106,7 +107,7 @@ def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: fl
         elif result.seconds is None:
             click.echo(f"{n:>6}  failed: {result.error}")
         else:
-            depth = "halves" if result.two_trees else (
+            depth = "halves" if result.two_trees else "ring" if result.ring else (
                 "" if result.depth is None else str(result.depth))
             click.echo(f"{n:>6}{_seconds(result.seconds):>13}{_seconds(result.s_over_rate):>13}"
                        f"{record['ratio']:>10.3f}{record['ratio_to_optimum']:>11.3f}"

@@ -1,0 +1,130 @@
+"""A simulated allreduce: the real ``AllreducePlan`` chooses, the ring's real schedule runs.
+
+The driver mirrors ``collectives/allreduce.py``: the caller's node waits for the inputs at
+the shard and feeds them to the plan, which holds them for up to ``ring_wait`` and runs a
+ring where ``ring_pays`` says so (docs/design.md §4, "Ring allreduce"), else the plain reduce
+(:class:`~hoplited.sim.reduce.ReduceRun`) whose result every node gets. A ring member's get
+returns once its own copy is whole, as hoplited's does, so the allreduce ends when the last
+member's last segment lands.
+
+The ring is timed from ``ring.ring_schedule`` segment by segment: a member sends its own
+chunk, then each received segment once the whole of it is here (the input is added in place
+before it goes on), one segment after another at the link's rate; a segment lands a hop after
+its last byte leaves. Each member's stream is the only one on its uplink and its
+successor's downlink (checked: the network carries no pull when the ring starts), so no
+sharing is modelled. Failures are not modelled (docs/simulation.md §2).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+
+from hoplite_client.wire.errors import HopliteError
+from hoplite_client.wire.ids import ObjectID
+from hoplited.collectives import stripes as s
+from hoplited.collectives.ring import ring_schedule
+from hoplited.directory.state import Entry
+from hoplited.sim.cluster import Cluster
+from hoplited.sim.errors import SimulationError
+from hoplited.sim.reduce import ReduceRun
+
+# Hops from StartRing to a member's first byte: RingTask reaches the member, its RingOpen the
+# successor, and the successor's answer comes back (the data connection is a standing one).
+RING_SETUP_HOPS = 3
+
+
+def ring_times(sizes: tuple[int, int], n: int, rate: float, latency: float,
+               start: float) -> list[float]:
+    """When each member of a ring of ``n`` holds the whole result, if every member starts
+    sending at ``start``; ``sizes``: the object's bytes and its item size."""
+    size, itemsize = sizes
+    plans = [ring_schedule(size, itemsize, n, p) for p in range(n)]
+    sends = [[(lo, hi) for lo, hi in plan.first]
+             + [(seg.lo, seg.hi) for seg in plan.receive if seg.forward] for plan in plans]
+    for p in range(n):
+        got = [(seg.lo, seg.hi) for seg in plans[p].receive]
+        if got != sends[p - 1]:
+            raise SimulationError(f"ring member {p} expects other segments than its "
+                                  f"predecessor sends")
+    ends: list[list[float]] = [[] for _ in range(n)]  # when segment k left member p
+    for k in range(max(map(len, sends))):
+        for p in range(n):
+            if k >= len(sends[p]):
+                continue
+            first = len(plans[p].first)
+            here = start if k < first else ends[p - 1][k - first] + latency
+            begin = max(here, ends[p][-1] if ends[p] else start)
+            lo, hi = sends[p][k]
+            ends[p].append(begin + (hi - lo) / rate)
+    return [ends[p - 1][-1] + latency for p in range(n)]
+
+
+class AllreduceRun:
+    """One allreduce of ``inputs`` (already put) into ``result``, called on node ``me``;
+    ``getters``: the nodes that get the result; ``on_done(node, t)`` as each has it."""
+
+    def __init__(self, cluster: Cluster, me: str, result: ObjectID, inputs: list[ObjectID],
+                 getters: list[str], ring_wait: float,
+                 start_gets: Callable[[list[str]], None],
+                 on_done: Callable[[str, float], None]) -> None:
+        self.cluster, self.me, self.result, self.getters = cluster, me, result, getters
+        net = cluster.net
+        self.plan = s.AllreducePlan(result, inputs, "sum", ring_wait=ring_wait,
+                                    striped=False, link=(net.rate, net.latency))
+        self._inputs = list(dict.fromkeys(inputs))
+        self._start_gets, self._on_done = start_gets, on_done
+        self._entry: Entry | None = None
+        self.reduce: ReduceRun | None = None  # the plain reduce, if no ring ran
+        self.ring: tuple[str, ...] = ()  # the ring's members, if one ran
+
+    @property
+    def error(self) -> HopliteError | None:
+        return None if self.reduce is None else self.reduce.error
+
+    def start(self) -> None:
+        for oid in self._inputs:
+            self.cluster.shard.wait_object(oid, functools.partial(self._ready, oid))
+
+    def _ready(self, oid: ObjectID, entry: Entry) -> None:
+        self._entry = entry
+        self._feed(s.InputReady(oid, tuple(entry.complete_holders()), entry.size,
+                                entry.dtype, tuple(entry.shape)))
+
+    def _feed(self, ev: s.Event) -> None:
+        for ins in self.plan.handle(ev):
+            self._execute(ins)
+
+    def _execute(self, ins: s.Instruction) -> None:
+        c = self.cluster
+        if isinstance(ins, s.Arm):
+            c.clock.after(ins.delay, lambda: self._feed(s.GatherOver()))
+        elif isinstance(ins, s.StartRing):
+            self._run_ring(tuple(node for node, _ in ins.members))
+        elif isinstance(ins, s.Plain):
+            self.reduce = ReduceRun(c, self.me, self.result, list(self.plan.listed),
+                                    everyone=True)
+            self.reduce.start()
+            self._start_gets(self.getters)
+        elif not isinstance(ins, s.Commit):  # members' gets end on their own copies
+            raise SimulationError(f"{ins} is not modelled: the stripes or a failure")
+
+    def _run_ring(self, members: tuple[str, ...]) -> None:
+        """Time the ring from the moment StartRing leaves the caller's node."""
+        c, entry = self.cluster, self._entry
+        assert entry is not None
+        if any(c.net.up.values()) or any(c.net.down.values()):
+            raise SimulationError("a ring sharing its links with pulls is not modelled")
+        others = [node for node in self.getters if node not in members]
+        if others:
+            raise SimulationError(f"gets of a ring's result off the ring ({others}) are not "
+                                  f"modelled")
+        self.ring = members
+        itemsize = np.dtype(entry.dtype).itemsize
+        start = c.clock.now + RING_SETUP_HOPS * c.net.latency
+        for node, t in zip(members, ring_times((entry.size, itemsize), len(members),
+                                               c.net.rate, c.net.latency, start)):
+            if node in self.getters:
+                c.clock.at(t, functools.partial(self._on_done, node, t))
