@@ -76,7 +76,7 @@ class AllreduceRun:
                                     striped=False, link=(net.rate, net.latency))
         self._inputs = list(dict.fromkeys(inputs))
         self._start_gets, self._on_done = start_gets, on_done
-        self._entry: Entry | None = None
+        self._ready_entries: dict[ObjectID, Entry] = {}  # the inputs ready so far, in order
         self.reduce: ReduceRun | None = None  # the plain reduce, if no ring ran
         self.ring: tuple[str, ...] = ()  # the ring's members, if one ran
 
@@ -89,7 +89,7 @@ class AllreduceRun:
             self.cluster.shard.wait_object(oid, functools.partial(self._ready, oid))
 
     def _ready(self, oid: ObjectID, entry: Entry) -> None:
-        self._entry = entry
+        self._ready_entries[oid] = entry
         self._feed(s.InputReady(oid, tuple(entry.complete_holders()), entry.size,
                                 entry.dtype, tuple(entry.shape)))
 
@@ -106,15 +106,14 @@ class AllreduceRun:
         elif isinstance(ins, s.Plain):
             self.reduce = ReduceRun(c, self.me, self.result, list(self.plan.listed),
                                     everyone=True)
-            self.reduce.start()
+            self.reduce.start(self._ready_entries)
             self._start_gets(self.getters)
         elif not isinstance(ins, s.Commit):  # members' gets end on their own copies
             raise SimulationError(f"{ins} is not modelled: the stripes or a failure")
 
     def _run_ring(self, members: tuple[str, ...]) -> None:
         """Time the ring from the moment StartRing leaves the caller's node."""
-        c, entry = self.cluster, self._entry
-        assert entry is not None
+        c, entry = self.cluster, next(iter(self._ready_entries.values()))
         if any(c.net.up.values()) or any(c.net.down.values()):
             raise SimulationError("a ring sharing its links with pulls is not modelled")
         others = [node for node in self.getters if node not in members]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.frames import INLINE_MAX
@@ -83,9 +83,15 @@ class ReduceRun:
     def error(self) -> HopliteError | None:
         return self.plan.error
 
-    def start(self) -> None:
+    def start(self, known: Mapping[ObjectID, Entry] | None = None) -> None:
+        """Wait for the inputs at the shard; those in ``known`` (ready, as an allreduce that
+        took no ring already heard) are fed at once, in their order."""
+        known = known or {}
+        for oid, entry in known.items():
+            self._ready(oid, entry)
         for oid in self._inputs:
-            self.cluster.shard.wait_object(oid, functools.partial(self._ready, oid))
+            if oid not in known:
+                self.cluster.shard.wait_object(oid, functools.partial(self._ready, oid))
 
     def feed(self, event: p.Event) -> None:
         """Hand ``event`` to the plan and carry out what it says (queued, never re-entered)."""
