@@ -63,19 +63,20 @@ def ring_times(sizes: tuple[int, int], n: int, rate: float, latency: float,
 
 
 class AllreduceRun:
-    """One allreduce of ``inputs`` (already put) into ``result``, called on node ``me``;
-    ``getters``: the nodes that get the result; ``on_done(node, t)`` as each has it."""
+    """One allreduce of ``inputs`` into ``result``, called on node ``me``; ``getters``: when
+    each node asks for the result; ``start_get(node)`` starts a get of the result there (the
+    plain reduce's result); ``on_done(node, t)`` runs as a ring member holds it."""
 
     def __init__(self, cluster: Cluster, me: str, result: ObjectID, inputs: list[ObjectID],
-                 getters: list[str], ring_wait: float,
-                 start_gets: Callable[[list[str]], None],
+                 getters: dict[str, float], ring_wait: float,
+                 start_get: Callable[[str], None],
                  on_done: Callable[[str, float], None]) -> None:
         self.cluster, self.me, self.result, self.getters = cluster, me, result, getters
         net = cluster.net
         self.plan = s.AllreducePlan(result, inputs, "sum", ring_wait=ring_wait,
                                     striped=False, link=(net.rate, net.latency))
         self._inputs = list(dict.fromkeys(inputs))
-        self._start_gets, self._on_done = start_gets, on_done
+        self._start_get, self._on_done = start_get, on_done
         self._ready_entries: dict[ObjectID, Entry] = {}  # the inputs ready so far, in order
         self.reduce: ReduceRun | None = None  # the plain reduce, if no ring ran
         self.ring: tuple[str, ...] = ()  # the ring's members, if one ran
@@ -104,10 +105,13 @@ class AllreduceRun:
         elif isinstance(ins, s.StartRing):
             self._run_ring(tuple(node for node, _ in ins.members))
         elif isinstance(ins, s.Plain):
+            here = any(copy.complete for oid in self._inputs
+                       if (copy := c.copies.get((self.me, oid))) is not None)
             self.reduce = ReduceRun(c, self.me, self.result, list(self.plan.listed),
-                                    everyone=True)
+                                    everyone=True, here=here)
             self.reduce.start(self._ready_entries)
-            self._start_gets(self.getters)
+            for node, when in self.getters.items():
+                c.clock.at(when, functools.partial(self._start_get, node))
         elif not isinstance(ins, s.Commit):  # members' gets end on their own copies
             raise SimulationError(f"{ins} is not modelled: the stripes or a failure")
 
@@ -126,4 +130,5 @@ class AllreduceRun:
         for node, t in zip(members, ring_times((entry.size, itemsize), len(members),
                                                c.net.rate, c.net.latency, start)):
             if node in self.getters:
-                c.clock.at(t, functools.partial(self._on_done, node, t))
+                done = max(t, self.getters[node])
+                c.clock.at(done, functools.partial(self._on_done, node, done))

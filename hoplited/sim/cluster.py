@@ -50,3 +50,14 @@ class Cluster:
         copy.fill(self.clock.now)
         inline = bytes(size) if size <= INLINE_MAX else None
         self.shard.state.publish(oid, node, size, dtype, list(shape), VERSION, inline)
+
+    def put_at(self, when: float, node: str, oid: ObjectID, size: int, dtype: str,
+               shape: tuple[int, ...]) -> None:
+        """``oid`` is put on ``node`` at ``when``: whole there at once, published at its shard
+        a hop later, which wakes whoever waits for it."""
+        def put() -> None:
+            self.copies[(node, oid)] = copy = Copy(node, self.net.layout(size))
+            copy.fill(when)
+            inline = bytes(size) if size <= INLINE_MAX else None
+            self.shard.publish(oid, node, size, dtype, list(shape), VERSION, inline)
+        self.clock.at(when, put)

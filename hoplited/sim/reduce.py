@@ -55,17 +55,19 @@ class Combine:
 
 
 class ReduceRun:
-    """One reduce of ``inputs`` (already put) into ``result``, coordinated on node ``me``;
-    ``everyone``: an allreduce, whose plan may shape the tree for it; ``window`` and ``half``:
-    one of two trees of halves (docs/simulation.md §6)."""
+    """One reduce of ``inputs`` into ``result``, coordinated on node ``me``; ``everyone``: an
+    allreduce, whose plan may shape the tree for it, ``here``: an input is complete on ``me``
+    (``collectives/reductions.py`` tells the plan so); ``window`` and ``half``: one of two
+    trees of halves (docs/simulation.md §6)."""
 
     def __init__(self, cluster: Cluster, me: str, result: ObjectID, inputs: list[ObjectID],
                  op: str = "sum", everyone: bool = False,
-                 window: tuple[int, int] | None = None, half: int | None = None) -> None:
+                 window: tuple[int, int] | None = None, half: int | None = None,
+                 here: bool = False) -> None:
         self.cluster, self.me, self.result = cluster, me, result
         self.depth: int | None = None  # the tree depth the plan chose (0: one chain)
         self.plan = p.ReducePlan(result, inputs, len(inputs), op, me, depth=self._depth,
-                                 everyone=everyone, window=window, half=half)
+                                 everyone=everyone, window=window, half=half, here=here)
         self._inputs = list(dict.fromkeys(inputs))
         self.tasks: dict[int, Combine] = {}  # by slot
         self.published_at: float | None = None

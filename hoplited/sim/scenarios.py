@@ -12,6 +12,7 @@ grows. Gather: every node holds an object, node 0 gets them all, ``concurrency``
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 from hoplite_client.wire.frames import INLINE_MAX
@@ -49,6 +50,7 @@ class SimResult:
     depth: int | None = None  # of the reduce tree (0: one chain)
     two_trees: bool = False  # the reduce ran, or the broadcast was taken, as two trees of halves
     ring: bool = False  # the allreduce ran as a ring
+    interval: float = 0.0  # between the inputs' puts; the latency runs from the last
 
     @property
     def s_over_rate(self) -> float:
@@ -69,17 +71,23 @@ def object_id(name: str) -> ObjectID:
 def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
              latency: float = DEFAULT_LATENCY, segment: int = SEGMENT,
              fanout: int = DaemonConfig.fanout, concurrency: int | None = None,
-             two_trees: str = "auto") -> SimResult:
+             two_trees: str = "auto", interval: float = 0.0) -> SimResult:
     """Run ``op`` on ``nodes`` nodes with objects of ``size`` bytes over links of ``rate_bps``
     bit/s and ``latency`` s per hop; ``concurrency`` bounds a gather's gets (None: none);
     ``two_trees``: when the reduce runs, or a broadcast is taken, as two trees of halves, as
     hoplited's ``--two-trees`` decides (``tree.two_tree_halves``, ``tree.broadcast_halves``
-    on the simulated links; docs/simulation.md §6)."""
+    on the simulated links; docs/simulation.md §6); ``interval`` > 0: a reduce's or an
+    allreduce's inputs are put that far apart, as ``hoplite bench --arrival-interval`` puts
+    them (the collective is called first, each node asks for the result once it has put its
+    input, and the latency runs from the last put)."""
     if op not in OPS:
         raise SimulationError(f"unknown collective {op!r}; one of {', '.join(OPS)}")
     if nodes < 2 or size < 1 or fanout < 1 or (concurrency is not None and concurrency < 1):
         raise SimulationError(f"{nodes} nodes, {size} bytes, fan-out {fanout}, concurrency "
                               f"{concurrency}: need 2 nodes, 1 byte, 1 and 1 at least")
+    if not 0 <= interval < math.inf or (interval and op not in ("reduce", "allreduce")):
+        raise SimulationError(f"an arrival interval of {interval} s: staggered inputs are "
+                              f"a reduce's or an allreduce's, at least 0 s apart")
     halves = two_tree_halves(two_trees, nodes, nodes, size, DTYPE, "sum", rate_bps / 8,
                              latency) if op == "reduce" else None
     if two_trees == "always" and (
@@ -94,6 +102,7 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
     allreduce: AllreduceRun | None = None
     gets: list[Fetch] = []
     ring_done: dict[str, float] = {}
+    put_times = [i * interval for i in range(nodes)]
     if op == "broadcast":
         oid = object_id("broadcast")
         c.put(node_name(0), oid, size, DTYPE, (size,))
@@ -101,18 +110,21 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
     else:
         ids = [object_id(f"{op}-{i}") for i in range(nodes)]
         for i, oid in enumerate(ids):
-            c.put(node_name(i), oid, size, DTYPE, (size,))
+            if interval:
+                c.put_at(put_times[i], node_name(i), oid, size, DTYPE, (size,))
+            else:
+                c.put(node_name(i), oid, size, DTYPE, (size,))
         if op == "gather":
             wanted = [(node_name(0), oid) for oid in ids]
         elif op == "allreduce":
             result = object_id(f"{op}-result")
             wanted = [(node_name(i), result) for i in range(nodes)]
-            allreduce = AllreduceRun(
-                c, node_name(0), result, ids, [node for node, _ in wanted],
-                DaemonConfig.ring_wait,
-                lambda getters: gets.extend(_start_gets(c, [(g, result) for g in getters],
-                                                        None, 0)),
-                ring_done.__setitem__)
+
+            def get_result(node: str) -> None:
+                gets.extend(_start_gets(c, [(node, result)], None, 0))
+            allreduce = AllreduceRun(c, node_name(0), result, ids,
+                                     {node: put_times[i] for i, (node, _) in enumerate(wanted)},
+                                     DaemonConfig.ring_wait, get_result, ring_done.__setitem__)
             allreduce.start()
         else:
             result = object_id(f"{op}-result")
@@ -142,10 +154,11 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
                       f"unfinished ({c.shard.waiting} waiting at the shard)")
     split = op == "broadcast" and c.shard.state.entries[wanted[0][1]].trees is not None
     return SimResult(op, nodes, size, rate_bps, latency, segment, fanout,
-                     None if failed else max(done), failed[0] if failed else None,
+                     None if failed else max(done) - put_times[-1],
+                     failed[0] if failed else None,
                      c.clock.events, runs[0].depth if runs else None,
                      halves is not None or split,
-                     ring=allreduce is not None and bool(allreduce.ring))
+                     ring=allreduce is not None and bool(allreduce.ring), interval=interval)
 
 
 def _start_gets(c: Cluster, wanted: list[tuple[str, ObjectID]],

@@ -69,3 +69,18 @@ def test_two_trees_follow_the_daemons_rule_or_the_option() -> None:
     assert table.output.splitlines()[-1].split()[-4] == "halves"
     refused = CliRunner().invoke(main, ["simulate", "allreduce", "--two-trees", "always"])
     assert refused.exit_code == 2 and "a shape of the reduce and the broadcast" in refused.output
+
+
+def test_staggered_inputs_are_named_in_the_header() -> None:
+    out = CliRunner().invoke(main, ["simulate", "allreduce", "--nodes", "4", "--size", "8MiB",
+                                    "--arrival-interval", "0.05"])
+    assert out.exit_code == 0, out.output
+    assert "inputs 0.05 s apart (latency from the last put)" in out.output.splitlines()[0]
+
+
+@pytest.mark.parametrize("args", [["broadcast", "--arrival-interval", "0.1"],
+                                  ["reduce", "--arrival-interval", "nan"],
+                                  ["reduce", "--arrival-interval", "-1"]])
+def test_a_bad_arrival_interval_is_a_usage_error(args: list[str]) -> None:
+    out = CliRunner().invoke(main, ["simulate", *args])
+    assert out.exit_code == 2 and "--arrival-interval" in out.output

@@ -1,4 +1,5 @@
-"""The simulated allreduce: the real plan's choice of a ring, timed from the real schedule."""
+"""The simulated allreduce: the real plan's choice of a ring, timed from the real schedule;
+staggered inputs, as `hoplite bench --arrival-interval` puts them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 
 from hoplited.collectives.ring import RING_MAX, SEGMENT, ring_cost
 from hoplited.sim.allreduce import RING_SETUP_HOPS, ring_times
+from hoplited.sim.errors import SimulationError
 from hoplited.sim.scenarios import simulate
 
 pytestmark = pytest.mark.unit
@@ -58,3 +60,30 @@ def test_the_allreduce_runs_as_a_ring_where_the_plan_takes_one() -> None:
 def test_no_ring_means_the_plain_reduce_then_gets(nodes: int, size: int) -> None:
     result = simulate("allreduce", nodes, size, 1e9)
     assert result.error is None and not result.ring and result.seconds is not None
+
+
+S_OVER_RATE = 32 * MiB / RATE  # 32 MiB over 1 Gbit/s
+
+
+@pytest.mark.parametrize("op, interval, low, high", [
+    # 0.1 s apart: the second-to-last input's node still downloads the rest of its partial sum
+    # while the result streams through it, 1 + (1 - interval / (S/RATE)) (docs/design.md §4)
+    ("allreduce", 0.1, 2 - 0.1 / S_OVER_RATE, (2 - 0.1 / S_OVER_RATE) * 1.03),
+    ("allreduce", 0.3, 1.0, 1.05),  # apart by more than S/RATE: only the last input is late
+    ("reduce", 0.1, 1.0, 1.03),  # one getter, the root: the last input hangs on it
+    ("reduce", 0.3, 1.0, 1.03),
+])
+def test_staggered_inputs_cost_what_the_floor_says(op: str, interval: float, low: float,
+                                                   high: float) -> None:
+    result = simulate(op, 8, 32 * MiB, 1e9, interval=interval)
+    assert result.error is None and not result.ring and result.interval == interval
+    assert result.ratio is not None and low <= result.ratio < high
+
+
+@pytest.mark.parametrize("op, interval", [
+    ("broadcast", 0.1), ("gather", 0.1), ("allreduce", -0.1), ("reduce", float("nan")),
+    ("reduce", float("inf")),
+])
+def test_an_arrival_interval_is_a_reduce_s_and_a_number(op: str, interval: float) -> None:
+    with pytest.raises(SimulationError, match="arrival interval"):
+        simulate(op, 8, 32 * MiB, 1e9, interval=interval)

@@ -8,6 +8,7 @@ the optimum of ``hoplite bench`` (:func:`~hoplite_client.tools.scenarios.optimum
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict
 from typing import Any
@@ -72,9 +73,14 @@ def _record(result: sim.SimResult, wall: float) -> dict[str, Any]:
               help="When the reduce runs, or a broadcast is taken, as two trees of halves, as "
                    "hoplited's --two-trees (docs/simulation.md §6); a depth of 'halves' in the "
                    "table says it did.")
+@click.option("--arrival-interval", "interval", default=0.0, show_default=True,
+              type=click.FloatRange(min=0, max=60),
+              help="reduce, allreduce: put the inputs this many seconds apart, as `hoplite "
+                   "bench --arrival-interval` does; the latency then runs from the last put.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record per run.")
 def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: float,
-             segment: str | None, fanout: int, two_trees: str, as_json: bool) -> None:
+             segment: str | None, fanout: int, two_trees: str, interval: float,
+             as_json: bool) -> None:
     """Simulate OP (broadcast, reduce, allreduce, gather as ``hoplite bench`` runs them) on
     NODES nodes: the real directory, fetch, reduce and allreduce plans over modelled links.
     The depth column gives the reduce tree's depth (0: a chain), or 'halves' or 'ring'."""
@@ -86,11 +92,17 @@ def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: fl
         raise click.UsageError(str(exc)) from exc
     if two_trees == "always" and op not in ("reduce", "broadcast"):
         raise click.UsageError("--two-trees always is a shape of the reduce and the broadcast")
+    if not math.isfinite(interval):
+        raise click.UsageError("--arrival-interval must be a number of seconds")
+    if interval and op not in ("reduce", "allreduce"):
+        raise click.UsageError("--arrival-interval staggers a reduce's or an allreduce's inputs")
     if not as_json:
         click.echo(f"{op} of {nbytes} bytes ({nbytes / 2**20:.3g} MiB), simulated "
                    f"{format_rate(bps)} links, "
                    f"{latency * 1e3:.3g} ms per hop, {seg // 1024} KiB segments, "
-                   f"fan-out {fanout}, two trees of halves: {two_trees}")
+                   f"fan-out {fanout}, two trees of halves: {two_trees}"
+                   + (f", inputs {interval:g} s apart (latency from the last put)"
+                      if interval else ""))
         click.echo(f"{'N':>6}{'simulated':>13}{'S/RATE':>13}{'x S/RATE':>10}"
                    f"{'x optimum':>11}{'depth':>7}{'events':>10}{'wall':>8}")
     for n in nodes:
@@ -98,7 +110,7 @@ def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: fl
         try:
             result = sim.simulate(op, n, nbytes, bps, latency=latency, segment=seg,
                                   fanout=fanout, concurrency=GATHER_CONCURRENCY,
-                                  two_trees=two_trees)
+                                  two_trees=two_trees, interval=interval)
         except SimulationError as exc:
             raise click.ClickException(str(exc)) from exc
         record = _record(result, time.perf_counter() - t0)
