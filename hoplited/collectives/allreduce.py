@@ -407,6 +407,8 @@ class Orchestrator:
                                                f"allreduce-assign-{ins.stripe}",
                                                functools.partial(self._unassigned, ins)))
         elif isinstance(ins, s.Arm):
+            if self._timer is not None:  # the wait for the input before
+                self._timer.cancel()
             self._timer = asyncio.get_running_loop().call_later(
                 ins.delay, lambda: self.feed(s.GatherOver()))
         elif isinstance(ins, s.StartRing):

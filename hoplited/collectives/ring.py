@@ -88,12 +88,20 @@ def ring_cost(n: int, size: int, bandwidth: float, latency: float) -> float:
     return 2 * (n - 1) / n * size / max(bandwidth, 1.0) + 2 * (n - 1) * latency
 
 
+def ring_saving(n: int, size: int, bandwidth: float, latency: float) -> float:
+    """Seconds a ring saves over a reduce then a broadcast of the result (each the best
+    single tree, :func:`~.tree.one_tree_cost`), negative where it costs more: at scale its
+    2(n-1) steps cost more latency than the tree's depth. It is also how far apart the last
+    inputs may come and the ring still win: the reduce's partial sum streams while they
+    arrive, so it ends about that much sooner after the last (docs/design.md §4)."""
+    return 2 * one_tree_cost(n, size, bandwidth, latency) - ring_cost(n, size, bandwidth,
+                                                                       latency)
+
+
 def ring_pays(n: int, size: int, bandwidth: float, latency: float) -> bool:
-    """Whether a ring beats a reduce then a broadcast of the result (each the best single
-    tree, :func:`~.tree.one_tree_cost`): at scale its 2(n-1) steps cost more latency than
-    the tree's depth, and then small objects go up and down a tree."""
-    return 2 <= n <= RING_MAX and ring_cost(n, size, bandwidth, latency) < 2 * one_tree_cost(
-        n, size, bandwidth, latency)
+    """Whether a ring beats a reduce then a broadcast of the result (:func:`ring_saving`);
+    beyond :data:`RING_MAX` members none is taken."""
+    return 2 <= n <= RING_MAX and ring_saving(n, size, bandwidth, latency) > 0
 
 
 def ring_members(ready: Mapping[int, Sequence[str]],

@@ -26,8 +26,11 @@ fails for any other reason, or an input that never comes, fails the allreduce (`
 a report of an assignment that was replaced is stale and changes nothing.
 
 With ``ring_wait`` > 0 the plan first tries a ring (docs/design.md §4, "Ring allreduce"),
-where it pays (:func:`~.ring.ring_pays`): at the first ready input it arms a timer (``Arm``)
-and holds the inputs' events; if every input is ready before it fires and at least two live
+where it pays (:func:`~.ring.ring_pays`): at the first ready input it arms a timer (``Arm``),
+again at each input after it, and holds the inputs' events; each wait is ``ring_wait`` at
+most, and at most what the ring saves (:func:`~.ring.ring_saving`): inputs further apart than
+that are better served by the reduce, whose partial sum streams while they arrive. If every
+input is ready before the timer fires and at least two live
 nodes that have not fallen silent hold them, those nodes run the ring (``StartRing``;
 :func:`~.ring.ring_members`: inputs spread over as many nodes as they can be, a node holding
 several adding them all). The first member to hold the whole result makes the plan commit
@@ -56,7 +59,7 @@ from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplited.cluster.link_model import DEFAULT_BANDWIDTH, DEFAULT_LATENCY
 from hoplited.collectives.ops import check_op, check_reducible, derived_id
-from hoplited.collectives.ring import ring_members, ring_pays
+from hoplited.collectives.ring import ring_members, ring_pays, ring_saving
 
 # The smallest stripe worth its own tree: below it, the handshakes and lookups of m trees cost
 # more than the bandwidth they save (docs/benchmarks.md, "Striped allreduce").
@@ -180,7 +183,8 @@ class Fail:
 
 @dataclass(frozen=True, slots=True)
 class Arm:
-    """Feed ``GatherOver`` after ``delay`` seconds."""
+    """Feed ``GatherOver`` after ``delay`` seconds, unless another ``Arm`` comes first (it
+    replaces this one's timer)."""
 
     delay: float
 
@@ -227,13 +231,17 @@ class AllreducePlan:
                  min_stripe: int = MIN_STRIPE, ring_wait: float = 0.0,
                  lost: frozenset[str] = frozenset(), striped: bool = True,
                  link: tuple[float, float] = (DEFAULT_BANDWIDTH, DEFAULT_LATENCY),
-                 suspected: frozenset[str] = frozenset(), rings: int = RING_TRIES) -> None:
+                 suspected: frozenset[str] = frozenset(), rings: int = RING_TRIES,
+                 cap_wait: bool = True) -> None:
         if not inputs:
             raise InvalidArgumentError("an allreduce needs at least one input")
         check_op(op)
         self.result, self.op, self.min_stripe = result, op, min_stripe
         self.listed = list(inputs)  # as listed: an input listed twice counts twice
-        self.ring_wait = ring_wait
+        self.ring_wait = ring_wait  # the longest wait for each next input, for a ring
+        # each wait is also at most what the ring saves (the first ring; one run again waits
+        # for a lost input put again, which takes what it takes)
+        self.cap_wait = cap_wait
         self.rings = rings  # how many more times a ring may be tried
         self.suspected: set[str] = set(suspected)  # fell silent: no ring goes through them
         self.striped = striped  # False: no ring means the plain reduce (then gets)
@@ -304,12 +312,18 @@ class AllreducePlan:
             if self.ring_wait > 0 and self.rings > 0 and ev.size > INLINE_MAX and ring_pays(
                     n, ev.size, *self.link):
                 self.phase, self.held = "gathering", [ev]
-                return [Arm(self.ring_wait)]
+                return [Arm(self._wait_for_next())]
             return self._choose_stripes()
         mismatch = self._mismatch(ev)
         if mismatch:
             return mismatch
         return self._place(ev)
+
+    def _wait_for_next(self) -> float:
+        """How long to hold the inputs for the next one to come, for a ring."""
+        if not self.cap_wait or self.first is None:
+            return self.ring_wait
+        return min(self.ring_wait, ring_saving(len(self.inputs), self.first.size, *self.link))
 
     def _mismatch(self, ev: InputReady) -> list[Instruction]:
         """Fail if ``ev`` differs in size, type or shape from the first input."""
@@ -342,7 +356,7 @@ class AllreducePlan:
                 return mismatch
             self.held.append(ev)
             if self.waiting:
-                return []
+                return [Arm(self._wait_for_next())]
             index = {oid: i for i, oid in enumerate(self.inputs)}
             members = ring_members({index[h.oid]: [n for n in h.alive if n not in self.lost
                                                    and n not in self.suspected]
@@ -399,7 +413,7 @@ class AllreducePlan:
         wait = max(self.ring_wait, RING_REDO_WAIT * size / max(self.link[0], 1.0))
         return AllreducePlan(self.result, self.listed, self.op, self.min_stripe, wait,
                              frozenset(self.lost), self.striped, self.link,
-                             frozenset(self.suspected), self.rings - 1)
+                             frozenset(self.suspected), self.rings - 1, cap_wait=False)
 
     def _live_ring(self) -> tuple[str, ...]:
         return tuple(n for n in self.ring if n not in self.lost)

@@ -80,6 +80,7 @@ class AllreduceRun:
         self._ready_entries: dict[ObjectID, Entry] = {}  # the inputs ready so far, in order
         self.reduce: ReduceRun | None = None  # the plain reduce, if no ring ran
         self.ring: tuple[str, ...] = ()  # the ring's members, if one ran
+        self._arms = 0  # Arm instructions so far: only the last one's timer counts
 
     @property
     def error(self) -> HopliteError | None:
@@ -100,8 +101,11 @@ class AllreduceRun:
 
     def _execute(self, ins: s.Instruction) -> None:
         c = self.cluster
-        if isinstance(ins, s.Arm):
-            c.clock.after(ins.delay, lambda: self._feed(s.GatherOver()))
+        if isinstance(ins, s.Arm):  # a later Arm replaces this one's timer
+            self._arms += 1
+            arm = self._arms
+            c.clock.after(ins.delay, lambda: self._feed(s.GatherOver()) if arm == self._arms
+                          else None)
         elif isinstance(ins, s.StartRing):
             self._run_ring(tuple(node for node, _ in ins.members))
         elif isinstance(ins, s.Plain):

@@ -16,6 +16,7 @@ from hoplite_client.wire.errors import (
 )
 from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.layout import ALIGN, stripe_bounds
+from hoplited.collectives.ring import ring_saving
 from hoplited.collectives.stripes import (
     AllreducePlan,
     Arm,
@@ -132,49 +133,51 @@ CASES = [
 
 
 WAIT = 0.1
+SLOW = (4e6, 1e-4)  # 4 MB/s: a ring of 4 MiB saves far more than WAIT
+ARM = Arm(-1.0)  # the wait for the next input, for a ring: made concrete per case (arm_for)
 RING4 = StartRing((("n0", (I[0],)), ("n1", (I[1],)), ("n2", (I[2],)), ("n3", (I[3],))))
 LOST = PeerUnavailableError("ring member n2 died", node="n2")
 
 
 def ring_ready() -> list[tuple[Event, list[Instruction]]]:
     """Inputs 0..3 ready on n0..n3 within the ring's wait: the ring starts."""
-    return [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n1"), []), (ready(2, "n2"), []),
+    return [(ready(0, "n0"), [ARM]), (ready(1, "n1"), [ARM]), (ready(2, "n2"), [ARM]),
             (ready(3, "n3"), [RING4])]
 
 
 def all_ready_ring_off() -> list[tuple[Event, list[Instruction]]]:
     """The wait ran out before any input but the first: stripes."""
-    return [(ready(0, "n0"), [Arm(WAIT)]), (GatherOver(), [Assign("n0", 0, 0)]),
+    return [(ready(0, "n0"), [ARM]), (GatherOver(), [Assign("n0", 0, 0)]),
             (ready(1, "n1"), [Assign("n1", 1, 0)])]
 
 
 RING_CASES = [
     Case("every input ready in time on its own node: a ring in node order, whatever the "
          "readiness order; the first member done commits; over once every member is",
-         [(ready(3, "n3"), [Arm(WAIT)]), (ready(1, "n1", "n2"), []), (ready(0, "n0"), []),
+         [(ready(3, "n3"), [ARM]), (ready(1, "n1", "n2"), [ARM]), (ready(0, "n0"), [ARM]),
           (ready(2, "n1", "n2"), [RING4]), (RingDone("n2"), [Commit(("n0", "n1", "n2", "n3"))]),
           (RingDone("n0"), []), (RingDone("n1"), []), (MemberDone("n1"), []),
           (RingDone("n3"), []), (RingDone("n3"), [])]),
     Case("the wait runs out: stripes for the inputs ready so far, in their order, then on",
-         [(ready(2, "n2"), [Arm(WAIT)]), (ready(0, "n0"), []),
+         [(ready(2, "n2"), [ARM]), (ready(0, "n0"), [ARM]),
           (GatherOver(), [Assign("n2", 0, 0), Assign("n0", 1, 0)]),
           (ready(3, "n3"), [Assign("n3", 2, 0)]), (GatherOver(), [])]),
     Case("two inputs only on one node: a ring of three, that node adding both",
-         [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n0"), []), (ready(2, "n2"), []),
+         [(ready(0, "n0"), [ARM]), (ready(1, "n0"), [ARM]), (ready(2, "n2"), [ARM]),
           (ready(3, "n3"), [StartRing((("n0", (I[0], I[1])), ("n2", (I[2],)),
                                        ("n3", (I[3],))))]), (GatherOver(), [])]),
     Case("every input on one node: no ring, stripes at once",
-         [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n0"), []), (ready(2, "n0"), []),
+         [(ready(0, "n0"), [ARM]), (ready(1, "n0"), [ARM]), (ready(2, "n0"), [ARM]),
           (ready(3, "n0"), [Assign("n0", 0, 0), Assign("n0", 1, 0), Assign("n0", 2, 0),
                             Assign("n0", 3, 0)])]),
     Case("a node fallen silent is no ring member: its input's other holder is, or none",
-         [(ready(0, "n0"), [Arm(WAIT)]), (NodeSuspected("n1"), []), (ready(1, "n1", "n0"), []),
-          (ready(2, "n2"), []), (ready(3, "n3"), [StartRing((("n0", (I[0], I[1])),
+         [(ready(0, "n0"), [ARM]), (NodeSuspected("n1"), []), (ready(1, "n1", "n0"), [ARM]),
+          (ready(2, "n2"), [ARM]), (ready(3, "n3"), [StartRing((("n0", (I[0], I[1])),
                                                              ("n2", (I[2],)),
                                                              ("n3", (I[3],))))])]),
     Case("a node lost while gathering is no ring member (its input's other holder is)",
-         [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n1", "n4"), []), (NodeLost("n1"), []),
-          (ready(2, "n2"), []), (ready(3, "n3"), [StartRing((("n0", (I[0],)), ("n2", (I[2],)),
+         [(ready(0, "n0"), [ARM]), (ready(1, "n1", "n4"), [ARM]), (NodeLost("n1"), []),
+          (ready(2, "n2"), [ARM]), (ready(3, "n3"), [StartRing((("n0", (I[0],)), ("n2", (I[2],)),
                                                               ("n3", (I[3],)),
                                                               ("n4", (I[1],))))])]),
     Case("a member lost before anyone is done: drop the ring, start again (.again())",
@@ -197,27 +200,32 @@ RING_CASES = [
          [*ring_ready(), (RingDone("n0"), [Commit(("n0", "n1", "n2", "n3"))]),
           (RingFailed("n1", STOPPED), []), (NodeLost("n2"), []), (RingDone("n3"), [])]),
     Case("an input that disagrees while gathering fails it; nothing was started",
-         [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n1", dtype="<i4"), [Fail(
+         [(ready(0, "n0"), [ARM]), (ready(1, "n1", dtype="<i4"), [Fail(
              InvalidArgumentError(f"input {I[1].hex()} is <i4[{BIG // 4}] but the first input "
                                   f"was <f4[{BIG // 4}]", oid=I[1].hex()), ())])]),
     Case("an input that never comes while gathering fails it",
-         [(ready(0, "n0"), [Arm(WAIT)]), (InputFailed(I[3], TIMEOUT), [Fail(TIMEOUT, ())])]),
+         [(ready(0, "n0"), [ARM]), (InputFailed(I[3], TIMEOUT), [Fail(TIMEOUT, ())])]),
     Case("an inline-sized object is reduced plainly, with no wait",
          [(ready(0, "n0", size=4096, shape=(1024,)), [Plain()])]),
     Case("not striped: without a ring, the plain reduce (then gets) whatever the size",
-         [(ready(0, "n0"), [Arm(WAIT)]), (ready(1, "n0"), []), (ready(2, "n0"), []),
+         [(ready(0, "n0"), [ARM]), (ready(1, "n0"), [ARM]), (ready(2, "n0"), [ARM]),
           (ready(3, "n0"), [Plain()])], striped=False),
     Case("not striped: a ring at any size where it pays (here 4 MiB at 4 MB/s)",
          [*ring_ready()], striped=False, link=(4e6, 1e-4)),
     Case("not striped: the wait running out gives the plain reduce too",
-         [(ready(0, "n0"), [Arm(WAIT)]), (GatherOver(), [Plain()]), (ready(1, "n1"), [])],
+         [(ready(0, "n0"), [ARM]), (GatherOver(), [Plain()]), (ready(1, "n1"), [])],
          striped=False),
     Case("not striped: a ring all the same when every input is ready on its own node",
          [*ring_ready()], striped=False),
     Case("a ring is not limited by the stripes' MiB each: 8 KiB over 2 members",
-         [(ready(1, "n1", size=80 << 10, shape=(20 << 10,)), [Arm(WAIT)]),
+         [(ready(1, "n1", size=80 << 10, shape=(20 << 10,)), [ARM]),
           (ready(0, "n0", size=80 << 10, shape=(20 << 10,)),
            [StartRing((("n0", (I[0],)), ("n1", (I[1],))))])], n=2),
+    Case("the wait restarts at each input: inputs that keep coming get the ring, a gap longer "
+         "than the wait gives the stripes for those ready so far, in their order",
+         [(ready(0, "n0"), [ARM]), (ready(1, "n1"), [ARM]),
+          (GatherOver(), [Assign("n0", 0, 0), Assign("n1", 1, 0)]),
+          (ready(2, "n2"), [Assign("n2", 2, 0)])]),
 ]
 
 
@@ -233,18 +241,28 @@ def test_plan(case: Case) -> None:
         assert norm(plan.handle(event)) == norm(expected), event
 
 
+def arm_for(case: Case, event: Event) -> Arm:
+    """The wait for each next input: the configured one, or what the ring saves if less."""
+    size = event.size if isinstance(event, InputReady) else BIG
+    return Arm(min(WAIT, ring_saving(case.n, size, *case.link)))
+
+
 @pytest.mark.parametrize("case", RING_CASES, ids=lambda c: c.id)
 def test_plan_with_a_ring(case: Case) -> None:
     plan = AllreducePlan(R, I[:case.n], "sum", ring_wait=WAIT, striped=case.striped,
                          link=case.link)
+    first: Event | None = None
     for event, expected in case.steps:
+        first = first or event
+        arm = arm_for(case, first)
+        expected = [arm if x == ARM else x for x in expected]
         assert norm(plan.handle(event)) == norm(expected), event
     if case.id.startswith("every input ready"):
         assert plan.over
 
 
 def test_an_input_listed_twice_is_added_twice_on_a_ring() -> None:
-    plan = AllreducePlan(R, [I[0], I[1], I[0]], "sum", ring_wait=WAIT)
+    plan = AllreducePlan(R, [I[0], I[1], I[0]], "sum", ring_wait=WAIT, link=SLOW)
     assert plan.handle(ready(0, "n0")) == [Arm(WAIT)]
     assert plan.handle(ready(1, "n1")) == [StartRing((("n0", (I[0], I[0])), ("n1", (I[1],))))]
 
@@ -310,3 +328,23 @@ def test_stripe_ids_are_distinct_and_stable() -> None:
 
 def test_the_core_does_no_io() -> None:
     assert not {"asyncio", "socket", "time"} & top_level_imports(stripes_module)
+
+
+@pytest.mark.parametrize("link, capped", [(SLOW, False), ((1.25e9, 1e-4), True)])
+def test_each_wait_for_a_ring_is_at_most_what_the_ring_saves(link: tuple[float, float],
+                                                            capped: bool) -> None:
+    """Inputs further apart than the ring's saving are better served by the reduce, whose
+    partial sum streams while they arrive; a ring run again waits the configured time for its
+    lost input put again, whatever the saving."""
+    saving = ring_saving(4, BIG, *link)
+    plan = AllreducePlan(R, I, "sum", ring_wait=WAIT, link=link)
+    expected = Arm(saving if capped else WAIT)
+    assert (saving < WAIT) == capped
+    assert plan.handle(ready(0, "n0")) == [expected]
+    assert plan.handle(ready(1, "n1")) == [expected]
+    plan.handle(ready(2, "n2"))
+    plan.handle(ready(3, "n3"))
+    plan.handle(RingFailed("n1", STOPPED))
+    again = plan.again()
+    assert again.handle(ready(0, "n0")) == [Arm(again.ring_wait)]
+    assert again.ring_wait >= WAIT
