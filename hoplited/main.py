@@ -99,8 +99,9 @@ async def watch_users(fd: int, stop: Callable[[], None]) -> None:
                    "they are, runs as two trees of halves: where the link model says they "
                    "pay, always, or never (docs/design.md §3, §4).")
 @click.option("--ring-wait", default=0.1, show_default=True, type=float,
-              help="Seconds an allreduce waits, from its first ready input, for all the "
-                   "others to run them as a ring (docs/design.md §4); 0: never a ring.")
+              help="Seconds an allreduce waits for each next input, to run them all as a "
+                   "ring, and less where the ring saves less (docs/design.md §4); 0: never "
+                   "a ring.")
 @click.option("--advertise", default=None, help="Address peers should use to reach us.")
 @click.option("--heartbeat-interval", default=0.5, show_default=True, type=float)
 @click.option("--heartbeat-timeout", default=5.0, show_default=True, type=float,
