@@ -28,8 +28,9 @@ a report of an assignment that was replaced is stale and changes nothing.
 With ``ring_wait`` > 0 the plan first tries a ring (docs/design.md §4, "Ring allreduce"),
 where it pays (:func:`~.ring.ring_pays`): at the first ready input it arms a timer (``Arm``),
 again at each input after it, and holds the inputs' events; each wait is ``ring_wait`` at
-most, and at most what the ring saves (:func:`~.ring.ring_saving`): inputs further apart than
-that are better served by the reduce, whose partial sum streams while they arrive. If every
+most, and at most what the ring saves (:func:`~.ring.ring_saving`; at least
+:data:`RING_WAIT_FLOOR`): inputs further apart than that are better served by the reduce,
+whose partial sum streams while they arrive. If every
 input is ready before the timer fires and at least two live
 nodes that have not fallen silent hold them, those nodes run the ring (``StartRing``;
 :func:`~.ring.ring_members`: inputs spread over as many nodes as they can be, a node holding
@@ -73,6 +74,11 @@ RING_TRIES = 2
 # (0.63 s after a SIGKILL at 256 MiB, N = 8, 1 Gbit/s, docs/benchmarks.md "Ring allreduce"),
 # and a ring started that much later still ends before the stripes started at once.
 RING_REDO_WAIT = 0.5
+# The least each wait for the next input lasts, whatever the ring saves: inputs put before the
+# allreduce are reported by their shards some milliseconds apart, more on a loaded machine,
+# and a ring that saves 2 ms on fast links is still the ring they should get (a cluster test
+# of four inputs on loopback missed it under load with the saving alone as the wait).
+RING_WAIT_FLOOR = 0.05
 
 
 def stripe_id(result: ObjectID, stripe: int) -> ObjectID:
@@ -323,7 +329,8 @@ class AllreducePlan:
         """How long to hold the inputs for the next one to come, for a ring."""
         if not self.cap_wait or self.first is None:
             return self.ring_wait
-        return min(self.ring_wait, ring_saving(len(self.inputs), self.first.size, *self.link))
+        saving = ring_saving(len(self.inputs), self.first.size, *self.link)
+        return min(self.ring_wait, max(RING_WAIT_FLOOR, saving))
 
     def _mismatch(self, ev: InputReady) -> list[Instruction]:
         """Fail if ``ev`` differs in size, type or shape from the first input."""

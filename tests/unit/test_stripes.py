@@ -18,6 +18,7 @@ from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.layout import ALIGN, stripe_bounds
 from hoplited.collectives.ring import ring_saving
 from hoplited.collectives.stripes import (
+    RING_WAIT_FLOOR,
     AllreducePlan,
     Arm,
     Assign,
@@ -242,9 +243,10 @@ def test_plan(case: Case) -> None:
 
 
 def arm_for(case: Case, event: Event) -> Arm:
-    """The wait for each next input: the configured one, or what the ring saves if less."""
+    """The wait for each next input: the configured one, or what the ring saves if less (but
+    not below the floor)."""
     size = event.size if isinstance(event, InputReady) else BIG
-    return Arm(min(WAIT, ring_saving(case.n, size, *case.link)))
+    return Arm(min(WAIT, max(RING_WAIT_FLOOR, ring_saving(case.n, size, *case.link))))
 
 
 @pytest.mark.parametrize("case", RING_CASES, ids=lambda c: c.id)
@@ -330,21 +332,28 @@ def test_the_core_does_no_io() -> None:
     assert not {"asyncio", "socket", "time"} & top_level_imports(stripes_module)
 
 
-@pytest.mark.parametrize("link, capped", [(SLOW, False), ((1.25e9, 1e-4), True)])
+@pytest.mark.parametrize("link, wait", [
+    (SLOW, WAIT),  # the ring saves more than the configured wait
+    ((125e6, 1e-4), None),  # 1 Gbit/s: it saves less, more than the floor
+    ((1.25e9, 1e-4), RING_WAIT_FLOOR),  # 10 Gbit/s: it saves less than the floor
+])
 def test_each_wait_for_a_ring_is_at_most_what_the_ring_saves(link: tuple[float, float],
-                                                            capped: bool) -> None:
+                                                            wait: float | None) -> None:
     """Inputs further apart than the ring's saving are better served by the reduce, whose
-    partial sum streams while they arrive; a ring run again waits the configured time for its
-    lost input put again, whatever the saving."""
-    saving = ring_saving(4, BIG, *link)
+    partial sum streams while they arrive (but inputs already put are reported some ms apart:
+    the floor); a ring run again waits the configured time for its lost input put again,
+    whatever the saving."""
+    saving = ring_saving(4, 16 * MIB, *link)
     plan = AllreducePlan(R, I, "sum", ring_wait=WAIT, link=link)
-    expected = Arm(saving if capped else WAIT)
-    assert (saving < WAIT) == capped
-    assert plan.handle(ready(0, "n0")) == [expected]
-    assert plan.handle(ready(1, "n1")) == [expected]
-    plan.handle(ready(2, "n2"))
-    plan.handle(ready(3, "n3"))
+    if wait is None:
+        assert RING_WAIT_FLOOR < saving < WAIT
+    expected = Arm(saving if wait is None else wait)
+    big = {"size": 16 * MIB, "shape": (4 * MIB,)}
+    assert plan.handle(ready(0, "n0", **big)) == [expected]
+    assert plan.handle(ready(1, "n1", **big)) == [expected]
+    plan.handle(ready(2, "n2", **big))
+    plan.handle(ready(3, "n3", **big))
     plan.handle(RingFailed("n1", STOPPED))
     again = plan.again()
-    assert again.handle(ready(0, "n0")) == [Arm(again.ring_wait)]
+    assert again.handle(ready(0, "n0", **big)) == [Arm(again.ring_wait)]
     assert again.ring_wait >= WAIT
