@@ -25,14 +25,13 @@ dies, no plan is left: the members stop and record the failure themselves. A str
 fails for any other reason, or an input that never comes, fails the allreduce (``Fail``);
 a report of an assignment that was replaced is stale and changes nothing.
 
-With ``ring_wait`` > 0 the plan first tries a ring (docs/design.md §4, "Ring allreduce"),
-where it pays (:func:`~.ring.ring_pays`): at the first ready input it arms a timer (``Arm``),
-again at each input after it, and holds the inputs' events; each wait is ``ring_wait`` at
-most, and at most what the ring saves (:func:`~.ring.ring_saving`; at least
-:data:`RING_WAIT_FLOOR`): inputs further apart than that are better served by the reduce,
-whose partial sum streams while they arrive. If every
-input is ready before the timer fires and at least two live
-nodes that have not fallen silent hold them, those nodes run the ring (``StartRing``;
+With ``ring_wait`` > 0 the plan first tries a ring (docs/design.md §4, "Ring allreduce"), where
+it pays (:func:`~.ring.ring_pays`): at the first ready input it arms a timer (``Arm``), again
+at each input after it, and holds the inputs' events; each wait is ``ring_wait`` at most, and
+at most what the ring saves (:func:`~.ring.ring_saving`; at least :data:`RING_WAIT_FLOOR`):
+inputs further apart than that are better served by the reduce, whose partial sum streams while
+they arrive. If every input is ready before the timer fires and at least two live nodes that
+have not fallen silent hold them, those nodes run the ring (``StartRing``;
 :func:`~.ring.ring_members`: inputs spread over as many nodes as they can be, a node holding
 several adding them all). The first member to hold the whole result makes the plan commit
 (``Commit``: every member publishes its copy once complete); from then on a member that fails
@@ -40,11 +39,11 @@ only loses its copy, since the result exists, and a member falling silent has th
 yet drop theirs (``Withdraw``: their gets fetch the result from the others). A member lost,
 failed or fallen silent before the commit leaves nothing published: the members drop their
 copies and the allreduce starts over (``Restart``, :meth:`AllreducePlan.again`), waiting for
-the inputs again: as a ring once more (:data:`RING_TRIES`) without the nodes lost or silent,
-so a lost input put again on a survivor is added by that survivor, and after that in stripes
-or as a reduce, which take a lost input put again as in any reduce, and a silent member's
-input once it answers. The timer firing first, or no ring to be had, give the stripes as
-above, fed the held events in order.
+the inputs again: as a ring once more (:data:`RING_TRIES`) without the nodes lost or silent, so
+a lost input put again on a survivor is added by that survivor, and after that in stripes or as
+a reduce, which take a lost input put again as in any reduce, and a silent member's input once
+it answers. The timer firing first, or no ring to be had, give the stripes as above, fed the
+held events in order.
 
 Nothing here waits or does I/O: ``handle(event)`` returns instructions
 (``hoplited.collectives.allreduce`` carries them out).
@@ -326,8 +325,10 @@ class AllreducePlan:
         return self._place(ev)
 
     def _wait_for_next(self) -> float:
-        """How long to hold the inputs for the next one to come, for a ring."""
-        if not self.cap_wait or self.first is None:
+        """How long to hold the inputs for the next one to come, for a ring (once the first
+        input is in)."""
+        assert self.first is not None
+        if not self.cap_wait:
             return self.ring_wait
         saving = ring_saving(len(self.inputs), self.first.size, *self.link)
         return min(self.ring_wait, max(RING_WAIT_FLOOR, saving))

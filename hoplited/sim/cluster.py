@@ -46,9 +46,7 @@ class Cluster:
             shape: tuple[int, ...]) -> None:
         """``oid`` exists on ``node`` before the clock starts, published at its shard (with
         its bytes if it is small, as a put does)."""
-        self.copies[(node, oid)] = copy = Copy(node, self.net.layout(size))
-        copy.fill(self.clock.now)
-        inline = bytes(size) if size <= INLINE_MAX else None
+        inline = self._store(node, oid, size, self.clock.now)
         self.shard.state.publish(oid, node, size, dtype, list(shape), VERSION, inline)
 
     def put_at(self, when: float, node: str, oid: ObjectID, size: int, dtype: str,
@@ -56,8 +54,12 @@ class Cluster:
         """``oid`` is put on ``node`` at ``when``: whole there at once, published at its shard
         a hop later, which wakes whoever waits for it."""
         def put() -> None:
-            self.copies[(node, oid)] = copy = Copy(node, self.net.layout(size))
-            copy.fill(when)
-            inline = bytes(size) if size <= INLINE_MAX else None
+            inline = self._store(node, oid, size, when)
             self.shard.publish(oid, node, size, dtype, list(shape), VERSION, inline)
         self.clock.at(when, put)
+
+    def _store(self, node: str, oid: ObjectID, size: int, when: float) -> bytes | None:
+        """A whole copy of ``oid`` on ``node`` from ``when``; its bytes if it travels inline."""
+        self.copies[(node, oid)] = copy = Copy(node, self.net.layout(size))
+        copy.fill(when)
+        return bytes(size) if size <= INLINE_MAX else None
