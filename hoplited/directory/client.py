@@ -121,7 +121,7 @@ class DirectoryClient:
         """Tell each object's new owner shard what we hold (the directory is soft state),
         where each partial copy is pulled from (``source_of``) and how many pulls each copy
         serves (``serving``), so the shard knows the chains."""
-        holdings: list[Holding] = []
+        moved: list[ObjectID] = []
         for obj in self._store.objects.values():
             if obj.error is not None or obj.temporary:
                 continue
@@ -131,22 +131,36 @@ class DirectoryClient:
                 if obj.complete:
                     self._tasks.spawn(self.publish(obj), name="republish")
                 continue
-            holdings.append(_holding(obj, source_of(obj.oid), serving(obj.oid)))
-        if holdings:
-            self._tasks.spawn(self._announce(holdings), name="reannounce")
+            moved.append(obj.oid)
+        if moved:
+            self._tasks.spawn(self._announce(moved, source_of, serving), name="reannounce")
 
-    async def _announce(self, holdings: list[Holding]) -> None:
-        """Announce ``holdings`` to their owners, following ownership while it moves: a new
-        owner that has not yet heard of the death that made it the owner refuses, and is asked
-        again shortly (for as long as a request to an owner would be)."""
+    def _holdings(self, oids: list[ObjectID], source_of: Callable[[ObjectID], str | None],
+                  serving: Callable[[ObjectID], int]) -> list[Holding]:
+        """What the store holds of ``oids`` now. Read at each attempt, never kept: a result
+        begun again meanwhile has a new version, and announcing the old one would erase the
+        new one's entry at the owner (its producer is alive, docs/design.md §5 "Ownership")."""
+        out = []
+        for oid in oids:
+            obj = self._store.objects.get(oid)
+            if obj is not None and obj.error is None and not obj.temporary:
+                out.append(_holding(obj, source_of(oid), serving(oid)))
+        return out
+
+    async def _announce(self, oids: list[ObjectID],
+                        source_of: Callable[[ObjectID], str | None],
+                        serving: Callable[[ObjectID], int]) -> None:
+        """Announce what we hold of ``oids`` to their owners, following ownership while it
+        moves: a new owner that has not yet heard of the death that made it the owner refuses,
+        and is asked again shortly (for as long as a request to an owner would be)."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self._rpc.retry_window
         attempt = 0
-        while holdings:
+        while oids:
             batches: dict[str, list[Holding]] = {}
-            for h in holdings:
+            for h in self._holdings(oids, source_of, serving):
                 batches.setdefault(self._membership.owner(h.oid), []).append(h)
-            holdings = []
+            oids = []
             for owner, batch in batches.items():
                 try:
                     await self._rpc.call_node(owner, Announce(holdings=batch))
@@ -155,8 +169,8 @@ class DirectoryClient:
                         log.info("could not announce %d objects to %s: %s", len(batch), owner,
                                  exc)
                         continue
-                    holdings += batch
-            if holdings:
+                    oids += [h.oid for h in batch]
+            if oids:
                 await asyncio.sleep(min(RETRY_PAUSE_MAX, 0.02 * 2 ** attempt))
                 attempt += 1
 
