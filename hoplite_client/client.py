@@ -66,6 +66,10 @@ GATHER_CONCURRENCY = 8
 # delete or release something, short enough that a store full of sole copies answers with a
 # CapacityError instead of hanging the caller (docs/architecture.md §6).
 PUT_TIMEOUT = 10.0
+# A request the daemon answers without waiting for any object (reduce, allreduce, delete,
+# status): a daemon that has not answered after this long is stuck or gone, and the caller
+# gets a HopliteTimeoutError instead of waiting forever.
+CONTROL_TIMEOUT = 60.0
 # A large copy runs in a worker thread (numpy drops the GIL) so the event loop keeps going.
 THREAD_COPY_MIN = 4 * 1024 * 1024
 
@@ -252,7 +256,7 @@ class Client:
         k = len(ids) if num_objects is None else num_objects
         result = object_id or ObjectID.random()
         await self._channel.request(Reduce(result=result, inputs=ids, op=op, num_objects=k,
-                                           timeout=timeout))
+                                           timeout=timeout), timeout=CONTROL_TIMEOUT)
         return result
 
     async def allreduce(self, object_ids: Sequence[ObjectID], op: str = "sum",
@@ -276,7 +280,8 @@ class Client:
                 limit=MAX_IDS_PER_FRAME)
         result = object_id or ObjectID.random()
         await self._channel.request(Allreduce(result=result, inputs=ids, op=op,
-                                              striped=striped, timeout=timeout))
+                                              striped=striped, timeout=timeout),
+                                    timeout=CONTROL_TIMEOUT)
         return result
 
     async def reduced_inputs(self, result_id: ObjectID,
@@ -304,13 +309,18 @@ class Client:
 
         return list(await asyncio.gather(*(one(oid) for oid in object_ids)))
 
-    async def delete(self, object_id: ObjectID) -> None:
-        """Delete every copy in the cluster (copies in use go when their users are done)."""
-        await self._channel.request(Delete(oid=object_id))
+    async def delete(self, object_id: ObjectID,
+                     timeout: float | None = CONTROL_TIMEOUT) -> None:
+        """Delete every copy in the cluster (copies in use go when their users are done),
+        waiting up to ``timeout`` s for the daemon to confirm (None or inf: forever)."""
+        timeout = check_timeout(timeout)
+        await self._channel.request(Delete(oid=object_id), timeout=timeout)
 
-    async def status(self) -> dict[str, Any]:
-        """This daemon's view of the cluster: members, objects, bytes in and out per node."""
-        frame = await self._channel.request(Status())
+    async def status(self, timeout: float | None = CONTROL_TIMEOUT) -> dict[str, Any]:
+        """This daemon's view of the cluster: members, objects, bytes in and out per node,
+        waiting up to ``timeout`` s for it (None or inf: forever)."""
+        timeout = check_timeout(timeout)
+        frame = await self._channel.request(Status(), timeout=timeout)
         return frame.msg.info
 
     def _release_later(self, oid: ObjectID) -> None:

@@ -9,6 +9,7 @@ import gc
 import math
 import os
 import resource
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -141,6 +142,10 @@ async def test_client_refuses_bad_timeouts_and_honours_zero_and_inf(make_cluster
             await client.reduced_inputs(missing, timeout=bad)
         with pytest.raises(hc.InvalidArgumentError):
             await client.put(small, timeout=bad)
+        with pytest.raises(hc.InvalidArgumentError):
+            await client.delete(missing, timeout=bad)
+        with pytest.raises(hc.InvalidArgumentError):
+            await client.status(timeout=bad)
     for concurrency in (0, -1, True):
         with pytest.raises(hc.InvalidArgumentError):
             await client.gather([small_id], concurrency=concurrency)
@@ -169,6 +174,34 @@ async def test_client_refuses_bad_timeouts_and_honours_zero_and_inf(make_cluster
         await other.close()
     with pytest.raises(hc.HopliteTimeoutError):  # a welcome needs the daemon's answer
         await hc.connect(path, timeout=0)
+    for wait in (INF, None):
+        assert (await client.status(timeout=wait))["local"]["store"]["objects"]
+        await client.delete(await client.put(small), timeout=wait)
+
+
+async def test_a_stopped_daemon_fails_each_request_within_the_callers_timeout(
+        make_cluster, connect) -> None:
+    """SIGSTOP: the daemon holds the socket open and answers nothing. A delete or a status,
+    which it would answer at once, ends in a HopliteTimeoutError within the caller's timeout;
+    once the daemon runs again, it carries the requests out, their late answers are dropped and
+    the connection serves on."""
+    cluster = await make_cluster(1)
+    client = await connect(cluster.sockets[0])
+    kept, deleted = await client.put(np.arange(5, dtype=np.int32)), await client.put(b"gone")
+    cluster.kill(0, signal.SIGSTOP)
+    try:
+        with pytest.raises(hc.HopliteTimeoutError):
+            await client.status(timeout=0.5)
+        with pytest.raises(hc.HopliteTimeoutError):
+            await client.delete(deleted, timeout=0.5)
+    finally:
+        cluster.kill(0, signal.SIGCONT)
+    assert np.array_equal(await client.get(kept, timeout=IO_TIMEOUT), np.arange(5))
+
+    async def only_kept() -> bool:  # the delete that timed out was still carried out
+        return bool((await client.status(timeout=IO_TIMEOUT))["local"]["store"]["objects"] == 1)
+
+    await eventually(only_kept, timeout=IO_TIMEOUT, what="the late delete carried out")
 
 
 async def test_hostile_timeouts_on_the_unix_socket_get_typed_errors(make_cluster,
