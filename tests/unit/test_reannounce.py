@@ -1,0 +1,101 @@
+"""Re-announcing holdings after a membership change: what a retry sends.
+
+A real arena and store; the owner shard is a plain object standing in for the peer, answering
+"not the owner" first, as a new owner does until it has heard of the death that made it the
+owner. While that first answer is out, the reduce producing the object starts its result again
+under a new version (docs/design.md §5, "Ownership"): the retry must announce that version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from hoplite_client.wire.errors import HopliteError, NotOwnerError
+from hoplite_client.wire.frames import INLINE_MAX
+from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.messages import Announce, Holding
+from hoplited.directory.client import DirectoryClient
+from hoplited.memory.arena import PAGE, Arena
+from hoplited.memory.store import ObjectStore
+from hoplited.tasks import Tasks
+
+SIZE = INLINE_MAX + PAGE  # announced, not published with its bytes
+OWNER = "owner"
+WAIT = 30.0  # the retries end within a fraction of a second; this only bounds a bug
+
+
+class Owner:
+    """The new owner shard: refuses the first ``refusals`` announcements, running ``meanwhile``
+    before answering the first, and records what it accepted."""
+
+    def __init__(self, refusals: int, meanwhile: Any = None) -> None:
+        self.refusals = refusals
+        self.meanwhile = meanwhile
+        self.accepted: list[Holding] = []
+        self.retry_window = 30.0
+
+    async def call_node(self, node: str, msg: Announce) -> None:
+        assert node == OWNER
+        if self.refusals:
+            self.refusals -= 1
+            if self.meanwhile is not None:
+                self.meanwhile()
+                self.meanwhile = None
+            raise NotOwnerError("not the owner of 1 of the 1 announced objects")
+        self.accepted += msg.holdings
+
+
+class Membership:
+    def owner(self, oid: ObjectID) -> str:
+        return OWNER
+
+
+@pytest.fixture
+def store() -> Any:
+    arena = Arena(8 * SIZE)
+    yield ObjectStore(arena)
+    arena.close()
+
+
+def produce(store: ObjectStore, oid: ObjectID) -> bytes:
+    """A reduce's result being computed here: a third of it so far; returns its version."""
+    obj = store.create(oid, SIZE, "uint8", [SIZE])
+    obj.producing = True
+    obj.advance(SIZE // 3)
+    return obj.version
+
+
+def restart(store: ObjectStore, oid: ObjectID) -> None:
+    """The reduce starts its result again: the old copy goes, a new version begins."""
+    store.remove(oid, HopliteError("started again"))
+    produce(store, oid)
+
+
+@pytest.mark.parametrize("case", ["restarted meanwhile", "dropped meanwhile", "unchanged"])
+async def test_a_retry_announces_what_the_store_holds_at_that_moment(
+        store: ObjectStore, case: str) -> None:
+    oid = ObjectID.random()
+    old = produce(store, oid)
+    meanwhile = {"restarted meanwhile": lambda: restart(store, oid),
+                 "dropped meanwhile": lambda: store.remove(oid),
+                 "unchanged": None}[case]
+    owner = Owner(refusals=1, meanwhile=meanwhile)
+    tasks = Tasks()
+    client = DirectoryClient(owner, store, Membership(), tasks)  # type: ignore[arg-type]
+    client.reannounce(["gone"], lambda _: None, lambda _: 0)  # its old owner died
+    for _ in range(int(WAIT / 0.01)):
+        if not len(tasks):
+            break
+        await asyncio.sleep(0.01)
+    assert not len(tasks), "the announcement never ended"
+    obj = store.get(oid)
+    if obj is None:
+        assert owner.accepted == [], "a copy no longer held was announced"
+        return
+    [holding] = owner.accepted
+    assert holding.version == obj.version
+    assert (holding.version != old) == (case == "restarted meanwhile")
+    assert holding.producing and holding.received == SIZE // 3
