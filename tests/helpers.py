@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any
 
@@ -184,6 +184,22 @@ async def eventually(check, timeout: float = IO_TIMEOUT, what: str = "condition"
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {timeout}s (last: {result!r})")
         await asyncio.sleep(0.2)
+
+
+async def every_node_stats(client: Any, nodes: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``client``'s ``status()`` record of each of ``nodes`` (ids), by id, asked again until
+    each answered: the daemon reports a member that did not answer within its per-member
+    status timeout as an error, which on a loaded machine is not the test's failure."""
+    wanted = set(nodes)
+
+    async def answered() -> dict[str, dict[str, Any]] | None:
+        records = {n["node_id"]: n for n in (await client.status())["nodes"]}
+        if all(node in records and "error" not in records[node] for node in wanted):
+            return {node: records[node] for node in wanted}
+        return None
+
+    result: dict[str, dict[str, Any]] = await eventually(answered, what="every node's status")
+    return result
 
 
 # The ``hoplite`` CLI, run as a module of the interpreter under test.

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from faultproxy import FaultProxy
-from helpers import FAST_HEARTBEAT, eventually
+from helpers import FAST_HEARTBEAT, eventually, every_node_stats
 
 import hoplite_client
 from hoplite_client import ObjectID
@@ -112,8 +112,8 @@ async def test_a_lost_input_put_again_where_a_slot_runs_is_folded_into_it(
     check(list(await asyncio.gather(*gets)), range(NODES))
     assert proxy.bytes_forwarded < value(VICTIM).nbytes, "node 3's output was never all sent"
     names = {n.node_id: i for i, n in enumerate(cluster.nodes[:VICTIM])}
-    folds = {names[n["node_id"]]: n["reduce_folds"]
-             for n in (await clients[0].status())["nodes"] if n["node_id"] in names}
+    folds = {names[node]: n["reduce_folds"]
+             for node, n in (await every_node_stats(clients[0], names)).items()}
     assert folds == {i: int(again_on == i) for i in range(VICTIM)}, into
 
 

@@ -12,7 +12,7 @@ import signal
 
 import numpy as np
 import pytest
-from helpers import FAST_HEARTBEAT, MiB, eventually, wait_member_dead
+from helpers import FAST_HEARTBEAT, MiB, eventually, every_node_stats, wait_member_dead
 
 import hoplite_client as hc
 from hoplite_client.tools.failures import put_again
@@ -32,18 +32,17 @@ def data(i: int, shape: tuple[int, ...] = (2 * MiB,), dtype: type = np.float32) 
     return (np.arange(count) % 97 + i).astype(dtype).reshape(shape)
 
 
-async def ring_counts(client: hc.Client, cluster: LocalCluster) -> dict[int, tuple[int, int]]:
-    """(allreduces run as a ring, rings given up) of every node, by cluster index."""
-    index = {n.node_id: i for i, n in enumerate(cluster.nodes)}
-    status = await client.status()
-    return {index[n["node_id"]]: (n["allreduces_as_ring"], n["rings_given_up"])
-            for n in status["nodes"]}
+async def ring_counts(client: hc.Client, cluster: LocalCluster, index: int) -> tuple[int, int]:
+    """(allreduces run as a ring, rings given up) of node ``index``."""
+    node = cluster.nodes[index].node_id
+    n = (await every_node_stats(client, [node]))[node]
+    return n["allreduces_as_ring"], n["rings_given_up"]
 
 
 async def ring_started(client: hc.Client, cluster: LocalCluster) -> None:
     """Return as soon as node 0 has started its first ring (polled closely: on loopback a
     ring of 64 MiB inputs lasts a few hundred ms)."""
-    while (await ring_counts(client, cluster))[0] != (1, 0):
+    while await ring_counts(client, cluster, 0) != (1, 0):
         await asyncio.sleep(0.005)
 
 
@@ -94,8 +93,8 @@ async def test_a_ring_gives_numpys_result_on_every_member(make_cluster, connect)
             got = await clients[i].get(result, timeout=GET_TIMEOUT)
             np.testing.assert_array_equal(got, expected)
             del got
-        counts = await ring_counts(clients[0], cluster)
-        assert counts[caller] == (sum(c[3] == caller for c in cases[:run]), 0)
+        counts = await ring_counts(clients[0], cluster, caller)
+        assert counts == (sum(c[3] == caller for c in cases[:run]), 0)
         for oid in [*ids, result]:
             await clients[0].delete(oid)
     for c in clients:
@@ -112,10 +111,10 @@ async def test_each_link_carries_the_rings_bound_once(make_cluster, connect) -> 
     result = await clients[1].allreduce(ids, timeout=GET_TIMEOUT)
     for c in clients:
         np.testing.assert_array_equal(await c.get(result, timeout=GET_TIMEOUT), sum(arrays))
-    nodes = (await clients[0].status())["nodes"]
+    nodes = list((await every_node_stats(clients[0], [n.node_id for n in cluster.nodes])).values())
     size = arrays[0].nbytes  # 8 MiB: four chunks of 2 MiB exactly
     assert [(n["bytes_out"], n["bytes_in"]) for n in nodes] == [(6 * size // 4,) * 2] * 4
-    assert (await ring_counts(clients[0], cluster))[1] == (1, 0)
+    assert await ring_counts(clients[0], cluster, 1) == (1, 0)
 
 
 async def test_staggered_inputs_go_in_stripes(make_cluster, connect) -> None:
@@ -131,7 +130,7 @@ async def test_staggered_inputs_go_in_stripes(make_cluster, connect) -> None:
     expected = sum(data(i) for i in range(3))
     for c in clients:
         np.testing.assert_array_equal(await c.get(result, timeout=GET_TIMEOUT), expected)
-    assert (await ring_counts(clients[0], cluster))[0] == (0, 0)
+    assert await ring_counts(clients[0], cluster, 0) == (0, 0)
 
 
 async def test_inputs_sharing_a_node_or_listed_twice_run_a_ring(make_cluster, connect) -> None:
@@ -151,7 +150,7 @@ async def test_inputs_sharing_a_node_or_listed_twice_run_a_ring(make_cluster, co
                                       data(0) + 2 * data(2))
         np.testing.assert_array_equal(await c.get(alone, timeout=GET_TIMEOUT),
                                       data(0) + data(1))
-    assert (await ring_counts(clients[0], cluster))[0] == (2, 0)
+    assert await ring_counts(clients[0], cluster, 0) == (2, 0)
 
 
 async def test_a_member_frozen_in_the_ring_is_waited_for_without_the_ring(make_cluster,
@@ -175,7 +174,7 @@ async def test_a_member_frozen_in_the_ring_is_waited_for_without_the_ring(make_c
     expected = sum(arrays)
     for c in clients:
         np.testing.assert_array_equal(await c.get(result, timeout=GET_TIMEOUT), expected)
-    assert (await ring_counts(clients[0], cluster))[0] == (1, 1)
+    assert await ring_counts(clients[0], cluster, 0) == (1, 1)
 
 
 async def test_a_member_killed_mid_ring_runs_it_again_as_a_ring(make_cluster,
@@ -194,7 +193,7 @@ async def test_a_member_killed_mid_ring_runs_it_again_as_a_ring(make_cluster,
         got = await asyncio.wait_for(clients[i].get(result, timeout=GET_TIMEOUT), GET_TIMEOUT)
         np.testing.assert_array_equal(got, expected)
         del got
-    assert (await ring_counts(clients[0], cluster))[0] == (2, 1)
+    assert await ring_counts(clients[0], cluster, 0) == (2, 1)
 
 
 async def test_deleting_the_result_mid_ring_stops_it(make_cluster, connect) -> None:
