@@ -190,7 +190,7 @@ async def every_node_stats(client: Any, nodes: Iterable[str]) -> dict[str, dict[
     """``client``'s ``status()`` record of each of ``nodes`` (ids), by id, asked again until
     each answered: the daemon reports a member that did not answer within its per-member
     status timeout as an error, which on a loaded machine is not the test's failure."""
-    wanted = set(nodes)
+    wanted = list(dict.fromkeys(nodes))  # in the order asked, once each
 
     async def answered() -> dict[str, dict[str, Any]] | None:
         records = {n["node_id"]: n for n in (await client.status())["nodes"]}

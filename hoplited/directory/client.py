@@ -123,9 +123,7 @@ class DirectoryClient:
         serves (``serving``), so the shard knows the chains."""
         moved: list[ObjectID] = []
         for obj in self._store.objects.values():
-            if obj.error is not None or obj.temporary:
-                continue
-            if not self.moved(obj.oid, previous):
+            if not _announceable(obj) or not self.moved(obj.oid, previous):
                 continue
             if obj.size <= INLINE_MAX:
                 if obj.complete:
@@ -143,7 +141,7 @@ class DirectoryClient:
         out = []
         for oid in oids:
             obj = self._store.objects.get(oid)
-            if obj is not None and obj.error is None and not obj.temporary:
+            if obj is not None and _announceable(obj):
                 out.append(_holding(obj, source_of(oid), serving(oid)))
         return out
 
@@ -173,6 +171,11 @@ class DirectoryClient:
             if oids:
                 await asyncio.sleep(min(RETRY_PAUSE_MAX, 0.02 * 2 ** attempt))
                 attempt += 1
+
+
+def _announceable(obj: StoredObject) -> bool:
+    """Whether the directory should hear of ``obj``: not failed, not a private buffer."""
+    return obj.error is None and not obj.temporary
 
 
 def _holding(obj: StoredObject, source: str | None = None, serving: int = 0) -> Holding:
