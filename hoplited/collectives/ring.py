@@ -29,8 +29,11 @@ from hoplited.collectives.tree import one_tree_cost
 # and 1 MiB segments at N = 8, docs/benchmarks.md "Ring allreduce").
 SEGMENT = 1 << 20
 # The most members a ring takes: its latency grows with 2(n-1) hops, and beyond this the
-# per-stripe trees' depth grows only with log n (and the matching below stays shallow).
+# per-stripe trees' depth grows only with log n.
 RING_MAX = 256
+# Holders the members' matching may look at in all to move inputs: far more than any real
+# allreduce needs (each input on its own node needs none), few enough for about 0.1 s at worst.
+MATCH_BUDGET = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,39 +107,70 @@ def ring_pays(n: int, size: int, bandwidth: float, latency: float) -> bool:
     return 2 <= n <= RING_MAX and ring_saving(n, size, bandwidth, latency) > 0
 
 
-def ring_members(ready: Mapping[int, Sequence[str]],
-                 n: int) -> list[tuple[str, tuple[int, ...]]] | None:
+def ring_members(ready: Mapping[int, Sequence[str]], n: int,
+                 budget: int = MATCH_BUDGET) -> list[tuple[str, tuple[int, ...]]] | None:
     """The ring's members for ``n`` inputs (by index; ``ready[i]``: the live nodes holding
     input i, in the shard's order): as many distinct nodes as the inputs can be spread over
     (a maximum matching), each input added by one of them. An input whose every holder
     already adds another goes to the holder adding fewest (a node with several inputs adds
     them all). None if an input is missing or has no live holder, or if fewer than two or
     more than :data:`RING_MAX` nodes would take part. Returns (node, input indices) in ring
-    order: node ids ascending, so every ring over the same nodes is the same ring."""
+    order: node ids ascending, so every ring over the same nodes is the same ring.
+
+    The matching looks at most ``budget`` holders in all for inputs to move; past that an
+    input with no free holder is simply added by a busy one (fewer members, still a ring)."""
     if len(ready) != n or any(not ready.get(i) for i in range(n)):
         return None
-    owner: dict[str, int] = {}
-
-    def place(i: int, seen: set[str]) -> bool:  # augmenting path (Kuhn's matching)
-        free = next((node for node in ready[i] if node not in owner), None)
-        if free is not None:  # a free holder first: earlier choices stay as they are
-            owner[free] = i
-            return True
-        for node in ready[i]:  # every holder taken: move one of their inputs elsewhere
-            if node in seen:
-                continue
-            seen.add(node)
-            if place(owner[node], seen):
-                owner[node] = i
-                return True
-        return False
-
     order = sorted(range(n), key=lambda i: len(ready[i]))
-    left = [i for i in order if not place(i, set())]
+    owner = _matching(ready, order, budget)
     if not 2 <= len(owner) <= RING_MAX:
         return None
     adds: dict[str, list[int]] = {node: [i] for node, i in owner.items()}
-    for i in left:  # each holder of an unmatched input adds one already (else: a path)
+    matched = set(owner.values())
+    for i in (i for i in order if i not in matched):  # each holder of an unmatched input
+        # adds one already (else: a path)
         node = min(ready[i], key=lambda h: (len(adds[h]), h))
         adds[node].append(i)
     return [(node, tuple(sorted(adds[node]))) for node in sorted(adds)]
+
+
+def _matching(ready: Mapping[int, Sequence[str]], order: Sequence[int],
+              budget: int) -> dict[str, int]:
+    """Kuhn's augmenting paths, inputs taken in ``order``: node -> the input it adds. A free
+    holder first, so earlier choices stay as they are; else a path that moves inputs along
+    to a free holder. Iterative (a path may pass every node), done once every node adds an
+    input, and stopped after ``budget`` holders looked at, so a hostile holder graph costs
+    bounded time."""
+    owner: dict[str, int] = {}
+    nodes = len({node for i in order for node in ready[i]})
+    looked = 0
+    for start in order:
+        if len(owner) == nodes:  # every node adds an input: no path can add a member
+            break
+        seen: set[str] = set()
+        # frames of [input, next holder to try, the node this input would give up]
+        stack: list[tuple[int, list[int], str]] = [(start, [0], "")]
+        entered = True
+        while stack:
+            inp, at, _ = stack[-1]
+            holders = ready[inp]
+            if entered:
+                free = next((node for node in holders if node not in owner), None)
+                if free is not None:  # a path: each input on it takes the next one's node
+                    owner[free] = inp
+                    for k in range(len(stack) - 1, 0, -1):
+                        owner[stack[k][2]] = stack[k - 1][0]
+                    break
+            entered = False
+            while at[0] < len(holders) and looked < budget:
+                node = holders[at[0]]
+                at[0] += 1
+                if node not in seen:
+                    looked += 1
+                    seen.add(node)
+                    stack.append((owner[node], [0], node))
+                    entered = True
+                    break
+            else:
+                stack.pop()
+    return owner

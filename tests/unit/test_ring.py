@@ -107,6 +107,8 @@ def test_chunk_segments_tile_on_elements(lo: int, hi: int, itemsize: int, segmen
     ({0: ["a", "b"], 1: ["a"], 2: ["c"], 3: ["c", "a"]}, 4,
      [("a", (1, 3)), ("b", (0,)), ("c", (2,))]),
     ({0: ["a", "b"], 1: ["a"], 2: ["a"]}, 3, [("a", (1, 2)), ("b", (0,))]),
+    # input 2 finds "a" and "b" taken: 1 moves to "c", 0 to "b", and 2 takes "a"
+    ({0: ["a", "b"], 1: ["b", "c"], 2: ["a", "b"]}, 3, [("a", (2,)), ("b", (0,)), ("c", (1,))]),
     ({0: ["a"], 1: ["a"]}, 2, None),  # every input on one node: no ring
     ({0: [], 1: ["a"]}, 2, None),  # an input with no live holder
     ({0: ["a"], 1: ["b"]}, 3, None),  # an input not ready
@@ -116,6 +118,28 @@ def test_chunk_segments_tile_on_elements(lo: int, hi: int, itemsize: int, segmen
 def test_ring_members(ready: dict[int, list[str]], n: int,
                       expected: list[tuple[str, tuple[int, ...]]] | None) -> None:
     assert ring_members(ready, n) == expected
+
+
+def test_a_spent_matching_budget_leaves_an_input_with_a_busy_holder() -> None:
+    """With no holders left to look at, the input that needed a path is added by the holder
+    adding fewest: fewer members, still every input in the ring."""
+    ready = {0: ["a", "b"], 1: ["b", "c"], 2: ["a", "b"]}
+    assert ring_members(ready, 3, budget=0) == [("a", (0, 2)), ("b", (1,))]
+
+
+def test_a_path_through_thousands_of_nodes_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input i sits on nodes a_i and a_i+1, input m on a_0 and c, input m+1 on c only: input
+    m's only way in is a path that moves every other input one node along, 5,000 deep: past
+    Python's recursion limit, so the search must not recurse."""
+    monkeypatch.setattr(ring_module, "RING_MAX", 10_000)
+    m = 5_000
+    ready = {i: [f"a{i:05d}", f"a{i + 1:05d}"] for i in range(m)}
+    ready[m] = ["a00000", "c"]
+    ready[m + 1] = ["c"]
+    members = ring_members(ready, m + 2)
+    assert members is not None and len(members) == m + 2
+    assert dict(members) == {"a00000": (m,), "c": (m + 1,),
+                             **{f"a{i + 1:05d}": (i,) for i in range(m)}}
 
 
 def test_rings_have_a_size_limit_in_nodes_not_inputs() -> None:
