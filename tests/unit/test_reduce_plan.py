@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 from dataclasses import dataclass, replace
 
 import pytest
@@ -630,6 +631,15 @@ CASES = [
         (ChildLost(1, 0, v(0), 400, True, BROKEN, t(1)), [WaitInput(I[0], ("n0",))]),
         (ready(0, "n1"), [conn(1, "n2", 0, "n1", I[0], v(0))]),  # a leaf again, no cut
     ]),
+    Case("an-input-ready-while-a-lost-slot-takes-a-leaf-over-takes-a-free-slot", k=5, steps=[
+        *RUNNING_CHAIN4[:-1],  # slot 3 is no root here: the root waits for input 4
+        (started(3), [conn(3, "n3", 2, "n2", out(2), t(2))]),
+        (ChildLost(3, 2, t(2), 802, True, BROKEN, t(3)), [WaitInput(I[2], ("n2",))]),
+        (ready(2, "n0"), [Reshape(1, "n1", t(1), 0, 804, 0)]),  # slot 2 takes leaf 0 over
+        (ready(4, "n4"), [task(4, "n4", 4, out(4), 1)]),  # the root: slot 2 is not free
+        (Reshaped(0, 1600), [task(2, "n0", 2, out(2, 1), 1, gen=1, start=802)]),
+        (started(4), [conn(4, "n4", 3, "n3", out(3), t(3)), PullRoot("n4", out(4), t(4))]),
+    ]),
     Case("the-consumer-of-a-taken-over-leaf-dies-everything-starts-again", k=4, steps=[
         *ABSORBED,
         (NodeDied("n1"), [RestartResult(), WaitInput(I[1], ("n1", "n2")),
@@ -993,6 +1003,36 @@ def test_without_a_ring_the_chain_follows_readiness() -> None:
 ])
 def test_ring_slots_are_nearest_free(k: int, order: list[str], expected: dict[str, int]) -> None:
     assert slots_taken(k, RING, order) == expected
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_ring_slots_follow_the_nearest_free_rule_however_crowded(seed: int) -> None:
+    """Up to 40 inputs, several per node, in any order (the root taken early or late): each
+    takes the free non-root slot nearest its node's ideal place, the lower on a tie, as
+    the rule reads when every free slot is listed and compared."""
+    rng = random.Random(seed)
+    k = rng.randint(3, 40)
+    inputs = [ObjectID(bytes([i + 1]) * 20) for i in range(k)]
+    p = ReducePlan(R, inputs, k, "sum", ME, depth=lambda n, size: 0, window=WIN, ring=RING)
+    taken: set[int] = set()
+    for i in range(k):
+        node = rng.choice([*RING, "x"])
+        ev = InputReady(inputs[i], (node,), (node,), BIG, DT, SHAPE, v(i))
+        slots = [ins.slot for ins in p.handle(ev) if isinstance(ins, StartTask)]
+        assert p.shape is not None
+        root = p.shape.root
+        free = [s for s in range(k) if s not in taken and s != root]
+        if (node == ME and root not in taken) or not free:
+            want = root
+        elif node not in RING:
+            want = free[0]
+        else:
+            order = [s for s in range(k) if s != root]
+            distance = (RING.index(node) - RING.index(ME)) % len(RING)
+            ideal = (distance - 1) * (len(order) - 1) / (len(RING) - 2)
+            want = min(free, key=lambda s: (abs(order.index(s) - ideal), s))
+        assert slots == [want]
+        taken.add(want)
 
 
 def test_a_stripe_places_a_lost_input_again_rather_than_folding_it() -> None:
