@@ -51,6 +51,8 @@ PRODUCER_GONE = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError,
                  ray.exceptions.NodeDiedError, ray.exceptions.WorkerCrashedError)
 # How often a long wait checks whether its caller gave up on it.
 POLL = 0.2
+# How long closing waits for the calls still running (a given-up reduce's delete, say).
+CLOSE_GRACE = 5.0
 _T = TypeVar("_T")
 
 
@@ -171,12 +173,13 @@ class HopliteTransport(Transport):
 
     system = "hoplite"
 
-    def __init__(self) -> None:
+    def __init__(self, connect: Callable[[], Coroutine[Any, Any, Client]] = hray.client) -> None:
+        """``connect``: how to reach this node's daemon (Ray's, by default)."""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
                                         name="hoplite-transport")
         self._thread.start()
-        self._client: Client = self._run(hray.client())
+        self._client: Client = self._run(connect())
 
     def _submit(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -213,16 +216,17 @@ class HopliteTransport(Transport):
         ids = [_oid(h) for h in handles]
         index = {oid: i for i, oid in enumerate(ids)}
         future = self._submit(self._reduce(ids, k, timeout))
-        while True:
-            try:
-                total, inputs = future.result(timeout=POLL)
-                break
-            except concurrent.futures.TimeoutError:
-                if give_up():
-                    future.cancel()
-                    raise TransportError(f"reduce of {k} of {len(ids)} abandoned") from None
-            except (HopliteTimeoutError, PeerUnavailableError) as exc:
-                raise TransportError(f"reduce: {type(exc).__name__}: {exc}") from exc
+        # Poll with wait(), not result(timeout=): the reduce's own HopliteTimeoutError is a
+        # TimeoutError too, and taken for a poll's end it was raised again at once, forever,
+        # its traceback growing by a frame each time (docs/benchmarks.md, "The async SGD hang")
+        while not concurrent.futures.wait([future], timeout=POLL).done:
+            if give_up():
+                future.cancel()
+                raise TransportError(f"reduce of {k} of {len(ids)} abandoned")
+        try:
+            total, inputs = future.result()
+        except (HopliteTimeoutError, PeerUnavailableError) as exc:
+            raise TransportError(f"reduce: {type(exc).__name__}: {exc}") from exc
         return Reduced(total, [index[oid] for oid in inputs])
 
     async def _reduce(self, ids: list[ObjectID], k: int,
@@ -246,11 +250,22 @@ class HopliteTransport(Transport):
         self._run(delete_all())
 
     def close(self) -> None:
+        """Let the calls still running end (a reduce given up on still deletes its result),
+        then close the client and stop the loop."""
+        async def shut() -> None:
+            running = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True),
+                                       CLOSE_GRACE)
+            await self._client.close()
+
         try:
-            self._submit(self._client.close()).result()
+            self._submit(shut()).result()
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5.0)
+            if not self._thread.is_alive():
+                self._loop.close()
 
 
 def _ref(handle: Handle) -> ray.ObjectRef[Any]:
