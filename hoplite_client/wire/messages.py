@@ -697,17 +697,20 @@ class AllreduceFailed(WireMessage):
 # --- 73-77: a ring allreduce (docs/design.md §4, "Ring allreduce") ---
 @message(73, shape="request", roles=(PEER,))
 class RingTask(Request["Ok"]):
-    """Caller's node to each ring member: ``ring`` lists the members in order and ``inputs``
-    the inputs they add, the first ``shares[0]`` the first member's, and so on (an input
-    listed twice counts twice); reduce them into ``result`` (``size`` bytes of ``dtype``/
-    ``shape`` at ``version``, which names this ring: a ring run again has another) with the
-    members' neighbours, over one stream each way."""
+    """Caller's node to each ring member: this member is at ``position`` of a ring of
+    ``members`` nodes, between ``predecessor`` and ``successor``, and adds ``inputs`` (an
+    input listed twice counts twice); reduce them into ``result`` (``size`` bytes of
+    ``dtype``/``shape`` at ``version``, which names this ring: a ring run again has another)
+    with its neighbours, over one stream each way. A task names only its member's part, so
+    the caller sends n small tasks, not n lists of the whole ring."""
 
     rid: int = 0
     result: ObjectID
     inputs: list[ObjectID]
-    shares: list[int]
-    ring: list[str]
+    position: int
+    members: int
+    predecessor: str
+    successor: str
     op: str
     size: int
     dtype: str

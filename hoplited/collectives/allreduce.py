@@ -175,7 +175,9 @@ class Allreduces:
                                              f"{ring.result.hex()}, died", node=node)
                 ring.stop(error)
                 self._d.tasks.spawn(self._record(ring.result, error), name="allreduce-fail")
-            elif node in ring.ring and not ring.complete:
+            elif node in (ring.predecessor, ring.successor) and not ring.complete:
+                # a neighbour: its stream is gone; any other member's death reaches this one
+                # as the caller's RingEnd (a task names only its neighbours)
                 ring.fail(PeerUnavailableError(f"ring member {node} died", node=node))
 
     async def _record(self, result: ObjectID, error: HopliteError) -> None:
@@ -439,21 +441,22 @@ class Orchestrator:
         log.info("allreduce %s: a ring of %d", self.plan.result.short(), len(ins.members))
         self._counts.run += 1
         version = self._version
-        task = RingTask(result=self.plan.result,
-                        inputs=[oid for _, adds in ins.members for oid in adds],
-                        shares=[len(adds) for _, adds in ins.members],
-                        ring=[node for node, _ in ins.members], op=self.plan.op,
-                        size=first.size, dtype=first.dtype, shape=list(first.shape),
-                        version=version)
+        ring = [node for node, _ in ins.members]
+        n = len(ring)
 
-        async def send(node: str) -> None:
+        async def send(node: str, task: RingTask) -> None:
             await self.d.rpc.call_node(node, task)
 
         def undelivered(node: str, error: HopliteError) -> s.Event | None:
             return s.RingFailed(node, error) if self.runs(version) else None
 
-        for node, _ in ins.members:
-            self._assigning.append(self._spawn(send(node), f"allreduce-ring-{node}",
+        for position, (node, adds) in enumerate(ins.members):  # each its own part only
+            task = RingTask(result=self.plan.result, inputs=list(adds), position=position,
+                            members=n, predecessor=ring[position - 1],
+                            successor=ring[(position + 1) % n], op=self.plan.op,
+                            size=first.size, dtype=first.dtype, shape=list(first.shape),
+                            version=version)
+            self._assigning.append(self._spawn(send(node, task), f"allreduce-ring-{node}",
                                                functools.partial(undelivered, node)))
 
     def _restart(self, ins: s.Restart) -> None:

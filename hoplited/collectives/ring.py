@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from hoplite_client.wire.frames import MAX_IDS_PER_FRAME
 from hoplited.collectives.layout import ALIGN, stripe_bounds
 from hoplited.collectives.tree import one_tree_cost
 
@@ -28,9 +29,9 @@ from hoplited.collectives.tree import one_tree_cost
 # little latency (a scratch ring in this module's shape ran at 1.76x of S/RATE with 256 KiB
 # and 1 MiB segments at N = 8, docs/benchmarks.md "Ring allreduce").
 SEGMENT = 1 << 20
-# The most members a ring takes: its latency grows with 2(n-1) hops, and beyond this the
-# per-stripe trees' depth grows only with log n.
-RING_MAX = 256
+# The most members a ring takes: as many nodes as a reduce takes inputs. Whether a ring pays
+# at all is ring_pays's to say: its 2(n-1) hops against the trees' depth (docs/simulation.md).
+RING_MAX = MAX_IDS_PER_FRAME
 # Holders the members' matching may look at in all to move inputs: far more than any real
 # allreduce needs (each input on its own node needs none), few enough for about 0.1 s at worst.
 MATCH_BUDGET = 20_000

@@ -94,16 +94,15 @@ def check_ring_task(me: str, msg: RingTask) -> tuple[int, list[ObjectID]]:
     inputs it adds."""
     check_meta(msg.dtype, list(msg.shape), msg.size)
     check_reducible(msg.op, msg.dtype)
-    n = len(msg.ring)
-    if (not 2 <= n <= RING_MAX or len(set(msg.ring)) != n or len(msg.shares) != n
-            or any(share < 1 for share in msg.shares) or sum(msg.shares) != len(msg.inputs)
-            or len(msg.inputs) > MAX_IDS_PER_FRAME or me not in msg.ring
+    n = msg.members
+    if (not 2 <= n <= RING_MAX or not 0 <= msg.position < n
+            or not 1 <= len(msg.inputs) <= MAX_IDS_PER_FRAME
+            or not msg.predecessor or not msg.successor or me in (msg.predecessor, msg.successor)
+            or (n == 2) != (msg.predecessor == msg.successor)
             or msg.size <= INLINE_MAX or len(msg.version) != VERSION_SIZE):
-        raise InvalidArgumentError(f"a ring task of {msg.size} bytes over {n} members "
-                                   f"({len(msg.inputs)} inputs)")
-    pos = msg.ring.index(me)
-    start = sum(msg.shares[:pos])
-    return pos, msg.inputs[start:start + msg.shares[pos]]
+        raise InvalidArgumentError(f"a ring task of {msg.size} bytes at {msg.position} of {n} "
+                                   f"members ({len(msg.inputs)} inputs)")
+    return msg.position, list(msg.inputs)
 
 
 class RingMember:
@@ -117,9 +116,8 @@ class RingMember:
         self.caller = caller
         self._forget = forget
         pos, inputs = check_ring_task(deps.me, msg)
-        n = len(msg.ring)
-        self.ring = list(msg.ring)
-        self.successor, self.predecessor = msg.ring[(pos + 1) % n], msg.ring[(pos - 1) % n]
+        n = msg.members
+        self.successor, self.predecessor = msg.successor, msg.predecessor
         own: list[StoredObject] = []
         for oid in inputs:
             obj = deps.store.get(oid)
