@@ -484,7 +484,7 @@ class ReducePlan:
         self._last_leaf = False  # the tree's shape: see tree_shape
         self._low = 0  # every slot below this one is taken or the root (placement scans on)
         self._fill: list[int] | None = None  # a tree of halves' fill order, once needed
-        self._fill_at = 0  # every slot before this place in it is taken or the root
+        self._fill_at = 0  # every slot before this place in it is taken
         self.result, self.k, self.op, self.me, self._depth = result, k, op, me, depth
         self.patience = patience
         self._waiting: dict[ObjectID, int] = {}  # input -> times listed, until ready
@@ -682,15 +682,15 @@ class ReducePlan:
         return self._low if self._low < shape.size else None
 
     def _next_in_fill(self, first: int) -> int:
-        """The first free slot in this tree of halves' fill order (``first`` if none is)."""
+        """The first free slot in this tree of halves' fill order, which lists the non-root
+        slots (``first`` if none is free)."""
         shape = self.shape
         assert shape is not None
         if self._fill is None:
             assert self.half is not None
             self._fill = two_tree_fill(shape.size, self.half)
         fill = self._fill
-        while self._fill_at < len(fill) and (fill[self._fill_at] == shape.root
-                                             or self._taken(fill[self._fill_at])):
+        while self._fill_at < len(fill) and self._taken(fill[self._fill_at]):
             self._fill_at += 1
         return fill[self._fill_at] if self._fill_at < len(fill) else first
 

@@ -128,8 +128,8 @@ def ring_members(ready: Mapping[int, Sequence[str]], n: int,
         return None
     adds: dict[str, list[int]] = {node: [i] for node, i in owner.items()}
     matched = set(owner.values())
-    for i in (i for i in order if i not in matched):  # each holder of an unmatched input
-        # adds one already (else: a path)
+    # each holder of an unmatched input adds one already (else: a path)
+    for i in (i for i in order if i not in matched):
         node = min(ready[i], key=lambda h: (len(adds[h]), h))
         adds[node].append(i)
     return [(node, tuple(sorted(adds[node]))) for node in sorted(adds)]
