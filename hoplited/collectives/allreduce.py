@@ -428,6 +428,8 @@ class Orchestrator:
         elif isinstance(ins, s.Cleanup):
             for oid in ins.stripes:
                 d.tasks.spawn(drop_entry(d.directory, oid), name="allreduce-cleanup")
+        elif isinstance(ins, s.StartPair):  # only the simulator makes plans with pair so far
+            raise AssertionError("hoplited does not run a pair yet (docs/design.md §4)")
         else:
             log.warning("allreduce %s failed: %s", plan.result.short(), ins.error)
             d.tasks.spawn(d.directory.fail(plan.result, ins.error), name="allreduce-fail")

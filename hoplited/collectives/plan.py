@@ -68,7 +68,13 @@ from hoplite_client.wire.errors import (
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.ops import check_op, check_reducible, derived_id
-from hoplited.collectives.tree import TreeShape, tree_shape, two_tree_fill, two_tree_shape
+from hoplited.collectives.tree import (
+    TreeShape,
+    pair_shape,
+    tree_shape,
+    two_tree_fill,
+    two_tree_shape,
+)
 
 # (event, instructions) pairs kept: a reduce of a few dozen inputs sends ~3 events per slot,
 # so its whole story fits; a huge one keeps its end, where failures are (like dask's story).
@@ -461,12 +467,18 @@ class ReducePlan:
     root and the last input a leaf of the root's (docs/design.md §4, "The last input hangs on
     the root"), whichever of the ready inputs is reported first. ``half``: this plan is tree 0 or 1
     of two trees of halves (``window`` is that half): the inputs fill complete trees whose
-    inner slots differ (docs/simulation.md §6)."""
+    inner slots differ (docs/simulation.md §6). ``combiner``: the root is a task here that
+    adds no input of its own (its ``StartTask`` names the result as its input), started as
+    soon as the size is known, over a chain of the first ``k - 2`` inputs and a leaf for each
+    of the last two (``pair_shape``): a stripe of an allreduce's pair, whose partial sum
+    reaches this node before this node's input exists (docs/design.md §4, "A pair for the
+    last two inputs")."""
 
     def __init__(self, result: ObjectID, inputs: list[ObjectID], k: int, op: str, me: str,
                  depth: Callable[[int, int], int], patience: float = 6.0,
                  window: tuple[int, int] | None = None, ring: tuple[str, ...] = (),
-                 everyone: bool = False, half: int | None = None, here: bool = False) -> None:
+                 everyone: bool = False, half: int | None = None, here: bool = False,
+                 combiner: bool = False) -> None:
         if not inputs or not 1 <= k <= len(inputs):
             raise InvalidArgumentError(f"num_objects must be between 1 and the "
                                        f"{len(inputs)} inputs")
@@ -476,6 +488,10 @@ class ReducePlan:
         check_op(op)
         if half is not None and (half not in (0, 1) or window is None or k != len(inputs)):
             raise InvalidArgumentError("a tree of halves reduces a window of every input")
+        if combiner and (window is None or half is not None or k != len(inputs) or k < 2):
+            raise InvalidArgumentError("a combiner reduces a window of every input, two at "
+                                       "least")
+        self.combiner = combiner
         self.window = window
         self.half = half
         self.ring = ring
@@ -611,6 +627,9 @@ class ReducePlan:
                 # an allreduce's result goes to every input's node: its gets know their number
                 receivers = self.k - 1 if plain_allreduce else 0
                 out.append(OpenResult(m.size, m.dtype, m.shape, receivers))
+                if self.combiner:  # its task pulls the chain's sums while inputs still come
+                    out += self._put(self.shape.root, self.me, self.result, b"", gen=0,
+                                     start=0)
         elif not self._fits(ev):
             return self._fail(self._mismatch(ev))
         for _ in range(min(times, self.k - len(self.used))):
@@ -646,6 +665,8 @@ class ReducePlan:
         assert self.meta is not None
         if self.half is not None:
             return two_tree_shape(self.k)
+        if self.combiner:
+            return pair_shape(self.k)
         return tree_shape(self.k, self._depth(self.k, self.meta.size), self._last_leaf)
 
     def _place(self, ev: InputReady) -> list[Instruction]:

@@ -45,6 +45,15 @@ a reduce, which take a lost input put again as in any reduce, and a silent membe
 it answers. The timer firing first, or no ring to be had, give the stripes as above, fed the
 held events in order.
 
+With ``pair`` and the cluster's ``nodes``, inputs that come further apart than the ring's
+wait are held on until exactly two are missing (docs/design.md §4, "A pair for the last two
+inputs"). If then exactly two live nodes that have not fallen silent hold no input yet, the
+guess is that they will put the last two: each reduces one half of the object
+(``StartPair``), as a combiner whose root starts at once on its node, over a chain of the
+inputs ready and a leaf for each of the last two, so that the early inputs' partial sum
+crosses the links before the last inputs exist. Otherwise the held inputs go to the stripes
+or the plain reduce, as when the ring's wait runs out.
+
 Nothing here waits or does I/O: ``handle(event)`` returns instructions
 (``hoplited.collectives.allreduce`` carries them out).
 """
@@ -226,7 +235,17 @@ class Restart:
     error: HopliteError
 
 
-Instruction = Plain | Assign | Cleanup | Fail | Arm | StartRing | Commit | Restart | Withdraw
+@dataclass(frozen=True, slots=True)
+class StartPair:
+    """Reduce the object in two halves (``layout.stripe_bounds(size, itemsize, 2)``), half h
+    into ``stripe_id(result, h)`` by a combiner on ``roots[h]``, over the inputs in readiness
+    order; every node gets both halves. The plan is over."""
+
+    roots: tuple[str, str]
+
+
+Instruction = (Plain | Assign | Cleanup | Fail | Arm | StartRing | Commit | Restart | Withdraw
+               | StartPair)
 
 
 class AllreducePlan:
@@ -237,7 +256,8 @@ class AllreducePlan:
                  lost: frozenset[str] = frozenset(), striped: bool = True,
                  link: tuple[float, float] = (DEFAULT_BANDWIDTH, DEFAULT_LATENCY),
                  suspected: frozenset[str] = frozenset(), rings: int = RING_TRIES,
-                 cap_wait: bool = True) -> None:
+                 cap_wait: bool = True, pair: bool = False,
+                 nodes: tuple[str, ...] = ()) -> None:
         if not inputs:
             raise InvalidArgumentError("an allreduce needs at least one input")
         check_op(op)
@@ -251,6 +271,8 @@ class AllreducePlan:
         self.suspected: set[str] = set(suspected)  # fell silent: no ring goes through them
         self.striped = striped  # False: no ring means the plain reduce (then gets)
         self.link = link  # the links' bandwidth (bytes/s) and latency (s), for ring_pays
+        self.pair = pair  # hold late inputs for a pair of combiners (StartPair)
+        self.nodes = nodes  # the cluster's nodes, for the pair's guess
         self.held: list[InputReady] = []  # inputs ready while gathering, in order
         self.ring: list[str] = []  # the ring's nodes, in ring order
         self.ring_over: set[str] = set()  # ring members done, failed or lost
@@ -264,12 +286,13 @@ class AllreducePlan:
         self.lost: set[str] = set(lost)  # members known dead (a ring given up names some)
         self.orphans: list[int] = []  # stripes of dead members with no live member to take
         self.done: set[str] = set()
-        # new -> gathering -> ring | striped | plain | failed | over | restart
+        # new -> gathering -> [pairing ->] ring | pair | striped | plain | failed | over
+        # | restart
         self.phase = "new"
 
     @property
     def over(self) -> bool:
-        return self.phase in ("plain", "failed", "over", "restart")
+        return self.phase in ("plain", "failed", "over", "restart", "pair")
 
     def handle(self, ev: Event) -> list[Instruction]:
         if isinstance(ev, NodeLost):
@@ -280,6 +303,8 @@ class AllreducePlan:
             return []
         if self.phase == "gathering" and isinstance(ev, (InputReady, GatherOver)):
             return self._gather(ev)
+        if self.phase == "pairing" and isinstance(ev, InputReady):
+            return self._pairing(ev)
         if self.phase == "ring":
             return self._ring_event(ev)
         if isinstance(ev, (GatherOver, RingDone, RingFailed, NodeSuspected)):
@@ -356,13 +381,9 @@ class AllreducePlan:
     def _gather(self, ev: InputReady | GatherOver) -> list[Instruction]:
         """Hold ready inputs for the ring; run it once all are here, else give it up."""
         if isinstance(ev, InputReady):
-            if ev.oid not in self.waiting:
-                return []
-            self.waiting.discard(ev.oid)
-            mismatch = self._mismatch(ev)
-            if mismatch:
-                return mismatch
-            self.held.append(ev)
+            refused = self._hold(ev)
+            if refused is not None:
+                return refused
             if self.waiting:
                 return [Arm(self._wait_for_next())]
             index = {oid: i for i, oid in enumerate(self.inputs)}
@@ -375,6 +396,51 @@ class AllreducePlan:
                 return [StartRing(tuple(
                     (node, tuple(self.inputs[i] for i in adds for _ in range(count[
                         self.inputs[i]]))) for node, adds in members))]
+        if self._pair_pays():
+            self.phase = "pairing"
+            return self._pair_or_not()
+        return self._release_held()
+
+    def _pair_pays(self) -> bool:
+        """Whether inputs still awaited once the ring's wait ran out should be held for a
+        pair: two halves larger than inline, and an input at least for the chain."""
+        assert self.first is not None
+        n, size = len(self.inputs), self.first.size
+        return (self.pair and n >= 3 and bool(self.waiting)
+                and size >= 2 * max(self.min_stripe, INLINE_MAX + 1))
+
+    def _hold(self, ev: InputReady) -> list[Instruction] | None:
+        """Hold ``ev`` for a ring or a pair; None if held, else what to do instead (nothing
+        for an input not awaited, a failure for one unlike the first)."""
+        if ev.oid not in self.waiting:
+            return []
+        self.waiting.discard(ev.oid)
+        mismatch = self._mismatch(ev)
+        if mismatch:
+            return mismatch
+        self.held.append(ev)
+        return None
+
+    def _pairing(self, ev: InputReady) -> list[Instruction]:
+        """Hold ``ev`` until two inputs are missing."""
+        refused = self._hold(ev)
+        return self._pair_or_not() if refused is None else refused
+
+    def _pair_or_not(self) -> list[Instruction]:
+        """With two inputs missing, a pair if exactly two live nodes hold none; else the
+        held inputs go the usual way."""
+        if len(self.waiting) > 2:
+            return []
+        gone = self.lost | self.suspected
+        holding = {node for h in self.held for node in h.alive}
+        idle = [n for n in self.nodes if n not in gone and n not in holding]
+        if len(self.waiting) == 2 and len(idle) == 2:
+            self.phase = "pair"
+            return [StartPair((idle[0], idle[1]))]
+        return self._release_held()
+
+    def _release_held(self) -> list[Instruction]:
+        """The stripes or the plain reduce, fed the held inputs in order."""
         held, self.held = self.held, []
         out = self._choose_stripes()
         for h in held[1:]:
@@ -421,7 +487,8 @@ class AllreducePlan:
         wait = max(self.ring_wait, RING_REDO_WAIT * size / max(self.link[0], 1.0))
         return AllreducePlan(self.result, self.listed, self.op, self.min_stripe, wait,
                              frozenset(self.lost), self.striped, self.link,
-                             frozenset(self.suspected), self.rings - 1, cap_wait=False)
+                             frozenset(self.suspected), self.rings - 1, cap_wait=False,
+                             pair=self.pair, nodes=self.nodes)
 
     def _live_ring(self) -> tuple[str, ...]:
         return tuple(n for n in self.ring if n not in self.lost)

@@ -3,7 +3,10 @@
 The driver mirrors ``collectives/allreduce.py``: the caller's node waits for the inputs at
 the shard and feeds them to the plan, which holds them for up to ``ring_wait`` and runs a
 ring where ``ring_pays`` says so (docs/design.md §4, "Ring allreduce"), else the plain reduce
-(:class:`~hoplited.sim.reduce.ReduceRun`) whose result every node gets. A ring member's get
+(:class:`~hoplited.sim.reduce.ReduceRun`) whose result every node gets. With ``pair`` the
+plan may instead hold late inputs for a pair (docs/design.md §4, "A pair for the last two
+inputs"), which hoplited does not run yet: two reduces of halves, each coordinated on its
+combiner's node, and every node gets both halves. A ring member's get
 returns once its own copy is whole, as hoplited's does, so the allreduce ends when the last
 member's last segment lands.
 
@@ -25,6 +28,7 @@ import numpy as np
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives import stripes as s
+from hoplited.collectives.layout import stripe_bounds
 from hoplited.collectives.ring import ring_schedule
 from hoplited.directory.state import Entry
 from hoplited.sim.cluster import Cluster
@@ -64,27 +68,30 @@ def ring_times(sizes: tuple[int, int], n: int, rate: float, latency: float,
 
 class AllreduceRun:
     """One allreduce of ``inputs`` into ``result``, called on node ``me``; ``getters``: when
-    each node asks for the result; ``start_get(node)`` starts a get of the result there (the
-    plain reduce's result); ``on_done(node, t)`` runs as a ring member holds it."""
+    each node (every one of the cluster's) asks for the result; ``start_get(node, oid)``
+    starts a get of ``oid`` there (the plain reduce's result, or a pair's half);
+    ``on_done(node, t)`` runs as a ring member holds it; ``pair``: the plan may choose a
+    pair."""
 
     def __init__(self, cluster: Cluster, me: str, result: ObjectID, inputs: list[ObjectID],
                  getters: dict[str, float], ring_wait: float,
-                 start_get: Callable[[str], None],
-                 on_done: Callable[[str, float], None]) -> None:
+                 start_get: Callable[[str, ObjectID], None],
+                 on_done: Callable[[str, float], None], pair: bool = False) -> None:
         self.cluster, self.me, self.result, self.getters = cluster, me, result, getters
         net = cluster.net
         self.plan = s.AllreducePlan(result, inputs, "sum", ring_wait=ring_wait,
-                                    striped=False, link=(net.rate, net.latency))
+                                    striped=False, link=(net.rate, net.latency), pair=pair,
+                                    nodes=tuple(getters))
         self._inputs = list(dict.fromkeys(inputs))
         self._start_get, self._on_done = start_get, on_done
         self._ready_entries: dict[ObjectID, Entry] = {}  # the inputs ready so far, in order
-        self.reduce: ReduceRun | None = None  # the plain reduce, if no ring ran
+        self.runs: list[ReduceRun] = []  # the plain reduce, or a pair's halves
         self.ring: tuple[str, ...] = ()  # the ring's members, if one ran
         self._arms = 0  # Arm instructions so far: only the last one's timer counts
 
     @property
     def error(self) -> HopliteError | None:
-        return None if self.reduce is None else self.reduce.error
+        return next((run.error for run in self.runs if run.error is not None), None)
 
     def start(self) -> None:
         for oid in self._inputs:
@@ -111,13 +118,32 @@ class AllreduceRun:
         elif isinstance(ins, s.Plain):
             here = any(copy.complete for oid in self._inputs
                        if (copy := c.copies.get((self.me, oid))) is not None)
-            self.reduce = ReduceRun(c, self.me, self.result, list(self.plan.listed),
-                                    everyone=True, here=here)
-            self.reduce.start(self._ready_entries)
+            run = ReduceRun(c, self.me, self.result, list(self.plan.listed), everyone=True,
+                            here=here)
+            self.runs = [run]
+            run.start(self._ready_entries)
             for node, when in self.getters.items():
-                c.clock.at(when, functools.partial(self._start_get, node))
+                c.clock.at(when, functools.partial(self._start_get, node, self.result))
+        elif isinstance(ins, s.StartPair):
+            self._run_pair(ins.roots)
         elif not isinstance(ins, s.Commit):  # members' gets end on their own copies
             raise SimulationError(f"{ins} is not modelled: the stripes or a failure")
+
+    def _run_pair(self, roots: tuple[str, str]) -> None:
+        """Each root coordinates the reduce of its half (the plan's instruction reaches it a
+        hop later), fed the inputs heard ready so far; each node gets both halves."""
+        c, entry = self.cluster, next(iter(self._ready_entries.values()))
+        bounds = stripe_bounds(entry.size, np.dtype(entry.dtype).itemsize, 2)
+        self.runs = [ReduceRun(c, root, s.stripe_id(self.result, h), list(self.plan.listed),
+                               window=bounds[h], combiner=True)
+                     for h, root in enumerate(roots)]
+        known = dict(self._ready_entries)
+        for run in self.runs:
+            c.clock.after(c.net.latency, functools.partial(run.start, known))
+        for node, when in self.getters.items():
+            for run in self.runs:
+                c.clock.at(max(when, c.clock.now + c.net.latency),
+                           functools.partial(self._start_get, node, run.result))
 
     def _run_ring(self, members: tuple[str, ...]) -> None:
         """Time the ring from the moment StartRing leaves the caller's node."""

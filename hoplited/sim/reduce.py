@@ -58,16 +58,18 @@ class ReduceRun:
     """One reduce of ``inputs`` into ``result``, coordinated on node ``me``; ``everyone``: an
     allreduce, whose plan may shape the tree for it, ``here``: an input is complete on ``me``
     (``collectives/reductions.py`` tells the plan so); ``window`` and ``half``: one of two
-    trees of halves (docs/simulation.md §6)."""
+    trees of halves (docs/simulation.md §6); ``window`` and ``combiner``: one half of an
+    allreduce's pair, its root a combiner on ``me`` (docs/design.md §4)."""
 
     def __init__(self, cluster: Cluster, me: str, result: ObjectID, inputs: list[ObjectID],
                  op: str = "sum", everyone: bool = False,
                  window: tuple[int, int] | None = None, half: int | None = None,
-                 here: bool = False) -> None:
+                 here: bool = False, combiner: bool = False) -> None:
         self.cluster, self.me, self.result = cluster, me, result
         self.depth: int | None = None  # the tree depth the plan chose (0: one chain)
         self.plan = p.ReducePlan(result, inputs, len(inputs), op, me, depth=self._depth,
-                                 everyone=everyone, window=window, half=half, here=here)
+                                 everyone=everyone, window=window, half=half, here=here,
+                                 combiner=combiner)
         self._inputs = list(dict.fromkeys(inputs))
         self.tasks: dict[int, Combine] = {}  # by slot
         self.published_at: float | None = None
@@ -158,9 +160,13 @@ class ReduceRun:
         self._hop(lambda: self.feed(p.TaskStarted(ins.slot, ins.gen, version)))
 
     def _connect(self, ins: p.Connect) -> None:
-        """``ReduceChild`` reached the parent: it pulls the child's output into a buffer."""
+        """``ReduceChild`` reached the parent: it pulls the child's output into a buffer (a
+        child on the parent's node, a pair's own input, is read where it is: no link)."""
         c = self.cluster
         source = c.copies[(ins.child_node, ins.child_output)]
+        if ins.child_node == ins.parent_node:
+            self.tasks[ins.parent_slot].attach(source)
+            return
         buf = Copy(ins.parent_node, source.layout)
         self.tasks[ins.parent_slot].attach(buf)
         c.net.pull(source, buf, lambda: None)

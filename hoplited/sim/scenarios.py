@@ -50,6 +50,7 @@ class SimResult:
     depth: int | None = None  # of the reduce tree (0: one chain)
     two_trees: bool = False  # the reduce ran, or the broadcast was taken, as two trees of halves
     ring: bool = False  # the allreduce ran as a ring
+    pair: bool = False  # the allreduce ran as a pair (docs/design.md §4)
     interval: float = 0.0  # between the inputs' puts; the latency runs from the last
 
     @property
@@ -71,7 +72,7 @@ def object_id(name: str) -> ObjectID:
 def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
              latency: float = DEFAULT_LATENCY, segment: int = SEGMENT,
              fanout: int = DaemonConfig.fanout, concurrency: int | None = None,
-             two_trees: str = "auto", interval: float = 0.0) -> SimResult:
+             two_trees: str = "auto", interval: float = 0.0, pair: bool = False) -> SimResult:
     """Run ``op`` on ``nodes`` nodes with objects of ``size`` bytes over links of ``rate_bps``
     bit/s and ``latency`` s per hop; ``concurrency`` bounds a gather's gets (None: none);
     ``two_trees``: when the reduce runs, or a broadcast is taken, as two trees of halves, as
@@ -79,7 +80,8 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
     on the simulated links; docs/simulation.md §6); ``interval`` > 0: a reduce's or an
     allreduce's inputs are put that far apart, as ``hoplite bench --arrival-interval`` puts
     them (the collective is called first, each node asks for the result once it has put its
-    input, and the latency runs from the last put)."""
+    input, and the latency runs from the last put); ``pair``: an allreduce's plan may hold
+    late inputs for a pair, which hoplited does not run yet (docs/design.md §4)."""
     if op not in OPS:
         raise SimulationError(f"unknown collective {op!r}; one of {', '.join(OPS)}")
     if nodes < 2 or size < 1 or fanout < 1 or (concurrency is not None and concurrency < 1):
@@ -120,11 +122,12 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
             result = object_id(f"{op}-result")
             wanted = [(node_name(i), result) for i in range(nodes)]
 
-            def get_result(node: str) -> None:
-                gets.extend(_start_gets(c, [(node, result)], None, 0))
+            def get_result(node: str, oid: ObjectID) -> None:
+                gets.extend(_start_gets(c, [(node, oid)], None, 0))
             allreduce = AllreduceRun(c, node_name(0), result, ids,
                                      {node: put_times[i] for i, (node, _) in enumerate(wanted)},
-                                     DaemonConfig.ring_wait, get_result, ring_done.__setitem__)
+                                     DaemonConfig.ring_wait, get_result, ring_done.__setitem__,
+                                     pair=pair)
             allreduce.start()
         else:
             result = object_id(f"{op}-result")
@@ -142,8 +145,8 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
         gets = _start_gets(c, wanted, concurrency if op == "gather" else None,
                            len(wanted) if op == "broadcast" else 0)
     c.clock.run()
-    if allreduce is not None and allreduce.reduce is not None:
-        runs = [allreduce.reduce]
+    if allreduce is not None:
+        runs = allreduce.runs
     failed = [str(g.error) for g in gets if g.error is not None]
     for run in runs:
         if run.error is not None:
@@ -158,7 +161,8 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
                      failed[0] if failed else None,
                      c.clock.events, runs[0].depth if runs else None,
                      halves is not None or split,
-                     ring=allreduce is not None and bool(allreduce.ring), interval=interval)
+                     ring=allreduce is not None and bool(allreduce.ring), interval=interval,
+                     pair=allreduce is not None and len(allreduce.runs) == 2)
 
 
 def _start_gets(c: Cluster, wanted: list[tuple[str, ObjectID]],

@@ -1088,3 +1088,50 @@ def test_a_tree_of_halves_needs_a_window_of_every_input() -> None:
         ReducePlan(R, I[:4], 3, "sum", ME, depth=lambda n, size: 0, window=HALVES[0], half=0)
     with pytest.raises(InvalidArgumentError, match="window of every input"):
         ReducePlan(R, I[:4], 4, "sum", ME, depth=lambda n, size: 0, window=HALVES[0], half=2)
+
+
+# --- a combiner: a pair's stripe, whose root adds no input (docs/design.md §4) ---
+def combiner_plan(k: int) -> ReducePlan:
+    return ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0, window=WIN,
+                      combiner=True)
+
+
+def test_a_combiner_starts_its_root_here_before_any_input_of_its_own() -> None:
+    """The root task starts with the first input, names the result as its input (it adds
+    none), and pulls the chain's top as soon as that is placed; the last two inputs are
+    leaves of the root, wherever they come, this node's own included."""
+    p = combiner_plan(4)
+    root = StartTask(2, 0, ME, R, R, "sum", DT, WSHAPE, 3, 0, *WIN)
+    assert p.handle(ready(0, "n1")) == [
+        OpenResult(WSIZE, DT, WSHAPE), root,
+        StartTask(0, 0, "n1", I[0], out(0), "sum", DT, WSHAPE, 0, 0, *WIN)]
+    assert p.handle(ready(1, "n2")) == [
+        StartTask(1, 0, "n2", I[1], out(1), "sum", DT, WSHAPE, 1, 0, *WIN)]
+    assert p.handle(started(2)) == []
+    assert p.handle(started(1)) == [Connect(2, ME, 1, "n2", out(1), t(1))]
+    assert p.handle(started(0)) == [Connect(1, "n2", 0, "n1", out(0), t(0))]
+    assert p.handle(ready(2, ME)) == [
+        StartTask(3, 0, ME, I[2], out(3), "sum", DT, WSHAPE, 0, 0, *WIN)]
+    assert p.handle(ready(3, "n3")) == [
+        StartTask(4, 0, "n3", I[3], out(4), "sum", DT, WSHAPE, 0, 0, *WIN)]
+    assert p.handle(started(4)) == [Connect(2, ME, 4, "n3", out(4), t(4))]
+    assert p.handle(started(3)) == [Connect(2, ME, 3, ME, out(3), t(3))]
+    assert p.used == I[:4] and p.chosen
+
+
+def test_a_combiner_of_two_inputs_has_two_leaves() -> None:
+    p = combiner_plan(2)
+    out_ = p.handle(ready(0, "n1"))
+    assert out_[1] == StartTask(0, 0, ME, R, R, "sum", DT, WSHAPE, 2, 0, *WIN)
+    assert [x.slot for x in out_ + p.handle(ready(1, "n2")) if isinstance(x, StartTask)] == [
+        0, 1, 2]
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"window": None}, {"half": 0}, {"k": 3}, {"inputs": I[:1], "k": 1}])
+def test_a_combiner_reduces_a_window_of_every_input(kwargs: dict[str, object]) -> None:
+    args: dict[str, object] = {"inputs": I[:4], "k": 4, "window": WIN} | kwargs
+    with pytest.raises(InvalidArgumentError, match="combiner"):
+        ReducePlan(R, args["inputs"], args["k"], "sum", ME,  # type: ignore[arg-type]
+                   depth=lambda n, size: 0, window=args["window"],  # type: ignore[arg-type]
+                   half=args.get("half"), combiner=True)  # type: ignore[arg-type]

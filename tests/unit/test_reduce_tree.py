@@ -11,6 +11,7 @@ from hoplited.collectives.tree import (
     complete_shape,
     hop_cost,
     one_tree_cost,
+    pair_shape,
     tree_depth,
     tree_fanout,
     tree_shape,
@@ -104,6 +105,25 @@ def test_the_last_leaf_hangs_on_the_root(n: int, root: int,
     input that arrives last is pulled by the root itself; slots stay in order."""
     shape = tree_shape(n, 0, last_leaf=True)
     assert shape.root == root and shape.children == children
+
+
+@pytest.mark.parametrize("n, root, children", [
+    (2, 0, [[1, 2], [], []]),
+    (3, 1, [[], [0, 2, 3], [], []]),
+    (8, 6, [[], [0], [1], [2], [3], [4], [5, 7, 8], [], []]),
+])
+def test_a_combiner_root_takes_the_chain_and_the_last_two(n: int, root: int,
+                                                         children: list[list[int]]) -> None:
+    """``pair_shape``: n + 1 slots, the root adding no input; a chain of n - 2, then the
+    root, then a leaf for each of the last two, in order."""
+    shape = pair_shape(n)
+    assert shape.root == root and shape.children == children
+    assert all(shape.parent[c] == p for p, cs in enumerate(children) for c in cs)
+
+
+def test_a_combiner_needs_two_inputs() -> None:
+    with pytest.raises(ValueError):
+        pair_shape(1)
 
 
 def test_the_last_leaf_leaves_trees_alone() -> None:

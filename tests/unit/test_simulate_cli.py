@@ -84,3 +84,12 @@ def test_staggered_inputs_are_named_in_the_header() -> None:
 def test_a_bad_arrival_interval_is_a_usage_error(args: list[str]) -> None:
     out = CliRunner().invoke(main, ["simulate", *args])
     assert out.exit_code == 2 and "--arrival-interval" in out.output
+
+
+def test_a_pair_is_the_allreduce_s_and_named_in_the_table() -> None:
+    out = CliRunner().invoke(main, ["simulate", "allreduce", "--nodes", "8", "--size", "32MiB",
+                                    "--rate", "1Gbit", "--arrival-interval", "0.2", "--pair"])
+    assert out.exit_code == 0, out.output
+    assert "pair" in out.output.splitlines()[-1].split()
+    refused = CliRunner().invoke(main, ["simulate", "reduce", "--pair"])
+    assert refused.exit_code == 2 and "--pair" in refused.output

@@ -37,6 +37,7 @@ from hoplited.collectives.stripes import (
     Restart,
     RingDone,
     RingFailed,
+    StartPair,
     StartRing,
     StripeFailed,
     Withdraw,
@@ -46,7 +47,7 @@ from hoplited.collectives.stripes import (
 pytestmark = pytest.mark.unit
 
 R = ObjectID(b"\xee" * 20)
-I = [ObjectID(bytes([i + 1]) * 20) for i in range(4)]  # noqa: E741 - inputs by index
+I = [ObjectID(bytes([i + 1]) * 20) for i in range(6)]  # noqa: E741 - inputs by index
 MIB = 1 << 20
 BIG = 4 * MIB  # four inputs: one MiB stripes, the smallest worth striping
 DT = "<f4"
@@ -74,6 +75,7 @@ class Case:
     n: int = 4
     striped: bool = True
     link: tuple[float, float] = (1.25e9, 1e-4)
+    nodes: tuple[str, ...] = ()  # the cluster's, for a pair (default: one per input)
 
 
 CASES = [
@@ -270,7 +272,7 @@ def test_an_input_listed_twice_is_added_twice_on_a_ring() -> None:
 
 
 def test_a_ring_given_up_runs_again_as_a_ring_once_without_the_lost_or_silent() -> None:
-    plan = AllreducePlan(R, I, "sum", ring_wait=WAIT)
+    plan = AllreducePlan(R, I[:4], "sum", ring_wait=WAIT)
     for event, _ in ring_ready():
         plan.handle(event)
     assert norm(plan.handle(NodeSuspected("n3"))) == norm([Restart(
@@ -279,7 +281,7 @@ def test_a_ring_given_up_runs_again_as_a_ring_once_without_the_lost_or_silent() 
     again = plan.again()
     # half the time 4 MiB takes at the default 1.25 GB/s is less than the configured wait
     assert again.rings == 1 and again.suspected == {"n3"} and again.ring_wait == WAIT
-    slow = AllreducePlan(R, I, "sum", ring_wait=WAIT, link=(4e6, 1e-4))
+    slow = AllreducePlan(R, I[:4], "sum", ring_wait=WAIT, link=(4e6, 1e-4))
     slow.handle(ready(0, "n0"))
     assert slow.again().ring_wait == pytest.approx(0.5 * BIG / 4e6)
     again.handle(NodeLost("n2"))
@@ -297,7 +299,7 @@ def test_a_ring_given_up_runs_again_as_a_ring_once_without_the_lost_or_silent() 
 
 
 def test_a_plan_started_again_knows_the_dead() -> None:
-    plan = AllreducePlan(R, I, "sum", lost=frozenset({"n1"}))
+    plan = AllreducePlan(R, I[:4], "sum", lost=frozenset({"n1"}))
     plan.handle(ready(0, "n0"))
     assert norm(plan.handle(ready(1, "n1"))) == norm([Fail(PeerUnavailableError(
         f"input {I[1].hex()} has no live holder", oid=I[1].hex()), ("n0",))])
@@ -320,7 +322,7 @@ def test_no_inputs_or_an_unknown_op_is_refused() -> None:
     with pytest.raises(InvalidArgumentError):
         AllreducePlan(R, [], "sum")
     with pytest.raises(InvalidArgumentError):
-        AllreducePlan(R, I, "median")
+        AllreducePlan(R, I[:4], "median")
 
 
 def test_stripe_ids_are_distinct_and_stable() -> None:
@@ -344,7 +346,7 @@ def test_each_wait_for_a_ring_is_at_most_what_the_ring_saves(link: tuple[float, 
     the floor); a ring run again waits the configured time for its lost input put again,
     whatever the saving."""
     saving = ring_saving(4, 16 * MIB, *link)
-    plan = AllreducePlan(R, I, "sum", ring_wait=WAIT, link=link)
+    plan = AllreducePlan(R, I[:4], "sum", ring_wait=WAIT, link=link)
     if wait is None:
         assert RING_WAIT_FLOOR < saving < WAIT
     expected = Arm(saving if wait is None else wait)
@@ -357,3 +359,62 @@ def test_each_wait_for_a_ring_is_at_most_what_the_ring_saves(link: tuple[float, 
     again = plan.again()
     assert again.handle(ready(0, "n0", **big)) == [Arm(again.ring_wait)]
     assert again.ring_wait >= WAIT
+
+
+# --- a pair for the last two inputs (docs/design.md §4) ---
+NODES = ("n0", "n1", "n2", "n3", "n4")
+PAIR_CASES = [
+    Case("held until two are missing; the two nodes holding none reduce a half each",
+         [(ready(0, "n0"), [ARM]), (GatherOver(), []), (ready(1, "n1"), []),
+          (ready(2, "n3"), [StartPair(("n2", "n4"))]), (ready(3, "n2"), []),
+          (GatherOver(), [])], n=5),
+    Case("two missing already when the wait runs out",
+         [(ready(0, "n0"), [ARM]), (GatherOver(), [StartPair(("n1", "n2"))])], n=3),
+    Case("three nodes hold none: no guess, the held inputs go the plain way",
+         [(ready(0, "n0"), [ARM]), (ready(1, "n1"), [ARM]), (GatherOver(), [Plain()]),
+          (ready(2, "n2"), [])], n=4, nodes=NODES),
+    Case("an input on two nodes leaves one idle node: plain",
+         [(ready(0, "n0", "n1"), [ARM]), (GatherOver(), []),
+          (ready(1, "n2"), [Plain()])], n=4),
+    Case("a node lost meanwhile is no guess",
+         [(ready(0, "n0"), [ARM]), (NodeLost("n4"), []), (GatherOver(), []),
+          (ready(1, "n1"), []), (ready(2, "n2"), [Plain()])], n=5),
+    Case("a silent node is no guess",
+         [(ready(0, "n0"), [ARM]), (GatherOver(), []), (NodeSuspected("n3"), []),
+          (ready(1, "n1"), []), (ready(2, "n2"), [Plain()])], n=5),
+    Case("every input within the wait: the ring, as without a pair",
+         [(ready(0, "n0"), [ARM]), (ready(1, "n1"), [ARM]),
+          (ready(2, "n2"), [StartRing((("n0", (I[0],)), ("n1", (I[1],)), ("n2", (I[2],))))])],
+         n=3),
+    Case("an input that does not match fails the allreduce while held",
+         [(ready(0, "n0"), [ARM]), (GatherOver(), []),
+          (ready(1, "n1", dtype="<i4"), [Fail(InvalidArgumentError(
+              f"input {I[1].hex()} is <i4[{BIG // 4}] but the first input was "
+              f"<f4[{BIG // 4}]", oid=I[1].hex()), ())])], n=5),
+    Case("an input whose wait fails fails the allreduce while held",
+         [(ready(0, "n0"), [ARM]), (GatherOver(), []), (InputFailed(I[1], TIMEOUT),
+                                                        [Fail(TIMEOUT, ())])], n=5),
+]
+
+
+@pytest.mark.parametrize("case", PAIR_CASES, ids=lambda c: c.id)
+def test_plan_with_a_pair(case: Case) -> None:
+    plan = AllreducePlan(R, I[:case.n], "sum", ring_wait=WAIT, striped=False, link=SLOW,
+                         pair=True, nodes=case.nodes or NODES[:case.n])
+    for event, expected in case.steps:
+        expected = [Arm(WAIT) if x == ARM else x for x in expected]
+        assert norm(plan.handle(event)) == norm(expected), event
+
+
+@pytest.mark.parametrize("size", [MIB, 2 * MIB - ALIGN])
+def test_no_pair_for_halves_below_a_stripe(size: int) -> None:
+    plan = AllreducePlan(R, I[:3], "sum", ring_wait=WAIT, striped=False, link=SLOW,
+                         pair=True, nodes=NODES[:3])
+    assert plan.handle(ready(0, "n0", size=size, shape=(size // 4,))) == [Arm(WAIT)]
+    assert plan.handle(GatherOver()) == [Plain()]
+
+
+def test_a_pair_is_kept_when_the_plan_runs_again() -> None:
+    plan = AllreducePlan(R, I[:3], "sum", ring_wait=WAIT, pair=True, nodes=NODES[:3])
+    again = plan.again()
+    assert again.pair and again.nodes == NODES[:3]

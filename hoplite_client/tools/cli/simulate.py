@@ -77,9 +77,13 @@ def _record(result: sim.SimResult, wall: float) -> dict[str, Any]:
               type=click.FloatRange(min=0, max=60),
               help="reduce, allreduce: put the inputs this many seconds apart, as `hoplite "
                    "bench --arrival-interval` does; the latency then runs from the last put.")
+@click.option("--pair", is_flag=True,
+              help="allreduce: let the plan hold late inputs for a pair of combiners, a "
+                   "schedule hoplited does not run yet (docs/design.md §4, 'A pair for the "
+                   "last two inputs'); a depth of 'pair' in the table says it ran.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record per run.")
 def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: float,
-             segment: str | None, fanout: int, two_trees: str, interval: float,
+             segment: str | None, fanout: int, two_trees: str, interval: float, pair: bool,
              as_json: bool) -> None:
     """Simulate OP (broadcast, reduce, allreduce, gather as ``hoplite bench`` runs them) on
     NODES nodes: the real directory, fetch, reduce and allreduce plans over modelled links.
@@ -96,6 +100,8 @@ def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: fl
         raise click.UsageError("--arrival-interval must be a number of seconds")
     if interval and op not in ("reduce", "allreduce"):
         raise click.UsageError("--arrival-interval staggers a reduce's or an allreduce's inputs")
+    if pair and op != "allreduce":
+        raise click.UsageError("--pair is a schedule of the allreduce")
     if not as_json:
         click.echo(f"{op} of {nbytes} bytes ({nbytes / 2**20:.3g} MiB), simulated "
                    f"{format_rate(bps)} links, "
@@ -110,7 +116,7 @@ def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: fl
         try:
             result = sim.simulate(op, n, nbytes, bps, latency=latency, segment=seg,
                                   fanout=fanout, concurrency=GATHER_CONCURRENCY,
-                                  two_trees=two_trees, interval=interval)
+                                  two_trees=two_trees, interval=interval, pair=pair)
         except SimulationError as exc:
             raise click.ClickException(str(exc)) from exc
         record = _record(result, time.perf_counter() - t0)
@@ -120,7 +126,7 @@ def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: fl
             click.echo(f"{n:>6}  failed: {result.error}")
         else:
             depth = "halves" if result.two_trees else "ring" if result.ring else (
-                "" if result.depth is None else str(result.depth))
+                "pair" if result.pair else "" if result.depth is None else str(result.depth))
             click.echo(f"{n:>6}{_seconds(result.seconds):>13}{_seconds(result.s_over_rate):>13}"
                        f"{record['ratio']:>10.3f}{record['ratio_to_optimum']:>11.3f}"
                        f"{depth:>7}{result.events:>10}{record['wall_seconds']:>6.1f} s")
