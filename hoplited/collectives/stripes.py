@@ -69,6 +69,7 @@ from hoplite_client.wire.ids import ObjectID
 from hoplited.cluster.link_model import DEFAULT_BANDWIDTH, DEFAULT_LATENCY
 from hoplited.collectives.ops import check_op, check_reducible, derived_id
 from hoplited.collectives.ring import ring_members, ring_pays, ring_saving
+from hoplited.collectives.tree import tree_depth
 
 # The smallest stripe worth its own tree: below it, the handshakes and lookups of m trees cost
 # more than the bandwidth they save (docs/benchmarks.md, "Striped allreduce").
@@ -403,11 +404,14 @@ class AllreducePlan:
 
     def _pair_pays(self) -> bool:
         """Whether inputs still awaited once the ring's wait ran out should be held for a
-        pair: two halves larger than inline, and an input at least for the chain."""
+        pair: two halves larger than inline, an input at least for the chain, and a chain the
+        link model would take for that many halves (where it takes a tree, the chain's hops
+        cost more than the pair saves: 3.56x against 2.23x simulated at N = 256)."""
         assert self.first is not None
         n, size = len(self.inputs), self.first.size
         return (self.pair and n >= 3 and bool(self.waiting)
-                and size >= 2 * max(self.min_stripe, INLINE_MAX + 1))
+                and size >= 2 * max(self.min_stripe, INLINE_MAX + 1)
+                and tree_depth(n - 2, size // 2, *self.link) == 0)
 
     def _hold(self, ev: InputReady) -> list[Instruction] | None:
         """Hold ``ev`` for a ring or a pair; None if held, else what to do instead (nothing

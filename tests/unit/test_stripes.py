@@ -418,3 +418,12 @@ def test_a_pair_is_kept_when_the_plan_runs_again() -> None:
     plan = AllreducePlan(R, I[:3], "sum", ring_wait=WAIT, pair=True, nodes=NODES[:3])
     again = plan.again()
     assert again.pair and again.nodes == NODES[:3]
+
+
+def test_no_pair_where_the_link_model_takes_a_tree_for_the_early_inputs() -> None:
+    """Hops dear against a half's transfer (here 10 ms against 17 ms): a chain of the early
+    inputs would cost more than the pair saves."""
+    plan = AllreducePlan(R, I[:6], "sum", ring_wait=WAIT, striped=False, link=(125e6, 0.01),
+                         pair=True, nodes=("n0", "n1", "n2", "n3", "n4", "n5"))
+    assert len(plan.handle(ready(0, "n0"))) == 1  # the wait for a ring
+    assert plan.handle(GatherOver()) == [Plain()]
