@@ -43,6 +43,10 @@ class DaemonConfig:
     # run them as a ring (docs/design.md §4, "Ring allreduce"); 0: never a ring. Callers that
     # put at once are ready within a few ms of each other; inputs 0.1 s apart go in stripes.
     ring_wait: float = 0.1
+    # Whether an allreduce whose inputs come further apart than the ring's wait holds them
+    # until two are missing, for a pair of combiners (docs/design.md §4, "A pair for the
+    # last two inputs").
+    pair: bool = True
     # Twice a second: a Ping to each member is a small frame, and a frozen member's Ping
     # goes unanswered at most half a second sooner (suspicion, below).
     heartbeat_interval: float = 0.5

@@ -102,6 +102,9 @@ async def watch_users(fd: int, stop: Callable[[], None]) -> None:
               help="Seconds an allreduce waits for each next input, to run them all as a "
                    "ring, and less where the ring saves less (docs/design.md §4); 0: never "
                    "a ring.")
+@click.option("--pair/--no-pair", default=True, show_default=True,
+              help="Let an allreduce whose inputs come further apart than the ring's wait "
+                   "end as a pair of combiners, one per half (docs/design.md §4).")
 @click.option("--advertise", default=None, help="Address peers should use to reach us.")
 @click.option("--heartbeat-interval", default=0.5, show_default=True, type=float)
 @click.option("--heartbeat-timeout", default=5.0, show_default=True, type=float,
@@ -136,7 +139,8 @@ async def watch_users(fd: int, stop: Callable[[], None]) -> None:
                    "host sharing this daemon, as hoplite_client.dask's do).")
 def main(listen: str, socket_path: str | None, join: tuple[str, ...],
          token_file: str | None, insecure: bool, capacity: str | None, fanout: int,
-         two_trees: str, ring_wait: float, advertise: str | None, heartbeat_interval: float,
+         two_trees: str, ring_wait: float, pair: bool, advertise: str | None,
+         heartbeat_interval: float,
          heartbeat_timeout: float,
          suspect_after: float, stall_timeout: float, log_level: str, log_format: str,
          metrics_port: int | None, tls_cert: str | None, tls_key: str | None,
@@ -148,6 +152,7 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
         config = DaemonConfig(host=host, port=port, socket_path=socket_path or default_socket(),
                               join=[parse_address(j) for j in join], insecure=insecure,
                               fanout=fanout, two_trees=two_trees, ring_wait=ring_wait,
+                              pair=pair,
                               heartbeat_interval=heartbeat_interval,
                               heartbeat_timeout=heartbeat_timeout,
                               suspect_after=suspect_after or None, stall_timeout=stall_timeout,

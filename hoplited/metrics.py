@@ -101,7 +101,10 @@ def families(info: Mapping[str, Any]) -> list[Metric]:
         ("allreduces_as_ring", CounterMetricFamily, "Striped allreduces coordinated on this "
          "node that ran as a ring (docs/design.md §4, \"Ring allreduce\")."),
         ("rings_given_up", CounterMetricFamily, "Rings coordinated on this node that failed "
-         "before any member held the result, so the allreduce ran again in stripes."))
+         "before any member held the result, so the allreduce ran again in stripes."),
+        ("allreduces_as_pair", CounterMetricFamily, "Allreduces coordinated on this node "
+         "whose last two inputs' nodes each reduced a half (docs/design.md §4, \"A pair for "
+         "the last two inputs\")."))
     for key, family, doc in families:
         if key in info:
             metric = family(f"hoplite_{key}", doc, labels=["node"])

@@ -123,7 +123,7 @@ class Daemon:
                                                     membership.members[node].port,
                                                     links.refused),
                      link_model.observe_bandwidth, traffic, tasks, cfg.stall_timeout),
-            cfg.ring_wait, lambda: (link_model.bandwidth, link_model.latency)))
+            cfg.ring_wait, lambda: (link_model.bandwidth, link_model.latency), cfg.pair))
         sender = Sender(store, traffic, fetcher.fetching, allreduces.serve_ring)
         cluster = ClusterService(self.identity, membership, links)
         status = NodeStatus(membership, store, shard, link_model, traffic, rpc, gauges={
@@ -131,8 +131,9 @@ class Daemon:
             "reduce_folds": lambda: worker.folds,
             "reduces_in_halves": lambda: reductions.halved, "allreduces": lambda: len(allreduces),
             "gets_in_halves": lambda: fetcher.halved,
-            "allreduces_as_ring": lambda: allreduces.rings.run,
-            "rings_given_up": lambda: allreduces.rings.given_up,
+            "allreduces_as_ring": lambda: allreduces.counts.run,
+            "rings_given_up": lambda: allreduces.counts.given_up,
+            "allreduces_as_pair": lambda: allreduces.counts.pairs,
             "idle_data_connections": lambda: len(connections),
             "transfers": fetcher.in_flight, "reduce_slots": worker.in_flight},
             errors=errors)

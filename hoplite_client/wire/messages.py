@@ -657,7 +657,8 @@ class ReshapeDone(Reply):
 class StripeTask(Request["Ok"]):
     """Caller's node to a node holding an input: hold ``result`` (``size`` bytes of
     ``dtype``/``shape`` at ``version``, cut in ``stripes`` stripes), fetching every stripe not
-    reduced here; ``stripe`` >= 0: reduce that one (assignment ``gen``) over ``inputs``."""
+    reduced here; ``stripe`` >= 0: reduce that one (assignment ``gen``) over ``inputs``, as a
+    combiner if ``combiner`` (one half of a pair, docs/design.md §4)."""
 
     rid: int = 0
     result: ObjectID
@@ -671,6 +672,7 @@ class StripeTask(Request["Ok"]):
     stripe: int
     gen: int
     timeout: float | None
+    combiner: bool
 
 
 @message(71, shape="oneway", roles=(PEER,))

@@ -76,7 +76,8 @@ class AllreduceDeps:
     """What allreduces use: this node's id, store, the directory, peers, the fetcher, the
     reduces (each stripe is one), liveness, the live members (the ring, in id order), what
     ring members use, how long an allreduce waits for all its inputs to run them as a ring
-    (0: never), and the links' measured rate and latency (whether a ring pays)."""
+    (0: never), the links' measured rate and latency (whether a ring pays), and whether late
+    inputs may end as a pair (docs/design.md §4, "A pair for the last two inputs")."""
 
     me: str
     store: ObjectStore
@@ -90,15 +91,17 @@ class AllreduceDeps:
     ring: RingDeps
     ring_wait: float
     link: Callable[[], tuple[float, float]]  # measured bandwidth (bytes/s), latency (s)
+    pair: bool = True
 
 
 @dataclass
-class RingCounts:
-    """Allreduces orchestrated here that ran as a ring, and those whose ring gave way
-    (``hoplite status``, metrics)."""
+class AllreduceCounts:
+    """Allreduces orchestrated here that ran as a ring, those whose ring gave way, and those
+    that ended as a pair (``hoplite status``, metrics)."""
 
     run: int = 0
     given_up: int = 0
+    pairs: int = 0
 
 
 class Allreduces:
@@ -110,7 +113,7 @@ class Allreduces:
         self._members: dict[ObjectID, Member] = {}
         self._rings: dict[ObjectID, RingMember] = {}
         self._ring_arrivals: dict[ObjectID, asyncio.Event] = {}  # streams awaiting their task
-        self.rings = RingCounts()
+        self.counts = AllreduceCounts()
 
     def handlers(self) -> dict[type[WireMessage], Handler]:
         return {StripeTask: self.on_stripe_task, StripeReport: self.on_report,
@@ -126,11 +129,12 @@ class Allreduces:
         ring if every input is ready at once and a ring pays, otherwise in stripes
         (``striped``) or as a reduce whose result every input's node gets."""
         plan = s.AllreducePlan(result, inputs, op, ring_wait=self._d.ring_wait,
-                               striped=striped, link=self._d.link())
+                               striped=striped, link=self._d.link(), pair=self._d.pair,
+                               nodes=tuple(self._d.members()))
         if result in self._orchestrators or self._d.store.get(result) is not None:
             raise ObjectExistsError(f"object {result.hex()} already exists")
         orchestrator = Orchestrator(self._d, plan, timeout,
-                                    lambda: self._orchestrators.pop(result, None), self.rings,
+                                    lambda: self._orchestrators.pop(result, None), self.counts,
                                     lambda: self._withdraw_ring(result))
         self._orchestrators[result] = orchestrator
         orchestrator.start()
@@ -203,7 +207,7 @@ class Allreduces:
             member = Member(self._d, msg, peer, lambda: self._members.pop(msg.result, None))
             self._members[msg.result] = member
         if msg.stripe >= 0:
-            member.reduce(msg.stripe, msg.gen)
+            member.reduce(msg.stripe, msg.gen, msg.combiner)
         return Ok()
 
     def on_report(self, peer: str, msg: StripeReport, payload: memoryview | None) -> None:
@@ -318,10 +322,11 @@ def check_task(msg: StripeTask) -> None:
     n = len(msg.inputs)
     if (not 2 <= msg.stripes <= min(n, MAX_IDS_PER_FRAME) or not -1 <= msg.stripe < msg.stripes
             or msg.gen < 0 or len(msg.version) != VERSION_SIZE
-            or msg.size // msg.stripes <= INLINE_MAX + ALIGN):
+            or msg.size // msg.stripes <= INLINE_MAX + ALIGN
+            or msg.combiner and (msg.stripes != 2 or msg.stripe < 0)):
         raise InvalidArgumentError(f"a stripe task of {msg.size} bytes in {msg.stripes} "
                                    f"stripes of {n} inputs (stripe {msg.stripe}, generation "
-                                   f"{msg.gen})")
+                                   f"{msg.gen}{', a combiner' if msg.combiner else ''})")
 
 
 async def drop_entry(directory: DirectoryClient, oid: ObjectID) -> None:
@@ -336,7 +341,7 @@ class Orchestrator:
     """Carries out one allreduce's plan on the caller's node."""
 
     def __init__(self, deps: AllreduceDeps, plan: s.AllreducePlan, timeout: float | None,
-                 forget: Callable[[], object], counts: RingCounts,
+                 forget: Callable[[], object], counts: AllreduceCounts,
                  withdraw_ring: Callable[[], None]) -> None:
         self.d = deps
         self._counts = counts
@@ -402,6 +407,10 @@ class Orchestrator:
                 log.warning("allreduce %s: %s", plan.result.short(), exc)
                 d.tasks.spawn(d.directory.fail(plan.result, exc), name="allreduce-fail")
         elif isinstance(ins, s.Assign):
+            if ins.combiner:
+                self._counts.pairs += ins.stripe == 0
+                log.info("allreduce %s: half %d by a combiner on %s", plan.result.short(),
+                         ins.stripe, ins.node)
             if ins.gen:
                 log.info("allreduce %s: stripe %d reduced again on %s", plan.result.short(),
                          ins.stripe, ins.node)
@@ -428,8 +437,6 @@ class Orchestrator:
         elif isinstance(ins, s.Cleanup):
             for oid in ins.stripes:
                 d.tasks.spawn(drop_entry(d.directory, oid), name="allreduce-cleanup")
-        elif isinstance(ins, s.StartPair):  # only the simulator makes plans with pair so far
-            raise AssertionError("hoplited does not run a pair yet (docs/design.md §4)")
         else:
             log.warning("allreduce %s failed: %s", plan.result.short(), ins.error)
             d.tasks.spawn(d.directory.fail(plan.result, ins.error), name="allreduce-fail")
@@ -499,7 +506,8 @@ class Orchestrator:
         await self.d.rpc.call_node(ins.node, StripeTask(
             result=self.plan.result, inputs=self.plan.listed, op=self.plan.op, size=first.size,
             dtype=first.dtype, shape=list(first.shape), version=self._version,
-            stripes=self.plan.stripes, stripe=ins.stripe, gen=ins.gen, timeout=self._timeout))
+            stripes=self.plan.stripes, stripe=ins.stripe, gen=ins.gen, timeout=self._timeout,
+            combiner=ins.combiner))
 
     def _failed(self, error: HopliteError) -> AllreduceFailed:
         return AllreduceFailed(result=self.plan.result, code=error.code, message=str(error))
@@ -568,19 +576,20 @@ class Member:
         self._complete = deps.tasks.spawn(self._until_complete(), name="allreduce-result",
                                           on_error=self._failed)
 
-    def reduce(self, stripe: int, gen: int) -> None:
-        """Reduce ``stripe`` here (assignment ``gen``), into its view of the result."""
+    def reduce(self, stripe: int, gen: int, combiner: bool = False) -> None:
+        """Reduce ``stripe`` here (assignment ``gen``; as a combiner, one half of a pair),
+        into its view of the result."""
         if self._ended or self.whole.regions[stripe].filled:
             return  # complete here already: this copy serves the others
         fetch = self._fetches.pop(stripe, None)
         if fetch is not None:
             fetch.cancel()
         self._reducing[stripe] = gen
-        self.d.tasks.spawn(self._reduce_here(stripe, gen, fetch), name="stripe-reduce",
+        self.d.tasks.spawn(self._reduce_here(stripe, gen, fetch, combiner), name="stripe-reduce",
                            on_error=self._failed)
 
-    async def _reduce_here(self, stripe: int, gen: int,
-                           fetch: asyncio.Task[None] | None) -> None:
+    async def _reduce_here(self, stripe: int, gen: int, fetch: asyncio.Task[None] | None,
+                           combiner: bool) -> None:
         """Once this node's fetch of the stripe has ended, start its reduce here; report it
         if it fails. The fetch is awaited, not only cancelled: one that had allocated the
         stripe's view would otherwise take the id the reduce creates."""
@@ -599,7 +608,9 @@ class Member:
                 oid=oid.hex()))
         m = self._msg
         d.reductions.start(oid, m.inputs, m.op, len(m.inputs), m.timeout,
-                           window=self.bounds[stripe], ring=tuple(sorted(d.members())))
+                           window=self.bounds[stripe],
+                           ring=() if combiner else tuple(sorted(d.members())),
+                           combiner=combiner)
         await self._watch(stripe, gen)
 
     async def _watch(self, stripe: int, gen: int) -> None:

@@ -50,14 +50,16 @@ class Reductions:
 
     def start(self, result: ObjectID, inputs: list[ObjectID], op: str, k: int,
               timeout: float | None, window: tuple[int, int] | None = None,
-              ring: tuple[str, ...] = (), everyone: bool = False) -> None:
+              ring: tuple[str, ...] = (), everyone: bool = False,
+              combiner: bool = False) -> None:
         """Validate and start a reduce into ``result`` (of the inputs' bytes ``window`` only,
         if given; slots in ``ring`` order, if given; ``everyone``: an allreduce, every node
-        gets the result); it runs in the background."""
+        gets the result; ``combiner``: one half of a pair, docs/design.md §4); it runs in the
+        background."""
         # an input complete here takes an allreduce's root, whichever is reported first
         here = everyone and any((o := self._deps.store.get(oid)) is not None and o.complete
                                 for oid in inputs)
-        plan = self._plan(result, inputs, op, k, window, None, ring, everyone, here)
+        plan = self._plan(result, inputs, op, k, window, None, ring, everyone, here, combiner)
         if (result in self._running or result in self._fronts
                 or self._deps.store.get(result) is not None):
             raise ObjectExistsError(f"object {result.hex()} already exists")
@@ -87,11 +89,13 @@ class Reductions:
 
     def _plan(self, result: ObjectID, inputs: list[ObjectID], op: str, k: int,
               window: tuple[int, int] | None, half: int | None, ring: tuple[str, ...] = (),
-              everyone: bool = False, here: bool = False) -> p.ReducePlan:
+              everyone: bool = False, here: bool = False,
+              combiner: bool = False) -> p.ReducePlan:
         model = self._deps.link_model
         return p.ReducePlan(result, inputs, k, op, self._deps.me, depth=lambda n, size: (
             tree_depth(n, size, model.bandwidth, model.latency)), patience=self._deps.patience,
-            window=window, ring=ring, everyone=everyone, half=half, here=here)
+            window=window, ring=ring, everyone=everyone, half=half, here=here,
+            combiner=combiner)
 
     def _open(self, plan: p.ReducePlan, inputs: list[ObjectID], deadline: float | None,
               wait_inputs: bool) -> ReduceCoordinator:

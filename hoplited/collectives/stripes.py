@@ -48,11 +48,13 @@ held events in order.
 With ``pair`` and the cluster's ``nodes``, inputs that come further apart than the ring's
 wait are held on until exactly two are missing (docs/design.md §4, "A pair for the last two
 inputs"). If then exactly two live nodes that have not fallen silent hold no input yet, the
-guess is that they will put the last two: each reduces one half of the object
-(``StartPair``), as a combiner whose root starts at once on its node, over a chain of the
-inputs ready and a leaf for each of the last two, so that the early inputs' partial sum
-crosses the links before the last inputs exist. Otherwise the held inputs go to the stripes
-or the plain reduce, as when the ring's wait runs out.
+guess is that they will put the last two: each reduces one half of the object, stripe 0 or 1
+(``Assign`` with ``combiner``), as a combiner whose root starts at once on its node, over a
+chain of the inputs ready and a leaf for each of the last two, so that the early inputs'
+partial sum crosses the links before the last inputs exist; every other live node is a
+member that fetches both halves. From then on it is a striped allreduce of two stripes: a
+dead member's half is reduced again by another member, the ordinary way. Otherwise the held
+inputs go to the stripes or the plain reduce, as when the ring's wait runs out.
 
 Nothing here waits or does I/O: ``handle(event)`` returns instructions
 (``hoplited.collectives.allreduce`` carries them out).
@@ -174,11 +176,13 @@ class Plain:
 
 @dataclass(frozen=True, slots=True)
 class Assign:
-    """Tell ``node`` to hold the result and to reduce ``stripe`` (-1: none) as ``gen``."""
+    """Tell ``node`` to hold the result and to reduce ``stripe`` (-1: none) as ``gen``, as a
+    combiner if ``combiner`` (one half of a pair)."""
 
     node: str
     stripe: int
     gen: int
+    combiner: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,17 +240,7 @@ class Restart:
     error: HopliteError
 
 
-@dataclass(frozen=True, slots=True)
-class StartPair:
-    """Reduce the object in two halves (``layout.stripe_bounds(size, itemsize, 2)``), half h
-    into ``stripe_id(result, h)`` by a combiner on ``roots[h]``, over the inputs in readiness
-    order; every node gets both halves. The plan is over."""
-
-    roots: tuple[str, str]
-
-
-Instruction = (Plain | Assign | Cleanup | Fail | Arm | StartRing | Commit | Restart | Withdraw
-               | StartPair)
+Instruction = Plain | Assign | Cleanup | Fail | Arm | StartRing | Commit | Restart | Withdraw
 
 
 class AllreducePlan:
@@ -274,6 +268,7 @@ class AllreducePlan:
         self.link = link  # the links' bandwidth (bytes/s) and latency (s), for ring_pays
         self.pair = pair  # hold late inputs for a pair of combiners (StartPair)
         self.nodes = nodes  # the cluster's nodes, for the pair's guess
+        self.paired = False  # the stripes are a pair's two halves
         self.held: list[InputReady] = []  # inputs ready while gathering, in order
         self.ring: list[str] = []  # the ring's nodes, in ring order
         self.ring_over: set[str] = set()  # ring members done, failed or lost
@@ -287,13 +282,12 @@ class AllreducePlan:
         self.lost: set[str] = set(lost)  # members known dead (a ring given up names some)
         self.orphans: list[int] = []  # stripes of dead members with no live member to take
         self.done: set[str] = set()
-        # new -> gathering -> [pairing ->] ring | pair | striped | plain | failed | over
-        # | restart
+        # new -> gathering -> [pairing ->] ring | striped | plain | failed | over | restart
         self.phase = "new"
 
     @property
     def over(self) -> bool:
-        return self.phase in ("plain", "failed", "over", "restart", "pair")
+        return self.phase in ("plain", "failed", "over", "restart")
 
     def handle(self, ev: Event) -> list[Instruction]:
         if isinstance(ev, NodeLost):
@@ -346,7 +340,7 @@ class AllreducePlan:
                 return [Arm(self._wait_for_next())]
             return self._choose_stripes()
         mismatch = self._mismatch(ev)
-        if mismatch:
+        if mismatch or self.paired:  # a pair's halves take every input as it comes
             return mismatch
         return self._place(ev)
 
@@ -438,10 +432,17 @@ class AllreducePlan:
         gone = self.lost | self.suspected
         holding = {node for h in self.held for node in h.alive}
         idle = [n for n in self.nodes if n not in gone and n not in holding]
-        if len(self.waiting) == 2 and len(idle) == 2:
-            self.phase = "pair"
-            return [StartPair((idle[0], idle[1]))]
-        return self._release_held()
+        if len(self.waiting) != 2 or len(idle) != 2:
+            return self._release_held()
+        self.held = []
+        self.stripes, self.phase, self.paired = 2, "striped", True
+        out = self._assign(0, idle[0], 0, combiner=True) + self._assign(1, idle[1], 0,
+                                                                         combiner=True)
+        for node in self.nodes:
+            if node not in gone and node not in idle:
+                self.members.append(node)
+                out.append(Assign(node, -1, 0))
+        return out
 
     def _release_held(self) -> list[Instruction]:
         """The stripes or the plain reduce, fed the held inputs in order."""
@@ -517,19 +518,21 @@ class AllreducePlan:
         self.orphans.clear()
         return out
 
-    def _assign(self, stripe: int, node: str, gen: int) -> list[Instruction]:
+    def _assign(self, stripe: int, node: str, gen: int,
+                combiner: bool = False) -> list[Instruction]:
         self.owner[stripe] = (node, gen)
         if node not in self.members:
             self.members.append(node)
         self.done.discard(node)  # a member given a stripe again reports again
-        return [Assign(node, stripe, gen)]
+        return [Assign(node, stripe, gen, combiner)]
 
     def _lost(self, node: str) -> list[Instruction]:
         orphans = sorted(s for s, (n, _) in self.owner.items() if n == node)
         out: list[Instruction] = []
         for stripe in orphans:
             live = [n for n in self.members if n not in self.lost]
-            if not live and self.waiting:  # the next input's node takes it
+            if not live and self.waiting and not self.paired:  # the next input's node
+                # takes it (a pair's every live node was a member)
                 self.orphans.append(stripe)
                 continue
             if not live:

@@ -11,7 +11,11 @@ slot's task computes only from ``start`` on, because its consumer already holds 
 before (docs/design.md §5). A fold changes a running task's shape: ``ReduceFold`` adds a
 second input from the first byte not combined yet, ``ReduceReshape`` ends a lost child's range
 and announces children that take over from there; each child and input covers a byte range,
-and the combine loop re-reads them whenever they change.
+and the combine loop re-reads them whenever they change. A *combiner* (a task whose input is
+its output, the result computed in place) adds no input of its own, only its children: the
+root of one half of an allreduce's pair, started before this node's input exists
+(docs/design.md §4, "A pair for the last two inputs"). It reads a child whose output is in
+this store (this node's input, once put) where it is, with no pull.
 """
 
 from __future__ import annotations
@@ -46,10 +50,10 @@ from hoplite_client.wire.messages import (
     TaskStarted,
     WireMessage,
 )
-from hoplited.collectives.ops import combine, derived_id
+from hoplited.collectives.ops import check_reducible, combine, derived_id
 from hoplited.dispatch import Handler
 from hoplited.memory.arena import Arena
-from hoplited.memory.store import ObjectStore, StoredObject
+from hoplited.memory.store import ObjectStore, StoredObject, parse_dtype
 from hoplited.tasks import Tasks
 from hoplited.transfer.fetcher import Fetcher
 
@@ -75,7 +79,7 @@ class SlotTask:
     coordinator: str
     op: str
     dtype: np.dtype[Any]
-    own: StoredObject
+    own: StoredObject | None  # None: a combiner
     out: StoredObject
     expected: int
     start: int  # the first byte computed: a whole element's
@@ -90,6 +94,7 @@ class SlotTask:
     combined: int = 0  # the first byte not combined yet (nor being combined)
     runner: asyncio.Task[None] | None = None
     pulls: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    borrowed: set[int] = field(default_factory=set)  # children read where they are, here
     sources: dict[int, ReduceChild] = field(default_factory=dict)  # child -> its last placing
 
     def change(self) -> None:
@@ -135,11 +140,11 @@ class ReduceWorker:
                 payload: memoryview | None) -> TaskStarted:
         """Create the slot's output and start computing it; the reply carries its version."""
         store = self._store
-        own = store.get(msg.input)
-        if own is None or not own.complete:
+        own = None if msg.input == msg.output else store.get(msg.input)
+        if own is None and msg.input != msg.output or own is not None and not own.complete:
             raise ObjectNotFoundError(f"input {msg.input.hex()} is not complete here")
-        size, shape = self._extent(own, msg)
-        if not 0 <= msg.start <= size or msg.children < 0:
+        size, shape = self._extent(msg) if own is None else self._extent_of(own, msg)
+        if not 0 <= msg.start <= size or msg.children < (own is None):
             raise InvalidArgumentError(f"start {msg.start} outside 0..{size} or "
                                        f"{msg.children} children")
         dtype = np.dtype(msg.dtype)
@@ -159,7 +164,8 @@ class ReduceWorker:
         else:
             out = store.create(msg.output, size, msg.dtype, shape, temporary=True)
             out.advance(start)  # never read below: the consumer holds those bytes
-        store.pin(own)
+        if own is not None:
+            store.pin(own)
         store.pin(out)
         task = SlotTask(msg.reduce_id, msg.slot, coordinator, msg.op, dtype, own, out,
                         msg.children, start, msg.lo if msg.hi else 0, combined=start)
@@ -172,7 +178,23 @@ class ReduceWorker:
         return TaskStarted(version=out.version)
 
     @staticmethod
-    def _extent(own: StoredObject, msg: ReduceTask) -> tuple[int, list[int]]:
+    def _extent(msg: ReduceTask) -> tuple[int, list[int]]:
+        """The size and shape of a combiner's output: a stripe computed in place, whose
+        bounds its inputs are checked against as each child's pull arrives."""
+        if msg.output != msg.reduce_id or not msg.hi:
+            raise InvalidArgumentError("a slot with no input of its own computes a stripe of "
+                                       "the result in place")
+        check_reducible(msg.op, msg.dtype)
+        dtype = parse_dtype(msg.dtype)
+        size = msg.hi - msg.lo
+        if (not 0 <= msg.lo < msg.hi or msg.lo % dtype.itemsize or size % dtype.itemsize
+                or msg.shape != [size // dtype.itemsize]):
+            raise InvalidArgumentError(f"stripe {msg.lo}..{msg.hi} {msg.shape} is not whole "
+                                       f"{msg.dtype} elements")
+        return size, list(msg.shape)
+
+    @staticmethod
+    def _extent_of(own: StoredObject, msg: ReduceTask) -> tuple[int, list[int]]:
         """The size and shape of the task's output: the input's, or its stripe's."""
         if own.dtype != msg.dtype:  # compared as text first: a peer's text is parsed only
             # once it is the stored input's, which the store checked
@@ -203,11 +225,23 @@ class ReduceWorker:
         if not 0 <= msg.start <= until <= size:
             raise InvalidArgumentError(f"child bytes {msg.start}..{msg.until} outside 0..{size}")
         buf = task.children.get(msg.child)
+        if msg.child in task.borrowed:  # its output was here; it cannot move and stay here
+            raise InvalidArgumentError(f"child {msg.child} of slot {msg.slot} was read here "
+                                       f"and cannot be pulled from {msg.node} now")
         if buf is None:
             if msg.child in task.cut or len(task.children) + len(task.cut) >= task.expected:
                 raise InvalidArgumentError(f"slot {msg.slot} has all its {task.expected} "
                                            f"children; {msg.child} is not one")
             store = self._store
+            here = None if task.own is not None else store.get(msg.oid)
+            if (here is not None and here.version == msg.version and here.size == size
+                    and here is not task.out and here.error is None):
+                store.pin(here)  # a child computed on this node: read in place, no pull
+                task.children[msg.child] = here
+                task.ranges[msg.child] = (max(task.start, msg.start), until)
+                task.borrowed.add(msg.child)
+                task.check_children()
+                return Ok()
             buf = store.create(derived_id(msg.reduce_id, msg.slot, b"in%d" % msg.child),
                                size, task.out.dtype, task.out.shape, temporary=True)
             first = max(task.start, msg.start)
@@ -239,6 +273,8 @@ class ReduceWorker:
         """Add a lost slot's input, held here, to one of our slots' sums from the first byte
         it has not combined yet (``at`` at the earliest); the reply says which byte."""
         task = self._task(msg.reduce_id, msg.slot, msg.version)
+        if task.own is None:
+            raise InvalidArgumentError(f"slot {msg.slot} adds no input: nothing to fold into")
         extra = self._store.get(msg.input)
         if extra is None or not extra.complete or extra.version != msg.input_version:
             raise ObjectNotFoundError(f"input {msg.input.hex()} is not complete here")
@@ -364,10 +400,13 @@ class ReduceWorker:
             task.combined = end
             # in slot order, so a slot computed again (repair) writes bit-identical sums
             lo = task.lo
-            args = (task.op, task.dtype, task.own.buffer[lo + pos:lo + end],
-                    [c.buffer[pos:end] for c in live]
-                    + [x.buffer[lo + pos:lo + end] for at, x in task.extras if at <= pos],
-                    task.out.buffer[pos:end])
+            parts = ([c.buffer[pos:end] for c in live]
+                     + [x.buffer[lo + pos:lo + end] for at, x in task.extras if at <= pos])
+            if task.own is not None:
+                parts.insert(0, task.own.buffer[lo + pos:lo + end])
+            if not parts:  # a combiner whose children's ranges left a gap
+                raise InvalidArgumentError(f"slot {task.slot} has nothing to add at byte {pos}")
+            args = (task.op, task.dtype, parts[0], parts[1:], task.out.buffer[pos:end])
             if end - pos >= THREAD_BLOCK:
                 await loop.run_in_executor(None, combine, *args)
             else:
@@ -432,10 +471,11 @@ class ReduceWorker:
         for t in [task.runner, *task.pulls.values()]:
             if t is not None:
                 t.cancel()
-        store.unpin(task.own)
+        if task.own is not None:
+            store.unpin(task.own)
         for _, extra in task.extras:
             store.unpin(extra)
-        for obj in [task.out, *task.children.values()]:
+        for key, obj in [(None, task.out), *task.children.items()]:
             store.unpin(obj)
-            if obj.temporary and store.get(obj.oid) is obj:
+            if obj.temporary and store.get(obj.oid) is obj and key not in task.borrowed:
                 store.remove(obj.oid)

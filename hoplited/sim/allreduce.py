@@ -3,12 +3,12 @@
 The driver mirrors ``collectives/allreduce.py``: the caller's node waits for the inputs at
 the shard and feeds them to the plan, which holds them for up to ``ring_wait`` and runs a
 ring where ``ring_pays`` says so (docs/design.md §4, "Ring allreduce"), else the plain reduce
-(:class:`~hoplited.sim.reduce.ReduceRun`) whose result every node gets. With ``pair`` the
-plan may instead hold late inputs for a pair (docs/design.md §4, "A pair for the last two
-inputs"), which hoplited does not run yet: two reduces of halves, each coordinated on its
-combiner's node, and every node gets both halves. A ring member's get
-returns once its own copy is whole, as hoplited's does, so the allreduce ends when the last
-member's last segment lands.
+(:class:`~hoplited.sim.reduce.ReduceRun`) whose result every node gets. With ``pair`` (as
+hoplited's ``--pair``) the plan may instead hold late inputs for a pair (docs/design.md §4,
+"A pair for the last two inputs"): two reduces of halves, each coordinated on its combiner's
+node, and every node gets both halves (hoplited's members fetch them into one composite).
+A ring member's get returns once its own copy is whole, as hoplited's does, so the allreduce
+ends when the last member's last segment lands.
 
 The ring is timed from ``ring.ring_schedule`` segment by segment: a member sends its own
 chunk, then each received segment once the whole of it is here (the input is added in place
@@ -76,7 +76,7 @@ class AllreduceRun:
     def __init__(self, cluster: Cluster, me: str, result: ObjectID, inputs: list[ObjectID],
                  getters: dict[str, float], ring_wait: float,
                  start_get: Callable[[str, ObjectID], None],
-                 on_done: Callable[[str, float], None], pair: bool = False) -> None:
+                 on_done: Callable[[str, float], None], pair: bool = True) -> None:
         self.cluster, self.me, self.result, self.getters = cluster, me, result, getters
         net = cluster.net
         self.plan = s.AllreducePlan(result, inputs, "sum", ring_wait=ring_wait,
@@ -124,26 +124,25 @@ class AllreduceRun:
             run.start(self._ready_entries)
             for node, when in self.getters.items():
                 c.clock.at(when, functools.partial(self._start_get, node, self.result))
-        elif isinstance(ins, s.StartPair):
-            self._run_pair(ins.roots)
+        elif isinstance(ins, s.Assign) and ins.combiner:
+            self._run_half(ins.stripe, ins.node)
+        elif isinstance(ins, s.Assign) and ins.stripe < 0:
+            pass  # a member of a pair: its gets start with each half's reduce
         elif not isinstance(ins, s.Commit):  # members' gets end on their own copies
             raise SimulationError(f"{ins} is not modelled: the stripes or a failure")
 
-    def _run_pair(self, roots: tuple[str, str]) -> None:
-        """Each root coordinates the reduce of its half (the plan's instruction reaches it a
-        hop later), fed the inputs heard ready so far; each node gets both halves."""
+    def _run_half(self, half: int, root: str) -> None:
+        """``root`` coordinates the reduce of ``half`` (the plan's instruction reaches it a
+        hop later), fed the inputs heard ready so far; each node gets that half."""
         c, entry = self.cluster, next(iter(self._ready_entries.values()))
         bounds = stripe_bounds(entry.size, np.dtype(entry.dtype).itemsize, 2)
-        self.runs = [ReduceRun(c, root, s.stripe_id(self.result, h), list(self.plan.listed),
-                               window=bounds[h], combiner=True)
-                     for h, root in enumerate(roots)]
-        known = dict(self._ready_entries)
-        for run in self.runs:
-            c.clock.after(c.net.latency, functools.partial(run.start, known))
+        run = ReduceRun(c, root, s.stripe_id(self.result, half), list(self.plan.listed),
+                        window=bounds[half], combiner=True)
+        self.runs.append(run)
+        c.clock.after(c.net.latency, functools.partial(run.start, dict(self._ready_entries)))
         for node, when in self.getters.items():
-            for run in self.runs:
-                c.clock.at(max(when, c.clock.now + c.net.latency),
-                           functools.partial(self._start_get, node, run.result))
+            c.clock.at(max(when, c.clock.now + c.net.latency),
+                       functools.partial(self._start_get, node, run.result))
 
     def _run_ring(self, members: tuple[str, ...]) -> None:
         """Time the ring from the moment StartRing leaves the caller's node."""

@@ -72,7 +72,8 @@ def object_id(name: str) -> ObjectID:
 def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
              latency: float = DEFAULT_LATENCY, segment: int = SEGMENT,
              fanout: int = DaemonConfig.fanout, concurrency: int | None = None,
-             two_trees: str = "auto", interval: float = 0.0, pair: bool = False) -> SimResult:
+             two_trees: str = "auto", interval: float = 0.0,
+             pair: bool = DaemonConfig.pair) -> SimResult:
     """Run ``op`` on ``nodes`` nodes with objects of ``size`` bytes over links of ``rate_bps``
     bit/s and ``latency`` s per hop; ``concurrency`` bounds a gather's gets (None: none);
     ``two_trees``: when the reduce runs, or a broadcast is taken, as two trees of halves, as
@@ -81,7 +82,7 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
     allreduce's inputs are put that far apart, as ``hoplite bench --arrival-interval`` puts
     them (the collective is called first, each node asks for the result once it has put its
     input, and the latency runs from the last put); ``pair``: an allreduce's plan may hold
-    late inputs for a pair, which hoplited does not run yet (docs/design.md §4)."""
+    late inputs for a pair, as hoplited's ``--pair`` (docs/design.md §4)."""
     if op not in OPS:
         raise SimulationError(f"unknown collective {op!r}; one of {', '.join(OPS)}")
     if nodes < 2 or size < 1 or fanout < 1 or (concurrency is not None and concurrency < 1):

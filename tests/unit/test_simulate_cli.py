@@ -91,5 +91,7 @@ def test_a_pair_is_the_allreduce_s_and_named_in_the_table() -> None:
                                     "--rate", "1Gbit", "--arrival-interval", "0.2", "--pair"])
     assert out.exit_code == 0, out.output
     assert "pair" in out.output.splitlines()[-1].split()
-    refused = CliRunner().invoke(main, ["simulate", "reduce", "--pair"])
-    assert refused.exit_code == 2 and "--pair" in refused.output
+    plain = CliRunner().invoke(main, ["simulate", "allreduce", "--nodes", "8", "--size",
+                                      "32MiB", "--rate", "1Gbit", "--arrival-interval", "0.2",
+                                      "--no-pair"])
+    assert plain.exit_code == 0 and "pair" not in plain.output.splitlines()[-1].split()

@@ -13,8 +13,9 @@ MiB = 1 << 20
 S_OVER_RATE = 32 * MiB * 8 / 1e9
 
 
-def test_without_pair_the_allreduce_stays_what_hoplited_runs() -> None:
-    result = simulate("allreduce", 8, 32 * MiB, 1e9, interval=0.1)
+def test_the_pair_is_hoplited_s_default_and_can_be_turned_off() -> None:
+    assert simulate("allreduce", 8, 32 * MiB, 1e9, interval=0.1).pair
+    result = simulate("allreduce", 8, 32 * MiB, 1e9, interval=0.1, pair=False)
     assert result.error is None and not result.pair
 
 
@@ -23,7 +24,7 @@ def test_a_pair_beats_the_plain_reduce_for_inputs_further_apart_than_the_ring_wa
         nodes: int, interval: float) -> None:
     """Every node gets both halves; the last input's bytes cross once each way, where the
     plain reduce's second-to-last node downloads the object about twice."""
-    plain = simulate("allreduce", nodes, 32 * MiB, 1e9, interval=interval)
+    plain = simulate("allreduce", nodes, 32 * MiB, 1e9, interval=interval, pair=False)
     pair = simulate("allreduce", nodes, 32 * MiB, 1e9, interval=interval, pair=True)
     assert pair.error is None and pair.pair and not pair.ring
     assert pair.seconds is not None and plain.seconds is not None

@@ -185,6 +185,10 @@ def _make_command(op: str) -> click.Command:
                   help="The started daemons' --ring-wait: how long an allreduce waits for "
                        "every input to run them as a ring; 0: never (docs/design.md §4) "
                        "[default: theirs, 0.1].")
+    @click.option("--pair/--no-pair", default=None,
+                  help="The started daemons' --pair: whether an allreduce whose inputs come "
+                       "further apart than the ring's wait may end as a pair of combiners "
+                       "(docs/design.md §4) [default: theirs, on].")
     @click.option("--victim-owns", is_flag=True,
                   help="Pick the ids so that node I's directory shard owns the broadcast "
                        "object, or node I's input: the hardest placement.")
@@ -193,15 +197,17 @@ def _make_command(op: str) -> click.Command:
                 capacity: str, emulate: str | None, tls_cert: str | None, tls_key: str | None,
                 tls_ca: str | None, arrival_interval: float, kill_node: int | None,
                 kill_after: float, sig: str, backup: bool, striped: bool,
-                two_trees: str | None, ring_wait: float | None, victim_owns: bool) -> None:
+                two_trees: str | None, ring_wait: float | None, pair: bool | None,
+                victim_owns: bool) -> None:
         tls = tls_from(tls_cert, tls_key, tls_ca)
         nbytes = parse_size(size or ("1KB" if op == "roundtrip" else "64MiB"))
         if emulate is not None and join is not None:
             raise click.UsageError("--emulate starts its own cluster; it excludes --join")
         rate = parse_rate(emulate) if emulate is not None else None
-        if (two_trees is not None or ring_wait is not None) and join is not None:
-            raise click.UsageError("--two-trees and --ring-wait set the daemons a run starts; "
-                                   "not with --join")
+        if (two_trees is not None or ring_wait is not None or pair is not None) and (
+                join is not None):
+            raise click.UsageError("--two-trees, --ring-wait and --pair set the daemons a run "
+                                   "starts; not with --join")
         if (backup or victim_owns) and kill_node is None:
             raise click.UsageError("--backup and --victim-owns go with --kill-node")
         if kill_node is not None:
@@ -218,7 +224,8 @@ def _make_command(op: str) -> click.Command:
             progress = Progress()
             progress.update(f"starting {nodes} daemons ({where})...")
             daemon_args = (() if two_trees is None else ("--two-trees", two_trees)) + (
-                () if ring_wait is None else ("--ring-wait", str(ring_wait)))
+                () if ring_wait is None else ("--ring-wait", str(ring_wait))) + (
+                () if pair is None else ("--pair" if pair else "--no-pair",))
             async with bench_clients(nodes, join, token_file, capacity, rate, tls,
                                      daemon_args) as (clients, cluster):
                 n = len(clients)

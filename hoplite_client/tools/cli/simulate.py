@@ -77,10 +77,10 @@ def _record(result: sim.SimResult, wall: float) -> dict[str, Any]:
               type=click.FloatRange(min=0, max=60),
               help="reduce, allreduce: put the inputs this many seconds apart, as `hoplite "
                    "bench --arrival-interval` does; the latency then runs from the last put.")
-@click.option("--pair", is_flag=True,
-              help="allreduce: let the plan hold late inputs for a pair of combiners, a "
-                   "schedule hoplited does not run yet (docs/design.md §4, 'A pair for the "
-                   "last two inputs'); a depth of 'pair' in the table says it ran.")
+@click.option("--pair/--no-pair", default=DaemonConfig.pair, show_default=True,
+              help="allreduce: let the plan hold late inputs for a pair of combiners, as "
+                   "hoplited's --pair (docs/design.md §4, 'A pair for the last two inputs'); "
+                   "a depth of 'pair' in the table says it ran.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record per run.")
 def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: float,
              segment: str | None, fanout: int, two_trees: str, interval: float, pair: bool,
@@ -100,8 +100,6 @@ def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: fl
         raise click.UsageError("--arrival-interval must be a number of seconds")
     if interval and op not in ("reduce", "allreduce"):
         raise click.UsageError("--arrival-interval staggers a reduce's or an allreduce's inputs")
-    if pair and op != "allreduce":
-        raise click.UsageError("--pair is a schedule of the allreduce")
     if not as_json:
         click.echo(f"{op} of {nbytes} bytes ({nbytes / 2**20:.3g} MiB), simulated "
                    f"{format_rate(bps)} links, "

@@ -1,0 +1,106 @@
+"""An allreduce that ends as a pair, through real daemons and clients (docs/design.md §4, "A
+pair for the last two inputs"): inputs put further apart than the ring's wait are held until
+two are missing, and the two nodes holding none reduce a half each as combiners. numpy's
+result on every node, whoever puts the last two; a combiner killed before it puts has its
+half reduced again by a survivor."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from helpers import FAST_HEARTBEAT, MiB, eventually, every_node_stats, wait_member_dead
+
+import hoplite_client as hc
+from hoplite_client.tools.local_cluster import LocalCluster
+from hoplite_client.wire.ids import ObjectID
+
+GET_TIMEOUT = 120.0
+APART = 0.5  # between puts: far more than the ring's wait on loopback
+
+
+def data(i: int, shape: tuple[int, ...] = (2 * MiB,), dtype: type = np.float32) -> np.ndarray:
+    count = int(np.prod(shape))
+    return (np.arange(count) % 89 + i).astype(dtype).reshape(shape)
+
+
+async def counts(client: hc.Client, cluster: LocalCluster, index: int) -> tuple[int, int]:
+    """(allreduces that ended as a pair, as a ring) coordinated on node ``index``."""
+    node = cluster.nodes[index].node_id
+    n = (await every_node_stats(client, [node]))[node]
+    return n["allreduces_as_pair"], n["allreduces_as_ring"]
+
+
+async def idle(client: hc.Client, objects: int) -> bool:
+    local = (await client.status())["local"]
+    return local["store"]["objects"] == objects and local["allreduces"] == 0
+
+
+async def test_the_last_two_nodes_reduce_a_half_each(make_cluster, connect) -> None:
+    """Four nodes put one input each, APART s apart, after node 0 called the allreduce:
+    nodes 2 and 3, the two without an input once two are missing, combine the halves, and
+    every node gets numpy's sum (an odd size, and a 2-D int64 max). Deleting the results
+    leaves only the inputs."""
+    cluster = await make_cluster(4)
+    clients = [await connect(s) for s in cluster.sockets]
+    cases = [(np.float32, "sum", (3 * MiB + 5,)), (np.int64, "max", (1000, 1031))]
+    ops = {"sum": np.add, "max": np.maximum}
+    for run, (dtype, op, shape) in enumerate(cases, start=1):
+        arrays = [data(i, shape, dtype) for i in range(4)]
+        ids = [ObjectID.random() for _ in range(4)]
+        result = await clients[0].allreduce(ids, op=op, timeout=GET_TIMEOUT)
+        for c, a, oid in zip(clients, arrays, ids):
+            await c.put(a, object_id=oid)
+            await asyncio.sleep(APART)
+        expected = ops[op].reduce(np.stack(arrays), axis=0)
+        for c in clients:
+            got = await c.get(result, timeout=GET_TIMEOUT)
+            np.testing.assert_array_equal(got, expected)
+            del got
+        assert await counts(clients[0], cluster, 0) == (run, 0)
+        await clients[0].delete(result)
+    for c in clients:
+        await eventually(lambda c=c: idle(c, 2), what="only the inputs left")
+
+
+async def test_a_wrong_guess_costs_no_correctness(make_cluster, connect) -> None:
+    """Nodes 0 and 1 put all four inputs: the pair's combiners, nodes 2 and 3, hold none and
+    pull every leaf from elsewhere; every node gets the sum."""
+    cluster = await make_cluster(4)
+    clients = [await connect(s) for s in cluster.sockets]
+    arrays = [data(i) for i in range(4)]
+    ids = [ObjectID.random() for _ in range(4)]
+    result = await clients[0].allreduce(ids, timeout=GET_TIMEOUT)
+    for i, (a, oid) in enumerate(zip(arrays, ids)):
+        await clients[i % 2].put(a, object_id=oid)
+        await asyncio.sleep(APART)
+    for c in clients:
+        np.testing.assert_array_equal(await c.get(result, timeout=GET_TIMEOUT), sum(arrays))
+    assert await counts(clients[0], cluster, 0) == (1, 0)
+
+
+async def test_a_combiner_killed_before_it_puts_leaves_its_half_to_a_survivor(
+        make_cluster, connect) -> None:
+    """Nodes 0 and 1 put; nodes 2 and 3 combine the halves. Node 3 is SIGKILLed before it
+    puts, and its input is put on node 1 instead: its half is reduced again by a survivor,
+    and every survivor gets the exact sum."""
+    cluster = await make_cluster(4, daemon_args=FAST_HEARTBEAT)
+    clients = [await connect(s) for s in cluster.sockets]
+    arrays = [data(i) for i in range(4)]
+    ids = [ObjectID.random() for _ in range(4)]
+    result = await clients[0].allreduce(ids, timeout=GET_TIMEOUT)
+    for i in (0, 1):
+        await clients[i].put(arrays[i], object_id=ids[i])
+        await asyncio.sleep(APART)
+    async def paired() -> bool:
+        return await counts(clients[0], cluster, 0) == (1, 0)
+    await eventually(paired, what="the pair")
+    victim = cluster.nodes[3].node_id
+    cluster.kill(3)
+    await wait_member_dead(clients[0], victim)
+    await clients[2].put(arrays[2], object_id=ids[2])
+    await clients[1].put(arrays[3], object_id=ids[3])
+    for c in clients[:3]:
+        got = await asyncio.wait_for(c.get(result, timeout=GET_TIMEOUT), GET_TIMEOUT)
+        np.testing.assert_array_equal(got, sum(arrays))
+        del got
