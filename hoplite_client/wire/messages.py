@@ -657,8 +657,9 @@ class ReshapeDone(Reply):
 class StripeTask(Request["Ok"]):
     """Caller's node to a node holding an input: hold ``result`` (``size`` bytes of
     ``dtype``/``shape`` at ``version``, cut in ``stripes`` stripes), fetching every stripe not
-    reduced here; ``stripe`` >= 0: reduce that one (assignment ``gen``) over ``inputs``, as a
-    combiner if ``combiner`` (one half of a pair, docs/design.md §4)."""
+    reduced here; ``stripe`` >= 0: reduce that one (assignment ``gen``) over ``inputs``.
+    ``pair``: the stripes are a pair's two halves (docs/design.md §4): a stripe reduced here
+    is a combiner, and stripes are fetched in the directory's usual order, not ring order."""
 
     rid: int = 0
     result: ObjectID
@@ -672,7 +673,7 @@ class StripeTask(Request["Ok"]):
     stripe: int
     gen: int
     timeout: float | None
-    combiner: bool
+    pair: bool
 
 
 @message(71, shape="oneway", roles=(PEER,))

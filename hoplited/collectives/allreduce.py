@@ -207,7 +207,7 @@ class Allreduces:
             member = Member(self._d, msg, peer, lambda: self._members.pop(msg.result, None))
             self._members[msg.result] = member
         if msg.stripe >= 0:
-            member.reduce(msg.stripe, msg.gen, msg.combiner)
+            member.reduce(msg.stripe, msg.gen, msg.pair)
         return Ok()
 
     def on_report(self, peer: str, msg: StripeReport, payload: memoryview | None) -> None:
@@ -323,10 +323,10 @@ def check_task(msg: StripeTask) -> None:
     if (not 2 <= msg.stripes <= min(n, MAX_IDS_PER_FRAME) or not -1 <= msg.stripe < msg.stripes
             or msg.gen < 0 or len(msg.version) != VERSION_SIZE
             or msg.size // msg.stripes <= INLINE_MAX + ALIGN
-            or msg.combiner and (msg.stripes != 2 or msg.stripe < 0)):
+            or msg.pair and msg.stripes != 2):
         raise InvalidArgumentError(f"a stripe task of {msg.size} bytes in {msg.stripes} "
                                    f"stripes of {n} inputs (stripe {msg.stripe}, generation "
-                                   f"{msg.gen}{', a combiner' if msg.combiner else ''})")
+                                   f"{msg.gen}{', a pair' if msg.pair else ''})")
 
 
 async def drop_entry(directory: DirectoryClient, oid: ObjectID) -> None:
@@ -407,14 +407,19 @@ class Orchestrator:
                 log.warning("allreduce %s: %s", plan.result.short(), exc)
                 d.tasks.spawn(d.directory.fail(plan.result, exc), name="allreduce-fail")
         elif isinstance(ins, s.Assign):
-            if ins.combiner:
-                self._counts.pairs += ins.stripe == 0
+            if ins.pair and ins.stripe >= 0:
+                self._counts.pairs += ins.stripe == 0 and ins.gen == 0
                 log.info("allreduce %s: half %d by a combiner on %s", plan.result.short(),
                          ins.stripe, ins.node)
+            # a pair's combiners are told last, so that every other member enrols for each
+            # half first and the combiners end its chain: a combiner's uplink then carries
+            # its input's other half and its own half once, never the other half again
+            # (docs/design.md §4, "A pair for the last two inputs")
+            after = list(self._assigning) if ins.pair and ins.stripe >= 0 else []
             if ins.gen:
                 log.info("allreduce %s: stripe %d reduced again on %s", plan.result.short(),
                          ins.stripe, ins.node)
-            self._assigning.append(self._spawn(self._assign(ins),
+            self._assigning.append(self._spawn(self._assign(ins, after),
                                                f"allreduce-assign-{ins.stripe}",
                                                functools.partial(self._unassigned, ins)))
         elif isinstance(ins, s.Arm):
@@ -500,14 +505,17 @@ class Orchestrator:
             return s.NodeLost(ins.node)
         return s.StripeFailed(ins.node, ins.stripe, ins.gen, error)
 
-    async def _assign(self, ins: s.Assign) -> None:
+    async def _assign(self, ins: s.Assign, after: list[asyncio.Task[None]]) -> None:
+        """Send ``ins``'s stripe task, once the tasks ``after`` were answered (or failed)."""
+        if after:
+            await asyncio.wait(after)
         first = self.plan.first
         assert first is not None
         await self.d.rpc.call_node(ins.node, StripeTask(
             result=self.plan.result, inputs=self.plan.listed, op=self.plan.op, size=first.size,
             dtype=first.dtype, shape=list(first.shape), version=self._version,
             stripes=self.plan.stripes, stripe=ins.stripe, gen=ins.gen, timeout=self._timeout,
-            combiner=ins.combiner))
+            pair=ins.pair))
 
     def _failed(self, error: HopliteError) -> AllreduceFailed:
         return AllreduceFailed(result=self.plan.result, code=error.code, message=str(error))
@@ -624,11 +632,12 @@ class Member:
             self.stop(error)
 
     async def _fetch(self, stripe: int) -> None:
-        """Fetch ``stripe`` into its view, from wherever its shard says, until it is here."""
+        """Fetch ``stripe`` into its view, from wherever its shard says (its ring predecessor,
+        but for a pair's halves), until it is here."""
         region = self.whole.regions[stripe]
         while not region.filled:
             try:
-                await self.d.fetcher.fetch(self.ids[stripe], None, ring=True)
+                await self.d.fetcher.fetch(self.ids[stripe], None, ring=not self._msg.pair)
             except HopliteError as exc:
                 if region.filled or self._ended:
                     return

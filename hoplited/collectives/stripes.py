@@ -49,7 +49,7 @@ With ``pair`` and the cluster's ``nodes``, inputs that come further apart than t
 wait are held on until exactly two are missing (docs/design.md §4, "A pair for the last two
 inputs"). If then exactly two live nodes that have not fallen silent hold no input yet, the
 guess is that they will put the last two: each reduces one half of the object, stripe 0 or 1
-(``Assign`` with ``combiner``), as a combiner whose root starts at once on its node, over a
+(``Assign`` with ``pair``), as a combiner whose root starts at once on its node, over a
 chain of the inputs ready and a leaf for each of the last two, so that the early inputs'
 partial sum crosses the links before the last inputs exist; every other live node is a
 member that fetches both halves. From then on it is a striped allreduce of two stripes: a
@@ -176,13 +176,14 @@ class Plain:
 
 @dataclass(frozen=True, slots=True)
 class Assign:
-    """Tell ``node`` to hold the result and to reduce ``stripe`` (-1: none) as ``gen``, as a
-    combiner if ``combiner`` (one half of a pair)."""
+    """Tell ``node`` to hold the result and to reduce ``stripe`` (-1: none) as ``gen``;
+    ``pair``: the stripes are a pair's halves (reduced by combiners, fetched in the
+    directory's usual order)."""
 
     node: str
     stripe: int
     gen: int
-    combiner: bool = False
+    pair: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +267,7 @@ class AllreducePlan:
         self.suspected: set[str] = set(suspected)  # fell silent: no ring goes through them
         self.striped = striped  # False: no ring means the plain reduce (then gets)
         self.link = link  # the links' bandwidth (bytes/s) and latency (s), for ring_pays
-        self.pair = pair  # hold late inputs for a pair of combiners (StartPair)
+        self.pair = pair  # may hold late inputs for a pair of combiners
         self.nodes = nodes  # the cluster's nodes, for the pair's guess
         self.paired = False  # the stripes are a pair's two halves
         self.held: list[InputReady] = []  # inputs ready while gathering, in order
@@ -436,13 +437,12 @@ class AllreducePlan:
             return self._release_held()
         self.held = []
         self.stripes, self.phase, self.paired = 2, "striped", True
-        out = self._assign(0, idle[0], 0, combiner=True) + self._assign(1, idle[1], 0,
-                                                                         combiner=True)
-        for node in self.nodes:
+        out: list[Instruction] = []
+        for node in self.nodes:  # the members first: they enrol first for each half
             if node not in gone and node not in idle:
                 self.members.append(node)
-                out.append(Assign(node, -1, 0))
-        return out
+                out.append(Assign(node, -1, 0, pair=True))
+        return out + self._assign(0, idle[0], 0) + self._assign(1, idle[1], 0)
 
     def _release_held(self) -> list[Instruction]:
         """The stripes or the plain reduce, fed the held inputs in order."""
@@ -519,12 +519,12 @@ class AllreducePlan:
         return out
 
     def _assign(self, stripe: int, node: str, gen: int,
-                combiner: bool = False) -> list[Instruction]:
+                ) -> list[Instruction]:
         self.owner[stripe] = (node, gen)
         if node not in self.members:
             self.members.append(node)
         self.done.discard(node)  # a member given a stripe again reports again
-        return [Assign(node, stripe, gen, combiner)]
+        return [Assign(node, stripe, gen, self.paired)]
 
     def _lost(self, node: str) -> list[Instruction]:
         orphans = sorted(s for s, (n, _) in self.owner.items() if n == node)

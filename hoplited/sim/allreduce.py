@@ -124,7 +124,7 @@ class AllreduceRun:
             run.start(self._ready_entries)
             for node, when in self.getters.items():
                 c.clock.at(when, functools.partial(self._start_get, node, self.result))
-        elif isinstance(ins, s.Assign) and ins.combiner:
+        elif isinstance(ins, s.Assign) and ins.pair and ins.stripe >= 0 and not ins.gen:
             self._run_half(ins.stripe, ins.node)
         elif isinstance(ins, s.Assign) and ins.stripe < 0:
             pass  # a member of a pair: its gets start with each half's reduce

@@ -70,7 +70,7 @@ def with_timeout(cls: type[m.WireMessage], timeout: Any) -> Any:
               "exclude": [], "offset": 0, "size": 4, "dtype": "<f4", "shape": [1],
               "version": b"v", "stripes": 1, "stripe": 0, "gen": 0, "striped": True,
               "ring": False, "receivers": 0, "half": -1,
-              "index": -1, "window": None, "combiner": False}
+              "index": -1, "window": None, "pair": False}
     fields = [f for f in cls.__dataclass_fields__ if f not in ("rid", "timeout")]
     return cls(rid=3, timeout=timeout, **{f: values[f] for f in fields})
 
@@ -182,6 +182,6 @@ def test_largest_reduce_and_its_input_list_fit_with_margin() -> None:
     stripe = m.StripeTask(rid=2**64 - 1, result=OID, inputs=inputs, op="x" * 64,
                           size=2**64 - 1, dtype="<c16", shape=[2**62] * 32, version=b"v" * 8,
                           stripes=2**32, stripe=2**32, gen=2**32, timeout=1e300,
-                          combiner=True)
+                          pair=True)
     for msg in (reduce, reply, allreduce, stripe):
         assert len(encode_header(msg)) <= MAX_HEADER - HEADER_MARGIN
