@@ -438,7 +438,7 @@ class AllreducePlan:
         self.held = []
         self.stripes, self.phase, self.paired = 2, "striped", True
         out: list[Instruction] = []
-        for node in self.nodes:  # the members first: they enrol first for each half
+        for node in self.nodes:
             if node not in gone and node not in idle:
                 self.members.append(node)
                 out.append(Assign(node, -1, 0, pair=True))
