@@ -32,11 +32,17 @@ def test_a_pair_beats_the_plain_reduce_for_inputs_further_apart_than_the_ring_wa
 
 
 def test_a_pair_is_at_the_bound_once_the_early_sum_is_there() -> None:
-    """Inputs more than S/RATE apart: the partial sum is at both combiners before either
-    puts; after the last put its half crosses once, then the result's halves (1.0x and the
-    hops)."""
-    result = simulate("allreduce", 8, 32 * MiB, 1e9, interval=0.3, pair=True)
+    """Inputs 0.2 s apart: the partial sum is at both combiners before either puts; after
+    the last put its half crosses once, then the result's halves (1.0x and the hops)."""
+    result = simulate("allreduce", 8, 32 * MiB, 1e9, interval=0.2)
     assert result.pair and result.ratio is not None and 1.0 <= result.ratio < 1.05
+
+
+def test_inputs_further_apart_than_a_transfer_go_the_plain_way() -> None:
+    """0.3 s apart, more than the 0.268 s a 32 MiB input takes to cross a 1 Gbit/s link:
+    the plain reduce, whose last input hangs on the root, is at the bound already."""
+    result = simulate("allreduce", 8, 32 * MiB, 1e9, interval=0.3)
+    assert not result.pair and result.ratio is not None and 1.0 <= result.ratio < 1.05
 
 
 def test_inputs_together_still_take_the_ring() -> None:

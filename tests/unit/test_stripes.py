@@ -362,21 +362,26 @@ def test_each_wait_for_a_ring_is_at_most_what_the_ring_saves(link: tuple[float, 
 
 # --- a pair for the last two inputs (docs/design.md §4) ---
 NODES = ("n0", "n1", "n2", "n3", "n4")
+NEXT = Arm(BIG / SLOW[0])  # while pairing: the wait for the next input, a transfer's time
 PAIR_N2_N4: list[Instruction] = [Assign("n0", -1, 0, True), Assign("n1", -1, 0, True),
                                  Assign("n3", -1, 0, True), Assign("n2", 0, 0, True),
                                  Assign("n4", 1, 0, True)]
 PAIR_CASES = [
     Case("held until two are missing; the two nodes holding none reduce a half each",
-         [(ready(0, "n0"), [ARM]), (GatherOver(), []), (ready(1, "n1"), []),
+         [(ready(0, "n0"), [ARM]), (GatherOver(), [NEXT]), (ready(1, "n1"), [NEXT]),
           (ready(2, "n3"), PAIR_N2_N4), (ready(3, "n2"), []), (GatherOver(), []),
           (ready(4, "n4"), []), (MemberDone("n4"), []),
           *[(MemberDone(f"n{i}"), []) for i in (0, 1, 2)],
           (MemberDone("n3"), [Cleanup((stripe_id(R, 0), stripe_id(R, 1)))])], n=5),
+    Case("inputs further apart than the object takes to cross a link go the plain way",
+         [(ready(0, "n0"), [ARM]), (GatherOver(), [NEXT]), (ready(1, "n1"), [NEXT]),
+          (GatherOver(), [Plain()]), (ready(2, "n3"), [])], n=5),
     Case("two missing already when the wait runs out",
          [(ready(0, "n0"), [ARM]), (GatherOver(), [
-             Assign("n0", -1, 0, True), Assign("n1", 0, 0, True), Assign("n2", 1, 0, True)])], n=3),
+             Assign("n0", -1, 0, True), Assign("n1", 0, 0, True), Assign("n2", 1, 0, True)])],
+         n=3),
     Case("a combiner that dies has its half reduced again by a live member, a combiner too",
-         [(ready(0, "n0"), [ARM]), (GatherOver(), []), (ready(1, "n1"), []),
+         [(ready(0, "n0"), [ARM]), (GatherOver(), [NEXT]), (ready(1, "n1"), [NEXT]),
           (ready(2, "n3"), PAIR_N2_N4), (NodeLost("n2"), [Assign("n0", 0, 1, True)]),
           (ready(3, "n1"), []), (ready(4, "n4"), []),
           *[(MemberDone(f"n{i}"), []) for i in (0, 1, 3)],
@@ -393,26 +398,26 @@ PAIR_CASES = [
          [(ready(0, "n0"), [ARM]), (ready(1, "n1"), [ARM]), (GatherOver(), [Plain()]),
           (ready(2, "n2"), [])], n=4, nodes=NODES),
     Case("an input on two nodes leaves one idle node: plain",
-         [(ready(0, "n0", "n1"), [ARM]), (GatherOver(), []),
+         [(ready(0, "n0", "n1"), [ARM]), (GatherOver(), [NEXT]),
           (ready(1, "n2"), [Plain()])], n=4),
     Case("a node lost meanwhile is no guess",
-         [(ready(0, "n0"), [ARM]), (NodeLost("n4"), []), (GatherOver(), []),
-          (ready(1, "n1"), []), (ready(2, "n2"), [Plain()])], n=5),
+         [(ready(0, "n0"), [ARM]), (NodeLost("n4"), []), (GatherOver(), [NEXT]),
+          (ready(1, "n1"), [NEXT]), (ready(2, "n2"), [Plain()])], n=5),
     Case("a silent node is no guess",
-         [(ready(0, "n0"), [ARM]), (GatherOver(), []), (NodeSuspected("n3"), []),
-          (ready(1, "n1"), []), (ready(2, "n2"), [Plain()])], n=5),
+         [(ready(0, "n0"), [ARM]), (GatherOver(), [NEXT]), (NodeSuspected("n3"), []),
+          (ready(1, "n1"), [NEXT]), (ready(2, "n2"), [Plain()])], n=5),
     Case("every input within the wait: the ring, as without a pair",
          [(ready(0, "n0"), [ARM]), (ready(1, "n1"), [ARM]),
           (ready(2, "n2"), [StartRing((("n0", (I[0],)), ("n1", (I[1],)), ("n2", (I[2],))))])],
          n=3),
     Case("an input that does not match fails the allreduce while held",
-         [(ready(0, "n0"), [ARM]), (GatherOver(), []),
+         [(ready(0, "n0"), [ARM]), (GatherOver(), [NEXT]),
           (ready(1, "n1", dtype="<i4"), [Fail(InvalidArgumentError(
               f"input {I[1].hex()} is <i4[{BIG // 4}] but the first input was "
               f"<f4[{BIG // 4}]", oid=I[1].hex()), ())])], n=5),
     Case("an input whose wait fails fails the allreduce while held",
-         [(ready(0, "n0"), [ARM]), (GatherOver(), []), (InputFailed(I[1], TIMEOUT),
-                                                        [Fail(TIMEOUT, ())])], n=5),
+         [(ready(0, "n0"), [ARM]), (GatherOver(), [NEXT]), (InputFailed(I[1], TIMEOUT),
+                                                          [Fail(TIMEOUT, ())])], n=5),
 ]
 
 
