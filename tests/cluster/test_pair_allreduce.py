@@ -1,6 +1,8 @@
 """An allreduce that ends as a pair, through real daemons and clients (docs/design.md §4, "A
 pair for the last two inputs"): inputs put further apart than the ring's wait are held until
-two are missing, and the two nodes holding none reduce a half each as combiners. numpy's
+two are missing, and the two nodes holding none reduce a half each as combiners. The first
+inputs are put at once, then the last two APART s apart: on loopback an object crosses in
+milliseconds, and inputs further apart than that would go the plain way. numpy's
 result on every node, whoever puts the last two; a combiner killed before it puts has its
 half reduced again by a survivor."""
 
@@ -16,7 +18,7 @@ from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.ids import ObjectID
 
 GET_TIMEOUT = 120.0
-APART = 0.5  # between puts: far more than the ring's wait on loopback
+APART = 0.5  # before each of the last two puts: far more than the ring's wait on loopback
 
 
 def data(i: int, shape: tuple[int, ...] = (2 * MiB,), dtype: type = np.float32) -> np.ndarray:
@@ -37,10 +39,10 @@ async def idle(client: hc.Client, objects: int) -> bool:
 
 
 async def test_the_last_two_nodes_reduce_a_half_each(make_cluster, connect) -> None:
-    """Four nodes put one input each, APART s apart, after node 0 called the allreduce:
-    nodes 2 and 3, the two without an input once two are missing, combine the halves, and
-    every node gets numpy's sum (an odd size, and a 2-D int64 max). Deleting the results
-    leaves only the inputs."""
+    """Four nodes put one input each, the last two APART s apart, after node 0 called the
+    allreduce: nodes 2 and 3, the two without an input once two are missing, combine the
+    halves, and every node gets numpy's sum (an odd size, and a 2-D int64 max). Deleting
+    the results leaves only the inputs."""
     cluster = await make_cluster(4)
     clients = [await connect(s) for s in cluster.sockets]
     cases = [(np.float32, "sum", (3 * MiB + 5,)), (np.int64, "max", (1000, 1031))]
@@ -49,9 +51,10 @@ async def test_the_last_two_nodes_reduce_a_half_each(make_cluster, connect) -> N
         arrays = [data(i, shape, dtype) for i in range(4)]
         ids = [ObjectID.random() for _ in range(4)]
         result = await clients[0].allreduce(ids, op=op, timeout=GET_TIMEOUT)
-        for c, a, oid in zip(clients, arrays, ids):
+        for i, (c, a, oid) in enumerate(zip(clients, arrays, ids)):
+            if i >= 2:
+                await asyncio.sleep(APART)
             await c.put(a, object_id=oid)
-            await asyncio.sleep(APART)
         expected = ops[op].reduce(np.stack(arrays), axis=0)
         for c in clients:
             got = await c.get(result, timeout=GET_TIMEOUT)
@@ -72,8 +75,9 @@ async def test_a_wrong_guess_costs_no_correctness(make_cluster, connect) -> None
     ids = [ObjectID.random() for _ in range(4)]
     result = await clients[0].allreduce(ids, timeout=GET_TIMEOUT)
     for i, (a, oid) in enumerate(zip(arrays, ids)):
+        if i >= 2:
+            await asyncio.sleep(APART)
         await clients[i % 2].put(a, object_id=oid)
-        await asyncio.sleep(APART)
     for c in clients:
         np.testing.assert_array_equal(await c.get(result, timeout=GET_TIMEOUT), sum(arrays))
     assert await counts(clients[0], cluster, 0) == (1, 0)
@@ -91,7 +95,6 @@ async def test_a_combiner_killed_before_it_puts_leaves_its_half_to_a_survivor(
     result = await clients[0].allreduce(ids, timeout=GET_TIMEOUT)
     for i in (0, 1):
         await clients[i].put(arrays[i], object_id=ids[i])
-        await asyncio.sleep(APART)
     async def paired() -> bool:
         return await counts(clients[0], cluster, 0) == (1, 0)
     await eventually(paired, what="the pair")
