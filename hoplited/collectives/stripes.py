@@ -90,6 +90,11 @@ RING_REDO_WAIT = 0.5
 # and a ring that saves 2 ms on fast links is still the ring they should get (a cluster test
 # of four inputs on loopback missed it under load with the saving alone as the wait).
 RING_WAIT_FLOOR = 0.05
+# The longest gap between inputs a pair waits for, in times the object takes to cross a link
+# (docs/design.md §4, "A pair for the last two inputs"). In the simulator the pair and the
+# plain reduce meet at about one transfer; the measured bandwidth errs, and an emulated pair
+# at 1.1 transfers apart (0.3 s, 32 MiB) ran at 1.13-1.24x where the plain reduce took 1.04x.
+PAIR_GAP = 0.8
 
 
 def stripe_id(result: ObjectID, stripe: int) -> ObjectID:
@@ -428,14 +433,15 @@ class AllreducePlan:
         return self._pair_or_wait() if refused is None else refused
 
     def _pair_or_wait(self) -> list[Instruction]:
-        """The pair, the usual way, or a wait for the next input: as long as the object takes
-        to cross a link. Inputs further apart than that go the usual way, whose last input
-        hangs on the root and is added at the link's rate already (1.04x emulated at 0.3 s
-        apart, 32 MiB, against the pair's 1.13x; docs/design.md §4)."""
+        """The pair, the usual way, or a wait for the next input: :data:`PAIR_GAP` of the time
+        the object takes to cross a link. Inputs further apart than that go the usual way,
+        whose last input hangs on the root and is added at the link's rate already (1.04x
+        emulated at 0.3 s apart, 32 MiB, against the pair's 1.13x; docs/design.md §4)."""
         out = self._pair_or_not()
         if self.phase == "pairing":
             assert self.first is not None
-            out.append(Arm(max(RING_WAIT_FLOOR, self.first.size / max(self.link[0], 1.0))))
+            transfer = self.first.size / max(self.link[0], 1.0)
+            out.append(Arm(max(RING_WAIT_FLOOR, PAIR_GAP * transfer)))
         return out
 
     def _pair_or_not(self) -> list[Instruction]:

@@ -18,6 +18,7 @@ from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.layout import ALIGN, stripe_bounds
 from hoplited.collectives.ring import ring_saving
 from hoplited.collectives.stripes import (
+    PAIR_GAP,
     RING_WAIT_FLOOR,
     AllreducePlan,
     Arm,
@@ -362,7 +363,7 @@ def test_each_wait_for_a_ring_is_at_most_what_the_ring_saves(link: tuple[float, 
 
 # --- a pair for the last two inputs (docs/design.md §4) ---
 NODES = ("n0", "n1", "n2", "n3", "n4")
-NEXT = Arm(BIG / SLOW[0])  # while pairing: the wait for the next input, a transfer's time
+NEXT = Arm(PAIR_GAP * (BIG / SLOW[0]))  # while pairing: the wait for the next input
 PAIR_N2_N4: list[Instruction] = [Assign("n0", -1, 0, True), Assign("n1", -1, 0, True),
                                  Assign("n3", -1, 0, True), Assign("n2", 0, 0, True),
                                  Assign("n4", 1, 0, True)]
