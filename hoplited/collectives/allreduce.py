@@ -93,7 +93,7 @@ class AllreduceDeps:
     ring: RingDeps
     ring_wait: float
     link: Callable[[], tuple[float, float]]  # measured bandwidth (bytes/s), latency (s)
-    pair: bool = True
+    pair: bool
 
 
 @dataclass
@@ -410,7 +410,8 @@ class Orchestrator:
                 d.tasks.spawn(d.directory.fail(plan.result, exc), name="allreduce-fail")
         elif isinstance(ins, s.Assign):
             if ins.pair and ins.stripe >= 0:
-                self._counts.pairs += ins.stripe == 0 and ins.gen == 0
+                if ins.stripe == 0 and not ins.gen:
+                    self._counts.pairs += 1
                 log.info("allreduce %s: half %d by a combiner on %s", plan.result.short(),
                          ins.stripe, ins.node)
             if ins.gen:

@@ -537,8 +537,7 @@ class AllreducePlan:
         self.orphans.clear()
         return out
 
-    def _assign(self, stripe: int, node: str, gen: int,
-                ) -> list[Instruction]:
+    def _assign(self, stripe: int, node: str, gen: int) -> list[Instruction]:
         self.owner[stripe] = (node, gen)
         if node not in self.members:
             self.members.append(node)

@@ -140,8 +140,9 @@ class ReduceWorker:
                 payload: memoryview | None) -> TaskStarted:
         """Create the slot's output and start computing it; the reply carries its version."""
         store = self._store
-        own = None if msg.input == msg.output else store.get(msg.input)
-        if own is None and msg.input != msg.output or own is not None and not own.complete:
+        combiner = msg.input == msg.output
+        own = None if combiner else store.get(msg.input)
+        if not combiner and (own is None or not own.complete):
             raise ObjectNotFoundError(f"input {msg.input.hex()} is not complete here")
         size, shape = self._extent(msg) if own is None else self._extent_of(own, msg)
         if not 0 <= msg.start <= size or msg.children < (own is None):
@@ -179,8 +180,8 @@ class ReduceWorker:
 
     @staticmethod
     def _extent(msg: ReduceTask) -> tuple[int, list[int]]:
-        """The size and shape of a combiner's output: a stripe computed in place, whose
-        bounds its inputs are checked against as each child's pull arrives."""
+        """The size and shape of a combiner's output: a stripe of the result, computed in
+        place (its children's outputs are that size, each checked where it is computed)."""
         if msg.output != msg.reduce_id or not msg.hi:
             raise InvalidArgumentError("a slot with no input of its own computes a stripe of "
                                        "the result in place")
