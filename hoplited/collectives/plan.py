@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -454,6 +454,30 @@ def redo_path(shape: TreeShape, slot: int) -> list[int]:
     return path
 
 
+# A repair's walk over the tree, as a generator: it yields the walks it needs (a child's
+# repair, an ancestor's restart) and is sent their instructions back.
+Steps = Generator["Steps", list[Instruction], list[Instruction]]
+
+
+def drive(steps: Steps) -> list[Instruction]:
+    """Run ``steps`` and every walk it yields, on a stack of our own rather than Python's: a
+    repair goes as deep as a run of lost slots, thousands in a long chain (docs/design.md §5)."""
+    stack = [steps]
+    result: list[Instruction] | None = None
+    while stack:
+        top = stack[-1]
+        try:
+            walk = next(top) if result is None else top.send(result)
+        except StopIteration as stop:
+            stack.pop()
+            result = stop.value
+            continue
+        stack.append(walk)
+        result = None
+    assert result is not None
+    return result
+
+
 class ReducePlan:
     """One reduce into ``result`` coordinated on node ``me``; ``depth(k, size)`` is the tree
     depth for ``k`` inputs of ``size`` bytes (the driver's link model); ``patience``: seconds
@@ -740,6 +764,11 @@ class ReducePlan:
 
     def _put(self, slot: int, node: str, oid: ObjectID, version: bytes, gen: int,
              start: int) -> list[Instruction]:
+        """``_put_steps``, run to its end."""
+        return drive(self._put_steps(slot, node, oid, version, gen, start))
+
+    def _put_steps(self, slot: int, node: str, oid: ObjectID, version: bytes, gen: int,
+                   start: int) -> Steps:
         """Place ``slot`` on ``node`` with input ``oid``: a leaf's output is its input, any
         other slot starts a task (the root on this node computes the result in place). A
         child that computes only from a later byte than ``start`` (redone after an earlier
@@ -771,7 +800,7 @@ class ReducePlan:
             if self.slots.get(child) is None and child in self.redo:  # placed from here later
                 self.redo[child].start = min(self.redo[child].start, start)
         for child in late:
-            out += self._restart(child)
+            out += yield self._restart_steps(child)
         return out
 
     def _links(self, slot: int) -> list[Instruction]:
@@ -922,6 +951,10 @@ class ReducePlan:
         return out
 
     def _repair(self, slot: int, start: int) -> list[Instruction]:
+        """``_repair_steps``, run to its end."""
+        return drive(self._repair_steps(slot, start))
+
+    def _repair_steps(self, slot: int, start: int) -> Steps:
         """Place ``slot`` again, computing from byte ``start``: a ready backup takes it at once,
         otherwise its input is waited for anew (and the backups, if any); its dead children are
         redone from the same byte. A slot a fold relies on starts everything again."""
@@ -935,7 +968,7 @@ class ReducePlan:
         redo = Redo(placed.input, placed.node, placed.gen + 1, start)
         spare = self._spare()
         if spare is not None:
-            return self._swap(slot, redo, spare)
+            return (yield self._swap_steps(slot, redo, spare))
         out = self._want(slot, redo)
         for oid in self._backups:
             out.append(WaitInput(oid, tuple(sorted(self.dead))))
@@ -944,7 +977,7 @@ class ReducePlan:
         for child in shape.children[slot]:
             c = self.slots.get(child)
             if c is not None and c.node in self.dead:
-                out += self._repair(child, start)
+                out += yield self._repair_steps(child, start)
             elif child in self.redo:
                 self.redo[child].start = min(self.redo[child].start, start)
         return out
@@ -994,6 +1027,10 @@ class ReducePlan:
         return out + self._swap(slot, redo, ev)
 
     def _swap(self, slot: int, redo: Redo, ev: InputReady) -> list[Instruction]:
+        """``_swap_steps``, run to its end."""
+        return drive(self._swap_steps(slot, redo, ev))
+
+    def _swap_steps(self, slot: int, redo: Redo, ev: InputReady) -> Steps:
         """Backup ``ev`` takes ``slot`` (lost ``redo.input``) from byte 0: if the consumer had
         bytes of the lost value, every partial sum up to the result starts again from 0."""
         shape = self.shape
@@ -1003,13 +1040,13 @@ class ReducePlan:
         if redo.start > 0:
             out.append(RestartResult())
             for ancestor in redo_path(shape, slot)[1:]:
-                out += self._restart(ancestor)
+                out += yield self._restart_steps(ancestor)
         alive = self._usable(ev)
         node = self.me if self.me in alive else alive[0]
-        out += self._put(slot, node, ev.oid, ev.version, redo.gen, 0)
-        return out + self._from_zero_below(slot)
+        out += yield self._put_steps(slot, node, ev.oid, ev.version, redo.gen, 0)
+        return out + (yield self._from_zero_below_steps(slot))
 
-    def _restart(self, slot: int) -> list[Instruction]:
+    def _restart_steps(self, slot: int) -> Steps:
         """Start ``slot``'s task again from byte 0 on its node (a new output), unless it is
         lost itself (then its repair starts from 0)."""
         placed = self.slots.get(slot)
@@ -1017,15 +1054,15 @@ class ReducePlan:
             if slot not in self.redo:
                 return []
             self.redo[slot].start = 0  # waiting for its input: placed later, from 0
-            return self._from_zero_below(slot)
+            return (yield self._from_zero_below_steps(slot))
         if placed.node in self.dead:
-            return self._repair(slot, 0)
+            return (yield self._repair_steps(slot, 0))
         self._reconnects.pop(slot, None)
         self._broken.pop(slot, None)
-        out = self._put(slot, placed.node, placed.input, b"", placed.gen + 1, 0)
-        return out + self._from_zero_below(slot)
+        out = yield self._put_steps(slot, placed.node, placed.input, b"", placed.gen + 1, 0)
+        return out + (yield self._from_zero_below_steps(slot))
 
-    def _from_zero_below(self, slot: int) -> list[Instruction]:
+    def _from_zero_below_steps(self, slot: int) -> Steps:
         """``slot``'s new task reads its children from byte 0: lost ones are redone from 0,
         tasks that compute only from a later byte start again, and none is connected yet."""
         shape = self.shape
@@ -1036,15 +1073,15 @@ class ReducePlan:
             if c is None:
                 if child in self.redo:
                     self.redo[child].start = 0
-                    out += self._from_zero_below(child)
+                    out += yield self._from_zero_below_steps(child)
                 continue
             c.connected = False
             self._broken.pop(child, None)
             self._reconnects.pop(child, None)
             if c.node in self.dead:
-                out += self._repair(child, 0)
+                out += yield self._repair_steps(child, 0)
             elif c.task and c.start > 0:
-                out += self._restart(child)
+                out += yield self._restart_steps(child)
         return out
 
     def _replace(self, ev: InputReady) -> list[Instruction]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import sys
 from dataclasses import dataclass, replace
 
 import pytest
@@ -1135,3 +1136,31 @@ def test_a_combiner_reduces_a_window_of_every_input(kwargs: dict[str, object]) -
         ReducePlan(R, args["inputs"], args["k"], "sum", ME,  # type: ignore[arg-type]
                    depth=lambda n, size: 0, window=args["window"],  # type: ignore[arg-type]
                    half=args.get("half"), combiner=True)  # type: ignore[arg-type]
+
+
+def test_a_chain_deeper_than_pythons_recursion_is_repaired() -> None:
+    """A chain of three times the recursion limit, every slot on one node: the root's pull
+    breaks with the node dead, and its repair walks the whole chain (on the plan's own stack,
+    not Python's); every input is waited for again, and once put again on another node every
+    slot is placed there."""
+    k = 3 * sys.getrecursionlimit()
+    ids = [ObjectID(i.to_bytes(4, "big") * 5) for i in range(k)]
+    plan = ReducePlan(R, ids, k, "sum", ME, depth=lambda n, size: 0)
+    first: list[Instruction] = []
+    for i, oid in enumerate(ids):
+        first += plan.handle(InputReady(oid, ("n1",), ("n1",), BIG, DT, SHAPE, b"v%d" % i))
+    for ins in first:
+        if isinstance(ins, StartTask):
+            plan.handle(TaskStarted(ins.slot, ins.gen, b"t%d" % ins.slot))
+    assert plan.shape is not None
+    root = plan.slots[plan.shape.root]
+    assert root.version is not None
+    redo = plan.handle(ChildLost(None, plan.shape.root, root.version, 0, True, BROKEN))
+    assert plan.error is None
+    assert len(redo) == k and set(redo) == {WaitInput(oid, ("n1",)) for oid in ids}
+    again: list[Instruction] = []
+    for i, oid in enumerate(ids):
+        again += plan.handle(InputReady(oid, ("n2",), ("n2",), BIG, DT, SHAPE, b"w%d" % i))
+    assert plan.error is None
+    assert {ins.slot for ins in again if isinstance(ins, StartTask) and ins.node == "n2"} == (
+        set(range(k)) - {0})  # slot 0, the chain's first, is a leaf: no task
