@@ -6,7 +6,10 @@ optimum (docs/design.md §7). Writes JSON, the results section of docs/benchmark
 Usage (from the repository root, as root):
     python -m bench.compare --nodes 4 8 --rate 1Gbit --repeat 5 [--warmup 1] \
         [--plot docs/compare.png]
-Every system gets the same number of warm-up runs per case (``--warmup``).
+Every system gets the same number of warm-up runs per case (``--warmup``). A case
+``OP:SIZE@D`` puts its inputs D seconds apart, node (rank) i's at i·D, and times it from the
+last one, for hoplite (``hoplite bench --arrival-interval``) and the baselines that stagger
+their ranks (gloo and OpenMPI: ``STAGGERED`` in bench/baselines/common.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 import uvloop
 
 import hoplite_client
+from bench.baselines.common import MAX_INTERVAL
 from hoplite_client.tools.scenarios import BenchContext, Progress, optimum, run_scenario
 from hoplite_client.tools.testbed import emulated_cluster, format_rate, parse_rate
 from hoplite_client.wire.units import parse_size
@@ -52,6 +56,12 @@ class Row:
     optimum: float
     rate: int
     note: str = ""
+    interval: float = 0.0  # inputs put this far apart, timed from the last one
+
+    @property
+    def case(self) -> str:
+        """The op, and how far apart its inputs came if they did."""
+        return f"{self.op}, inputs {self.interval:g} s apart" if self.interval else self.op
 
     @property
     def median(self) -> float | None:
@@ -60,44 +70,50 @@ class Row:
 
 
 async def run_baseline(name: str, testbed: Any, op: str, size: int, repeat: int,
-                       warmup: int = 1) -> list[float]:
+                       warmup: int = 1, interval: float = 0.0) -> list[float]:
     """Latencies of baseline ``name`` (a module of bench.baselines) for ``op``, after ``warmup``
-    runs; LookupError if it does not implement ``op``."""
+    runs, its ranks ``interval`` apart; LookupError if it does not implement that."""
     if name == "star":
-        if op != "broadcast":
-            raise LookupError("broadcast only")
+        if op != "broadcast" or interval:
+            raise LookupError("broadcast only, every input at once")
         module = importlib.import_module("bench.baselines.star")
         latencies: list[float] = await module.run_star(testbed, size, repeat, warmup)
     else:
         module = importlib.import_module(f"bench.baselines.{name}")
-        latencies = await module.run(testbed, op, size, repeat, warmup)
+        if not interval:
+            latencies = await module.run(testbed, op, size, repeat, warmup)
+        elif getattr(module, "STAGGERED", False):
+            latencies = await module.run(testbed, op, size, repeat, warmup, interval=interval)
+        else:
+            raise LookupError("no staggered inputs")
     return latencies
 
 
-async def measure(nodes: int, rate: int, repeat: int, cases: list[tuple[str, int]],
+async def measure(nodes: int, rate: int, repeat: int, cases: list[tuple[str, int, float]],
                   baselines: list[str], warmup: int = 1) -> list[Row]:
     """Every case on hoplite, then on each baseline, in one emulated cluster of ``nodes``;
     each system runs ``warmup`` unmeasured times per case first."""
     rows: list[Row] = []
-    capacity = str(max(s for _, s in cases) * 4 + (256 << 20))
+    capacity = str(max(s for _, s, _ in cases) * 4 + (256 << 20))
     async with emulated_cluster(nodes, rate, capacity=capacity, check=True,
                                 log_level="warning") as cluster:
         clients = [await hoplite_client.connect(s) for s in cluster.sockets]
-        for op, size in cases:
-            ctx = BenchContext(clients, size, 0.0, Progress())
+        for op, size, interval in cases:
+            ctx = BenchContext(clients, size, interval, Progress())
             print(f"hoplite {op} {size >> 20} MiB on {nodes} nodes", flush=True)
             runs = await run_scenario(op, ctx, warmup, repeat)
             rows.append(Row("hoplite", op, size, nodes, runs, optimum(op, size, nodes, rate),
-                            rate))
+                            rate, interval=interval))
         for client in clients:
             await client.close()
         for name in baselines:
-            for op, size in cases:
+            for op, size, interval in cases:
                 print(f"{NAMES[name]} {op} {size >> 20} MiB on {nodes} nodes", flush=True)
-                row = Row(NAMES[name], op, size, nodes, [], optimum(op, size, nodes, rate), rate)
+                row = Row(NAMES[name], op, size, nodes, [], optimum(op, size, nodes, rate), rate,
+                          interval=interval)
                 try:
                     row.runs = await run_baseline(name, cluster.testbed, op, size, repeat,
-                                                  warmup)
+                                                  warmup, interval)
                 except LookupError:
                     continue
                 except Exception as exc:  # a baseline's failure is a result, not a crash
@@ -105,6 +121,17 @@ async def measure(nodes: int, rate: int, repeat: int, cases: list[tuple[str, int
                     traceback.print_exc()
                 rows.append(row)
     return rows
+
+
+def parse_case(text: str) -> tuple[str, int, float]:
+    """``OP:SIZE`` or ``OP:SIZE@D`` as (op, bytes, seconds between inputs)."""
+    op, _, rest = text.partition(":")
+    size, _, apart = rest.partition("@")
+    interval = float(apart) if apart else 0.0
+    if not 0 <= interval <= MAX_INTERVAL or interval and op not in ("reduce", "allreduce"):
+        raise ValueError(f"case {text!r}: the inputs of a reduce or an allreduce may come "
+                         f"0..{MAX_INTERVAL} s apart")
+    return op, parse_size(size), interval
 
 
 def table(rows: list[Row]) -> str:
@@ -118,7 +145,7 @@ def table(rows: list[Row]) -> str:
         if r.system == "hoplite" and r.median is not None:
             ratio = f"**{ratio}**"
         note = f" ({r.note})" if r.note else ""
-        lines.append(f"| {r.op} | {r.size >> 20} MiB | {r.nodes} | {r.system}{note} | {med} "
+        lines.append(f"| {r.case} | {r.size >> 20} MiB | {r.nodes} | {r.system}{note} | {med} "
                      f"| {ratio} | {per_s} |")
     return "\n".join(lines)
 
@@ -129,14 +156,14 @@ def plot(rows: list[Row], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = sorted({(r.op, r.size) for r in rows}, key=lambda c: (c[0], c[1]))
+    cases = sorted({(r.case, r.size) for r in rows})
     systems = list(dict.fromkeys(r.system for r in rows))
     colours = {name: plt.get_cmap("tab10")(i) for i, name in enumerate(systems)}
     fig, axes = plt.subplots(1, len(cases), figsize=(4 * len(cases), 3.8), squeeze=False)
     for ax, (op, size) in zip(axes[0], cases):
         for system in systems:
             pts = sorted((r.nodes, r.median / r.optimum) for r in rows
-                         if r.system == system and (r.op, r.size) == (op, size) and r.median)
+                         if r.system == system and (r.case, r.size) == (op, size) and r.median)
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=system, color=colours[system],
                         linewidth=2.5 if system == "hoplite" else 1)
@@ -196,8 +223,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1,
                         help="unmeasured runs per case, the same for every system")
-    parser.add_argument("--case", action="append", metavar="OP:SIZE",
-                        help="e.g. broadcast:32MiB (repeatable; default: the standard set)")
+    parser.add_argument("--case", action="append", metavar="OP:SIZE[@D]",
+                        help="e.g. broadcast:32MiB, or allreduce:32MiB@0.1 for inputs 0.1 s "
+                             "apart (repeatable; default: the standard set)")
     parser.add_argument("--baselines", nargs="*", default=BASELINES, choices=BASELINES)
     parser.add_argument("--json", default="bench-results/compare.json")
     parser.add_argument("--docs", default="docs/benchmarks.md")
@@ -213,8 +241,7 @@ def main() -> None:
     else:
         rate, warmup = parse_rate(args.rate), args.warmup
         command = " ".join(["python -m bench.compare", *sys.argv[1:]])
-        cases = [(op, parse_size(sz)) for op, sz in
-                 (c.split(":") for c in (args.case or [f"{o}:{s}" for o, s in CASES]))]
+        cases = [parse_case(c) for c in (args.case or [f"{o}:{s}" for o, s in CASES])]
         rows = []
         for n in args.nodes:
             rows += uvloop.run(measure(n, rate, args.repeat, cases, args.baselines,

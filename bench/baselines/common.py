@@ -9,6 +9,11 @@ Interface of a baseline module ``bench/baselines/<name>.py``::
 the latency in seconds of each measured run and raises :class:`BaselineUnavailable` when the
 system it needs is not installed. Its command line runs from the repository root as
 ``python -m bench.baselines.<name>``, and so does every process it starts (see below).
+
+A baseline that can also stagger its inputs sets ``STAGGERED = True`` and takes ``interval``:
+rank ``i`` calls the collective ``i · interval`` after the barrier (:func:`wait_turn`), as
+``hoplite bench --arrival-interval`` puts the inputs, and a run's latency then runs from the
+last rank's call to the last rank's end (:func:`from_last_call`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -51,6 +57,7 @@ def module_command(module: str) -> list[str]:
 
 
 OPS = ("broadcast", "reduce", "allreduce", "gather")
+MAX_INTERVAL = 10.0  # seconds between two ranks' calls of a staggered run, at most
 
 
 class BaselineUnavailable(Exception):
@@ -83,6 +90,20 @@ def sum_matches(result: NDArray[Any], expected: NDArray[np.float64], nodes: int)
         np.all(np.abs(result.astype(np.float64) - expected) <= tolerance))
 
 
+def wait_turn(rank: int, interval: float) -> None:
+    """Rank ``rank`` of a staggered run waits ``rank · interval`` before calling the
+    collective, so the inputs arrive one by one in rank order."""
+    if interval > 0:
+        time.sleep(rank * interval)
+
+
+def from_last_call(starts: NDArray[np.float64], ends: NDArray[np.float64]) -> list[float]:
+    """A staggered run's latency: from the last rank's call to the last rank's end, given
+    each run's latest call and latest end over the ranks. ``time.perf_counter`` is one clock
+    for every rank: they all run on this machine (CLOCK_MONOTONIC, whatever the namespace)."""
+    return [float(end - start) for start, end in zip(starts, ends, strict=True)]
+
+
 # ------------------------------------------------------------------------------------------
 # command line of a baseline module (its __main__)
 
@@ -102,8 +123,9 @@ async def measure(system: str, run_fn: Callable[..., Awaitable[list[float]]],
         if args.check:
             for m in await tb.check_links():
                 print(f"link h{m.src} → h{m.dst}: {m.bps / 1e6:.0f} Mbit/s")
+        stagger = {"interval": args.arrival_interval} if args.arrival_interval else {}
         for op in args.op.split(","):
-            latencies = await run_fn(tb, op, size, args.repeat, args.warmup)
+            latencies = await run_fn(tb, op, size, args.repeat, args.warmup, **stagger)
             median = statistics.median(latencies)
             best = optimum(op, size, args.nodes, rate)
             print(f"{system} {op} of {size / 2**20:.1f} MiB, {args.nodes} nodes, {args.rate} "
@@ -131,5 +153,8 @@ def cli_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--check", action="store_true", help="measure the links first")
+    parser.add_argument("--arrival-interval", type=float, default=0.0,
+                        help="rank i calls the collective i times this many seconds after "
+                             "the others (baselines with STAGGERED only)")
     parser.add_argument("--json", default=None, help="write the results here")
     return parser

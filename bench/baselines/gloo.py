@@ -7,6 +7,8 @@ the host's veth (``GLOO_SOCKET_IFNAME``). Rank 0 creates the rendezvous ``TCPSto
 A run (docs/design.md §7): every rank resets its inputs, passes ``dist.barrier()``, then times the
 collective from its own barrier exit to its own completion; the run's latency is the maximum
 of these over the ranks, collected after all runs with an all_reduce(MAX) that is not timed.
+A staggered run (``interval``) has rank i call it i · interval after the barrier, and times
+it from the last rank's call to the last rank's end (bench/baselines/common.py).
 Every run's result is checked (broadcast and gather exactly, sums within float32 rounding).
 
 Collectives: ``dist.broadcast``, ``dist.reduce`` (SUM to rank 0), ``dist.all_reduce`` (SUM)
@@ -32,19 +34,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.baselines.common import (
+    MAX_INTERVAL,
     OPS,
     REPO_ROOT,
     BaselineUnavailable,
     cli_parser,
     expected_sum,
     float32_data,
+    from_last_call,
     measure,
     module_command,
     sum_matches,
+    wait_turn,
 )
 from bench.baselines.failure import Failure, FailureLog, RankOutcome, watch
 from bench.baselines.procs import tail
 
+STAGGERED = True
 INSTALL_HINT = ("torch.distributed (gloo) baseline needs torch: "
                 "pip install torch==2.13.0 (the CPU wheel)")
 START_TIMEOUT = 120.0  # 8 processes importing torch on a loaded 2-core machine
@@ -59,9 +65,11 @@ RESULT_TAG = "GLOO-RESULT "
 
 
 def worker(rank: int, world: int, master: str, port: int, op: str, size: int,
-           runs: int, op_timeout: float, outcome_dir: str | None = None) -> int:
+           runs: int, op_timeout: float, outcome_dir: str | None = None,
+           interval: float = 0.0) -> int:
     """Run ``runs`` timed ``op``s as ``rank``; rank 0 prints the result line. Exit code.
-    ``outcome_dir``: the last run is a failure run (bench/baselines/failure.py)."""
+    ``outcome_dir``: the last run is a failure run (bench/baselines/failure.py);
+    ``interval``: a staggered run (rank i calls the collective i · interval late)."""
     from datetime import timedelta
 
     import numpy as np
@@ -113,7 +121,7 @@ def worker(rank: int, world: int, master: str, port: int, op: str, size: int,
         else:
             dist.gather(buf, gather_list=gathered, dst=0)
 
-    durations, ok = [], True
+    starts, ends, ok = [], [], True
     for run_index in range(runs):
         # inputs for this run (the collectives work in place)
         if op == "broadcast" and rank:
@@ -126,21 +134,30 @@ def worker(rank: int, world: int, master: str, port: int, op: str, size: int,
         dist.barrier()
         if log is not None and run_index == runs - 1:
             log.failure_run(collective, check)
-        t0 = time.perf_counter()
+        wait_turn(rank, interval)
+        starts.append(time.perf_counter())
         collective()
-        durations.append(time.perf_counter() - t0)
+        ends.append(time.perf_counter())
         good = check() is not False
         if not good:
             print(f"gloo rank {rank}: wrong {op} result", file=sys.stderr, flush=True)
         ok = ok and good
 
-    # not timed: the slowest rank per run, and whether every rank got the right result
-    worst = torch.tensor(durations, dtype=torch.float64)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    # not timed: the slowest rank per run (from the last call, if staggered), and whether
+    # every rank got the right result
+    if interval > 0:
+        last = torch.tensor([starts, ends], dtype=torch.float64)
+        dist.all_reduce(last, op=dist.ReduceOp.MAX)
+        latencies = from_last_call(last[0].numpy(), last[1].numpy())
+    else:
+        worst = torch.tensor([e - s for s, e in zip(starts, ends, strict=True)],
+                             dtype=torch.float64)
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        latencies = worst.tolist()
     all_ok = torch.tensor([1 if ok else 0], dtype=torch.int32)
     dist.all_reduce(all_ok, op=dist.ReduceOp.MIN)
     if rank == 0:
-        print(RESULT_TAG + json.dumps({"latencies": worst.tolist(),
+        print(RESULT_TAG + json.dumps({"latencies": latencies,
                                        "ok": bool(all_ok.item())}), flush=True)
     dist.destroy_process_group()
     return 0 if ok else 3
@@ -176,7 +193,7 @@ class _Job:
     then the others; :meth:`stop` ends them all."""
 
     def __init__(self, testbed: Any, op: str, size: int, runs: int, tmp: str,
-                 outcome_dir: str | None = None) -> None:
+                 outcome_dir: str | None = None, interval: float = 0.0) -> None:
         if op not in OPS:
             raise ValueError(f"op must be one of {OPS}, not {op!r}")
         if testbed.size < 2 or size < 4 or runs < 1:
@@ -186,6 +203,8 @@ class _Job:
         self.world = testbed.size
         self.op_timeout = RUN_SLACK + self.world * size / MIN_RATE_FOR_TIMEOUT
         self.outcome_dir = outcome_dir
+        self.interval = interval
+        self.op_timeout += self.world * interval  # the last rank calls this much later
         self.logs = [os.path.join(tmp, f"rank{r}.log") for r in range(self.world)]
         self.processes: list[asyncio.subprocess.Process] = []
 
@@ -197,6 +216,8 @@ class _Job:
                 "--op-timeout", str(self.op_timeout)]
         if self.outcome_dir is not None:
             argv += ["--outcome-dir", self.outcome_dir]
+        if self.interval > 0:
+            argv += ["--interval", repr(self.interval)]
         return argv
 
     async def _start(self, rank: int, port: int) -> asyncio.subprocess.Process:
@@ -236,17 +257,19 @@ class _Job:
         await asyncio.gather(*(_stop(p) for p in self.processes))
 
 
-async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) -> list[float]:
+async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1,
+              interval: float = 0.0) -> list[float]:
     """Latency in seconds of each of ``repeat`` gloo ``op``s of ``size`` bytes of float32
-    (after ``warmup`` ones) over the hosts of ``testbed``, rank i in host i, root rank 0.
+    (after ``warmup`` ones) over the hosts of ``testbed``, rank i in host i, root rank 0;
+    ``interval``: rank i calls each one i · interval late, timed from the last call.
 
     Raises :class:`BaselineUnavailable` without torch, ``RuntimeError`` if a rank fails or a
     result is wrong.
     """
-    if repeat < 1 or warmup < 0:
-        raise ValueError("need repeat >= 1 and warmup >= 0")
+    if repeat < 1 or warmup < 0 or not 0 <= interval <= MAX_INTERVAL:
+        raise ValueError(f"need repeat >= 1, warmup >= 0 and an interval in 0..{MAX_INTERVAL}")
     with tempfile.TemporaryDirectory(prefix="hoplite-gloo-") as tmp:
-        job = _Job(testbed, op, size, warmup + repeat, tmp)
+        job = _Job(testbed, op, size, warmup + repeat, tmp, interval=interval)
         total_timeout = START_TIMEOUT + job.runs * job.op_timeout
         try:
             root = await job.start()
@@ -303,9 +326,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--op", choices=OPS, required=True)
         p.add_argument("--op-timeout", type=float, required=True)
         p.add_argument("--outcome-dir", default=None)
+        p.add_argument("--interval", type=float, default=0.0)
         a = p.parse_args(argv[1:])
         return worker(a.rank, a.world, a.master, a.port, a.op, a.size, a.runs, a.op_timeout,
-                      a.outcome_dir)
+                      a.outcome_dir, a.interval)
     args = cli_parser(__doc__.splitlines()[0]).parse_args(argv)
     try:
         asyncio.run(measure("gloo", run, args))

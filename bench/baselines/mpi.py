@@ -14,7 +14,9 @@ stderr reaches mpirun's log.
 
 A run (docs/design.md §7): every rank resets its buffers, passes ``Barrier()``, then times the
 collective from its own barrier exit to its own completion; the run's latency is the maximum
-over the ranks, collected after all runs with an untimed ``Allreduce(MAX)``. Every run's
+over the ranks, collected after all runs with an untimed ``Allreduce(MAX)``. A staggered run
+(``interval``) has rank i call it i · interval after the barrier, and times it from the last
+rank's call to the last rank's end (bench/baselines/common.py). Every run's
 result is checked (Bcast and Gather exactly, sums within float32 rounding).
 
 Usage (root):  python -m bench.baselines.mpi --nodes 8 --rate 1Gbit --op broadcast --size 32MiB
@@ -39,19 +41,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.baselines.common import (
+    MAX_INTERVAL,
     OPS,
     REPO_ROOT,
     BaselineUnavailable,
     cli_parser,
     expected_sum,
     float32_data,
+    from_last_call,
     measure,
     module_command,
     sum_matches,
+    wait_turn,
 )
 from bench.baselines.failure import Failure, FailureLog, RankOutcome, watch
 from bench.baselines.procs import tail
 
+STAGGERED = True
 INSTALL_HINT = ("MPI baseline needs OpenMPI and mpi4py: apt-get install -y openmpi-bin "
                 "libopenmpi-dev && pip install mpi4py")
 START_TIMEOUT = 120.0  # mpirun, N orteds and N Python ranks up on a loaded 2-core machine
@@ -66,9 +72,10 @@ RESULT_TAG = "MPI-RESULT "
 
 
 def worker(hosts: Sequence[str], op: str, size: int, runs: int,
-           outcome_dir: str | None = None) -> int:
+           outcome_dir: str | None = None, interval: float = 0.0) -> int:
     """Run ``runs`` timed ``op``s; rank 0 prints the result line. Exit code.
-    ``outcome_dir``: the last run is a failure run (bench/baselines/failure.py)."""
+    ``outcome_dir``: the last run is a failure run (bench/baselines/failure.py);
+    ``interval``: a staggered run (rank i calls the collective i · interval late)."""
     import numpy as np
     from mpi4py import MPI
 
@@ -116,7 +123,7 @@ def worker(hosts: Sequence[str], op: str, size: int, runs: int,
         else:
             comm.Gather(mine, gathered, root=0)
 
-    durations, ok = [], True
+    starts, ends, ok = [], [], True
     for run_index in range(runs):
         if op == "broadcast":
             buf[:] = mine if rank == 0 else 0
@@ -127,20 +134,29 @@ def worker(hosts: Sequence[str], op: str, size: int, runs: int,
         comm.Barrier()
         if log is not None and run_index == runs - 1:
             log.failure_run(collective, check)
-        t0 = time.perf_counter()
+        wait_turn(rank, interval)
+        starts.append(time.perf_counter())
         collective()
-        durations.append(time.perf_counter() - t0)
+        ends.append(time.perf_counter())
         good = check() is not False
         if not good:
             print(f"mpi rank {rank}: wrong {op} result", file=sys.stderr, flush=True)
         ok = ok and good
 
-    # not timed: the slowest rank per run, and whether every rank got the right result
-    worst = np.empty(runs, dtype=np.float64)
-    comm.Allreduce(np.array(durations, dtype=np.float64), worst, op=MPI.MAX)
+    # not timed: the slowest rank per run (from the last call, if staggered), and whether
+    # every rank got the right result
+    if interval > 0:
+        last = np.empty((2, runs), dtype=np.float64)
+        comm.Allreduce(np.array([starts, ends], dtype=np.float64), last, op=MPI.MAX)
+        latencies = from_last_call(last[0], last[1])
+    else:
+        worst = np.empty(runs, dtype=np.float64)
+        comm.Allreduce(np.array(ends, dtype=np.float64) - np.array(starts, dtype=np.float64),
+                       worst, op=MPI.MAX)
+        latencies = worst.tolist()
     all_ok = comm.allreduce(1 if ok else 0, op=MPI.MIN)
     if rank == 0:
-        print(RESULT_TAG + json.dumps({"latencies": worst.tolist(), "ok": bool(all_ok)}),
+        print(RESULT_TAG + json.dumps({"latencies": latencies, "ok": bool(all_ok)}),
               flush=True)
     return 0 if ok else 3
 
@@ -266,7 +282,8 @@ def _signal_all(pids: Sequence[int], sig: int) -> None:
 
 
 async def _launch(testbed: Any, op: str, size: int, runs: int, tmp: str,
-                  outcome_dir: str | None = None) -> tuple[asyncio.subprocess.Process, str, str]:
+                  outcome_dir: str | None = None,
+                  interval: float = 0.0) -> tuple[asyncio.subprocess.Process, str, str]:
     """Start ``mpirun`` (in host 0) for ``runs`` runs of ``op``, its files in ``tmp``:
     (the process, its log's path, the token on every command line of the run). Its stdout
     carries the result line, except in a failure run (``outcome_dir``)."""
@@ -302,6 +319,8 @@ async def _launch(testbed: Any, op: str, size: int, runs: int, tmp: str,
         "--tag", token]
     if outcome_dir is not None:
         argv += ["--outcome-dir", outcome_dir]
+    if interval > 0:
+        argv += ["--interval", repr(interval)]
     with open(log, "wb") as err:
         process = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL,
@@ -310,24 +329,27 @@ async def _launch(testbed: Any, op: str, size: int, runs: int, tmp: str,
     return process, log, token
 
 
-def _run_timeout(testbed: Any, size: int, runs: int) -> float:
+def _run_timeout(testbed: Any, size: int, runs: int, interval: float = 0.0) -> float:
     """How long ``runs`` runs may take, start included, before the job counts as hung."""
-    return START_TIMEOUT + runs * (RUN_SLACK + testbed.size * size / MIN_RATE_FOR_TIMEOUT)
+    return START_TIMEOUT + runs * (RUN_SLACK + testbed.size * (size / MIN_RATE_FOR_TIMEOUT
+                                                               + interval))
 
 
-async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) -> list[float]:
+async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1,
+              interval: float = 0.0) -> list[float]:
     """Latency in seconds of each of ``repeat`` MPI ``op``s of ``size`` bytes of float32
-    (after ``warmup`` ones) over the hosts of ``testbed``, rank i in host i, root rank 0.
+    (after ``warmup`` ones) over the hosts of ``testbed``, rank i in host i, root rank 0;
+    ``interval``: rank i calls each one i · interval late, timed from the last call.
 
     Raises :class:`BaselineUnavailable` without OpenMPI or mpi4py, ``RuntimeError`` if the
     job fails or a result is wrong.
     """
-    if repeat < 1 or warmup < 0:
-        raise ValueError("need repeat >= 1 and warmup >= 0")
+    if repeat < 1 or warmup < 0 or not 0 <= interval <= MAX_INTERVAL:
+        raise ValueError(f"need repeat >= 1, warmup >= 0 and an interval in 0..{MAX_INTERVAL}")
     runs = warmup + repeat
-    timeout = _run_timeout(testbed, size, runs)
+    timeout = _run_timeout(testbed, size, runs, interval)
     with tempfile.TemporaryDirectory(prefix="hoplite-mpi-") as tmp:
-        process, log, token = await _launch(testbed, op, size, runs, tmp)
+        process, log, token = await _launch(testbed, op, size, runs, tmp, interval=interval)
         try:
             out, _ = await asyncio.wait_for(process.communicate(), timeout)
         except TimeoutError:
@@ -384,8 +406,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--runs", type=int, required=True)
         p.add_argument("--tag", default="", help="ignored: marks this run's processes")
         p.add_argument("--outcome-dir", default=None)
+        p.add_argument("--interval", type=float, default=0.0)
         a = p.parse_args(argv[1:])
-        return worker(a.hosts.split(","), a.op, a.size, a.runs, a.outcome_dir)
+        return worker(a.hosts.split(","), a.op, a.size, a.runs, a.outcome_dir, a.interval)
     args = cli_parser(__doc__.splitlines()[0]).parse_args(argv)
     try:
         asyncio.run(measure("mpi", run, args))

@@ -23,9 +23,12 @@ from bench.baselines.common import (
     BaselineUnavailable,
     expected_sum,
     float32_data,
+    from_last_call,
     sum_matches,
+    wait_turn,
 )
 from bench.baselines.failure import Failure, watch
+from bench.compare import parse_case
 from hoplite_client.tools.scenarios import optimum
 from hoplite_client.tools.testbed import Testbed, netns_pids
 from hoplite_client.wire.units import parse_size
@@ -82,6 +85,32 @@ def test_optimum_and_sizes() -> None:
     assert optimum("gather", s, 8, 1e9) == pytest.approx(7 * s * 8 / 1e9)
 
 
+@pytest.mark.parametrize("text, case", [
+    ("broadcast:32MiB", ("broadcast", 32 << 20, 0.0)),
+    ("allreduce:32MiB@0.1", ("allreduce", 32 << 20, 0.1)),
+    ("reduce:1MiB@0", ("reduce", 1 << 20, 0.0)),
+])
+def test_a_compare_case_names_its_op_size_and_interval(text: str,
+                                                       case: tuple[str, int, float]) -> None:
+    assert parse_case(text) == case
+
+
+@pytest.mark.parametrize("text", ["broadcast:1MiB@0.1", "gather:1MiB@0.1", "allreduce:1MiB@-1",
+                                  "allreduce:1MiB@nan", "allreduce:1MiB@11", "allreduce:1MiB@x"])
+def test_a_compare_case_refuses_inputs_apart_where_they_cannot_be(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_case(text)
+
+
+def test_a_staggered_run_is_timed_from_the_last_call() -> None:
+    starts, ends = np.array([10.0, 20.0]), np.array([10.5, 20.25])
+    assert from_last_call(starts, ends) == [0.5, 0.25]
+    before = time.perf_counter()
+    wait_turn(0, 5.0)  # rank 0 never waits
+    wait_turn(3, 0.01)
+    assert time.perf_counter() - before >= 0.03
+
+
 async def test_missing_packages_raise_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = SimpleNamespace(size=NODES)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
@@ -122,6 +151,22 @@ async def test_baseline_in_testbed(name: str, op: str) -> None:
     best = optimum(op, SIZE, NODES, 500 * MBIT)
     ring = {"allreduce": (NODES - 1) / NODES}.get(op, 1.0)  # ring allreduce: 2(N-1)/N · S
     assert min(latencies) > 0.5 * ring * best
+
+
+@pytest.mark.parametrize("name", ["gloo", "mpi"])
+async def test_a_staggered_allreduce_in_testbed(name: str) -> None:
+    """Ranks called 0.2 s apart: every run's result is checked (by the ranks) and timed from
+    the last call; a sanity bound only, the machine is shared."""
+    reason = _skip_reason(name)
+    if reason:
+        pytest.skip(reason)
+    baseline = {"gloo": gloo, "mpi": mpi}[name]
+    async with Testbed(NODES, 500 * MBIT) as tb:
+        latencies = await baseline.run(tb, "allreduce", SIZE, REPEAT, warmup=1, interval=0.2)
+        await _no_process_left(tb)
+    assert len(latencies) == REPEAT
+    ring = (NODES - 1) / NODES * optimum("allreduce", SIZE, NODES, 500 * MBIT)
+    assert all(t > 0.5 * ring for t in latencies)
 
 
 # --------------------------------------------------------------------------------------------
