@@ -34,9 +34,10 @@ from hoplite_client.tools.scenarios import BenchContext, Progress, optimum, run_
 from hoplite_client.tools.testbed import emulated_cluster, format_rate, parse_rate
 from hoplite_client.wire.units import parse_size
 
-# (op, size) pairs measured by default: docs/design.md §8 and the list.
+# (op, size) pairs measured by default: docs/design.md §8 and the list; a size may
+# say how far apart the inputs come (``@D``).
 CASES = [("broadcast", "32MiB"), ("broadcast", "256MiB"), ("reduce", "32MiB"),
-         ("allreduce", "32MiB"), ("gather", "32MiB")]
+         ("allreduce", "32MiB"), ("allreduce", "32MiB@0.1"), ("gather", "32MiB")]
 BASELINES = ["star", "gloo", "mpi", "ray_baseline", "dask_baseline"]
 NAMES = {"star": "naive star", "gloo": "gloo (torch)", "mpi": "OpenMPI (mpi4py)",
          "ray_baseline": "Ray", "dask_baseline": "Dask"}
