@@ -2,7 +2,9 @@
 
 A reduce's plan places every input and links every slot (a chain, a binary tree, and a
 stripe's chain placed in ring order), then completes; a ring's members are matched over the
-inputs' holders (each input on its own node, and each on 50 of 300 nodes). All of it runs on
+inputs' holders (each input on its own node, and each on 50 of 300 nodes); and a chain whose
+every input was on one node that died is repaired, every input put again on another. All of
+it runs on
 the caller's event loop, so its time is time no heartbeat, frame or transfer is served
 (docs/design.md §4). No daemon: the plan gets the events a daemon would feed it.
 
@@ -16,8 +18,10 @@ import random
 import time
 from collections.abc import Sequence
 
+from hoplite_client.wire.errors import PeerUnavailableError
 from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.plan import (
+    ChildLost,
     InputReady,
     Published,
     ReducePlan,
@@ -50,6 +54,28 @@ def plan_seconds(k: int, depth: int, ring: Sequence[str] = ()) -> float:
     return time.perf_counter() - start
 
 
+def repair_seconds(k: int) -> float:
+    """Seconds to repair a chain of ``k`` inputs, all on one node, once the root's pull
+    breaks with that node dead, and to place every slot again as the inputs are put again on
+    another node."""
+    inputs = [ObjectID.random() for _ in range(k)]
+    plan = ReducePlan(ObjectID.random(), inputs, k, "sum", "me", depth=lambda n, s: 0)
+    for oid in inputs:
+        for ins in plan.handle(InputReady(oid, ("n1",), ("n1",), SIZE, "<f4", (SIZE // 4,),
+                                          b"v")):
+            if isinstance(ins, StartTask):
+                plan.handle(TaskStarted(ins.slot, ins.gen, b"t%d" % ins.slot))
+    assert plan.shape is not None
+    root = plan.slots[plan.shape.root]
+    assert root.version is not None
+    start = time.perf_counter()
+    plan.handle(ChildLost(None, plan.shape.root, root.version, 0, True,
+                          PeerUnavailableError("n1 died")))
+    for oid in inputs:
+        plan.handle(InputReady(oid, ("n2",), ("n2",), SIZE, "<f4", (SIZE // 4,), b"w"))
+    return time.perf_counter() - start
+
+
 def members_seconds(k: int, dense: bool) -> float:
     """Seconds to match ``k`` inputs to ring members."""
     rng = random.Random(1)
@@ -67,13 +93,14 @@ def main() -> None:
     counts = [int(x) for x in parser.parse_args().inputs.split(",")]
     ring = tuple(["me"] + [f"n{j}" for j in range(NODES)])
     print(f"{'inputs':>7} {'chain':>9} {'tree':>9} {'ring order':>11} "
-          f"{'members':>9} {'members, dense':>15}")
+          f"{'members':>9} {'members, dense':>15} {'repaired, put again':>20}")
     for k in counts:
         cells = [plan_seconds(k, 0), plan_seconds(k, max(1, k.bit_length() - 1)),
                  plan_seconds(k, 0, ring), members_seconds(k, False),
-                 members_seconds(k, True)]
-        print(f"{k:>7} " + " ".join(f"{c:>{w}.3f}" for c, w in zip(cells, (8, 8, 10, 8, 14),
-                                                                    strict=True)) + "  (s)")
+                 members_seconds(k, True), repair_seconds(k)]
+        widths = (8, 8, 10, 8, 14, 19)
+        print(f"{k:>7} " + " ".join(f"{c:>{w}.3f}" for c, w in zip(cells, widths, strict=True))
+              + "  (s)")
 
 
 if __name__ == "__main__":

@@ -534,7 +534,8 @@ class ReducePlan:
         self.meta: InputReady | None = None  # the result's size and type (the stripe's)
         self.whole: InputReady | None = None  # the first input's: the others must agree
         self.shape: TreeShape | None = None
-        self.slots: dict[int, Slot] = {}
+        self.slots: dict[int, Slot] = {}  # changed only by _set_slot and _drop_slot
+        self._leaves: dict[str, set[int]] = {}  # placed slots without a task, by node
         self.task_nodes: list[str] = []
         self.dead: set[str] = set()  # nodes this reduce no longer uses
         self.declared: set[str] = set()  # those of them this node's membership declared dead
@@ -780,16 +781,16 @@ class ReducePlan:
                 and placed.task and placed.node not in self.dead
                 and self._aligned(placed.start) > self._aligned(start)]
         if any(self._fold_relies_on(c) for c in late):  # this slot is placed by the restart
-            self.slots[slot] = Slot(node, oid, oid, version, task=False, gen=gen, start=start)
+            self._set_slot(slot, Slot(node, oid, oid, version, task=False, gen=gen, start=start))
             return self._restart_all()
         children = len(shape.children[slot])
         in_place = slot == shape.root and node == self.me
         if children == 0 and not in_place and self.window is None:  # a stripe's leaf copies
             # its bytes into an output of its own, which its parent pulls from byte 0
-            self.slots[slot] = Slot(node, oid, oid, version, task=False, gen=gen, start=start)
+            self._set_slot(slot, Slot(node, oid, oid, version, task=False, gen=gen, start=start))
             return self._links(slot)
         output = self.result if in_place else derived_id(self.result, slot, b"out%d" % gen)
-        self.slots[slot] = Slot(node, oid, output, None, task=True, gen=gen, start=start)
+        self._set_slot(slot, Slot(node, oid, output, None, task=True, gen=gen, start=start))
         if node not in self.task_nodes:
             self.task_nodes.append(node)
         m = self.meta
@@ -802,6 +803,21 @@ class ReducePlan:
         for child in late:
             out += yield self._restart_steps(child)
         return out
+
+    def _set_slot(self, slot: int, placed: Slot) -> None:
+        """``slot`` is placed as ``placed`` (replacing any placement it had)."""
+        if slot in self.slots:
+            self._drop_slot(slot)
+        self.slots[slot] = placed
+        if not placed.task:
+            self._leaves.setdefault(placed.node, set()).add(slot)
+
+    def _drop_slot(self, slot: int) -> Slot:
+        """``slot`` is placed no more: its placement."""
+        placed = self.slots.pop(slot)
+        if not placed.task:
+            self._leaves[placed.node].discard(slot)
+        return placed
 
     def _links(self, slot: int) -> list[Instruction]:
         """Edges around ``slot`` (parent's first) and the root pull, that ``slot``'s placement or
@@ -962,7 +978,7 @@ class ReducePlan:
         assert shape is not None
         if self._fold_relies_on(slot):
             return self._restart_all()
-        placed = self.slots.pop(slot)
+        placed = self._drop_slot(slot)
         self._reconnects.pop(slot, None)
         self._broken.pop(slot, None)
         redo = Redo(placed.input, placed.node, placed.gen + 1, start)
@@ -1160,13 +1176,13 @@ class ReducePlan:
         if shape is None or not self._may_fold or self.folding or self.absorbing:
             return None
         taken = {a.leaf for a in self.absorbed.values()}
-        for leaf, placed in sorted(self.slots.items()):
+        for leaf in sorted(self._leaves.get(node, ())):  # the node's leaves only: a reduce of
+            # thousands of inputs put again after a loss asks this once per input
             parent = shape.parent[leaf]
             if leaf in taken:
                 continue
             consumer = None if parent is None else self.slots.get(parent)
-            if (placed.node == node and not placed.task and consumer is not None
-                    and consumer.task and consumer.version is not None
+            if (consumer is not None and consumer.task and consumer.version is not None
                     and consumer.node not in self.dead):
                 return leaf
         return None
@@ -1324,6 +1340,7 @@ class ReducePlan:
         self._low, self._fill, self._fill_at = 0, None, 0  # its root may be another slot
         out: list[Instruction] = [RestartResult()]
         placed, self.slots = self.slots, {}  # none is linked to before it is placed anew
+        self._leaves = {}
         for slot in range(shape.size):
             fold, old = folded.get(slot), placed.get(slot)
             if isinstance(fold, Absorb):
