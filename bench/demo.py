@@ -27,7 +27,7 @@ def emulated(nodes: int, size: int, rate: int, repeat: int) -> None:
     print(f"Broadcast of {size >> 20} MiB from node 0 to {nodes - 1} nodes, every link "
           f"{format_rate(rate)} (network namespaces, tc tbf); {repeat} runs each after a "
           f"warm-up. Starting the test bed and {nodes} daemons...", flush=True)
-    rows = uvloop.run(measure(nodes, rate, repeat, [("broadcast", size)], ["star"]))
+    rows = uvloop.run(measure(nodes, rate, repeat, [("broadcast", size, 0.0)], ["star"]))
     best = size * 8 / rate
     print(f"\n{'system':<12} {'median':>9} {'x S/RATE':>9}")
     medians = {}

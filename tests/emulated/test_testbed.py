@@ -275,3 +275,15 @@ async def test_cli_up_persists_and_down_removes() -> None:
         out, _ = await asyncio.wait_for(down.communicate(), SUBPROCESS_TIMEOUT)
     assert down.returncode == 0 and f"removed {prefix}" in out.decode()
     assert_gone(prefix)
+
+
+@needs_root
+def test_make_demo_compares_hoplite_with_the_star() -> None:
+    """``make demo``'s script, small: both systems run in one test bed and it says which is
+    faster (it broke once when bench.compare's cases grew an arrival interval)."""
+    done = subprocess.run([sys.executable, "-m", "bench.demo", "--nodes", "3", "--size", "4MiB",
+                           "--rate", "500Mbit", "--repeat", "1"], capture_output=True, text=True,
+                          timeout=180, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                              os.path.abspath(__file__)))))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "naive star" in done.stdout and "than the star" in done.stdout
