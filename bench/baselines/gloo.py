@@ -201,10 +201,10 @@ class _Job:
         available()
         self.testbed, self.op, self.size, self.runs = testbed, op, size, runs
         self.world = testbed.size
-        self.op_timeout = RUN_SLACK + self.world * size / MIN_RATE_FOR_TIMEOUT
+        # the last rank of a staggered run calls (world - 1) * interval late
+        self.op_timeout = RUN_SLACK + self.world * (size / MIN_RATE_FOR_TIMEOUT + interval)
         self.outcome_dir = outcome_dir
         self.interval = interval
-        self.op_timeout += self.world * interval  # the last rank calls this much later
         self.logs = [os.path.join(tmp, f"rank{r}.log") for r in range(self.world)]
         self.processes: list[asyncio.subprocess.Process] = []
 

@@ -534,7 +534,7 @@ class ReducePlan:
         self.meta: InputReady | None = None  # the result's size and type (the stripe's)
         self.whole: InputReady | None = None  # the first input's: the others must agree
         self.shape: TreeShape | None = None
-        self.slots: dict[int, Slot] = {}  # changed only by _set_slot and _drop_slot
+        self.slots: dict[int, Slot] = {}  # by _set_slot, _drop_slot (and _restart_all: emptied)
         self._leaves: dict[str, set[int]] = {}  # placed slots without a task, by node
         self.task_nodes: list[str] = []
         self.dead: set[str] = set()  # nodes this reduce no longer uses
