@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, Union, cast, dataclass_transform
 
 from hoplite_client.wire.errors import RemoteProtocolError
@@ -19,6 +20,15 @@ if TYPE_CHECKING:
 
 _HINTS: dict[type, list[tuple[str, Any]]] = {}
 _C = TypeVar("_C")
+_Check = Callable[[Any], Any]
+# Each record's fields with their checkers, made on first decode of its kind: walking the
+# annotations with typing.get_origin for every field of every message made a decode twice as
+# dear (docs/design.md §2.1).
+_CHECKS: dict[type, list[tuple[str, _Check]]] = {}
+# Fields whose values are msgpack-ready as they are (scalars, optional or not) encode as is.
+_PLAIN_HINTS = frozenset({int, str, bytes, bool, float, int | None, str | None, bytes | None,
+                          bool | None, float | None})
+_ENCODED: dict[type, list[tuple[str, bool]]] = {}
 
 
 @dataclass_transform(frozen_default=True, kw_only_default=True)
@@ -29,6 +39,7 @@ def record(cls: type[_C]) -> type[_C]:
     hints = typing.get_type_hints(dc)
     fields = dataclasses.fields(cast("type[DataclassInstance]", dc))  # a dataclass now
     _HINTS[dc] = [(f.name, hints[f.name]) for f in fields]
+    _ENCODED[dc] = [(f.name, hints[f.name] in _PLAIN_HINTS) for f in fields]
     return dc
 
 
@@ -36,8 +47,10 @@ def to_wire(value: object) -> Any:
     """The msgpack-ready form of a record, an ObjectID, or a container of them."""
     if isinstance(value, ObjectID):
         return value.binary()
-    if type(value) in _HINTS:
-        return [to_wire(getattr(value, name)) for name, _ in _HINTS[type(value)]]
+    fields = _ENCODED.get(type(value))
+    if fields is not None:
+        return [getattr(value, name) if plain else to_wire(getattr(value, name))
+                for name, plain in fields]
     if isinstance(value, list):
         return [to_wire(v) for v in value]
     return value
@@ -45,47 +58,76 @@ def to_wire(value: object) -> Any:
 
 def from_wire(cls: type[_C], raw: Any) -> _C:
     """Build a record of type ``cls`` from its decoded msgpack array, checking every field."""
-    fields = _HINTS[cls]
+    fields = _CHECKS.get(cls)
+    if fields is None:
+        fields = _CHECKS[cls] = [(name, _checker(cls, name, hint)) for name, hint in _HINTS[cls]]
     if not isinstance(raw, list) or len(raw) != len(fields):
         raise RemoteProtocolError(f"{cls.__name__}: expected {len(fields)} fields")
-    return cls(**{name: _check(cls, name, hint, v) for (name, hint), v in zip(fields, raw)})
+    return cls(**{name: check(v) for (name, check), v in zip(fields, raw)})
 
 
-def _check(cls: type, name: str, hint: Any, value: Any) -> Any:
+def _checker(cls: type, name: str, hint: Any) -> _Check:
+    """The check of field ``name`` of ``cls`` against ``hint``: returns the field's value
+    (an ObjectID, a nested record, a float from an int) or raises RemoteProtocolError."""
+    where = f"{cls.__name__}.{name}"
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
         args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
         (inner,) = [a for a in args if a is not type(None)]
-        return _check(cls, name, inner, value)
+        check = _checker(cls, name, inner)
+        if type(None) not in args:
+            return check
+        return lambda value: None if value is None else check(value)
     if origin is list:
         (inner,) = typing.get_args(hint)
-        if not isinstance(value, list):
-            raise RemoteProtocolError(f"{cls.__name__}.{name}: expected a list")
-        return [_check(cls, name, inner, v) for v in value]
+        item = _checker(cls, name, inner)
+
+        def many(value: Any) -> list[Any]:
+            if not isinstance(value, list):
+                raise RemoteProtocolError(f"{where}: expected a list")
+            return [item(v) for v in value]
+        return many
     if origin is dict:
-        if not isinstance(value, dict) or not _plain(value):
-            raise RemoteProtocolError(f"{cls.__name__}.{name}: expected a map of plain values "
-                                      f"with string keys")
-        return value
+        def mapping(value: Any) -> Any:
+            if not isinstance(value, dict) or not _plain(value):
+                raise RemoteProtocolError(f"{where}: expected a map of plain values "
+                                          f"with string keys")
+            return value
+        return mapping
     if hint is ObjectID:
-        if not isinstance(value, bytes) or len(value) != OBJECT_ID_SIZE:
-            raise RemoteProtocolError(f"{cls.__name__}.{name}: expected a {OBJECT_ID_SIZE}-byte id")
-        return ObjectID(value)
+        def object_id(value: Any) -> ObjectID:
+            if not isinstance(value, bytes) or len(value) != OBJECT_ID_SIZE:
+                raise RemoteProtocolError(f"{where}: expected a {OBJECT_ID_SIZE}-byte id")
+            return ObjectID(value)
+        return object_id
     if hint in _HINTS:
-        return from_wire(hint, value)
+        return lambda value: from_wire(hint, value)
     if hint is Any:
-        if not _plain(value):
-            raise RemoteProtocolError(f"{cls.__name__}.{name}: not a plain value")
+        def plain(value: Any) -> Any:
+            if not _plain(value):
+                raise RemoteProtocolError(f"{where}: not a plain value")
+            return value
+        return plain
+    if hint is float:
+        def real(value: Any) -> float:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return float(value)
+            if not isinstance(value, float):
+                raise RemoteProtocolError(f"{where}: expected float")
+            return value
+        return real
+    if hint is int:
+        def integer(value: Any) -> int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise RemoteProtocolError(f"{where}: expected int")
+            return value
+        return integer
+
+    def instance(value: Any) -> Any:
+        if not isinstance(value, hint):
+            raise RemoteProtocolError(f"{where}: expected {hint.__name__}")
         return value
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if hint is int and isinstance(value, bool):
-        raise RemoteProtocolError(f"{cls.__name__}.{name}: expected int")
-    if not isinstance(value, hint):
-        raise RemoteProtocolError(f"{cls.__name__}.{name}: expected {hint.__name__}")
-    return value
+    return instance
 
 
 _SCALARS = (type(None), bool, int, float, str, bytes)

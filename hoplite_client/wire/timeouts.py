@@ -20,13 +20,16 @@ def check_timeout(value: object, what: str = "timeout") -> float | None:
     InvalidArgumentError naming ``what``."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, Real):
+    if type(value) is float:  # the usual case, without the costlier check against Real
+        seconds = value
+    elif isinstance(value, bool) or not isinstance(value, Real):
         raise InvalidArgumentError(f"{what} must be a number of seconds or None, "
                                    f"not {type(value).__name__}")
-    try:
-        seconds = float(value)
-    except OverflowError:  # an int too large for a float: its sign still says which end
-        seconds = -math.inf if value < 0 else math.inf
+    else:
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int too large for a float: its sign still says which end
+            seconds = -math.inf if value < 0 else math.inf
     if math.isnan(seconds) or seconds < 0:
         raise InvalidArgumentError(f"{what} must be >= 0 seconds (None or inf: wait forever), "
                                    f"not {seconds}")

@@ -19,6 +19,10 @@ from hoplite_client.wire.messages import MemberInfo
 
 log = logging.getLogger("hoplited.membership")
 
+# Owners remembered per id while the owner set stays the same: a small put and get ask for
+# the same id's owner three times on each node, at a hash per member each.
+OWNER_CACHE = 4096
+
 
 def _score(oid: ObjectID, node_id: str) -> bytes:
     return hashlib.blake2b(oid.binary() + node_id.encode(), digest_size=8).digest()
@@ -45,6 +49,7 @@ class Membership:
         self.owner_listeners: list[Callable[[list[str]], None]] = []
         self._alive = [me.node_id]
         self._owners = [me.node_id]
+        self._owner_of: dict[ObjectID, str] = {}
 
     def alive_ids(self) -> list[str]:
         return self._alive
@@ -79,7 +84,12 @@ class Membership:
         self._owners_changed()
 
     def owner(self, oid: ObjectID) -> str:
-        return rendezvous_owner(oid, self._owners)
+        found = self._owner_of.get(oid)
+        if found is None:
+            if len(self._owner_of) >= OWNER_CACHE:
+                self._owner_of.clear()
+            found = self._owner_of[oid] = rendezvous_owner(oid, self._owners)
+        return found
 
     def add(self, member: MemberInfo) -> bool:
         """Add (or revive) a member; returns True if the live set changed."""
@@ -114,5 +124,6 @@ class Membership:
         previous = self._owners
         self._owners = [n for n in self._alive if n not in self.suspected]
         if self._owners != previous:
+            self._owner_of.clear()
             for listener in self.owner_listeners:
                 listener(previous)

@@ -17,6 +17,7 @@ view; removing it keeps the bytes it completed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import math
@@ -45,6 +46,13 @@ VERSION_SIZE = 8  # random per put: a resumed transfer never splices two differe
 MAX_DTYPE_TEXT = 64  # far above any plain dtype ("<c16", "|S1048576"); parsing stays cheap
 
 
+@functools.lru_cache(maxsize=256)
+def _dtype(text: str) -> np.dtype[Any]:
+    """numpy's dtype of ``text``, kept for the few texts a cluster uses: every put and get
+    parses one, and numpy's parser costs more than the rest of a small put's checks."""
+    return np.dtype(text)
+
+
 def parse_dtype(dtype: str) -> np.dtype[Any]:
     """``dtype`` as numpy reads it; text numpy cannot read is an InvalidArgumentError. Numpy's
     parser raises TypeError, ValueError or even SyntaxError (a "09d7..." node id read as a
@@ -52,7 +60,7 @@ def parse_dtype(dtype: str) -> np.dtype[Any]:
     if len(dtype) > MAX_DTYPE_TEXT:
         raise InvalidArgumentError(f"dtype text of {len(dtype)} characters: unknown")
     try:
-        return np.dtype(dtype)
+        return _dtype(dtype)
     except Exception as exc:  # any failure to parse foreign text, see the docstring
         raise InvalidArgumentError(f"unknown dtype {dtype!r}") from exc
 

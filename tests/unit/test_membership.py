@@ -10,7 +10,7 @@ import pytest
 
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import MemberInfo
-from hoplited.cluster.membership import Membership, rendezvous_owner
+from hoplited.cluster.membership import OWNER_CACHE, Membership, rendezvous_owner
 
 pytestmark = pytest.mark.unit
 
@@ -266,3 +266,22 @@ def test_a_suspected_members_objects_go_where_its_death_would_send_them() -> Non
     m.suspect("a", True)
     m.mark_dead("a")
     assert {oid: m.owner(oid) for oid in IDS} == standing_in
+
+
+def test_remembered_owners_follow_every_change_of_the_owner_set() -> None:
+    """Owners are remembered per id, so a join, a death or a suspicion must forget them all,
+    and the memory stays bounded however many ids are asked about."""
+    m = Membership(member(ME))
+    assert {m.owner(oid) for oid in IDS} == {ME}
+    m.add(member("a"))
+    m.add(member("c"))
+    assert {oid: m.owner(oid) for oid in IDS} == {
+        oid: rendezvous_owner(oid, ["a", "b", "c"]) for oid in IDS}
+    m.mark_dead("c")
+    assert {oid: m.owner(oid) for oid in IDS} == {
+        oid: rendezvous_owner(oid, ["a", "b"]) for oid in IDS}
+    m.suspect("a", True)
+    assert {m.owner(oid) for oid in IDS} == {ME}
+    for oid in random_ids(OWNER_CACHE + 100, seed=7):
+        assert m.owner(oid) == ME
+    assert len(m._owner_of) <= OWNER_CACHE
