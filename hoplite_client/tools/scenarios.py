@@ -164,6 +164,9 @@ class BenchContext:
     # allreduce: a reduce every node gets, as an allreduce of k of the inputs must be (the
     # failure runs with a backup input): the failure-free runs then time the same thing
     as_reduce: bool = False
+    # wall-clock times (time.time) at which each put returned, every run's in turn: what
+    # bench/link_trace.py sets the links' byte counters against
+    put_times: list[float] = field(default_factory=list)
     _data: dict[int, NDArray[Any]] = field(default_factory=dict)
     _expected: dict[str, NDArray[Any]] = field(default_factory=dict)
 
@@ -208,11 +211,13 @@ async def put_all(ctx: BenchContext, ids: list[hoplite_client.ObjectID],
     if ctx.interval <= 0:
         await asyncio.gather(*(c.put(inputs[i], object_id=ids[i])
                                for i, c in enumerate(ctx.clients)))
+        ctx.put_times.append(time.time())
         return time.perf_counter()
     t0 = time.perf_counter()
     for i, c in enumerate(ctx.clients):
         await asyncio.sleep(max(0.0, t0 + i * ctx.interval - time.perf_counter()))
         await c.put(inputs[i], object_id=ids[i])
+        ctx.put_times.append(time.time())
         if then is not None:
             then(i)
         ctx.progress.update(f"{ctx.label}: input {i + 1}/{len(ctx.clients)} put")

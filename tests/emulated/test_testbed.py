@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -287,3 +288,21 @@ def test_make_demo_compares_hoplite_with_the_star() -> None:
                               os.path.abspath(__file__)))))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "naive star" in done.stdout and "than the star" in done.stdout
+
+
+@needs_root
+def test_link_trace_reads_every_daemons_counters(tmp_path: Path) -> None:
+    """bench/link_trace.py, small: its sampler reads each daemon's own namespace, so what the
+    nodes sent adds up to what they received, and every node received the result."""
+    out = tmp_path / "trace.json"
+    done = subprocess.run([sys.executable, "-m", "bench.link_trace", "allreduce", "--nodes", "3",
+                           "--size", "4MiB", "--rate", "500Mbit", "--arrival-interval", "0.05",
+                           "--repeat", "2", "--json", str(out)], capture_output=True, text=True,
+                          timeout=180, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+                              os.path.abspath(__file__)))))
+    assert done.returncode == 0, done.stdout + done.stderr
+    traces = json.loads(out.read_text())
+    assert len(traces) == 2 and "sent at the last put" in done.stdout
+    for t in traces:
+        assert sum(t["tx_total"]) == pytest.approx(sum(t["rx_total"]), rel=0.05)
+        assert all(rx >= 0.95 for rx in t["rx_total"])  # the result, at least, came in

@@ -1,0 +1,180 @@
+"""Trace the links of an emulated run: every daemon's interface byte counters, read every few
+milliseconds by a separate process, set against the bench's put times.
+
+For each measured run it prints how much each node had sent and received (in objects, S) when
+the last input was put, how much it sent in all, and how full its uplink ran from the last put
+to the end: what a schedule still owes after the last put, and how well the links carry it
+(docs/design.md §4, "Why 1.50–1.76 emulated, not 1.30"). Needs root, as `--emulate` does.
+
+Usage: python -m bench.link_trace allreduce --nodes 8 --size 32MiB --arrival-interval 0.1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import contextlib
+import json
+import multiprocessing
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+import uvloop
+
+from hoplite_client.tools.scenarios import SCENARIOS, BenchContext, Progress, bench_clients
+from hoplite_client.tools.testbed import parse_rate
+from hoplite_client.wire.units import parse_size
+
+PERIOD = 0.003  # seconds between two readings of every node's counters
+BEFORE = 0.15  # counters are taken from this long before a run's first put
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Every node's received and sent bytes at wall-clock time ``t``."""
+
+    t: float
+    rx: tuple[int, ...]
+    tx: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RunTrace:
+    """One run's links, in objects (S): per node, what it had sent and received at the last
+    put, what it sent in all, and the part of its uplink's rate it used after the last put."""
+
+    elapsed: float
+    puts: tuple[float, ...]  # seconds after the first put
+    tx_at_last: tuple[float, ...]
+    rx_at_last: tuple[float, ...]
+    tx_total: tuple[float, ...]
+    rx_total: tuple[float, ...]
+    uplink_use: tuple[float, ...]
+
+
+def _counters(text: bytes) -> tuple[int, int]:
+    """(received, sent) bytes of the test bed's interface in a /proc/PID/net/dev text."""
+    for line in text.split(b"\n"):
+        if b"hpl-" in line:
+            fields = line.split(b":", 1)[1].split()
+            return int(fields[0]), int(fields[8])
+    raise RuntimeError("no test bed interface in the daemon's network namespace")
+
+
+def _sample(pids: Sequence[int], stop: Connection) -> None:
+    """Read every pid's counters every PERIOD until ``stop`` has a message; send back the
+    samples as lists."""
+    samples: list[tuple[float, list[int], list[int]]] = []
+    with contextlib.ExitStack() as stack:
+        files = [stack.enter_context(open(f"/proc/{pid}/net/dev", "rb")) for pid in pids]
+        while not stop.poll():
+            t = time.time()
+            rx, tx = [], []
+            for f in files:
+                f.seek(0)
+                r, s = _counters(f.read())
+                rx.append(r)
+                tx.append(s)
+            samples.append((t, rx, tx))
+            time.sleep(PERIOD)
+    stop.send(samples)
+
+
+def summarise(samples: Sequence[Sample], puts: Sequence[float], elapsed: float, size: int,
+              rate_bps: int) -> RunTrace:
+    """A run's trace from the samples around it: ``puts`` are its put times (wall clock) and
+    ``elapsed`` its latency, counted from the last put."""
+    times = [s.t for s in samples]
+
+    def at(t: float) -> Sample:
+        return samples[min(bisect.bisect_left(times, t), len(samples) - 1)]
+
+    first, last = min(puts), max(puts)
+    base, then, end = at(first - BEFORE), at(last), at(last + elapsed + 0.05)
+    n = len(base.tx)
+
+    def share(now: Sample, field: str) -> tuple[float, ...]:
+        a, b = getattr(base, field), getattr(now, field)
+        return tuple((b[i] - a[i]) / size for i in range(n))
+
+    tx_total, tx_last = share(end, "tx"), share(then, "tx")
+    per_second = rate_bps / 8
+    use = tuple((tx_total[i] - tx_last[i]) * size / (elapsed * per_second) for i in range(n))
+    return RunTrace(elapsed, tuple(p - first for p in sorted(puts)), tx_last,
+                    share(then, "rx"), tx_total, share(end, "rx"), use)
+
+
+def _row(label: str, values: Sequence[float]) -> str:
+    return f"  {label:<24}" + " ".join(f"{v:5.2f}" for v in values)
+
+
+def report(trace: RunTrace, label: str, s_over_rate: float) -> str:
+    """The run's lines: its latency, its puts, then one row per measure, a column per node."""
+    puts = " ".join(f"{p * 1e3:.0f}" for p in trace.puts)
+    return "\n".join([
+        f"{label}: {trace.elapsed * 1e3:.1f} ms, {trace.elapsed / s_over_rate:.2f}x S/RATE; "
+        f"puts at {puts} ms",
+        _row("sent at the last put", trace.tx_at_last),
+        _row("received at the last put", trace.rx_at_last),
+        _row("sent in all", trace.tx_total),
+        _row("received in all", trace.rx_total),
+        _row("uplink use after it", trace.uplink_use)])
+
+
+async def trace(op: str, nodes: int, size: int, rate_bps: int, interval: float, repeat: int,
+                warmup: int, daemon_args: Sequence[str]) -> list[RunTrace]:
+    """Run ``op`` on an emulated cluster with its links sampled; one trace per measured run."""
+    async with bench_clients(nodes, None, None, "2GiB", rate_bps, None,
+                             daemon_args) as (clients, cluster):
+        assert cluster is not None
+        ctx = BenchContext(clients, size, interval, Progress())
+        for i in range(warmup):
+            await SCENARIOS[op](ctx, i)
+        here, there = multiprocessing.get_context("spawn").Pipe()
+        sampler = multiprocessing.get_context("spawn").Process(
+            target=_sample, args=([n.pid for n in cluster.nodes], there), daemon=True)
+        sampler.start()
+        runs: list[tuple[list[float], float]] = []
+        try:
+            await asyncio.sleep(0.5)  # the sampler's interpreter starts
+            for i in range(repeat):
+                before = len(ctx.put_times)
+                elapsed = await SCENARIOS[op](ctx, warmup + i)
+                runs.append((ctx.put_times[before:], elapsed))
+            await asyncio.sleep(0.2)
+        finally:
+            here.send(None)
+            raw = await asyncio.to_thread(here.recv)
+            sampler.join(5)
+    samples = [Sample(t, tuple(rx), tuple(tx)) for t, rx, tx in raw]
+    return [summarise(samples, puts, elapsed, size, rate_bps) for puts, elapsed in runs]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("op", choices=["broadcast", "reduce", "allreduce", "gather"])
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--size", default="32MiB")
+    parser.add_argument("--rate", default="1Gbit")
+    parser.add_argument("--arrival-interval", type=float, default=0.0)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--no-pair", action="store_true", help="the daemons' --no-pair")
+    parser.add_argument("--json", default=None, help="also write the traces to this file")
+    args = parser.parse_args()
+    size, rate = parse_size(args.size), parse_rate(args.rate)
+    traces = uvloop.run(trace(args.op, args.nodes, size, rate, args.arrival_interval,
+                              args.repeat, args.warmup, ["--no-pair"] if args.no_pair else []))
+    s_over_rate = size * 8 / rate
+    for i, t in enumerate(traces):
+        print(report(t, f"run {i + 1}/{len(traces)}", s_over_rate))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([t.__dict__ for t in traces], f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
