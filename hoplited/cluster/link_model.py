@@ -2,15 +2,26 @@
 
 The reduce's shape, one chain or a binary tree, follows from the cost of a hop, L plus a
 forwarding unit at B (docs/design.md §4). The original compiled L and B in; we measure them:
-L from heartbeat round trips, B from completed transfers of at least 1 MiB.
+L as the least half round trip among the recent heartbeats, B from completed transfers of at
+least 1 MiB.
 """
 
 from __future__ import annotations
 
-# Until measured: a LAN-ish hop and a 10 Gbit/s-class link; the first samples replace them.
+from collections import deque
+
+# Until measured: a LAN-ish hop and a 1 Gbit/s link; the first samples replace them. A node
+# that only sends (a broadcast's source) may never measure B, and a 10 Gbit/s guess made
+# its shard take a binary tree for a 1 MiB broadcast on 1 Gbit/s links (docs/design.md §4).
 DEFAULT_LATENCY = 100e-6
-DEFAULT_BANDWIDTH = 1.25e9
-SMOOTHING = 0.2  # weight of a new sample in the moving averages
+DEFAULT_BANDWIDTH = 125e6
+SMOOTHING = 0.2  # weight of a new bandwidth sample in its moving average
+# L is the least half round trip of this many recent heartbeats (about 5 s of pings to 7
+# peers): a ping waits behind whatever the links and the event loop are busy with, which a
+# pipelined hop does not pay again; averaged, that wait made L 0.4-4.2 ms on the emulated
+# links, and a 1 MiB broadcast's shard took a binary tree (2.6-4.0x S/RATE) where the chain
+# runs at 1.6-2.0x (docs/design.md §4, "Tree shape").
+LATENCY_WINDOW = 64
 # A source that sends nothing for this many slices' worth of link time has stalled...
 STALL_SLICES = 8
 # ...but never sooner than this: a loaded 2-core host can pause a healthy sender for a few
@@ -19,18 +30,19 @@ STALL_MIN = 1.0
 
 
 class LinkModel:
-    """Exponentially smoothed L (seconds per hop) and B (bytes per second)."""
+    """L (seconds per hop), the least recent half round trip, and B (bytes per second),
+    exponentially smoothed."""
 
     def __init__(self) -> None:
         self.latency = DEFAULT_LATENCY
         self.bandwidth = DEFAULT_BANDWIDTH
         self.latency_samples = 0
         self.bandwidth_samples = 0
+        self._one_way: deque[float] = deque(maxlen=LATENCY_WINDOW)
 
     def observe_rtt(self, rtt: float) -> None:
-        one_way = rtt / 2
-        self.latency = one_way if not self.latency_samples else (
-            (1 - SMOOTHING) * self.latency + SMOOTHING * one_way)
+        self._one_way.append(rtt / 2)
+        self.latency = min(self._one_way)
         self.latency_samples += 1
 
     def observe_bandwidth(self, rate: float) -> None:
