@@ -37,7 +37,8 @@ from hoplite_client.wire.units import parse_size
 # (op, size) pairs measured by default: docs/design.md §8 and the list; a size may
 # say how far apart the inputs come (``@D``).
 CASES = [("broadcast", "32MiB"), ("broadcast", "256MiB"), ("reduce", "32MiB"),
-         ("allreduce", "32MiB"), ("allreduce", "32MiB@0.1"), ("gather", "32MiB")]
+         ("allreduce", "32MiB"), ("allreduce", "32MiB@0.1"), ("gather", "32MiB"),
+         ("broadcast", "1MiB"), ("reduce", "1MiB"), ("allreduce", "1MiB")]
 BASELINES = ["star", "gloo", "mpi", "ray_baseline", "dask_baseline"]
 NAMES = {"star": "naive star", "gloo": "gloo (torch)", "mpi": "OpenMPI (mpi4py)",
          "ray_baseline": "Ray", "dask_baseline": "Dask"}

@@ -29,7 +29,9 @@ from hoplite_client.tools.testbed import parse_rate
 from hoplite_client.wire.units import parse_size
 
 PERIOD = 0.003  # seconds between two readings of every node's counters
-BEFORE = 0.15  # counters are taken from this long before a run's first put
+# A run's counters start a little before its first put (nothing crosses a link before
+# it) and end a reading after its last node has its result: never a neighbour's bytes.
+BEFORE = 0.002
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ def summarise(samples: Sequence[Sample], puts: Sequence[float], elapsed: float, 
         return samples[min(bisect.bisect_left(times, t), len(samples) - 1)]
 
     first, last = min(puts), max(puts)
-    base, then, end = at(first - BEFORE), at(last), at(last + elapsed + 0.05)
+    base, then, end = at(first - BEFORE), at(last), at(last + elapsed + PERIOD)
     n = len(base.tx)
 
     def share(now: Sample, field: str) -> tuple[float, ...]:

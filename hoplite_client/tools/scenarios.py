@@ -237,6 +237,7 @@ async def run_broadcast(ctx: BenchContext, run: int) -> float:
     the shard can take a tree where a chain would cost more, docs/design.md §3)."""
     data, receivers = ctx.data(0), ctx.clients[1:]
     oid = await ctx.clients[0].put(data)
+    ctx.put_times.append(time.time())
     done = 0
     t0 = time.perf_counter()
 
