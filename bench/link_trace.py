@@ -25,7 +25,7 @@ from multiprocessing.connection import Connection
 import uvloop
 
 from hoplite_client.tools.scenarios import SCENARIOS, BenchContext, Progress, bench_clients
-from hoplite_client.tools.testbed import parse_rate
+from hoplite_client.tools.testbed import DEFAULT_MTU, parse_rate
 from hoplite_client.wire.units import parse_size
 
 PERIOD = 0.003  # seconds between two readings of every node's counters
@@ -127,10 +127,11 @@ def report(trace: RunTrace, label: str, s_over_rate: float) -> str:
 
 
 async def trace(op: str, nodes: int, size: int, rate_bps: int, interval: float, repeat: int,
-                warmup: int, daemon_args: Sequence[str]) -> list[RunTrace]:
-    """Run ``op`` on an emulated cluster with its links sampled; one trace per measured run."""
+                warmup: int, daemon_args: Sequence[str], mtu: int = DEFAULT_MTU) -> list[RunTrace]:
+    """Run ``op`` on an emulated cluster (links of ``mtu``) with its links sampled; one trace
+    per measured run."""
     async with bench_clients(nodes, None, None, "2GiB", rate_bps, None,
-                             daemon_args) as (clients, cluster):
+                             daemon_args, mtu) as (clients, cluster):
         assert cluster is not None
         ctx = BenchContext(clients, size, interval, Progress())
         for i in range(warmup):
@@ -165,11 +166,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--no-pair", action="store_true", help="the daemons' --no-pair")
+    parser.add_argument("--mtu", type=int, default=DEFAULT_MTU,
+                        help="the test bed's links (docs/design.md §7: 65000 by default)")
     parser.add_argument("--json", default=None, help="also write the traces to this file")
     args = parser.parse_args()
     size, rate = parse_size(args.size), parse_rate(args.rate)
     traces = uvloop.run(trace(args.op, args.nodes, size, rate, args.arrival_interval,
-                              args.repeat, args.warmup, ["--no-pair"] if args.no_pair else []))
+                              args.repeat, args.warmup, ["--no-pair"] if args.no_pair else [],
+                              args.mtu))
     s_over_rate = size * 8 / rate
     for i, t in enumerate(traces):
         print(report(t, f"run {i + 1}/{len(traces)}", s_over_rate))

@@ -31,7 +31,7 @@ from hoplite_client.net.endpoints import host_id, parse_address
 from hoplite_client.net.handshake import Identity, dial
 from hoplite_client.net.tls import TlsContexts, TlsFiles, load
 from hoplite_client.tools.local_cluster import LocalCluster
-from hoplite_client.tools.testbed import emulated_cluster
+from hoplite_client.tools.testbed import DEFAULT_MTU, emulated_cluster
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.messages import Stats
 
@@ -77,18 +77,18 @@ async def members_on_this_host(seed: str, token: bytes,
 @contextlib.asynccontextmanager
 async def bench_clients(nodes: int, join: str | None, token_file: str | None,
                         capacity: str, emulate: int | None = None, tls: TlsFiles | None = None,
-                        daemon_args: Sequence[str] = (),
+                        daemon_args: Sequence[str] = (), mtu: int = DEFAULT_MTU,
                         ) -> AsyncIterator[tuple[list[hoplite_client.Client], LocalCluster | None]]:
     """Clients of ``nodes`` daemons: a fresh local cluster (in an emulated test bed with
-    ``emulate`` bit/s links if given), or members of ``join``'s cluster; closed on exit. The
-    cluster comes along when we started it (failure runs signal its daemons). ``tls``: the
-    started cluster's daemons use these files, or ``join``'s cluster is dialled with them;
-    ``daemon_args``: more options for the daemons we start."""
+    ``emulate`` bit/s links of ``mtu`` if given), or members of ``join``'s cluster; closed on
+    exit. The cluster comes along when we started it (failure runs signal its daemons).
+    ``tls``: the started cluster's daemons use these files, or ``join``'s cluster is dialled
+    with them; ``daemon_args``: more options for the daemons we start."""
     async with contextlib.AsyncExitStack() as stack:
         cluster: LocalCluster | None = None
         if emulate is not None:
             cluster = await stack.enter_async_context(
-                emulated_cluster(nodes, emulate, capacity=capacity, check=True,
+                emulated_cluster(nodes, emulate, capacity=capacity, mtu=mtu, check=True,
                                  log_level="warning", tls=tls, daemon_args=daemon_args))
             sockets = cluster.sockets
         elif join is None:
