@@ -96,17 +96,16 @@ def summarise(samples: Sequence[Sample], puts: Sequence[float], elapsed: float, 
 
     first, last = min(puts), max(puts)
     base, then, end = at(first - BEFORE), at(last), at(last + elapsed + PERIOD)
-    n = len(base.tx)
 
-    def share(now: Sample, field: str) -> tuple[float, ...]:
-        a, b = getattr(base, field), getattr(now, field)
-        return tuple((b[i] - a[i]) / size for i in range(n))
+    def share(before: tuple[int, ...], now: tuple[int, ...]) -> tuple[float, ...]:
+        return tuple((b - a) / size for a, b in zip(before, now))
 
-    tx_total, tx_last = share(end, "tx"), share(then, "tx")
+    tx_total, tx_last = share(base.tx, end.tx), share(base.tx, then.tx)
     per_second = rate_bps / 8
-    use = tuple((tx_total[i] - tx_last[i]) * size / (elapsed * per_second) for i in range(n))
+    use = tuple((total - last) * size / (elapsed * per_second)
+                for total, last in zip(tx_total, tx_last))
     return RunTrace(elapsed, tuple(p - first for p in sorted(puts)), tx_last,
-                    share(then, "rx"), tx_total, share(end, "rx"), use)
+                    share(base.rx, then.rx), tx_total, share(base.rx, end.rx), use)
 
 
 def _row(label: str, values: Sequence[float]) -> str:

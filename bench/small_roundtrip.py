@@ -9,7 +9,6 @@ Usage: python bench/small_roundtrip.py --size 1KB --count 1000
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
@@ -17,15 +16,9 @@ import numpy as np
 import uvloop
 
 import hoplite_client
+from hoplite_client.daemon_process import cpu_seconds
 from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.units import parse_size
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU of process ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def measure(size: int, count: int) -> tuple[list[float], list[float], list[float]]:

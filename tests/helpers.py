@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 import hoplite_client
+from hoplite_client.daemon_process import cpu_seconds
 from hoplite_client.wire.frames import (
     MAGIC,
     PRELUDE,
@@ -261,13 +262,6 @@ async def put_get_roundtrip(put_socket: str, get_socket: str) -> None:
 # A daemon counts as idle when it uses less than IDLE_CPU seconds of CPU over IDLE_WINDOW.
 IDLE_CPU = 1.0
 IDLE_WINDOW = 3.0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds process ``pid`` has used so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def assert_healthy_after_abuse(cluster: Any) -> None:

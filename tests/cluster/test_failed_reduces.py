@@ -6,7 +6,6 @@ without the coordinator's daemon spinning on the shard's stored error."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 from helpers import FAST_HEARTBEAT, eventually, wait_member_dead
 
 import hoplite_client as hc
+from hoplite_client.daemon_process import cpu_seconds
 from hoplite_client.wire.ids import ObjectID
 from hoplited.cluster.membership import rendezvous_owner
 
@@ -22,13 +22,6 @@ PROMPT = 30.0  # "at once" on a loaded 2-core machine: far below GET_TIMEOUT
 IDLE = 3.0  # seconds of idle during which a daemon's CPU time is measured
 IDLE_CPU = 1.0  # CPU seconds a daemon may use in IDLE: a spinning one uses about IDLE
 KiB = 1024
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of process ``pid`` so far (/proc/PID/stat utime + stime)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def owned_by(members: list[str], owner: str) -> ObjectID:
