@@ -23,7 +23,7 @@ from hoplited.clients.listener import ClientListener
 from hoplited.clients.session import SessionDeps
 from hoplited.cluster.link_model import LinkModel
 from hoplited.cluster.links import Links
-from hoplited.cluster.membership import Membership
+from hoplited.cluster.membership import Membership, OwnerSet
 from hoplited.cluster.service import ClusterService
 from hoplited.collectives.allreduce import AllreduceDeps, Allreduces
 from hoplited.collectives.coordinator import CoordinatorDeps
@@ -161,7 +161,7 @@ class Daemon:
                 worker.node_died(node)
                 fetcher.source_died(node)
 
-        def owners_changed(previous: list[str]) -> None:
+        def owners_changed(previous: OwnerSet) -> None:
             """Objects moved between shards (a death, a join, a suspicion raised or
             cleared): hand over and re-announce (docs/design.md §5, "Ownership")."""
             moved = shard.membership_changed()

@@ -21,6 +21,7 @@ from hoplite_client.wire.errors import (
 )
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import ReduceChildLost, ReduceFailed, WireMessage
+from hoplited.cluster.membership import OwnerSet
 from hoplited.collectives import plan as p
 from hoplited.collectives.coordinator import CoordinatorDeps, ReduceCoordinator
 from hoplited.collectives.halves import HalvesDeps, HalvesReduce
@@ -120,7 +121,7 @@ class Reductions:
             raise ObjectNotFoundError(f"no reduce into {result.hex()} was issued on this node")
         return await ending.reduced_inputs(timeout)
 
-    def reannounce(self, previous: list[str]) -> None:
+    def reannounce(self, previous: OwnerSet) -> None:
         """Record each failed reduce again at its result's new owner shard: the record is soft
         state like a holding (it died with the old owner, or stayed behind at it), and gets of
         the result must keep failing at once wherever they ask. A half's failure is its

@@ -32,7 +32,7 @@ from hoplite_client.wire.messages import (
     WaitObject,
     WireMessage,
 )
-from hoplited.cluster.membership import Membership, rendezvous_owner
+from hoplited.cluster.membership import Membership, OwnerSet
 from hoplited.dispatch import Handler
 from hoplited.memory.store import ObjectStore, StoredObject
 from hoplited.rpc import RETRY_PAUSE_MAX, Rpc, owner_moved
@@ -112,11 +112,11 @@ class DirectoryClient:
             log.debug("dropped %s", msg.oid.short())
         return Ok()
 
-    def moved(self, oid: ObjectID, previous: list[str]) -> bool:
-        """Whether the owner shard of ``oid`` is another than among the ``previous`` members."""
-        return not previous or rendezvous_owner(oid, previous) != self._membership.owner(oid)
+    def moved(self, oid: ObjectID, previous: OwnerSet) -> bool:
+        """Whether the owner shard of ``oid`` is another than among the ``previous`` owners."""
+        return previous.owner(oid) != self._membership.owner(oid)
 
-    def reannounce(self, previous: list[str], source_of: Callable[[ObjectID], str | None],
+    def reannounce(self, previous: OwnerSet, source_of: Callable[[ObjectID], str | None],
                    serving: Callable[[ObjectID], int]) -> None:
         """Tell each object's new owner shard what we hold (the directory is soft state),
         where each partial copy is pulled from (``source_of``) and how many pulls each copy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -10,11 +11,12 @@ import pytest
 
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import MemberInfo
-from hoplited.cluster.membership import OWNER_CACHE, Membership, rendezvous_owner
+from hoplited.cluster.membership import OWNER_CACHE, VECTOR_MIN, Membership, rendezvous_owner
 
 pytestmark = pytest.mark.unit
 
 ME = "b"
+MASK64 = (1 << 64) - 1
 
 
 def member(node_id: str, port: int = 7000) -> MemberInfo:
@@ -145,8 +147,29 @@ def test_rendezvous_is_deterministic_and_order_free() -> None:
     assert rendezvous_owner(ObjectID(bytes(20)), ["x"]) == "x"
     # a fixed answer, so a change of hash (which would move every id of a running cluster
     # between versions) cannot pass unnoticed
-    golden = ["node-5", "node-0", "node-5", "node-1", "node-1", "node-2", "node-4", "node-1"]
+    golden = ["node-2", "node-1", "node-2", "node-5", "node-0", "node-2", "node-4", "node-0"]
     assert [rendezvous_owner(ObjectID(bytes([i]) * 20), NODES) for i in range(8)] == golden
+
+
+def reference_owner(oid: ObjectID, nodes: list[str]) -> str:
+    """The score as docs/design.md §2.3 states it, one member at a time in Python's integers."""
+    def h(data: bytes) -> int:
+        return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+    def score(node: str) -> int:
+        z = h(oid.binary()) ^ h(node.encode())
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+        return z ^ (z >> 31)
+    return max(sorted(nodes), key=score)
+
+
+@pytest.mark.parametrize("count", [1, 2, 6, VECTOR_MIN - 1, VECTOR_MIN, 1000])
+def test_both_ways_of_scoring_give_the_stated_score(count: int) -> None:
+    """Small owner sets are scored member by member, larger ones as one numpy operation."""
+    nodes = [f"10.0.{i // 250}.{i % 250}:7000" for i in range(count)]
+    for oid in IDS[:200]:
+        assert rendezvous_owner(oid, nodes) == reference_owner(oid, nodes)
 
 
 def test_rendezvous_spreads_ids_over_nodes() -> None:
@@ -243,7 +266,7 @@ def test_owner_set_follows_trust(ops: list[tuple[str, str]], heard: list[list[st
     m.add(member("a"))
     m.add(member("c"))
     got: list[list[str]] = []
-    m.owner_listeners.append(got.append)
+    m.owner_listeners.append(lambda previous: got.append(list(previous.nodes)))
     apply(m, ops)
     assert got == heard
     assert m.owner_ids() == owners_after

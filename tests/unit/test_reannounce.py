@@ -17,6 +17,7 @@ from hoplite_client.wire.errors import HopliteError, NotOwnerError
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import Announce, Holding
+from hoplited.cluster.membership import OwnerSet
 from hoplited.directory.client import DirectoryClient
 from hoplited.memory.arena import PAGE, Arena
 from hoplited.memory.store import ObjectStore
@@ -85,7 +86,7 @@ async def test_a_retry_announces_what_the_store_holds_at_that_moment(
     owner = Owner(refusals=1, meanwhile=meanwhile)
     tasks = Tasks()
     client = DirectoryClient(owner, store, Membership(), tasks)  # type: ignore[arg-type]
-    client.reannounce(["gone"], lambda _: None, lambda _: 0)  # its old owner died
+    client.reannounce(OwnerSet(["gone"]), lambda _: None, lambda _: 0)  # its old owner died
     for _ in range(int(WAIT / 0.01)):
         if not len(tasks):
             break
