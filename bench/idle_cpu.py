@@ -1,9 +1,9 @@
 """CPU an idle daemon spends as the cluster grows: what heartbeats alone cost.
 
-Every member watches every other one, a Ping per pair each heartbeat interval
-(``hoplited/cluster/liveness.py``), so an idle daemon's CPU grows with the number of its
-peers. This starts local clusters of each size on loopback, lets them settle, and reads each
-daemon's CPU from /proc over a quiet window (docs/design.md §5, "Heartbeats at scale").
+Every member pings every other one each heartbeat interval (``hoplited/cluster/links.py``),
+so an idle daemon's CPU grows with the number of its peers. This starts local clusters of
+each size on loopback, lets them settle, and reads each daemon's CPU from /proc over a
+quiet window (docs/design.md §5, "Heartbeats at scale (not solved)").
 
 Usage: python bench/idle_cpu.py --nodes 2,8,16 --seconds 20
 """

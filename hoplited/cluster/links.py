@@ -1,11 +1,10 @@
 """Outbound control links to the other members, with heartbeats.
 
 Each daemon dials every other member once (role "peer") and sends its requests on that link;
-the member answers on the same link. A heartbeat runs on every link, its decisions taken by
-the pure core :mod:`hoplited.cluster.liveness` (this module only carries them out; one end of
-each pair sends the Pings, the other hears them through ``seen``): a peer silent for
-``heartbeat_timeout`` seconds is declared dead, at the latest ``heartbeat_timeout +
-heartbeat_interval`` after its last sign of life (any reply, or a Ping it sent), and at once
+the member answers on the same link. A heartbeat (Ping) runs on every link, its decisions
+taken by the pure core :mod:`hoplited.cluster.liveness` (this module only carries them out): a
+peer silent for ``heartbeat_timeout`` seconds is declared dead, at the latest
+``heartbeat_timeout + heartbeat_interval`` after its last sign of life (any reply), and at once
 when its host refuses a reconnection (its process is gone); every request waiting on it fails.
 Long before that verdict, a Ping unanswered for ``suspect_after`` seconds makes the member
 *suspected* (``on_suspect(node, True)``) until its next sign of life (docs/design.md §5).
@@ -47,8 +46,7 @@ class PeerLink:
         self.on_rtt = on_rtt
         self.on_suspect = on_suspect
         self.channel: Channel | None = None
-        self.liveness = lv.Liveness(interval, timeout, time.monotonic(), suspect_after,
-                                    lead=lv.leads(me.node_id, member.node_id))
+        self.liveness = lv.Liveness(interval, timeout, time.monotonic(), suspect_after)
         self._lock = asyncio.Lock()
         self._heartbeat: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -87,12 +85,8 @@ class PeerLink:
         """Send a request to this member and wait for its reply (typed errors re-raised)."""
         channel = await self._ensure()
         frame = await channel.request(msg, payload, timeout)
-        self.seen()
-        return frame
-
-    def seen(self) -> None:
-        """A sign of life from the member: a reply to us, or a Ping it sent us."""
         self._apply(self.liveness.handle(lv.Seen(time.monotonic())))
+        return frame
 
     def notify(self, msg: WireMessage, payload: Any = None) -> None:
         """Send a one-way message, connecting first if needed; failures are only logged."""

@@ -32,15 +32,6 @@ clears the suspicion (``Trust``); a false suspicion costs redone work, never a w
 With suspicion on, a ``SendPing`` is followed by a ``WaitUntil`` at the suspicion time: the
 driver runs the Ping concurrently and feeds a ``Tick`` then if the Ping is still unanswered.
 
-One Ping per pair. Both ends of a pair watch each other, but one Ping answers for both: the
-peer that sends it is alive, and so is the one that answers. So one end of each pair leads
-(``leads``: about half of each node's pairs) and pings on the schedule above; the other feeds
-each Ping it receives as ``Seen``, which puts its own next Ping ``DEFER`` intervals after it,
-so it sends none while the leader's keep coming (docs/design.md §5, "Heartbeats at scale").
-If they stop, its deferred Ping goes out and is bounded by the deadline as a failing one is:
-the verdict keeps its ``timeout + interval``, and a suspicion comes up to a quarter interval
-later than at the leading end.
-
 Nothing here waits or reads a clock: time arrives in the events, and ``handle`` returns the
 instructions to carry out. A driver is a short loop: feed ``Tick(now)``; on ``WaitUntil(t)``
 sleep until ``t`` and feed ``Tick``; on ``SendPing(timeout)`` run one Ping (connecting first if
@@ -53,7 +44,6 @@ sent with a full ``timeout`` rather than condemning a peer we never asked.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
@@ -62,11 +52,6 @@ from hoplite_client.wire.errors import InvalidArgumentError
 # After a lost connection the next attempt waits this much (at most one interval) more than
 # the interval: PeerLink._beat's ``min(interval, 0.2)``, a short pause before redialling.
 LOST_PAUSE = 0.2
-
-# A non-leading end's next Ping comes this many intervals after the peer's last sign of life:
-# later than the leader's next one (an interval and a round trip on), early enough that a
-# silent leader is suspected at most a quarter interval later than today.
-DEFER = 1.25
 
 FailureKind: TypeAlias = Literal["timeout", "lost", "refused"]
 FAILURE_KINDS: tuple[FailureKind, ...] = ("timeout", "lost", "refused")
@@ -166,7 +151,7 @@ class Liveness:
     """The heartbeat of one peer: events in, instructions out (see the module docstring)."""
 
     def __init__(self, interval: float, timeout: float, now: float,
-                 suspect_after: float | None = None, lead: bool = True) -> None:
+                 suspect_after: float | None = None) -> None:
         if not 0 < interval < timeout:
             raise InvalidArgumentError("liveness needs 0 < interval < timeout")
         if suspect_after is not None and not 0 < suspect_after < timeout:
@@ -174,7 +159,6 @@ class Liveness:
         self.interval = interval
         self.timeout = timeout
         self.suspect_after = suspect_after
-        self.lead = lead  # pings on schedule; else defers to the peer's Pings
         self._suspected = False
         self._suspect_at: float | None = None  # when the Ping in flight makes it suspected
         self._now = now  # the latest time any event carried: our clock never runs backwards
@@ -230,8 +214,6 @@ class Liveness:
     def _saw(self, when: float) -> list[Instruction]:
         """A sign of life: the peer is trusted again if it was suspected."""
         self._last_seen = max(self._last_seen, when)
-        if not self.lead and self._expires is None and not self._failing:
-            self._next_ping = max(self._next_ping, self._last_seen + DEFER * self.interval)
         if not self._suspected:
             return []
         self._suspected = False
@@ -289,9 +271,7 @@ class Liveness:
             wake = min(self._next_ping, self.deadline) if self._failing else self._next_ping
             return [WaitUntil(wake)]
         budget = self.timeout
-        # a retry ends by the deadline (> 0 then, or the check above would have fired), and so
-        # does a deferred Ping; an overdue one (our own process stalled) gets a full timeout
-        if self._failing or (not self.lead and self._now < self.deadline):
+        if self._failing:  # > 0, or the deadline check above would have fired
             budget = min(budget, self.deadline - self._now)
         self._expires = self._now + budget
         if self.suspect_after is None or self._suspected or budget <= self.suspect_after:
@@ -303,12 +283,3 @@ class Liveness:
         self._dead = True
         self._expires = self._suspect_at = None
         return [DeclareDead(reason)]
-
-
-def leads(me: str, peer: str) -> bool:
-    """Whether ``me`` pings ``peer`` on schedule (exactly one end of each pair does): a hash of
-    the pair decides, so each node leads about half of its pairs and measures round trips to
-    those."""
-    low, high = sorted((me, peer))
-    flip = hashlib.blake2b(f"{low}\0{high}".encode(), digest_size=1).digest()[0] & 1
-    return (me == low) == bool(flip)

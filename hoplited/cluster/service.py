@@ -78,9 +78,4 @@ class ClusterService:
         self.add_member(msg.member, announce=False)
 
     def on_ping(self, peer: str, msg: Ping, payload: memoryview | None) -> Ok:
-        """Answer; the Ping is also a sign of life of its sender, which spares our own Ping
-        to it (liveness.py, "One Ping per pair")."""
-        link = self._links.get(peer)
-        if link is not None:
-            link.seen()
         return Ok()
