@@ -102,8 +102,7 @@ class Membership:
         # suspicion raised or cleared), after ``listeners``
         self.owner_listeners: list[Callable[[OwnerSet], None]] = []
         self._alive = [me.node_id]
-        self._owners = [me.node_id]
-        self._owner_set = OwnerSet(self._owners)
+        self._owner_set = OwnerSet([me.node_id])
         self._owner_of: dict[ObjectID, str] = {}
 
     def alive_ids(self) -> list[str]:
@@ -115,7 +114,7 @@ class Membership:
     def owner_ids(self) -> list[str]:
         """The members that own objects now: the trusted ones, sorted (never empty: a node
         never suspects itself)."""
-        return self._owners
+        return list(self._owner_set.nodes)
 
     def is_trusted(self, node_id: str) -> bool:
         """Alive and not suspected: a node worth waiting on."""
@@ -176,10 +175,9 @@ class Membership:
         self._owners_changed()
 
     def _owners_changed(self) -> None:
-        owners = [n for n in self._alive if n not in self.suspected]
-        if owners != self._owners:
-            previous = self._owner_set
-            self._owners, self._owner_set = owners, OwnerSet(owners)
+        owners = tuple(n for n in self._alive if n not in self.suspected)  # sorted, as _alive
+        if owners != self._owner_set.nodes:
+            previous, self._owner_set = self._owner_set, OwnerSet(owners)
             self._owner_of.clear()
             for listener in self.owner_listeners:
                 listener(previous)
