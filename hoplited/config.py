@@ -12,6 +12,8 @@ from hoplited.collectives.tree import TWO_TREE_MODES
 
 # A ring that waits longer than this for its inputs would hold stripes back for no gain.
 MAX_RING_WAIT = 60.0
+# Watchers per member at most: more would be a full mesh in any cluster one could run here.
+MAX_WATCHERS = 1024
 
 
 def host_memory() -> int:
@@ -56,6 +58,11 @@ class DaemonConfig:
     # though it stays a member (docs/design.md §5). A loaded host answers within tens of ms;
     # a false suspicion costs redone work, never a wrong result. None: no suspicion.
     suspect_after: float | None = 1.0
+    # Each member is pinged every interval by this many others (its watchers); the rest ask
+    # it only on an alarm from one of them or when their connection to it closes, so a
+    # member's heartbeat work stays flat as the cluster grows (docs/design.md §5, "Watchers").
+    # Clusters of at most watchers + 1 members: everyone pings everyone.
+    watchers: int = 16
     # The longest a pull may receive nothing before it is abandoned and resumed from another
     # source; a get's own window is derived from the link rate below this cap (link_model.py).
     stall_timeout: float = 30.0
@@ -103,6 +110,8 @@ class DaemonConfig:
             raise InvalidArgumentError("heartbeat interval must be positive")
         if self.heartbeat_timeout <= self.heartbeat_interval:
             raise InvalidArgumentError("heartbeat timeout must exceed the heartbeat interval")
+        if not 1 <= self.watchers <= MAX_WATCHERS:
+            raise InvalidArgumentError(f"--watchers must be between 1 and {MAX_WATCHERS}")
         if self.suspect_after is not None and not 0 < self.suspect_after < self.heartbeat_timeout:
             raise InvalidArgumentError("--suspect-after must be positive and below the heartbeat "
                                        "timeout (0 turns suspicion off)")

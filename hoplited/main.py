@@ -112,6 +112,11 @@ async def watch_users(fd: int, stop: Callable[[], None]) -> None:
 @click.option("--suspect-after", default=1.0, show_default=True, type=float,
               help="Seconds a Ping may go unanswered before the member is suspected: nothing "
                    "waits on it, though it stays a member (docs/design.md §5); 0: never.")
+@click.option("--watchers", default=16, show_default=True, type=int,
+              help="Members that ping each member every heartbeat interval; the others ask "
+                   "it only on a watcher's alarm, so heartbeats stay flat as the cluster "
+                   "grows (docs/design.md §5, \"Watchers\"). At most this + 1 members: "
+                   "everyone pings everyone.")
 @click.option("--stall-timeout", default=30.0, show_default=True, type=float,
               help="Longest a transfer may receive nothing before it switches source (a "
                    "get's window is derived from the measured link rate: about 1 s on 1 Gbit "
@@ -142,7 +147,8 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
          two_trees: str, ring_wait: float, pair: bool, advertise: str | None,
          heartbeat_interval: float,
          heartbeat_timeout: float,
-         suspect_after: float, stall_timeout: float, log_level: str, log_format: str,
+         suspect_after: float, watchers: int, stall_timeout: float, log_level: str,
+         log_format: str,
          metrics_port: int | None, tls_cert: str | None, tls_key: str | None,
          tls_ca: str | None, exit_with_parent: bool, users_lock: str | None) -> None:
     """Run the hoplite daemon for this host."""
@@ -155,7 +161,8 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
                               pair=pair,
                               heartbeat_interval=heartbeat_interval,
                               heartbeat_timeout=heartbeat_timeout,
-                              suspect_after=suspect_after or None, stall_timeout=stall_timeout,
+                              suspect_after=suspect_after or None, watchers=watchers,
+                              stall_timeout=stall_timeout,
                               advertise_host=advertise, metrics_port=metrics_port,
                               tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca)
         if capacity is not None:

@@ -90,6 +90,8 @@ def families(info: Mapping[str, Any]) -> list[Metric]:
     families: tuple[tuple[str, type[GaugeMetricFamily | CounterMetricFamily], str], ...] = (
         ("clients", GaugeMetricFamily, "Clients connected to this daemon."),
         ("reduce_tasks", GaugeMetricFamily, "Reduce tasks (partial sums) running on this node."),
+        ("watching", GaugeMetricFamily, "Members this daemon pings every heartbeat interval "
+         "(docs/design.md §5, \"Watchers\")."),
         ("idle_data_connections", GaugeMetricFamily, "Data connections to other daemons kept "
          "idle for the next pull (docs/design.md §3)."),
         ("reduce_folds", CounterMetricFamily, "Lost reduce inputs folded into a slot on this "

@@ -86,7 +86,8 @@ class Daemon:
         tasks, store, arena = self.tasks, self.store, self.arena
         self._links = links = Links(self.identity, cfg.heartbeat_interval, cfg.heartbeat_timeout,
                                     membership.mark_dead, link_model.observe_rtt,
-                                    membership.suspect, cfg.suspect_after)
+                                    membership.suspect, cfg.suspect_after, cfg.watchers,
+                                    on_warn=lambda node, dead: cluster.warn(node, dead))
         verdict_within = cfg.heartbeat_timeout + 2 * cfg.heartbeat_interval  # a death's news
         self._rpc = rpc = Rpc(self.identity, membership, links, tasks,
                               retry_window=verdict_within)
@@ -134,7 +135,7 @@ class Daemon:
             "allreduces_as_ring": lambda: allreduces.counts.run,
             "rings_given_up": lambda: allreduces.counts.given_up,
             "allreduces_as_pair": lambda: allreduces.counts.pairs,
-            "idle_data_connections": lambda: len(connections),
+            "idle_data_connections": lambda: len(connections), "watching": links.watching,
             "transfers": fetcher.in_flight, "reduce_slots": worker.in_flight},
             errors=errors)
         listener = self._listener = ClientListener(cfg.socket_path, self.node_id, arena,
@@ -151,6 +152,7 @@ class Daemon:
                   data=sender.serve)
 
         def membership_changed(previous: list[str]) -> None:
+            links.rewatch(membership.alive_ids())
             for node in set(membership.alive_ids()) - set(previous) - {self.node_id}:
                 member = membership.members[node]
                 connections.warm(node, member.host, member.port)

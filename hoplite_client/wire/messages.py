@@ -765,3 +765,12 @@ _resolve_replies(globals())
 def kinds_for(role: Role) -> list[type[WireMessage]]:
     """The requests and one-ways ``role`` may send: a server of that role handles each."""
     return [cls for cls in MESSAGES.values() if role in cls.ROLES]
+
+
+@message(78, shape="oneway", roles=(PEER,))
+class Alarm(WireMessage):
+    """From a member that watches ``node``: it is suspected (``dead``: declared dead); check it
+    yourself (docs/design.md §5, "Watchers")."""
+
+    node: str
+    dead: bool

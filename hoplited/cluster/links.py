@@ -8,6 +8,11 @@ peer silent for ``heartbeat_timeout`` seconds is declared dead, at the latest
 when its host refuses a reconnection (its process is gone); every request waiting on it fails.
 Long before that verdict, a Ping unanswered for ``suspect_after`` seconds makes the member
 *suspected* (``on_suspect(node, True)``) until its next sign of life (docs/design.md §5).
+
+Above ``watchers + 1`` members a link pings only the members this node watches
+(:mod:`.watching`); the others are asked when their connection closes or a watcher's alarm
+arrives (``alarm``), and a watched member's suspicion or death is passed on (``on_warn``) to
+the members that do not watch it (docs/design.md §5, "Watchers").
 """
 
 from __future__ import annotations
@@ -15,15 +20,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from hoplite_client.net.channel import Channel
 from hoplite_client.net.handshake import Identity, dial, refused
-from hoplite_client.wire.errors import ConnectionLostError, HopliteError, PeerUnavailableError
+from hoplite_client.wire.errors import (
+    ConnectionLostError,
+    HopliteError,
+    HopliteTimeoutError,
+    PeerUnavailableError,
+)
 from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.messages import MemberInfo, Ping, Request, WireMessage
 from hoplited.cluster import liveness as lv
+from hoplited.cluster.watching import watched_by
 
 log = logging.getLogger("hoplited.links")
 
@@ -37,7 +49,8 @@ class PeerLink:
                  on_dead: Callable[[str], object],
                  on_rtt: Callable[[float], None] = lambda rtt: None,
                  on_suspect: Callable[[str, bool], None] = lambda node, suspected: None,
-                 suspect_after: float | None = None) -> None:
+                 suspect_after: float | None = None, watched: bool = True,
+                 on_warn: Callable[[str, bool], None] = lambda node, dead: None) -> None:
         self.member = member
         self.me = me
         self.interval = interval
@@ -45,12 +58,17 @@ class PeerLink:
         self.on_dead = on_dead
         self.on_rtt = on_rtt
         self.on_suspect = on_suspect
+        self.on_warn = on_warn
         self.channel: Channel | None = None
-        self.liveness = lv.Liveness(interval, timeout, time.monotonic(), suspect_after)
+        self.liveness = lv.Liveness(interval, timeout, time.monotonic(), suspect_after, watched)
+        self.watched = watched  # as last asked (the core hears of it when the heartbeat runs)
         self._lock = asyncio.Lock()
         self._heartbeat: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._closed = asyncio.Event()  # the channel closed on its own: the heartbeat redials
+        # events from outside the heartbeat (the channel closed on its own, a watcher's
+        # alarm, a change of watch), fed to the core in order by the heartbeat
+        self._inbox: deque[lv.Event] = deque()
+        self._poked = asyncio.Event()
 
     @property
     def node_id(self) -> str:
@@ -77,13 +95,25 @@ class PeerLink:
                     raise PeerUnavailableError(f"{self.member.host}:{self.member.port} is now "
                                                f"{peer_id}, not {self.node_id}", node=self.node_id)
                 self.channel = Channel(protocol)
-                protocol.closed.add_done_callback(lambda _: self._closed.set())
+                protocol.closed.add_done_callback(lambda _: self._feed(lv.Closed))
             return self.channel
 
     async def request(self, msg: Request[R], payload: Any = None,
                       timeout: float | None = None) -> Frame[R]:
-        """Send a request to this member and wait for its reply (typed errors re-raised)."""
-        channel = await self._ensure()
+        """Send a request to this member and wait for its reply (typed errors re-raised).
+        ``timeout`` bounds the whole of it, the dial included: a member we do not watch may
+        have no connection yet, and a frozen one accepts the dial but never the handshake."""
+        if timeout is None or (self.channel is not None and self.channel.is_open):
+            channel = await self._ensure()
+        else:
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout(timeout):
+                    channel = await self._ensure()
+            except TimeoutError:
+                raise HopliteTimeoutError(f"{self.node_id}: no connection within "
+                                          f"{timeout}s") from None
+            timeout = max(0.0, timeout - (time.monotonic() - started))
         frame = await channel.request(msg, payload, timeout)
         self._apply(self.liveness.handle(lv.Seen(time.monotonic())))
         return frame
@@ -103,12 +133,28 @@ class PeerLink:
         except HopliteError as exc:
             log.info("could not tell %s %s: %s", self.node_id, type(msg).__name__, exc)
 
+    def alarm(self, dead: bool) -> None:
+        """A member that watches this one found it silent (``dead``: declared it dead)."""
+        self._feed(lambda now: lv.Alarm(now, dead))
+
+    def watch(self, watched: bool) -> None:
+        """This member entered or left our watch set."""
+        if watched != self.watched:
+            self.watched = watched
+            self._feed(lambda now: lv.Watch(now, watched))
+
+    def _feed(self, event: Callable[[float], lv.Event]) -> None:
+        """Queue an event for the heartbeat, stamped now."""
+        self._inbox.append(event(time.monotonic()))
+        self._poked.set()
+
     async def _beat(self) -> None:
         """Carry out the liveness core's instructions until it declares the member dead. A
-        Ping runs as a task of its own, so the core's wake-ups (the suspicion time) and a
-        closed connection are fed while it is out."""
+        Ping runs as a task of its own, so the core's wake-ups (the suspicion time) and the
+        events from outside (``_feed``) are fed while it is out."""
         ping: asyncio.Task[lv.Event] | None = None
         wake: float | None = None
+        idle = False
         todo = self.liveness.handle(lv.Tick(time.monotonic()))
         try:
             while True:
@@ -118,23 +164,27 @@ class PeerLink:
                         return
                     if isinstance(ins, lv.SendPing):
                         ping = asyncio.ensure_future(self._ping(ins.timeout))
-                        wake = None
+                        wake, idle = None, False
                     elif isinstance(ins, lv.WaitUntil):
-                        wake = ins.t
-                if ping is None and wake is None:
+                        wake, idle = ins.t, False
+                    elif isinstance(ins, lv.Idle):
+                        wake, idle = None, True
+                if ping is None and wake is None and not idle:
                     wake = time.monotonic()  # nothing pending: ask the core again now
-                closed = asyncio.ensure_future(self._closed.wait())
-                waits: set[asyncio.Future[Any]] = {closed} if ping is None else {closed, ping}
+                poked = asyncio.ensure_future(self._poked.wait())
+                waits: set[asyncio.Future[Any]] = {poked} if ping is None else {poked, ping}
                 timeout = None if wake is None else max(0.0, wake - time.monotonic())
                 done, _ = await asyncio.wait(waits, timeout=timeout,
                                              return_when=asyncio.FIRST_COMPLETED)
-                closed.cancel()
+                poked.cancel()
                 if ping is not None and ping in done:
                     event, ping = ping.result(), None
                     todo = self.liveness.handle(event)
-                elif self._closed.is_set():
-                    self._closed.clear()
-                    todo = self.liveness.handle(lv.Closed(time.monotonic()))
+                elif self._inbox:
+                    event = self._inbox.popleft()
+                    if not self._inbox:
+                        self._poked.clear()
+                    todo = self.liveness.handle(event)
                 else:
                     wake = None
                     todo = self.liveness.handle(lv.Tick(time.monotonic()))
@@ -171,6 +221,8 @@ class PeerLink:
                 self.on_suspect(self.node_id, True)
             elif isinstance(ins, lv.Trust):
                 self.on_suspect(self.node_id, False)
+            elif isinstance(ins, lv.Warn):
+                self.on_warn(self.node_id, ins.dead)
             elif isinstance(ins, lv.DeclareDead):
                 log.warning("member %s is dead: %s", self.node_id, ins.reason)
                 self.close()
@@ -198,7 +250,8 @@ class Links:
     def __init__(self, me: Identity, interval: float, timeout: float,
                  on_dead: Callable[[str], object], on_rtt: Callable[[float], None],
                  on_suspect: Callable[[str, bool], None] = lambda node, suspected: None,
-                 suspect_after: float | None = None) -> None:
+                 suspect_after: float | None = None, watchers: int = 16,
+                 on_warn: Callable[[str, bool], None] = lambda node, dead: None) -> None:
         self._me = me
         self._interval = interval
         self._timeout = timeout
@@ -206,6 +259,8 @@ class Links:
         self._on_rtt = on_rtt
         self._on_suspect = on_suspect
         self._suspect_after = suspect_after
+        self.watchers = watchers
+        self._on_warn = on_warn
         self._links: dict[str, PeerLink] = {}
 
     def get(self, node: str) -> PeerLink | None:
@@ -223,10 +278,29 @@ class Links:
             return
         if old is not None:
             old.close()
+        # unwatched until ``rewatch`` places it: the membership it joins is not ours yet
         link = PeerLink(member, self._me, self._interval, self._timeout, self._on_dead,
-                        self._on_rtt, self._on_suspect, self._suspect_after)
+                        self._on_rtt, self._on_suspect, self._suspect_after, watched=False,
+                        on_warn=self._on_warn)
         self._links[member.node_id] = link
         link.start()
+
+    def watching(self) -> int:
+        """How many members we ping every interval."""
+        return sum(link.watched for link in self._links.values() if not link.liveness.dead)
+
+    def rewatch(self, alive: Iterable[str]) -> None:
+        """The live membership changed: ping every interval exactly the members we watch."""
+        watched = watched_by(self._me.node_id, alive, self.watchers)
+        for node, link in self._links.items():
+            if not link.liveness.dead:
+                link.watch(node in watched)
+
+    def alarm(self, node: str, dead: bool) -> None:
+        """A watcher of ``node`` found it silent: ask it ourselves."""
+        link = self._links.get(node)
+        if link is not None:
+            link.alarm(dead)
 
     def refused(self, node: str) -> None:
         """Some dial of ours to ``node`` was refused: its link decides (dead at once)."""

@@ -32,6 +32,17 @@ clears the suspicion (``Trust``); a false suspicion costs redone work, never a w
 With suspicion on, a ``SendPing`` is followed by a ``WaitUntil`` at the suspicion time: the
 driver runs the Ping concurrently and feeds a ``Tick`` then if the Ping is still unanswered.
 
+Watching, for clusters larger than the watch set (docs/design.md §5, "Watchers"). A peer this
+node does not watch (``watched`` False, or ``Watch(watched=False)``) gets no periodic Ping:
+the core answers ``Idle`` until there is a reason to ask it. Reasons are a closed connection,
+an ``Alarm`` from a member that watches it, or our own suspicion; the core then pings every
+interval until the peer answers, and its silence counts from when we began asking, not from
+the last time we happened to hear from it. An alarm is a claim, never a verdict: the peer is
+suspected only when our own Ping goes unanswered for ``suspect_after`` (or fails), and an
+alarm that it is dead kills it only together with that evidence of our own, so a watcher cut
+off from a healthy peer cannot condemn it everywhere. A watched peer's suspicion or death
+comes with ``Warn``: tell the members that do not watch it.
+
 Nothing here waits or reads a clock: time arrives in the events, and ``handle`` returns the
 instructions to carry out. A driver is a short loop: feed ``Tick(now)``; on ``WaitUntil(t)``
 sleep until ``t`` and feed ``Tick``; on ``SendPing(timeout)`` run one Ping (connecting first if
@@ -100,7 +111,23 @@ class Closed:
     now: float
 
 
-Event: TypeAlias = Tick | Answered | Failed | Seen | Closed
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """The peer entered (``watched``) or left this node's watch set."""
+
+    now: float
+    watched: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Alarm:
+    """A member that watches the peer found it silent (``dead``: declared it dead)."""
+
+    now: float
+    dead: bool
+
+
+Event: TypeAlias = Tick | Answered | Failed | Seen | Closed | Watch | Alarm
 
 
 # --- instructions ---
@@ -144,14 +171,29 @@ class DeclareDead:
     reason: str
 
 
-Instruction: TypeAlias = SendPing | WaitUntil | ReportRtt | Suspect | Trust | DeclareDead
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """Nothing to do until an event arrives: the peer is not watched and nothing calls for a
+    Ping."""
+
+
+@dataclass(frozen=True, slots=True)
+class Warn:
+    """Tell the members that do not watch the peer that it is suspected (or ``dead``); each
+    then asks it itself."""
+
+    dead: bool
+
+
+Instruction: TypeAlias = (SendPing | WaitUntil | ReportRtt | Suspect | Trust | DeclareDead | Idle
+                          | Warn)
 
 
 class Liveness:
     """The heartbeat of one peer: events in, instructions out (see the module docstring)."""
 
     def __init__(self, interval: float, timeout: float, now: float,
-                 suspect_after: float | None = None) -> None:
+                 suspect_after: float | None = None, watched: bool = True) -> None:
         if not 0 < interval < timeout:
             raise InvalidArgumentError("liveness needs 0 < interval < timeout")
         if suspect_after is not None and not 0 < suspect_after < timeout:
@@ -164,6 +206,9 @@ class Liveness:
         self._now = now  # the latest time any event carried: our clock never runs backwards
         self._last_seen = now  # a new link counts as a sign of life, as PeerLink always did
         self._next_ping = now + interval
+        self._watched = watched
+        self._asking = False  # a closed connection or an alarm: Ping until the peer answers
+        self._condemned = False  # a watcher declared it dead: our own failed Ping confirms it
         self._failing = False  # the latest attempt failed (cleared by an answer)
         self._expires: float | None = None  # when the Ping in flight times out, if any
         self._dead = False
@@ -188,6 +233,10 @@ class Liveness:
         return self._suspected
 
     @property
+    def watched(self) -> bool:
+        return self._watched
+
+    @property
     def in_flight(self) -> bool:
         """Whether a Ping has been sent and its outcome not yet fed."""
         return self._expires is not None
@@ -203,13 +252,37 @@ class Liveness:
             return self._answered(event)
         if isinstance(event, Failed):
             return self._failed(event.kind)
-        if isinstance(event, Closed):
+        if isinstance(event, Watch):
+            if event.watched and not self._watched and not self._active():
+                self._last_seen = max(self._last_seen, self._now)  # as a new link does
+                self._next_ping = self._now + self.interval
+            self._watched = event.watched
+        elif isinstance(event, Alarm):
+            if event.dead and self._suspected:  # our own Ping already went unanswered
+                self._condemned = True  # the watcher told the others: no Warn from us
+                return self._die("declared dead by a watcher, and silent to us too")
+            self._condemned |= event.dead
+            self._ask_early()
+        elif isinstance(event, Closed):
             if self._expires is not None:
                 return []  # the Ping in flight fails on its own, its outcome decides
-            if self._now >= self._early + self.interval:  # at most one early redial per
-                self._early = self._now  # interval: a peer that keeps closing cannot spin us
-                self._next_ping = min(self._next_ping, self._now)
+            self._ask_early()
         return self._tick()
+
+    def _active(self) -> bool:
+        """Whether the peer is pinged every interval: watched, or a reason to ask holds."""
+        return self._watched or self._asking or self._suspected or self._failing
+
+    def _ask_early(self) -> None:
+        """Ping now, at most once per interval (a peer that keeps closing, or a member that
+        keeps sending alarms, cannot spin us); an idle peer's silence counts from now."""
+        if not self._active():
+            self._last_seen = max(self._last_seen, self._now)
+            self._next_ping = self._now + self.interval
+        self._asking = True
+        if self._expires is None and self._now >= self._early + self.interval:
+            self._early = self._now
+            self._next_ping = min(self._next_ping, self._now)
 
     def _saw(self, when: float) -> list[Instruction]:
         """A sign of life: the peer is trusted again if it was suspected."""
@@ -224,15 +297,17 @@ class Liveness:
         if self.suspect_after is None or self._suspected:
             return []
         self._suspected = True
-        return [Suspect(reason)]
+        return [Warn(dead=False), Suspect(reason)] if self._watched else [Suspect(reason)]
 
     def _answered(self, event: Answered) -> list[Instruction]:
         trust = self._saw(event.now)
         if self._expires is None:
             return trust  # a duplicate, or the answer to a Ping already given up: no RTT
         self._expires = self._suspect_at = None
-        self._failing = False
+        self._failing = self._asking = self._condemned = False
         self._next_ping = self._now + self.interval
+        if not self._active():
+            return [*trust, ReportRtt(event.rtt), Idle()]
         return [*trust, ReportRtt(event.rtt), WaitUntil(self._next_ping)]
 
     def _failed(self, kind: FailureKind) -> list[Instruction]:
@@ -244,6 +319,8 @@ class Liveness:
         return self._attempt_failed(kind)
 
     def _attempt_failed(self, kind: FailureKind) -> list[Instruction]:
+        if self._condemned:
+            return self._die(f"declared dead by a watcher; our ping failed too ({kind})")
         silent = self._now - self._last_seen
         if silent >= self.timeout:
             return self._die(f"silent for {silent:.1f}s (ping: {kind})")
@@ -257,6 +334,9 @@ class Liveness:
         if self._expires is not None:
             if self._suspect_at is not None and self._now >= self._suspect_at:
                 unanswered = self.suspect_after
+                if self._condemned:
+                    return self._die(f"declared dead by a watcher; no answer to our ping "
+                                     f"for {unanswered}s")
                 return [*self._suspect(f"no answer to a ping for {unanswered}s"),
                         WaitUntil(self._expires)]
             if self._now < self._expires:
@@ -267,6 +347,8 @@ class Liveness:
         if self._failing and self._now >= self.deadline:
             silent = self._now - self._last_seen
             return self._die(f"silent for {silent:.1f}s (no answer by the deadline)")
+        if not self._active():
+            return [Idle()]
         if self._now < self._next_ping:
             wake = min(self._next_ping, self.deadline) if self._failing else self._next_ping
             return [WaitUntil(wake)]
@@ -282,4 +364,6 @@ class Liveness:
     def _die(self, reason: str) -> list[Instruction]:
         self._dead = True
         self._expires = self._suspect_at = None
+        if self._watched and not self._condemned:
+            return [Warn(dead=True), DeclareDead(reason)]
         return [DeclareDead(reason)]

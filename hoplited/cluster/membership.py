@@ -51,7 +51,9 @@ def _mix(z: int) -> int:
 
 
 @functools.lru_cache(maxsize=65536)
-def _node_key(node_id: str) -> int:
+def node_key(node_id: str) -> int:
+    """A member's 64-bit hash: its part of every owner score, and its place on the watchers'
+    ring (:mod:`.watching`)."""
     return _hash64(node_id.encode())
 
 
@@ -66,7 +68,7 @@ class OwnerSet:
         self.nodes: tuple[str, ...] = tuple(sorted(set(nodes)))
         if not self.nodes:
             raise ValueError("no members to own objects")
-        self._keys = [_node_key(n) for n in self.nodes]
+        self._keys = [node_key(n) for n in self.nodes]
         self._vector = (np.array(self._keys, dtype=np.uint64)
                         if len(self._keys) >= VECTOR_MIN else None)
 

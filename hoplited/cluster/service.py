@@ -1,9 +1,11 @@
-"""Joining the cluster and learning of members: Join, MemberUp and Ping.
+"""Joining the cluster and learning of members: Join, MemberUp, Ping and Alarm.
 
 ``--join`` names any member; it answers with the live membership and tells the others
-(MemberUp), so every member dials every other one. A link per member runs the heartbeat
-(:mod:`.links`); a member found dead is marked so in :class:`~.membership.Membership`, whose
-listeners move directory ownership.
+(MemberUp), so every member knows every other one. A link per member runs the heartbeat
+(:mod:`.links`) for the members this node watches (:mod:`.watching`); a member found dead is
+marked so in :class:`~.membership.Membership`, whose listeners move directory ownership. A
+watcher that finds a member silent tells the members that do not watch it (Alarm), and each
+of them asks the member itself (docs/design.md §5, "Watchers").
 """
 
 from __future__ import annotations
@@ -18,9 +20,19 @@ from hoplite_client.wire.errors import (
     HopliteTimeoutError,
     UnreachableError,
 )
-from hoplite_client.wire.messages import Join, MemberInfo, Members, MemberUp, Ok, Ping, WireMessage
+from hoplite_client.wire.messages import (
+    Alarm,
+    Join,
+    MemberInfo,
+    Members,
+    MemberUp,
+    Ok,
+    Ping,
+    WireMessage,
+)
 from hoplited.cluster.links import Links
 from hoplited.cluster.membership import Membership
+from hoplited.cluster.watching import to_alarm
 from hoplited.dispatch import Handler
 
 log = logging.getLogger("hoplited.cluster")
@@ -35,7 +47,8 @@ class ClusterService:
         self._links = links
 
     def handlers(self) -> dict[type[WireMessage], Handler]:
-        return {Join: self.on_join, MemberUp: self.on_member_up, Ping: self.on_ping}
+        return {Join: self.on_join, MemberUp: self.on_member_up, Ping: self.on_ping,
+                Alarm: self.on_alarm}
 
     async def join(self, seeds: list[tuple[str, int]]) -> None:
         """Join through the first seed that answers; learn the whole membership from it."""
@@ -79,3 +92,20 @@ class ClusterService:
 
     def on_ping(self, peer: str, msg: Ping, payload: memoryview | None) -> Ok:
         return Ok()
+
+    def warn(self, node: str, dead: bool) -> None:
+        """We watch ``node`` and found it silent: tell the members that do not watch it."""
+        alive = self._membership.alive_ids()
+        told = to_alarm(self._identity.node_id, node, alive, self._links.watchers)
+        if told:
+            log.info("telling %d members that %s is %s", len(told), node,
+                     "dead" if dead else "suspected")
+        for other in told:
+            link = self._links.get(other)
+            if link is not None:
+                link.notify(Alarm(node=node, dead=dead))
+
+    def on_alarm(self, peer: str, msg: Alarm, payload: memoryview | None) -> None:
+        """A watcher of ``msg.node`` found it silent: a claim our own Ping must confirm."""
+        if msg.node != self._identity.node_id and self._membership.is_alive(msg.node):
+            self._links.alarm(msg.node, msg.dead)

@@ -12,11 +12,13 @@ import hoplited.cluster.liveness as liveness_module
 from hoplite_client.wire.errors import InvalidArgumentError
 from hoplited.cluster.liveness import (
     LOST_PAUSE,
+    Alarm,
     Answered,
     Closed,
     DeclareDead,
     Event,
     Failed,
+    Idle,
     Instruction,
     Liveness,
     ReportRtt,
@@ -26,6 +28,8 @@ from hoplited.cluster.liveness import (
     Tick,
     Trust,
     WaitUntil,
+    Warn,
+    Watch,
 )
 
 pytestmark = pytest.mark.unit
@@ -51,13 +55,14 @@ class Case:
     timeout: float = T
     suspect_after: float | None = None
     suspected: bool = False
+    watched: bool = True
 
 
 CASES = [
     Case("a closed connection is redialled at once; the refusal is the verdict", [
         (Tick(0.0), [WaitUntil(1.0)]),
         (Closed(0.25), [SendPing(T)]),
-        (Failed(0.26, "refused"), [DeclareDead("refuses connections")]),
+        (Failed(0.26, "refused"), [Warn(dead=True), DeclareDead("refuses connections")]),
         (Closed(0.3), []),
     ], last_seen=0.0, dead=True),
     Case("a closed connection while a Ping is in flight: the Ping's outcome decides", [
@@ -105,7 +110,7 @@ CASES = [
         (Tick(1.0), [SendPing(T)]),
         (Answered(1.5, 0.5), [ReportRtt(0.5), WaitUntil(2.5)]),
         (Tick(2.5), [SendPing(T)]),
-        (Failed(7.5, "timeout"), [DeclareDead("silent for 6.0s (ping: timeout)")]),
+        (Failed(7.5, "timeout"), [Warn(dead=True), DeclareDead("silent for 6.0s (ping: timeout)")]),
     ], last_seen=1.5, dead=True),
     Case("SIGSTOP just after a reply mid-Ping: still dead by timeout + interval", [
         # Today's loop pinged again with a full timeout and condemned it at 13.5.
@@ -115,11 +120,11 @@ CASES = [
         (Seen(3.0), []),
         (Failed(7.5, "timeout"), [WaitUntil(8.5)]),  # silent 4.5 < T
         (Tick(8.5), [SendPing(0.5)]),  # cut to end at the deadline 3+T+I = 9
-        (Failed(9.0, "timeout"), [DeclareDead("silent for 6.0s (ping: timeout)")]),
+        (Failed(9.0, "timeout"), [Warn(dead=True), DeclareDead("silent for 6.0s (ping: timeout)")]),
     ], last_seen=3.0, dead=True),
     Case("a failure after timeout of silence is fatal, however early in the Ping", [
         (Tick(1.0), [SendPing(T)]),
-        (Failed(5.0, "lost"), [DeclareDead("silent for 5.0s (ping: lost)")]),
+        (Failed(5.0, "lost"), [Warn(dead=True), DeclareDead("silent for 5.0s (ping: lost)")]),
     ], last_seen=0.0, dead=True),
     Case("not earlier: a failure just under timeout of silence is not fatal", [
         (Tick(1.0), [SendPing(T)]),
@@ -129,15 +134,15 @@ CASES = [
         (Tick(1.0), [SendPing(T)]),
         (Failed(4.875, "lost"), [WaitUntil(6.0)]),  # the retry would be at 4.875 + P + I
         (Tick(5.5), [WaitUntil(6.0)]),
-        (Tick(6.0), [DeclareDead("silent for 6.0s (no answer by the deadline)")]),
+        (Tick(6.0), [Warn(dead=True), DeclareDead("silent for 6.0s (no answer by the deadline)")]),
     ], last_seen=0.0, dead=True),
     Case("refused reconnection (from any request): dead at once", [
         (Tick(0.0), [WaitUntil(1.0)]),
-        (Failed(0.5, "refused"), [DeclareDead("refuses connections")]),
+        (Failed(0.5, "refused"), [Warn(dead=True), DeclareDead("refuses connections")]),
     ], last_seen=0.0, dead=True),
     Case("refused while our Ping is in flight: dead at once", [
         (Tick(1.0), [SendPing(T)]),
-        (Failed(1.5, "refused"), [DeclareDead("refuses connections")]),
+        (Failed(1.5, "refused"), [Warn(dead=True), DeclareDead("refuses connections")]),
     ], last_seen=0.0, dead=True),
     Case("out of order: an answer stamped before a reply already seen", [
         (Tick(1.0), [SendPing(T)]),
@@ -159,7 +164,7 @@ CASES = [
     Case("a driver that ticks during the Ping: the core enforces the Ping's timeout", [
         (Tick(1.0), [SendPing(T)]),
         (Tick(3.0), [WaitUntil(6.0)]),
-        (Tick(6.0), [DeclareDead("silent for 6.0s (ping: timeout)")]),
+        (Tick(6.0), [Warn(dead=True), DeclareDead("silent for 6.0s (ping: timeout)")]),
     ], last_seen=0.0, dead=True),
     Case("a Ping given up on a tick: its late outcome is life (answer) or ignored (failure)", [
         (Tick(1.0), [SendPing(T)]),
@@ -175,7 +180,7 @@ CASES = [
         (Answered(10.25, 0.25), [ReportRtt(0.25), WaitUntil(11.25)]),
     ], last_seen=10.25),
     Case("events after death are ignored", [
-        (Failed(0.5, "refused"), [DeclareDead("refuses connections")]),
+        (Failed(0.5, "refused"), [Warn(dead=True), DeclareDead("refuses connections")]),
         (Tick(1.0), []),
         (Seen(1.5), []),
         (Answered(2.0, 0.1), []),
@@ -191,39 +196,109 @@ CASES = [
     Case("a ping unanswered for S: suspected, then trusted again by its late answer", [
         (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
         (Tick(1.2), [WaitUntil(1.5)]),  # early: nothing yet
-        (Tick(1.5), [Suspect(f"no answer to a ping for {S}s"), WaitUntil(1.0 + T)]),
+        (Tick(1.5), [Warn(dead=False), Suspect(f"no answer to a ping for {S}s"), WaitUntil(1.0 + T)]),
         (Tick(2.0), [WaitUntil(1.0 + T)]),  # suspected once only
         (Answered(2.5, 1.5), [Trust(), ReportRtt(1.5), WaitUntil(3.5)]),
     ], last_seen=2.5, suspect_after=S),
     Case("another request's reply clears a suspicion too", [
         (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
-        (Tick(1.5), [Suspect(f"no answer to a ping for {S}s"), WaitUntil(1.0 + T)]),
+        (Tick(1.5), [Warn(dead=False), Suspect(f"no answer to a ping for {S}s"), WaitUntil(1.0 + T)]),
         (Seen(1.7), [Trust()]),
         (Seen(1.8), []),
     ], last_seen=1.8, suspect_after=S),
     Case("a silent peer: suspected after S, dead at the verdict as without suspicion", [
         (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
-        (Tick(1.5), [Suspect(f"no answer to a ping for {S}s"), WaitUntil(1.0 + T)]),
-        (Failed(1.0 + T, "timeout"), [DeclareDead("silent for 6.0s (ping: timeout)")]),
+        (Tick(1.5), [Warn(dead=False), Suspect(f"no answer to a ping for {S}s"), WaitUntil(1.0 + T)]),
+        (Failed(1.0 + T, "timeout"), [Warn(dead=True), DeclareDead("silent for 6.0s (ping: timeout)")]),
     ], last_seen=0.0, dead=True, suspect_after=S, suspected=True),
     Case("a lost connection makes the peer suspected at once; the answer clears it", [
         (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
-        (Failed(1.1, "lost"), [Suspect("ping failed (lost)"), WaitUntil(1.1 + P + I)]),
+        (Failed(1.1, "lost"), [Warn(dead=False), Suspect("ping failed (lost)"), WaitUntil(1.1 + P + I)]),
         # already suspected: no second wake-up; the budget ends by the deadline
         (Tick(1.1 + P + I), [SendPing(T + I - (1.1 + P + I))]),
         (Answered(2.4, 0.1), [Trust(), ReportRtt(0.1), WaitUntil(3.4)]),
     ], last_seen=2.4, suspect_after=S),
     Case("a refusal is the verdict, suspected or not", [
         (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
-        (Tick(1.5), [Suspect(f"no answer to a ping for {S}s"), WaitUntil(1.0 + T)]),
-        (Failed(1.6, "refused"), [DeclareDead("refuses connections")]),
+        (Tick(1.5), [Warn(dead=False), Suspect(f"no answer to a ping for {S}s"), WaitUntil(1.0 + T)]),
+        (Failed(1.6, "refused"), [Warn(dead=True), DeclareDead("refuses connections")]),
     ], last_seen=0.0, dead=True, suspect_after=S, suspected=True),
+    # --- watching: a peer we do not watch is asked only when there is a reason ---
+    Case("an unwatched peer gets no Ping; signs of life still count", [
+        (Tick(0.0), [Idle()]),
+        (Tick(10.0), [Idle()]),
+        (Seen(11.0), []),
+        (Tick(30.0), [Idle()]),  # silence alone is no reason: nobody condemns it
+    ], last_seen=11.0, watched=False, suspect_after=S),
+    Case("an alarm makes us ask; the answer ends the asking", [
+        (Tick(0.0), [Idle()]),
+        (Alarm(20.0, dead=False), [SendPing(T), WaitUntil(20.0 + S)]),
+        (Answered(20.1, 0.1), [ReportRtt(0.1), Idle()]),
+    ], last_seen=20.1, watched=False, suspect_after=S),
+    Case("an alarm confirmed by our own unanswered Ping: suspected, no Warn from us", [
+        (Tick(0.0), [Idle()]),
+        (Alarm(20.0, dead=False), [SendPing(T), WaitUntil(20.0 + S)]),
+        (Tick(20.0 + S), [Suspect(f"no answer to a ping for {S}s"), WaitUntil(20.0 + T)]),
+        (Alarm(21.0, dead=True), [DeclareDead("declared dead by a watcher, and silent to us "
+                                              "too")]),
+    ], last_seen=20.0, dead=True, watched=False, suspect_after=S, suspected=True),
+    Case("a dead alarm for a peer that answers us: no verdict, and alarms ask once an interval",
+         [
+        (Alarm(10.0, dead=True), [SendPing(T), WaitUntil(10.0 + S)]),
+        (Answered(10.2, 0.2), [ReportRtt(0.2), Idle()]),
+        (Alarm(10.5, dead=False), [WaitUntil(11.5)]),  # one early Ping per interval
+        (Tick(11.5), [SendPing(T), WaitUntil(11.5 + S)]),
+        (Answered(11.6, 0.1), [ReportRtt(0.1), Idle()]),
+    ], last_seen=11.6, watched=False, suspect_after=S),
+    Case("a dead alarm and no answer to our Ping for S: dead", [
+        (Alarm(10.0, dead=True), [SendPing(T), WaitUntil(10.0 + S)]),
+        (Tick(10.0 + S), [DeclareDead(f"declared dead by a watcher; no answer to our ping for "
+                                      f"{S}s")]),
+    ], last_seen=10.0, dead=True, watched=False, suspect_after=S),
+    Case("a dead alarm and our Ping fails: dead", [
+        (Alarm(10.0, dead=True), [SendPing(T), WaitUntil(10.0 + S)]),
+        (Failed(10.1, "lost"), [DeclareDead("declared dead by a watcher; our ping failed too "
+                                            "(lost)")]),
+    ], last_seen=10.0, dead=True, watched=False, suspect_after=S),
+    Case("a watcher that is told the peer is dead while it suspects it warns nobody again", [
+        (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
+        (Tick(1.5), [Warn(dead=False), Suspect(f"no answer to a ping for {S}s"),
+                     WaitUntil(1.0 + T)]),
+        (Alarm(2.0, dead=True), [DeclareDead("declared dead by a watcher, and silent to us "
+                                             "too")]),
+    ], last_seen=0.0, dead=True, suspect_after=S, suspected=True),
+    Case("without suspicion, silence counts from when we began asking, not the last reply", [
+        (Seen(3.0), []),
+        (Alarm(100.0, dead=False), [SendPing(T)]),
+        (Failed(100.5, "lost"), [WaitUntil(100.5 + P + I)]),  # silent 0.5s, not 97.5s
+        (Tick(100.5 + P + I), [SendPing(100.0 + T + I - (100.5 + P + I))]),
+        (Failed(106.0, "timeout"), [DeclareDead("silent for 6.0s (ping: timeout)")]),
+    ], last_seen=100.0, dead=True, watched=False),
+    Case("watched from some time on: Pings every interval; unwatched: idle after the answer", [
+        (Tick(0.0), [Idle()]),
+        (Watch(3.0, watched=True), [WaitUntil(4.0)]),
+        (Tick(4.0), [SendPing(T)]),
+        (Watch(4.1, watched=False), [WaitUntil(4.0 + T)]),  # the Ping in flight decides
+        (Answered(4.2, 0.2), [ReportRtt(0.2), Idle()]),
+    ], last_seen=4.2, watched=False),
+    Case("a closed connection to an unwatched peer: asked until it answers", [
+        (Tick(0.0), [Idle()]),
+        (Closed(50.0), [SendPing(T)]),
+        (Failed(50.1, "lost"), [WaitUntil(50.1 + P + I)]),
+        (Tick(50.1 + P + I), [SendPing(50.0 + T + I - (50.1 + P + I))]),
+        (Answered(51.4, 0.1), [ReportRtt(0.1), Idle()]),
+    ], last_seen=51.4, watched=False),
+    Case("an unwatched peer that refuses a dial is dead at once, with no Warn", [
+        (Tick(0.0), [Idle()]),
+        (Failed(0.5, "refused"), [DeclareDead("refuses connections")]),
+    ], last_seen=0.0, dead=True, watched=False),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_liveness_table(case: Case) -> None:
-    live = Liveness(case.interval, case.timeout, now=0.0, suspect_after=case.suspect_after)
+    live = Liveness(case.interval, case.timeout, now=0.0, suspect_after=case.suspect_after,
+                    watched=case.watched)
     got = [(event, live.handle(event)) for event, _ in case.steps]
     assert got == case.steps
     assert (live.last_seen, live.dead) == (case.last_seen, case.dead)
@@ -260,7 +335,7 @@ def drive(live: Liveness, peer: Peer) -> tuple[float, list[float]]:
             assert live.handle(Seen(seen.pop(0))) == []
         todo = live.handle(event)
         if todo and isinstance(todo[-1], DeclareDead):
-            assert len(todo) == 1 and live.dead
+            assert todo[:-1] == [Warn(dead=True)] and live.dead
             return event.now, sends
         last = todo[-1]
         if isinstance(last, WaitUntil):

@@ -1,0 +1,102 @@
+"""Watchers: above ``--watchers`` + 1 members each member pings only its watched ones, and
+every member still learns of a killed, frozen or resumed member (docs/design.md §5,
+"Watchers"). Six real daemons with two watchers each: three members neither watch a given
+member nor are watched by it, so they hear of its silence only through alarms."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import FAST_HEARTBEAT, IO_TIMEOUT, MiB, eventually
+
+import hoplite_client
+from hoplited.cluster.watching import watchers_of
+
+WATCHERS = ["--watchers", "2"]
+N = 6
+
+
+async def member_states(client: hoplite_client.Client) -> dict[str, dict[str, Any]]:
+    """The members as the client's daemon sees them, by node id."""
+    return {m["node_id"]: m for m in (await client.status())["local"]["members"]}
+
+
+async def everyone_sees(clients: list[hoplite_client.Client], node: str, alive: bool,
+                        suspected: bool, what: str) -> None:
+    """Wait until every client's daemon lists ``node`` so."""
+
+    async def seen() -> bool:
+        for client in clients:
+            state = (await member_states(client))[node]
+            if (state["alive"], state["suspected"]) != (alive, suspected):
+                return False
+        return True
+
+    await eventually(seen, timeout=60.0, what=what)
+
+
+async def test_each_member_pings_only_the_members_it_watches(make_cluster, connect) -> None:
+    cluster = await make_cluster(N, daemon_args=WATCHERS)
+    clients = [await connect(n.socket) for n in cluster.nodes]
+
+    async def watching() -> list[int]:
+        return [int((await c.status())["local"]["watching"]) for c in clients]
+
+    assert await eventually(lambda: _all_equal(watching, 2), what="two watched each") == [2] * N
+    data = np.arange(MiB, dtype=np.uint8)
+    oid = await clients[0].put(data)
+    for client in clients[1:]:
+        np.testing.assert_array_equal(await client.get(oid, timeout=IO_TIMEOUT), data)
+
+
+async def _all_equal(measure: Any, value: int) -> list[int] | None:
+    got = await measure()
+    return got if all(v == value for v in got) else None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+async def test_every_member_declares_a_silent_member_dead(make_cluster, connect, sig) -> None:
+    cluster = await make_cluster(N, daemon_args=[*WATCHERS, *FAST_HEARTBEAT])
+    clients = [await connect(n.socket) for n in cluster.nodes[:-1]]
+    ids = [n.node_id for n in cluster.nodes]
+    victim = ids[-1]
+    unwatching = set(ids) - watchers_of(victim, ids, 2) - {victim}
+    assert len(unwatching) == 3  # they learn of it through alarms only
+    data = np.arange(MiB, dtype=np.uint8)
+    oid = await clients[0].put(data)
+    cluster.kill(N - 1, sig)
+    try:
+        await everyone_sees(clients, victim, alive=False, suspected=False,
+                            what=f"{victim} dead everywhere")
+        for client in clients[1:]:
+            np.testing.assert_array_equal(await client.get(oid, timeout=IO_TIMEOUT), data)
+    finally:
+        if sig == signal.SIGSTOP:
+            cluster.kill(N - 1, signal.SIGCONT)
+
+
+async def test_a_member_frozen_for_a_moment_is_suspected_then_trusted_everywhere(
+        make_cluster, connect) -> None:
+    """Frozen for less than the heartbeat timeout: every member suspects it, none declares it
+    dead, and each trusts it again by its own Pings once it answers."""
+    args = [*WATCHERS, "--heartbeat-interval", "0.5", "--heartbeat-timeout", "30"]
+    cluster = await make_cluster(N, daemon_args=args)
+    clients = [await connect(n.socket) for n in cluster.nodes[:-1]]
+    victim = cluster.nodes[-1].node_id
+    cluster.kill(N - 1, signal.SIGSTOP)
+    try:
+        await everyone_sees(clients, victim, alive=True, suspected=True,
+                            what=f"{victim} suspected everywhere")
+    finally:
+        cluster.kill(N - 1, signal.SIGCONT)
+    await everyone_sees(clients, victim, alive=True, suspected=False,
+                        what=f"{victim} trusted again everywhere")
+    resumed = await connect(cluster.nodes[-1].socket)
+    data = np.arange(1000, dtype=np.int64)
+    oid = await resumed.put(data)
+    np.testing.assert_array_equal(await asyncio.wait_for(
+        clients[0].get(oid, timeout=IO_TIMEOUT), IO_TIMEOUT + 5), data)

@@ -1,0 +1,174 @@
+"""Who pings whom: every member has exactly ``watchers`` watchers, and alarms reach the rest."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+import pytest
+from helpers import top_level_imports
+
+import hoplited.cluster.watching as watching_module
+from hoplite_client.wire.errors import InvalidArgumentError
+from hoplited.cluster.liveness import (
+    Alarm,
+    Answered,
+    DeclareDead,
+    Event,
+    Failed,
+    Liveness,
+    SendPing,
+    Tick,
+    WaitUntil,
+    Warn,
+)
+from hoplited.cluster.watching import to_alarm, watched_by, watchers_of
+
+pytestmark = pytest.mark.unit
+
+
+def members(n: int) -> list[str]:
+    return [f"node{i:04d}" for i in range(n)]
+
+
+@pytest.mark.parametrize(("n", "k"), [(2, 1), (5, 4), (5, 16), (17, 16)])
+def test_small_clusters_are_a_full_mesh(n: int, k: int) -> None:
+    nodes = members(n)
+    for me in nodes:
+        assert watched_by(me, nodes, k) == set(nodes) - {me}
+        assert watchers_of(me, nodes, k) == set(nodes) - {me}
+        assert to_alarm(me, nodes[0], nodes, k) == []  # everyone watches everyone
+
+
+@pytest.mark.parametrize(("n", "k"), [(3, 1), (6, 2), (18, 16), (100, 3), (1000, 16)])
+def test_every_member_has_exactly_k_watchers_and_watches_k(n: int, k: int) -> None:
+    nodes = members(n)
+    watched = {me: watched_by(me, nodes, k) for me in nodes}
+    for me in nodes:
+        assert len(watched[me]) == k and me not in watched[me]
+        holders = {w for w in nodes if me in watched[w]}
+        assert holders == watchers_of(me, nodes, k)
+        assert len(holders) == k
+
+
+@pytest.mark.parametrize(("n", "k"), [(6, 2), (100, 3), (1000, 16)])
+def test_an_alarm_reaches_every_member_that_does_not_watch_the_node(n: int, k: int) -> None:
+    nodes = members(n)
+    silent = nodes[n // 2]
+    for watcher in watchers_of(silent, nodes, k):
+        told = set(to_alarm(watcher, silent, nodes, k))
+        assert told | watchers_of(silent, nodes, k) | {silent} == set(nodes)
+        assert not told & (watchers_of(silent, nodes, k) | {silent, watcher})
+
+
+def test_a_view_that_includes_me_or_not_gives_the_same_answer() -> None:
+    nodes = members(40)
+    me = nodes[7]
+    without_me = [n for n in nodes if n != me]
+    assert watched_by(me, nodes, 4) == watched_by(me, without_me, 4)
+    assert watchers_of(me, nodes, 4) == watchers_of(me, without_me, 4)
+
+
+def test_a_death_moves_only_the_watching_next_to_it() -> None:
+    """Members far from the dead one on the ring keep what they watch."""
+    nodes = members(200)
+    before = {me: watched_by(me, nodes, 3) for me in nodes}
+    dead = nodes[50]
+    rest = [n for n in nodes if n != dead]
+    after = {me: watched_by(me, rest, 3) for me in rest}
+    changed = [me for me in rest if after[me] != before[me]]
+    assert set(changed) == watchers_of(dead, nodes, 3)  # its watchers take the next one on
+    for me in changed:
+        assert after[me] - before[me] != set() and before[me] - after[me] == {dead}
+
+
+@pytest.mark.parametrize("k", [0, -1])
+def test_rejects_fewer_than_one_watcher(k: int) -> None:
+    with pytest.raises(InvalidArgumentError):
+        watched_by("a", ["a", "b"], k)
+    with pytest.raises(InvalidArgumentError):
+        watchers_of("a", ["a", "b"], k)
+
+
+def test_pure_module_imports_no_io() -> None:
+    assert not top_level_imports(watching_module) & {"asyncio", "socket", "time", "logging"}
+
+
+# --- the liveness cores of a whole cluster, with watchers and alarms, simulated ------------
+INTERVAL, TIMEOUT, SUSPECT, RTT, HOP = 0.5, 4.0, 1.0, 0.001, 0.002
+
+
+def simulate(n: int, k: int, victim: int, stop: float | None, cut_off: int | None,
+             until: float) -> dict[tuple[int, int], tuple[Liveness, float | None]]:
+    """Every member's core for every other one, driven by a discrete-event loop: Pings are
+    answered after RTT unless the target has stopped (at ``stop``) or the pinger is
+    ``cut_off`` from the victim; a Warn reaches the members ``to_alarm`` names after HOP.
+    Returns each (member, peer) core with the time it declared the peer dead, if it did."""
+    names = [f"m{i:03d}" for i in range(n)]
+    cores: dict[tuple[int, int], Liveness] = {}
+    for a in range(n):
+        watched = watched_by(names[a], names, k)
+        for b in range(n):
+            if a != b:
+                cores[a, b] = Liveness(INTERVAL, TIMEOUT, 0.0, SUSPECT, names[b] in watched)
+    died: dict[tuple[int, int], float] = {}
+    queue: list[tuple[float, int, int, int, Event]] = []
+    seq = itertools.count()
+
+    def push(event: Event, a: int, b: int) -> None:
+        heapq.heappush(queue, (event.now, next(seq), a, b, event))
+
+    def answers(a: int, b: int, at: float) -> bool:
+        if b == victim and stop is not None and at >= stop:
+            return False
+        return not (b == victim and a == cut_off)
+
+    for pair in cores:
+        push(Tick(0.0), *pair)
+    while queue:
+        now, _, a, b, event = heapq.heappop(queue)
+        if now > until or a == victim and stop is not None and now >= stop:
+            continue
+        core = cores[a, b]
+        for ins in core.handle(event):
+            if isinstance(ins, WaitUntil):
+                push(Tick(ins.t), a, b)
+            elif isinstance(ins, SendPing):
+                ok = answers(a, b, now)
+                push(Answered(now + RTT, RTT) if ok else Failed(now + ins.timeout, "timeout"),
+                     a, b)
+            elif isinstance(ins, Warn):
+                for other in to_alarm(names[a], names[b], names, k):
+                    push(Alarm(now + HOP, ins.dead), names.index(other), b)
+            elif isinstance(ins, DeclareDead):
+                died[a, b] = now
+    return {pair: (core, died.get(pair)) for pair, core in cores.items()}
+
+
+@pytest.mark.parametrize(("n", "k", "victim", "stop"),
+                         [(6, 2, 5, 3.0), (12, 3, 0, 2.2), (40, 4, 17, 5.1), (7, 16, 2, 1.0)])
+def test_every_member_declares_a_frozen_member_dead_soon_after_its_watchers(
+        n: int, k: int, victim: int, stop: float) -> None:
+    result = simulate(n, k, victim, stop, cut_off=None, until=stop + 3 * TIMEOUT)
+    for (a, b), (core, died) in result.items():
+        if a == victim:
+            continue
+        if b != victim:
+            assert died is None and not core.suspected, (a, b)
+            continue
+        # a watcher: within its own bound; any other: a Ping's suspicion time after that
+        assert died is not None, (a, b)
+        assert stop + TIMEOUT - RTT <= died <= stop + TIMEOUT + INTERVAL + SUSPECT + 2 * HOP
+
+
+@pytest.mark.parametrize(("n", "k"), [(6, 2), (40, 4)])
+def test_a_watcher_cut_off_from_a_healthy_member_condemns_it_alone(n: int, k: int) -> None:
+    names = [f"m{i:03d}" for i in range(n)]
+    victim = 3
+    watcher = names.index(sorted(watchers_of(names[victim], names, k))[0])
+    result = simulate(n, k, victim, stop=None, cut_off=watcher, until=3 * TIMEOUT)
+    for (a, b), (core, died) in result.items():
+        if (a, b) == (watcher, victim):
+            assert died is not None  # its own verdict, for itself only
+        else:
+            assert died is None and not core.suspected, (a, b)
