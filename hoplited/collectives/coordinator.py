@@ -249,7 +249,9 @@ class ReduceCoordinator:
         d.store.pin(out)
         out.producing = True  # if this node dies first, its shard fails the result's gets
         out.receivers = ins.receivers
-        self._spawn(d.arena.populate(out.offset, out.size), "reduce-populate", p.ResultFailed)
+        if not d.arena.backed(out.offset, out.size):
+            self._spawn(d.arena.populate(out.offset, out.size), "reduce-populate",
+                        p.ResultFailed)
         self._spawn(d.directory.announce(out), "reduce-announce", p.ResultFailed)
         self._watch = self._spawn(self._until_complete(out), "reduce-result", p.ResultFailed)
 

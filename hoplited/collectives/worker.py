@@ -361,8 +361,9 @@ class ReduceWorker:
             buf.fail(exc if isinstance(exc, HopliteError) else CapacityError(
                 f"no memory for a buffer of slot {task.slot}: {exc!r}"))
             self._failed(task, exc)
-        self._tasks.spawn(self._arena.populate(buf.offset, buf.size), name="populate",
-                          on_error=unbacked)
+        if not self._arena.backed(buf.offset, buf.size):
+            self._tasks.spawn(self._arena.populate(buf.offset, buf.size), name="populate",
+                              on_error=unbacked)
 
     async def _run(self, task: SlotTask) -> None:
         await self._compute(task)

@@ -5,7 +5,11 @@ when the daemon and its clients are gone, so a SIGKILLed daemon leaves nothing b
 nothing on the filesystem can be opened by another user. Objects are (offset, size) extents,
 page-aligned so a client can map one read-only. Freed extents keep their pages ("warm"):
 faulting fresh shared pages inside recv_into measured 2.6 s/GiB against 0.3 s/GiB for a bulk
-populate, so allocation pre-populates in a worker thread and reuse costs nothing.
+populate, so allocation pre-populates in a worker thread and reuse costs nothing. The arena
+remembers which ranges are backed (nothing gives pages back), so an extent whose pages are all
+warm skips the worker thread too: a 1 MiB broadcast allocated and populated on every receiver
+in every run, a thread hand-off and a wake-up of the loop each (docs/benchmarks.md, "Warm
+extents").
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class Arena:
         self._free_len: dict[int, int] = {0: self.capacity}
         self.used = 0
         self._can_populate = True
+        # backed ranges, disjoint, sorted and merged: [start, end) pairs, flattened
+        self._backed: list[int] = []
 
     def alloc(self, size: int) -> int:
         """Reserve ``size`` bytes; returns the page-aligned offset or raises CapacityError."""
@@ -90,13 +96,30 @@ class Arena:
     def buffer(self, offset: int, size: int) -> memoryview:
         return self.view[offset:offset + size]
 
+    def backed(self, offset: int, size: int) -> bool:
+        """Whether every page of the extent is backed already (``populate`` has nothing to
+        do), or pages cannot be populated here at all."""
+        if not self._can_populate or size == 0:
+            return True
+        i = bisect.bisect_right(self._backed, offset)
+        return i % 2 == 1 and self._backed[i] >= offset + _round_up(size)
+
+    def _mark_backed(self, lo: int, hi: int) -> None:
+        """Add [lo, hi) to the backed ranges, merging it with those it touches."""
+        ranges = self._backed
+        i = bisect.bisect_left(ranges, lo)  # first boundary at or after lo
+        j = bisect.bisect_right(ranges, hi)  # first boundary after hi
+        new = ([] if i % 2 else [lo]) + ([] if j % 2 else [hi])
+        ranges[i:j] = new
+
     async def populate(self, offset: int, size: int) -> None:
-        """Back an extent with memory and map it, in a worker thread (the loop keeps running).
+        """Back an extent with memory and map it, in a worker thread (the loop keeps running);
+        at once if it is backed already.
 
         Raises CapacityError when the machine has no memory left, instead of the SIGBUS a
         write into an unbackable shared page would cause.
         """
-        if not self._can_populate or size == 0:
+        if self.backed(offset, size):
             return
         end = offset + _round_up(size)
         loop = asyncio.get_running_loop()
@@ -111,6 +134,7 @@ class Arena:
             if err:
                 raise CapacityError(f"no memory to back {size} bytes: {os.strerror(err)}",
                                     requested=size)
+            self._mark_backed(pos, pos + n)
             pos += n
 
     def close(self) -> None:

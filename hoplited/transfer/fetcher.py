@@ -238,10 +238,12 @@ class Fetcher:
             if obj is not None:
                 store.unpin(obj)
 
-    def _receive_into(self, obj: StoredObject) -> asyncio.Task[None]:
+    def _receive_into(self, obj: StoredObject) -> asyncio.Task[None] | None:
         """Pin the new copy ``obj`` (the kernel writes into it until the pulls end) and back
-        its pages meanwhile; the task that backs them."""
+        its pages meanwhile; the task that backs them (None: they are backed already)."""
         self._store.pin(obj)
+        if self._arena.backed(obj.offset, obj.size):
+            return None
         return self._tasks.spawn(self._arena.populate(obj.offset, obj.size), name="populate",
                                  on_error=functools.partial(self._unbacked, obj))
 

@@ -56,3 +56,36 @@ async def test_populate_backs_an_extent(arena: Arena) -> None:
     await arena.populate(off, 8 * PAGE)
     arena.buffer(off, 8 * PAGE)[:] = b"\x01" * (8 * PAGE)
     assert bytes(arena.buffer(off, 4)) == b"\x01" * 4
+
+
+async def test_populate_remembers_backed_ranges(arena: Arena) -> None:
+    """Backed ranges merge; an extent inside them needs no populate, one reaching past does."""
+    assert not arena.backed(0, PAGE)
+    await arena.populate(4 * PAGE, 4 * PAGE)
+    await arena.populate(12 * PAGE, 2 * PAGE)
+    assert arena.backed(4 * PAGE, 4 * PAGE) and arena.backed(5 * PAGE, PAGE + 1)
+    assert arena.backed(12 * PAGE, 2 * PAGE)
+    assert not arena.backed(3 * PAGE, 2 * PAGE)  # starts before
+    assert not arena.backed(7 * PAGE, 2 * PAGE)  # ends past
+    assert not arena.backed(8 * PAGE, PAGE)  # touches the end only
+    await arena.populate(8 * PAGE, 4 * PAGE)  # fills the gap: one range 4..14
+    assert arena.backed(4 * PAGE, 10 * PAGE)
+    assert arena._backed == [4 * PAGE, 14 * PAGE]
+
+
+@pytest.mark.parametrize("seed", range(30))
+async def test_backed_ranges_match_a_page_set(arena: Arena, seed: int) -> None:
+    """Against a set of backed pages, over random populates."""
+    rng = random.Random(seed)
+    pages: set[int] = set()
+    for _ in range(12):
+        lo = rng.randrange(64)
+        n = rng.randrange(1, 65 - lo)
+        await arena.populate(lo * PAGE, n * PAGE - rng.randrange(PAGE))  # rounds up to n pages
+        pages |= set(range(lo, lo + n))
+        for _ in range(20):
+            a = rng.randrange(64)
+            b = rng.randrange(a + 1, 65)
+            assert arena.backed(a * PAGE, (b - a) * PAGE) == (set(range(a, b)) <= pages)
+        flat = arena._backed
+        assert flat == sorted(flat) and len(set(flat)) == len(flat)
