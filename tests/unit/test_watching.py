@@ -23,6 +23,7 @@ from hoplited.cluster.liveness import (
     Warn,
 )
 from hoplited.cluster.watching import to_alarm, watched_by, watchers_of
+from hoplited.config import MAX_WATCHERS, DaemonConfig
 
 pytestmark = pytest.mark.unit
 
@@ -172,3 +173,9 @@ def test_a_watcher_cut_off_from_a_healthy_member_condemns_it_alone(n: int, k: in
             assert died is not None  # its own verdict, for itself only
         else:
             assert died is None and not core.suspected, (a, b)
+
+
+@pytest.mark.parametrize("watchers", [0, -3, MAX_WATCHERS + 1])
+def test_the_daemon_refuses_a_watcher_count_out_of_range(watchers: int) -> None:
+    with pytest.raises(InvalidArgumentError, match="--watchers"):
+        DaemonConfig(watchers=watchers).check()
