@@ -135,7 +135,8 @@ class Daemon:
             "allreduces_as_ring": lambda: allreduces.counts.run,
             "rings_given_up": lambda: allreduces.counts.given_up,
             "allreduces_as_pair": lambda: allreduces.counts.pairs,
-            "idle_data_connections": lambda: len(connections), "watching": links.watching,
+            "idle_data_connections": lambda: len(connections),
+            "watching": links.watching,
             "transfers": fetcher.in_flight, "reduce_slots": worker.in_flight},
             errors=errors)
         listener = self._listener = ClientListener(cfg.socket_path, self.node_id, arena,
