@@ -233,10 +233,6 @@ class Liveness:
         return self._suspected
 
     @property
-    def watched(self) -> bool:
-        return self._watched
-
-    @property
     def in_flight(self) -> bool:
         """Whether a Ping has been sent and its outcome not yet fed."""
         return self._expires is not None
@@ -253,9 +249,8 @@ class Liveness:
         if isinstance(event, Failed):
             return self._failed(event.kind)
         if isinstance(event, Watch):
-            if event.watched and not self._watched and not self._active():
-                self._last_seen = max(self._last_seen, self._now)  # as a new link does
-                self._next_ping = self._now + self.interval
+            if event.watched:
+                self._wake()  # as a new link does
             self._watched = event.watched
         elif isinstance(event, Alarm):
             if event.dead and self._suspected:  # our own Ping already went unanswered
@@ -273,12 +268,17 @@ class Liveness:
         """Whether the peer is pinged every interval: watched, or a reason to ask holds."""
         return self._watched or self._asking or self._suspected or self._failing
 
-    def _ask_early(self) -> None:
-        """Ping now, at most once per interval (a peer that keeps closing, or a member that
-        keeps sending alarms, cannot spin us); an idle peer's silence counts from now."""
+    def _wake(self) -> None:
+        """An idle peer is pinged again from now on: its silence counts from now, the first
+        Ping an interval later."""
         if not self._active():
             self._last_seen = max(self._last_seen, self._now)
             self._next_ping = self._now + self.interval
+
+    def _ask_early(self) -> None:
+        """Ping now, at most once per interval (a peer that keeps closing, or a member that
+        keeps sending alarms, cannot spin us); an idle peer's silence counts from now."""
+        self._wake()
         self._asking = True
         if self._expires is None and self._now >= self._early + self.interval:
             self._early = self._now
