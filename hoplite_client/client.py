@@ -87,10 +87,12 @@ async def connect(socket_path: str | None = None,
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
-        await asyncio.wait_for(loop.sock_connect(sock, path), timeout)
+        async with asyncio.timeout(timeout):
+            await loop.sock_connect(sock, path)
         await loop.sock_sendall(sock, encode_header(ClientHello(versions=SUPPORTED_VERSIONS,
                                                                 pid=os.getpid())))
-        welcome, fd = await asyncio.wait_for(_receive_welcome(sock), timeout)
+        async with asyncio.timeout(timeout):
+            welcome, fd = await _receive_welcome(sock)
     except TimeoutError:
         sock.close()
         raise HopliteTimeoutError(f"daemon at {path} did not answer within {timeout}s") from None
@@ -361,7 +363,8 @@ class Client:
         the daemon no longer keeps their memory for us."""
         self._channel.close()
         try:
-            await asyncio.wait_for(asyncio.shield(self._protocol.closed), 5.0)
+            async with asyncio.timeout(5.0):
+                await asyncio.shield(self._protocol.closed)
         except TimeoutError:
             self._protocol.abort()
         self._arena.close()

@@ -168,12 +168,14 @@ class MetricsServer:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            status, body = await asyncio.wait_for(self._answer(reader), REQUEST_TIMEOUT)
+            async with asyncio.timeout(REQUEST_TIMEOUT):
+                status, body = await self._answer(reader)
             writer.write(f"HTTP/1.0 {status}\r\nContent-Type: "
                          f"{CONTENT_TYPE if status.startswith('200') else 'text/plain'}\r\n"
                          f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
                          + body)
-            await asyncio.wait_for(writer.drain(), REQUEST_TIMEOUT)
+            async with asyncio.timeout(REQUEST_TIMEOUT):
+                await writer.drain()
         except (TimeoutError, ConnectionError, asyncio.LimitOverrunError,
                 asyncio.IncompleteReadError, ValueError) as exc:
             log.debug("metrics request dropped: %s", type(exc).__name__)
@@ -182,7 +184,8 @@ class MetricsServer:
         finally:
             writer.close()
             with contextlib.suppress(ConnectionError, TimeoutError):
-                await asyncio.wait_for(writer.wait_closed(), REQUEST_TIMEOUT)
+                async with asyncio.timeout(REQUEST_TIMEOUT):
+                    await writer.wait_closed()
 
     async def _answer(self, reader: asyncio.StreamReader) -> tuple[str, bytes]:
         """The status line and body for the request on ``reader`` (its head read whole)."""

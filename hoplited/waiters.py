@@ -29,7 +29,8 @@ class KeyedWaiters(Generic[K]):
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(key, []).append(fut)
         try:
-            await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: docs/architecture.md §3
+                await fut
         except TimeoutError:
             pass
         finally:

@@ -62,7 +62,8 @@ class Channel:
         self._pending[rid] = fut
         try:
             self.protocol.send(dataclasses.replace(msg, rid=rid), payload)
-            frame = await asyncio.wait_for(fut, timeout) if timeout is not None else await fut
+            async with asyncio.timeout(timeout):
+                frame = await fut
         except TimeoutError:
             raise HopliteTimeoutError(f"{self.protocol.name}: no reply within {timeout}s") from None
         finally:

@@ -77,11 +77,10 @@ async def dial(host: str, port: int, role: str, me: Identity,
     loop = asyncio.get_running_loop()
     context = me.tls.client if me.tls is not None else None
     try:
-        _, protocol = await asyncio.wait_for(
-            loop.create_connection(lambda: FrameProtocol(name=f"{role}->{host}:{port}"),
-                                   host, port, ssl=context,
-                                   ssl_handshake_timeout=None if context is None else timeout),
-            timeout)
+        async with asyncio.timeout(timeout):
+            _, protocol = await loop.create_connection(
+                lambda: FrameProtocol(name=f"{role}->{host}:{port}"), host, port, ssl=context,
+                ssl_handshake_timeout=None if context is None else timeout)
     except TimeoutError:
         raise HopliteTimeoutError(f"connecting to {host}:{port} timed out") from None
     except ssl.SSLError as exc:  # its certificate refused, or it does not speak TLS

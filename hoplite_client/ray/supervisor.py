@@ -118,7 +118,8 @@ class Supervisor:
                     "ray_node": ins.node, "host": ""}
         self._actors[ins.node] = actor
         try:
-            info = await asyncio.wait_for(actor.start.remote(list(ins.join)), START_TIMEOUT)
+            async with asyncio.timeout(START_TIMEOUT):
+                info = await actor.start.remote(list(ins.join))
         except (TimeoutError, ray.exceptions.RayError) as exc:
             info = {"error": f"{type(exc).__name__}: {exc}", "ray_node": ins.node, "host": ""}
         if "error" in info:
@@ -156,7 +157,8 @@ class Supervisor:
 
         async def stop_one(node: str, actor: Any) -> bool:
             try:
-                ran = bool(await asyncio.wait_for(actor.stop.remote(), 2 * STOP_GRACE))
+                async with asyncio.timeout(2 * STOP_GRACE):
+                    ran = bool(await actor.stop.remote())
             except (TimeoutError, ray.exceptions.RayError):
                 ran = False  # its node died, or it hangs: killing the actor ends the daemon
             await kill_and_forget(actor, daemon_name(node))

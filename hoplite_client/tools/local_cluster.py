@@ -142,7 +142,8 @@ class LocalCluster:
         node = Node(index, process, log_path, sock, args=args)
         try:
             assert process.stdout is not None
-            line = await asyncio.wait_for(process.stdout.readline(), READY_TIMEOUT)
+            async with asyncio.timeout(READY_TIMEOUT):
+                line = await process.stdout.readline()
         except TimeoutError:
             await self._terminate(node)
             raise HopliteTimeoutError(f"daemon {index} not ready within {READY_TIMEOUT}s; "
@@ -195,7 +196,8 @@ class LocalCluster:
             try:
                 node.process.send_signal(signal.SIGCONT)
                 node.process.terminate()
-                await asyncio.wait_for(node.process.wait(), STOP_GRACE)
+                async with asyncio.timeout(STOP_GRACE):
+                    await node.process.wait()
             except TimeoutError:
                 node.process.kill()
                 await node.process.wait()

@@ -378,7 +378,8 @@ class Workload:
                     mem.warm_anon = anon
             warmed = warmed or now >= warm_at
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), SAMPLE_EVERY)
+                async with asyncio.timeout(SAMPLE_EVERY):
+                    await stop.wait()
 
 
 async def run_soak(settings: SoakSettings, workdir: str | None = None) -> SoakReport:

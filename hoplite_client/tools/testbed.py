@@ -163,7 +163,8 @@ async def _run(argv: Sequence[str], stdin: str = "") -> str:
         *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE)
     try:
-        out, err = await asyncio.wait_for(process.communicate(stdin.encode()), COMMAND_TIMEOUT)
+        async with asyncio.timeout(COMMAND_TIMEOUT):
+            out, err = await process.communicate(stdin.encode())
     except BaseException:
         with contextlib.suppress(ProcessLookupError):
             process.kill()
@@ -586,15 +587,18 @@ class Testbed:
                 self.exec_prefix(dst) + [sys.executable, "-c", _RECEIVER, self.hosts[dst].ip,
                                          str(seconds + COMMAND_TIMEOUT)]))
             assert receiver.stdout is not None
-            port = (await asyncio.wait_for(receiver.stdout.readline(), CHECK_PORT_TIMEOUT))
+            async with asyncio.timeout(CHECK_PORT_TIMEOUT):
+                port = await receiver.stdout.readline()
             if not port.strip().isdigit():
                 raise TestbedError(f"link check receiver in h{dst} failed to start")
             sender = await stack.enter_async_context(_helper(
                 self.exec_prefix(src) + [sys.executable, "-c", _SENDER, self.hosts[dst].ip,
                                          port.decode().strip(), str(seconds)]))
             timeout = seconds + COMMAND_TIMEOUT
-            out, _ = await asyncio.wait_for(receiver.communicate(), timeout)
-            await asyncio.wait_for(sender.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                out, _ = await receiver.communicate()
+            async with asyncio.timeout(timeout):
+                await sender.wait()
         try:
             report = json.loads(out)
         except ValueError:

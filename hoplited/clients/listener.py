@@ -67,7 +67,8 @@ class ClientListener:
     async def _welcome(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         try:
-            hello = (await asyncio.wait_for(read_one_frame(conn), HANDSHAKE_TIMEOUT)).msg
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                hello = (await read_one_frame(conn)).msg
             if not isinstance(hello, ClientHello):
                 raise RemoteProtocolError(f"expected ClientHello, got {type(hello).__name__}")
             if not set(hello.versions) & set(SUPPORTED_VERSIONS):

@@ -307,7 +307,8 @@ class Allreduces:
                 return ring
             arrival = self._ring_arrivals.setdefault(msg.result, asyncio.Event())
             try:
-                await asyncio.wait_for(arrival.wait(), max(0.0, deadline - loop.time()))
+                async with asyncio.timeout_at(deadline):
+                    await arrival.wait()
             except TimeoutError:
                 raise HopliteTimeoutError(f"no ring task for {msg.result.hex()} within "
                                           f"{OPEN_TIMEOUT}s") from None

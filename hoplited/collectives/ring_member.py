@@ -249,7 +249,8 @@ class RingMember:
         self._end()
 
     async def _send(self) -> None:
-        protocol = await asyncio.wait_for(self.d.connect(self.successor), OPEN_TIMEOUT)
+        async with asyncio.timeout(OPEN_TIMEOUT):
+            protocol = await self.d.connect(self.successor)
         self._outbound = protocol
         if self._ended:
             protocol.abort()

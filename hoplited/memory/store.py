@@ -315,7 +315,8 @@ class ObjectStore:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._space_waiters.append(fut)
         try:
-            await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):
+                await fut
         except TimeoutError:
             pass
         finally:
