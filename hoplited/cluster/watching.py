@@ -20,32 +20,44 @@ from collections.abc import Iterable
 from hoplite_client.wire.errors import InvalidArgumentError
 from hoplited.cluster.membership import node_key
 
+# How many of a silent member's watchers tell each member that does not watch it: enough that
+# a watcher that is itself cut off or dead does not keep the news from anyone, few enough that
+# one event costs a few messages per member, not one per watcher (docs/design.md §5).
+ALARM_COPIES = 3
 
-def _neighbours(node: str, alive: Iterable[str], watchers: int, step: int) -> frozenset[str]:
-    """The ``watchers`` members after ``node`` on the ring (``step`` 1) or before it (-1);
-    every other member when there are no more than that."""
+
+def _neighbours(node: str, alive: Iterable[str], watchers: int, step: int) -> list[str]:
+    """The ``watchers`` members after ``node`` on the ring (``step`` 1) or before it (-1),
+    nearest first; every other member when there are no more than that."""
     if watchers < 1:
         raise InvalidArgumentError(f"watchers must be at least 1, not {watchers}")
     ring = sorted({*alive, node}, key=lambda n: (node_key(n), n))
-    if len(ring) - 1 <= watchers:
-        return frozenset(n for n in ring if n != node)
     at = ring.index(node)
-    return frozenset(ring[(at + step * i) % len(ring)] for i in range(1, watchers + 1))
+    count = min(watchers, len(ring) - 1)
+    return [ring[(at + step * i) % len(ring)] for i in range(1, count + 1)]
 
 
 def watched_by(me: str, alive: Iterable[str], watchers: int) -> frozenset[str]:
     """The members ``me`` pings every interval: the ``watchers`` that follow it on the ring."""
-    return _neighbours(me, alive, watchers, 1)
+    return frozenset(_neighbours(me, alive, watchers, 1))
 
 
 def watchers_of(node: str, alive: Iterable[str], watchers: int) -> frozenset[str]:
     """The members that ping ``node`` every interval: the ``watchers`` that precede it."""
-    return _neighbours(node, alive, watchers, -1)
+    return frozenset(_neighbours(node, alive, watchers, -1))
 
 
-def to_alarm(me: str, node: str, alive: Iterable[str], watchers: int) -> list[str]:
-    """Whom a watcher of ``node`` tells that it fell silent: the live members that do not
-    watch it themselves, sorted (none in a full mesh)."""
-    alive = list(alive)
-    skip = watchers_of(node, alive, watchers) | {me, node}
-    return sorted(n for n in set(alive) if n not in skip)
+def to_alarm(me: str, node: str, alive: Iterable[str], watchers: int,
+             copies: int = ALARM_COPIES) -> list[str]:
+    """Whom a watcher of ``node`` tells that it fell silent, sorted: its share of the live
+    members that do not watch ``node`` (none in a full mesh). The others stand in id order
+    and the watchers in ring order, and the ``j``-th other is told by the watchers ``j`` to
+    ``j + copies - 1`` round the ring: ``copies`` alarms per member, not one per watcher. A
+    watcher that is not one in this view (views differ for a moment) tells them all."""
+    alive = set(alive)
+    around = _neighbours(node, alive, watchers, -1)
+    others = sorted(alive - {*around, me, node})
+    if me not in around or len(around) <= copies:
+        return others
+    at, k = around.index(me), len(around)
+    return [other for j, other in enumerate(others) if (at - j) % k < copies]

@@ -1,7 +1,8 @@
 """Watchers: above ``--watchers`` + 1 members each member pings only its watched ones, and
 every member still learns of a killed, frozen or resumed member (docs/design.md §5,
-"Watchers"). Six real daemons with two watchers each: three members neither watch a given
-member nor are watched by it, so they hear of its silence only through alarms."""
+"Watchers"). Eight real daemons with four watchers each: three members do not watch a given
+member, so they hear of its silence only through alarms, each from three of its four
+watchers (the watchers share them out)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ import pytest
 from helpers import FAST_HEARTBEAT, IO_TIMEOUT, MiB, eventually
 
 import hoplite_client
-from hoplited.cluster.watching import watchers_of
+from hoplited.cluster.watching import to_alarm, watchers_of
 
-WATCHERS = ["--watchers", "2"]
-N = 6
+K = 4
+WATCHERS = ["--watchers", str(K)]
+N = 8
 
 
 async def member_states(client: hoplite_client.Client) -> dict[str, dict[str, Any]]:
@@ -46,7 +48,7 @@ async def test_each_member_pings_only_the_members_it_watches(make_cluster, conne
     async def watching() -> list[int]:
         return [int((await c.status())["local"]["watching"]) for c in clients]
 
-    assert await eventually(lambda: _all_equal(watching, 2), what="two watched each") == [2] * N
+    assert await eventually(lambda: _all_equal(watching, K), what="K watched each") == [K] * N
     data = np.arange(MiB, dtype=np.uint8)
     oid = await clients[0].put(data)
     for client in clients[1:]:
@@ -64,8 +66,10 @@ async def test_every_member_declares_a_silent_member_dead(make_cluster, connect,
     clients = [await connect(n.socket) for n in cluster.nodes[:-1]]
     ids = [n.node_id for n in cluster.nodes]
     victim = ids[-1]
-    unwatching = set(ids) - watchers_of(victim, ids, 2) - {victim}
+    unwatching = set(ids) - watchers_of(victim, ids, K) - {victim}
     assert len(unwatching) == 3  # they learn of it through alarms only
+    shares = [to_alarm(w, victim, ids, K) for w in watchers_of(victim, ids, K)]
+    assert any(len(share) < 3 for share in shares)  # each from three of the four watchers
     data = np.arange(MiB, dtype=np.uint8)
     oid = await clients[0].put(data)
     cluster.kill(N - 1, sig)
