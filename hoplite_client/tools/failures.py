@@ -115,16 +115,18 @@ def check_victim(op: str, victim: int, nodes: int, backup: bool = False) -> None
 
 async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, victim: int,
                            kill_after: float, sig: str | None, backup: bool = False,
-                           victim_owns: bool = False) -> list[Outcome]:
+                           victim_owns: bool = False,
+                           made: list[hoplite_client.ObjectID] | None = None) -> list[Outcome]:
     """Run ``op`` once, signalling node ``victim`` ``kill_after`` seconds in (``sig`` None:
     the same run without the signal); survivors' outcomes, in node order. ``backup``: a
     reduce's lost input is replaced by a backup. ``victim_owns``: the victim's shard owns
-    the ids that matter."""
+    the ids that matter. ``made``: gets every id the run puts or makes, to delete after."""
     clients = ctx.clients
     n = len(clients)
     owner = cluster.nodes[victim].node_id if victim_owns else None
     setup, participants, ids = await _prepare(op, ctx, victim if backup else None, victim,
-                                              owner, [node.node_id for node in cluster.nodes])
+                                              owner, [node.node_id for node in cluster.nodes],
+                                              [] if made is None else made)
     survivors = [i for i in participants if i != victim]
     t0 = time.perf_counter()
 
@@ -198,16 +200,17 @@ def owned_id(owner: str | None, nodes: list[str]) -> hoplite_client.ObjectID:
 
 
 async def _prepare(op: str, ctx: BenchContext, backup_for: int | None, victim: int,
-                   owner: str | None, nodes: list[str]
+                   owner: str | None, nodes: list[str], made: list[hoplite_client.ObjectID]
                    ) -> tuple[Step, list[int], list[hoplite_client.ObjectID]]:
     """Put the op's inputs; returns what each participant does, who participates, and the
     inputs a restarted task puts again (none for broadcast). ``backup_for``: a reduce gets
     one more input, not put yet, to replace that node's. ``owner``: the shard of the
-    broadcast object, or of the victim's input."""
+    broadcast object, or of the victim's input. ``made`` gets every id put or made."""
     clients = ctx.clients
     n = len(clients)
     if op == "broadcast":
         oid = await clients[0].put(ctx.data(0), object_id=owned_id(owner, nodes))
+        made.append(oid)
         receivers = list(range(1, n))
         if victim == 0:  # the original holder dies after node 1 has a whole copy
             await clients[1].get(oid, timeout=FAILURE_TIMEOUT)
@@ -221,6 +224,7 @@ async def _prepare(op: str, ctx: BenchContext, backup_for: int | None, victim: i
             return check
         return get_one, receivers, []
     ids = [owned_id(owner if i == victim else None, nodes) for i in range(n)]
+    made.extend(ids)
     await put_all(ctx, ids)
     if op == "gather":
         async def gather(i: int, c: hoplite_client.Client) -> Check:
@@ -232,6 +236,7 @@ async def _prepare(op: str, ctx: BenchContext, backup_for: int | None, victim: i
         return gather, [0], ids
     if backup_for is not None:
         ids.append(hoplite_client.ObjectID.random())
+        made.append(ids[-1])
         for used in (tuple(range(n)), tuple(i for i in range(n + 1) if i != backup_for)):
             ctx.expected_sum(used)  # made now (the backup's data too): the clock is not running
     if op == "allreduce" and backup_for is None:  # as the failure-free run: a ring, if any
@@ -239,6 +244,7 @@ async def _prepare(op: str, ctx: BenchContext, backup_for: int | None, victim: i
                                             striped=ctx.striped)
     else:  # an allreduce with a backup needs k of the inputs: a reduce every node gets
         result = await clients[0].reduce(ids, "sum", num_objects=n, timeout=FAILURE_TIMEOUT)
+    made.append(result)
 
     async def get_sum(i: int, c: hoplite_client.Client) -> Check:
         got = await c.get(result, timeout=FAILURE_TIMEOUT)

@@ -1,0 +1,255 @@
+"""Failures at random moments: many short failure runs, each on a fresh local cluster.
+
+Each trial draws, from ``--seed`` and its number, an op (broadcast, reduce, allreduce as the
+daemons choose, allreduce in stripes, gather), 4 to 6 nodes, a size (inline to several MiB),
+a victim, SIGKILL or SIGSTOP, whether the victim's shard owns the ids that matter and, for a
+reduce, a backup input. It times one failure-free run of that shape, then runs it again and
+signals the victim at a moment drawn uniformly from the start to 1.5 times that run's length
+(:func:`hoplite_client.tools.failures.run_with_failure`: the victim's input is put again on
+the next node, as a restarted task would). The design promises that every survivor ends
+with the checked result (docs/design.md §5). A trial then deletes what it made and checks that
+every survivor lets go of it all. The verdicts:
+
+- ``ok``: every survivor held the right result, and afterwards nothing was left;
+- ``error``: a survivor got a typed error instead;
+- ``wrong``: a survivor's result was wrong;
+- ``hung``: the run had not ended TRIAL_TIMEOUT seconds after the signal;
+- ``leak``: a survivor still held objects, entries, pins, transfers, reduce slots or
+  allreduces LEAK_WAIT seconds after the deletes;
+- ``crash``: a survivor's daemon exited, or logged a traceback or an ERROR line.
+
+Anything but ``ok`` keeps the trial's daemon logs (the path is printed). Usage:
+    python -m bench.chaos --trials 50 --seed 1
+    python -m bench.chaos --seed 1 --only 17      # trial 17 of seed 1 again
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import uvloop
+
+import hoplite_client
+from hoplite_client.tools.failures import Outcome, check_victim, run_with_failure
+from hoplite_client.tools.local_cluster import LocalCluster
+from hoplite_client.tools.scenarios import BenchContext, Progress
+from hoplite_client.wire.errors import HopliteError
+
+DAEMON_ARGS = ["--heartbeat-interval", "0.5", "--heartbeat-timeout", "4"]
+OPS = ["broadcast", "reduce", "allreduce", "allreduce-striped", "gather"]
+SIZES = {"broadcast": [16 << 10, 1 << 20, 6 << 20], "reduce": [16 << 10, 1 << 20, 6 << 20],
+         "allreduce": [1 << 20, 8 << 20], "allreduce-striped": [6 << 20, 12 << 20],
+         "gather": [16 << 10, 1 << 20]}
+TRIAL_TIMEOUT = 90.0  # seconds after the signal: far past any repair's bound
+LEAK_WAIT = 20.0
+BAD_LOG = ("Traceback", " ERROR ")
+
+
+@dataclass
+class Trial:
+    """One trial's draw, and what came of it."""
+
+    number: int
+    op: str
+    nodes: int
+    size: int
+    victim: int
+    signal: str
+    victim_owns: bool
+    backup: bool
+    kill_after: float = 0.0
+    failure_free: float = 0.0
+    verdict: str = ""
+    detail: str = ""
+    last: float | None = None  # seconds until the last survivor held its result
+    outcomes: list[dict[str, Any]] = field(default_factory=list)
+    logs: str | None = None
+
+    def describe(self) -> str:
+        extra = "".join([", victim owns", ", backup"][i] for i, on in
+                        enumerate((self.victim_owns, self.backup)) if on)
+        size = (f"{self.size >> 20} MiB" if self.size >= 1 << 20 else f"{self.size >> 10} KiB")
+        return (f"{self.op} n={self.nodes} {size} SIG{self.signal} node "
+                f"{self.victim} at {self.kill_after:.2f} s{extra}")
+
+
+def draw(seed: int, number: int) -> Trial:
+    """Trial ``number`` of ``seed``: the same draw on every machine."""
+    rng = random.Random(seed * 100_003 + number)
+    op = rng.choice(OPS)
+    nodes = rng.randint(4, 6)
+    base = "allreduce" if op.startswith("allreduce") else op
+    backup = base == "reduce" and rng.random() < 0.3
+    victim = rng.randrange(0 if base == "broadcast" else 1, nodes)
+    check_victim(base, victim, nodes, backup)
+    return Trial(number, op, nodes, rng.choice(SIZES[op]), victim,
+                 "KILL" if rng.random() < 0.7 else "STOP", rng.random() < 0.3, backup,
+                 kill_after=rng.random())  # a fraction, scaled once the run is timed
+
+
+async def run_trial(trial: Trial) -> Trial:
+    """Carry out ``trial``: time it failure-free, run it with its failure, check the end."""
+    workdir = tempfile.mkdtemp(prefix="hoplite-chaos-")
+    base = "allreduce" if trial.op.startswith("allreduce") else trial.op
+    async with LocalCluster(trial.nodes, capacity="512MiB", daemon_args=DAEMON_ARGS,
+                            workdir=workdir) as cluster:
+        clients = [await hoplite_client.connect(s) for s in cluster.sockets]
+        ctx = BenchContext(clients, trial.size, 0.0, Progress(),
+                           striped=trial.op == "allreduce-striped")
+        made: list[hoplite_client.ObjectID] = []
+        free = await run_with_failure(base, ctx, cluster, trial.victim, 0.0, None,
+                                      trial.backup, trial.victim_owns, made)
+        if any(o.error is not None for o in free):
+            return _ended(trial, "error", f"the failure-free run failed: {free}", workdir)
+        trial.failure_free = max(o.seconds or 0.0 for o in free)
+        await _delete(clients[0], made)
+        trial.kill_after *= 1.5 * trial.failure_free
+        made = []
+        try:
+            async with asyncio.timeout(trial.kill_after + TRIAL_TIMEOUT):
+                outcomes = await run_with_failure(base, ctx, cluster, trial.victim,
+                                                  trial.kill_after, trial.signal,
+                                                  trial.backup, trial.victim_owns, made)
+        except TimeoutError:
+            return _ended(trial, "hung", f"not over {TRIAL_TIMEOUT:g} s after the signal",
+                          workdir)
+        trial.outcomes = [asdict(o) for o in outcomes]
+        verdict, detail = _judge(outcomes)
+        survivors = [i for i in range(trial.nodes) if i != trial.victim]
+        for i in survivors:
+            await clients[i].close()
+        if verdict == "ok":
+            checker = await hoplite_client.connect(cluster.sockets[survivors[0]])
+            try:
+                await _delete(checker, made)
+                verdict, left = await _let_go(cluster, survivors)
+                detail = f"{detail}, {left}"
+            finally:
+                await checker.close()
+        dead = [i for i in survivors if not cluster.nodes[i].running]
+        if dead:
+            verdict, detail = "crash", f"daemons {dead} exited"
+        bad = _bad_log_lines(workdir, [cluster.nodes[i].log_path for i in survivors])
+        if bad and verdict in ("ok", "leak"):
+            verdict, detail = "crash", bad
+    return _ended(trial, verdict, detail, workdir)
+
+
+def _judge(outcomes: list[Outcome]) -> tuple[str, str]:
+    wrong = [o.node for o in outcomes if o.error == "wrong result"]
+    if wrong:
+        return "wrong", f"nodes {wrong} held a wrong result"
+    errors = [f"node {o.node}: {o.error}" for o in outcomes if o.error is not None]
+    if errors:
+        return "error", "; ".join(errors)
+    return "ok", f"last survivor {max(o.seconds or 0.0 for o in outcomes):.2f} s"
+
+
+async def _delete(client: hoplite_client.Client, oids: list[hoplite_client.ObjectID]) -> None:
+    for oid in oids:
+        try:
+            await client.delete(oid)
+        except HopliteError:
+            pass  # never made (a failed run), or gone with its only holder
+
+
+async def _let_go(cluster: LocalCluster, survivors: list[int]) -> tuple[str, str]:
+    """Whether every survivor holds nothing of the trial any more, within LEAK_WAIT."""
+    deadline = time.monotonic() + LEAK_WAIT
+    held: dict[int, dict[str, Any]] = {}
+    while True:
+        held = {}
+        for i in survivors:
+            client = await hoplite_client.connect(cluster.sockets[i])
+            try:
+                local = (await client.status())["local"]
+            finally:
+                await client.close()
+            left = {"objects": local["store"]["objects"],
+                    "arena_used": local["store"]["arena_used"],
+                    "pinned_deleted": local["store"]["pinned_deleted"],
+                    "entries": local["directory"]["entries"],
+                    "waiting_gets": local["directory"]["waiting_gets"],
+                    "transfers": len(local["transfers"]),
+                    "reduce_tasks": local["reduce_tasks"], "allreduces": local["allreduces"]}
+            if any(left.values()):
+                held[i] = {k: v for k, v in left.items() if v}
+        if not held:
+            return "ok", "nothing left"
+        if time.monotonic() > deadline:
+            return "leak", f"after {LEAK_WAIT:g} s: {held}"
+        await asyncio.sleep(0.5)
+
+
+def _bad_log_lines(workdir: str, paths: list[str]) -> str:
+    found = []
+    for path in paths:
+        try:
+            with open(path, errors="replace") as f:
+                found += [f"{os.path.basename(path)}: {line.strip()}" for line in f
+                          if any(mark in line for mark in BAD_LOG)]
+        except OSError:
+            continue
+    return "; ".join(found[:3])
+
+
+def _ended(trial: Trial, verdict: str, detail: str, workdir: str) -> Trial:
+    trial.verdict, trial.detail = verdict, detail
+    done = [o["seconds"] for o in trial.outcomes if o["error"] is None]
+    trial.last = max(done) if done and verdict == "ok" else None
+    if verdict == "ok":
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        kept = tempfile.mkdtemp(prefix=f"hoplite-chaos-{trial.number}-")
+        for path in glob.glob(os.path.join(workdir, "*.log")):
+            shutil.copy(path, kept)
+        shutil.rmtree(workdir, ignore_errors=True)
+        trial.logs = kept
+    return trial
+
+
+async def campaign(seed: int, numbers: list[int], json_path: str | None) -> int:
+    trials = []
+    for number in numbers:
+        trial = draw(seed, number)
+        started = time.monotonic()
+        trial = await run_trial(trial)
+        trials.append(trial)
+        print(f"trial {number}: {trial.describe()} (failure-free {trial.failure_free:.2f} s): "
+              f"{trial.verdict}, {trial.detail} [{time.monotonic() - started:.0f} s]"
+              + (f"; logs in {trial.logs}" if trial.logs else ""), flush=True)
+    counts: dict[str, int] = {}
+    for trial in trials:
+        counts[trial.verdict] = counts.get(trial.verdict, 0) + 1
+    print("verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"seed": seed, "trials": [asdict(t) for t in trials]}, f, indent=1)
+    return 0 if set(counts) <= {"ok"} else 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--first", type=int, default=0, help="number of the first trial")
+    parser.add_argument("--only", type=int, default=None, help="run this trial alone")
+    parser.add_argument("--json", dest="json_path", default=None)
+    args = parser.parse_args()
+    numbers = ([args.only] if args.only is not None
+               else list(range(args.first, args.first + args.trials)))
+    raise SystemExit(uvloop.run(campaign(args.seed, numbers, args.json_path)))
+
+
+if __name__ == "__main__":
+    main()
