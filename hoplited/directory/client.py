@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from hoplite_client.wire.errors import HopliteError
+from hoplite_client.wire.errors import HopliteError, ObjectDeletedError
 from hoplite_client.wire.frames import INLINE_MAX, Frame
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
@@ -79,6 +79,16 @@ class DirectoryClient:
                                                     shape=obj.shape, version=obj.version),
                                    inline)
 
+    async def _republish(self, obj: StoredObject) -> None:
+        """Publish a small copy to its new owner; one deleted meanwhile goes (the owner refused
+        it: docs/design.md §5, "Deletes and moving owners")."""
+        try:
+            await self.publish(obj)
+        except ObjectDeletedError as exc:
+            if not exc.reported or self._store.get(obj.oid) is not obj:
+                raise
+            self._store.remove(obj.oid)
+
     async def announce(self, obj: StoredObject) -> None:
         """Register a local object still being written (its holders may chain behind us)."""
         await self._rpc.call_owner(obj.oid, Announce(holdings=[_holding(obj)]))
@@ -127,7 +137,7 @@ class DirectoryClient:
                 continue
             if obj.size <= INLINE_MAX:
                 if obj.complete:
-                    self._tasks.spawn(self.publish(obj), name="republish")
+                    self._tasks.spawn(self._republish(obj), name="republish")
                 continue
             moved.append(obj.oid)
         if moved:

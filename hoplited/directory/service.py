@@ -11,7 +11,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from hoplite_client.wire.errors import InvalidArgumentError, NotOwnerError, error_from_wire
+from hoplite_client.wire.errors import (
+    InvalidArgumentError,
+    NotOwnerError,
+    ObjectDeletedError,
+    error_from_wire,
+)
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
@@ -97,7 +102,9 @@ class DirectoryService:
             raise InvalidArgumentError("inline payload does not match the object's size")
         if inline is None and msg.size <= INLINE_MAX:
             raise InvalidArgumentError("small objects are published with their bytes")
-        self.shard.publish(msg.oid, peer, msg.size, msg.dtype, msg.shape, msg.version, inline)
+        if not self.shard.publish(msg.oid, peer, msg.size, msg.dtype, msg.shape, msg.version,
+                                  inline):
+            raise ObjectDeletedError(f"object {msg.oid.hex()} was deleted", oid=msg.oid.hex())
         return Ok()
 
     def on_progress(self, peer: str, msg: Progress, payload: memoryview | None) -> None:
@@ -119,20 +126,31 @@ class DirectoryService:
                 log.info("%s did not confirm dropping %s: %s", node, msg.oid.short(), result)
         return Ok()
 
-    def on_announce(self, peer: str, msg: Announce, payload: memoryview | None) -> Ok:
+    async def on_announce(self, peer: str, msg: Announce, payload: memoryview | None) -> Ok:
         """Record the holdings we own; if some are not ours (the sender heard of a death that
         makes us their owner before we did), say so after recording the rest: the sender
-        announces again once ownership has settled (publishing twice changes nothing)."""
+        announces again once ownership has settled (publishing twice changes nothing). A
+        copy of a version deleted since is not recorded: the sender drops it before the
+        answer (docs/design.md §5, "Deletes and moving owners")."""
         for h in msg.holdings:
             check_receivers(h.receivers)
         refused = 0
+        deleted = []
         for h in msg.holdings:
-            if self._owner_of(h.oid) == self._me:
-                self.shard.publish(h.oid, peer, h.size, h.dtype, h.shape, h.version, None,
-                                   received=h.received, producing=h.producing,
-                                   source=h.source, serving=h.serving, receivers=h.receivers)
-            else:
+            if self._owner_of(h.oid) != self._me:
                 refused += 1
+            elif not self.shard.publish(h.oid, peer, h.size, h.dtype, h.shape, h.version, None,
+                                        received=h.received, producing=h.producing,
+                                        source=h.source, serving=h.serving,
+                                        receivers=h.receivers):
+                deleted.append(h.oid)
+        results = await asyncio.gather(*(self._rpc.call_node(peer, Drop(oid=oid),
+                                                             timeout=DROP_TIMEOUT)
+                                         for oid in deleted), return_exceptions=True)
+        for oid, result in zip(deleted, results):
+            if isinstance(result, BaseException):
+                log.info("%s did not confirm dropping %s, deleted: %s", peer, oid.short(),
+                         result)
         if refused:
             raise NotOwnerError(f"not the owner of {refused} of the {len(msg.holdings)} "
                                 f"announced objects")

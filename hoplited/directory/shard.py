@@ -149,13 +149,16 @@ class DirectoryShard:
     def publish(self, oid: ObjectID, holder: str, size: int, dtype: str, shape: list[int],
                 version: bytes, inline: bytes | None, received: int | None = None,
                 producing: bool = False, source: str | None = None,
-                serving: int = 0, receivers: int = 0) -> None:
+                serving: int = 0, receivers: int = 0) -> bool:
         """Record that ``holder`` has ``received`` bytes (default: all) of the object
         (``producing``: it computes the object, which dies with it until a copy is whole;
         ``source``: where it pulls its partial copy from; ``serving``: pulls it serves;
-        ``receivers``: how many will get it, if known)."""
-        self._apply(self.state.publish(oid, holder, size, dtype, shape, version, inline,
-                                       received, producing, source, serving, receivers))
+        ``receivers``: how many will get it, if known). False: that version was deleted, and
+        the holder must drop its copy."""
+        instructions = self.state.publish(oid, holder, size, dtype, shape, version, inline,
+                                          received, producing, source, serving, receivers)
+        self._apply(instructions)
+        return not any(isinstance(ins, DropCopy) for ins in instructions)
 
     def progress(self, oid: ObjectID, holder: str, received: int, half: int = -1) -> None:
         """A receiver reports how far along it is (in half ``half``, if one)."""

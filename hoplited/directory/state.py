@@ -64,6 +64,13 @@ STORY_RECORDS = 64
 # Ids whose story is kept, oldest written evicted first: bounds the memory at ~STORY_OIDS x
 # STORY_RECORDS short tuples whatever the number of objects.
 STORY_OIDS = 1024
+# Deleted versions remembered, oldest forgotten first. A holder re-announces its copies when
+# their owner changes, and an announcement that reaches the owner after a delete would make
+# the deleted object an entry again, its copies kept for good: the shard answers it with a
+# Drop instead (docs/design.md §5, "Deletes and moving owners"). Re-announcements follow a
+# death within the retry window; this many deletes cover that window at about 5,000 deletes a
+# second, in about 3 MiB.
+DELETED_MAX = 32768
 # A ring requester waits this long at most for its predecessor to enrol (a receiver of a half,
 # for its parent in that half's tree), then takes the usual choice: a predecessor that lags
 # (its request is still on its way, or it waits for a source for another reason) costs the
@@ -226,6 +233,7 @@ class DirectoryState:
         self.me = me
         self.entries: dict[ObjectID, Entry] = {}
         self.failed: dict[ObjectID, HopliteError] = {}  # ids that will never exist, and why
+        self.deleted: OrderedDict[ObjectID, bytes] = OrderedDict()  # deleted: its version
         self._seq = itertools.count()
         self._stories: OrderedDict[ObjectID, deque[tuple[str, str]]] = OrderedDict()
 
@@ -306,6 +314,10 @@ class DirectoryState:
         self.check_owner(oid)
         got = size if received is None else received
         event = f"publish by {holder} {got}/{size} bytes"
+        if self.deleted.get(oid) == version:  # a copy announced after its delete
+            self._record(oid, event, "refused: deleted, the holder drops it")
+            return [DropCopy(holder, oid)]
+        self.deleted.pop(oid, None)  # put again under the same id: a new version
         entry = self.entries.get(oid)
         outcome = "updated"
         if entry is not None and entry.version != version:
@@ -455,6 +467,10 @@ class DirectoryState:
         if entry is None:
             raise ObjectNotFoundError(f"object {oid.hex()} does not exist", oid=oid.hex())
         self._record(oid, "delete", f"holders {sorted(entry.holders)} drop their copies")
+        self.deleted[oid] = entry.version
+        self.deleted.move_to_end(oid)
+        if len(self.deleted) > DELETED_MAX:
+            self.deleted.popitem(last=False)
         return [DropCopy(node, oid) for node in entry.holders]
 
     def forget_node(self, node: str) -> list[Instruction]:

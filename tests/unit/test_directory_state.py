@@ -392,6 +392,27 @@ CASES = [
         (fail(), WAKE), (delete(), []), (locate("r"), NOT_PUT),
         (delete(), ObjectNotFoundError),
     ]),
+    # a holder re-announces its copy when the owner moves; one that reaches the new owner after
+    # a delete must not make the object an entry again (its copies would be kept for good)
+    Case("a-copy-announced-after-its-delete-is-dropped", [
+        (put("src"), WAKE), (locate("a"), "src"),
+        (delete(), [DropCopy("src", OID), DropCopy("a", OID)]),
+        (put("a"), [DropCopy("a", OID)]),
+        (put("b", received=SIZE // 2, source="a"), [DropCopy("b", OID)]),
+        (holders(), None), (locate("r"), NOT_PUT), (delete(), ObjectNotFoundError),
+    ]),
+    Case("a-put-again-after-a-delete-is-a-new-object", [
+        (put("src"), WAKE), (delete(), [DropCopy("src", OID)]),
+        (put("src", version=b"v2"), WAKE), (holders(), {"src": full()}),
+        (put("late", version=b"v1"), ObjectExistsError),  # the deleted one, refused
+        (delete(), [DropCopy("src", OID)]),
+        (put("late", version=b"v2"), [DropCopy("late", OID)]),
+    ]),
+    Case("a-delete-is-remembered-per-id", [
+        (put("src"), WAKE), (put("src", oid=OID2), [Wake(OID2)]),
+        (delete(), [DropCopy("src", OID)]),
+        (put("a", oid=OID2), [Wake(OID2)]), (put("a"), [DropCopy("a", OID)]),
+    ]),
     # --- node death ---
     Case("forget-dead-receiver-frees-its-source-slot", [
         (put("src"), WAKE), (locate("a"), "src"),
@@ -532,6 +553,20 @@ def test_story_is_bounded_per_oid_and_in_oids() -> None:
         w.state.try_locate(oid, "r", [], 0)
     assert w.state.story(OID) == []  # the oldest written is evicted first
     assert w.state.story(oids[0]) != [] and w.state.story(oids[-1]) != []
+
+
+def test_deletes_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The oldest deleted versions are forgotten first: an announcement of one of those makes
+    an entry again, as before deletes were remembered; the newest are still refused."""
+    monkeypatch.setattr(state_module, "DELETED_MAX", 3)
+    w = World(fanout=1)
+    oids = [ObjectID(bytes([i]) * 20) for i in range(1, 6)]
+    for oid in oids:
+        put("src", oid=oid)(w)
+        delete(oid)(w)
+    assert list(w.state.deleted) == oids[2:]
+    assert put("late", oid=oids[0])(w) == [Wake(oids[0])]
+    assert put("late", oid=oids[4])(w) == [DropCopy("late", oids[4])]
 
 
 def test_pure_module_imports_no_io() -> None:
