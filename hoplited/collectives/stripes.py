@@ -494,9 +494,10 @@ class AllreducePlan:
                 f"ring member {ev.node} fell silent", node=ev.node))]
         if isinstance(ev, (RingFailed, NodeLost)) and ev.node in self.ring:
             self.ring_over.add(ev.node)
-            if self.committed:
+            if self.committed:  # the result exists: only this member's copy is lost, and
+                # the member, listed until the caller answers, is told to go
                 self._ring_maybe_over()
-                return []
+                return [Withdraw((ev.node,))] if isinstance(ev, RingFailed) else []
             self.phase = "restart"
             error = ev.error if isinstance(ev, RingFailed) else PeerUnavailableError(
                 f"ring member {ev.node} died", node=ev.node)

@@ -195,13 +195,19 @@ RING_CASES = [
               "ring member n2 fell silent", node="n2"))]), (NodeSuspected("n1"), [])]),
     Case("a member falling silent after the commit: those not done drop their copies",
          [*ring_ready(), (RingDone("n1"), [Commit(("n0", "n1", "n2", "n3"))]),
-          (RingFailed("n3", STOPPED), []), (NodeSuspected("n1"), []),
+          (RingFailed("n3", STOPPED), [Withdraw(("n3",))]), (NodeSuspected("n1"), []),
           (NodeSuspected("n2"), [Withdraw(("n0", "n2"))]), (RingDone("n0"), [])]),
     Case("silence means nothing to stripes: a silent member keeps its stripes",
          [*all_ready_ring_off(), (NodeSuspected("n1"), [])]),
-    Case("after the commit a member's failure or death only loses its copy",
+    Case("after the commit a member's failure or death only loses its copy; a member that "
+         "failed is told to go, as it waits for the caller's word",
          [*ring_ready(), (RingDone("n0"), [Commit(("n0", "n1", "n2", "n3"))]),
-          (RingFailed("n1", STOPPED), []), (NodeLost("n2"), []), (RingDone("n3"), [])]),
+          (RingFailed("n1", STOPPED), [Withdraw(("n1",))]), (NodeLost("n2"), []),
+          (RingDone("n3"), [])]),
+    Case("the last member failing after the commit ends the plan, and is told to go",
+         [*ring_ready(), (RingDone("n0"), [Commit(("n0", "n1", "n2", "n3"))]),
+          (RingDone("n1"), []), (NodeLost("n2"), []),
+          (RingFailed("n3", STOPPED), [Withdraw(("n3",))])]),
     Case("an input that disagrees while gathering fails it; nothing was started",
          [(ready(0, "n0"), [ARM]), (ready(1, "n1", dtype="<i4"), [Fail(
              InvalidArgumentError(f"input {I[1].hex()} is <i4[{BIG // 4}] but the first input "
