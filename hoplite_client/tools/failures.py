@@ -153,7 +153,8 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     try:
         ended = await asyncio.gather(*(one(i) for i in survivors))
     finally:
-        killer.cancel()
+        killer.cancel()  # a put again still under way is not needed any more
+        await asyncio.gather(killer, return_exceptions=True)
     # checked once every survivor is done: a check takes a core for a moment, and done
     # inside the run it would hold up the next survivor's clock
     for outcome, check in ended:

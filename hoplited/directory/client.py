@@ -73,11 +73,17 @@ class DirectoryClient:
         return await self._rpc.call_owner(oid, WaitObject(oid=oid, timeout=timeout))
 
     async def publish(self, obj: StoredObject) -> None:
-        """Register a complete local object with its owner shard (small ones with their bytes)."""
+        """Register a complete local object with its owner shard (small ones with their bytes,
+        sent from its memory: pinned until the owner answered, since a delete meanwhile would
+        otherwise free that memory under a request still retried towards a new owner)."""
         inline = obj.buffer if obj.size <= INLINE_MAX else None
-        await self._rpc.call_owner(obj.oid, Publish(oid=obj.oid, size=obj.size, dtype=obj.dtype,
-                                                    shape=obj.shape, version=obj.version),
-                                   inline)
+        self._store.pin(obj)
+        try:
+            await self._rpc.call_owner(obj.oid, Publish(oid=obj.oid, size=obj.size,
+                                                        dtype=obj.dtype, shape=obj.shape,
+                                                        version=obj.version), inline)
+        finally:
+            self._store.unpin(obj)
 
     async def _republish(self, obj: StoredObject) -> None:
         """Publish a small copy to its new owner; one deleted meanwhile goes (the owner refused
@@ -85,9 +91,10 @@ class DirectoryClient:
         try:
             await self.publish(obj)
         except ObjectDeletedError as exc:
-            if not exc.reported or self._store.get(obj.oid) is not obj:
+            if not exc.reported:
                 raise
-            self._store.remove(obj.oid)
+            if self._store.get(obj.oid) is obj:
+                self._store.remove(obj.oid)
 
     async def announce(self, obj: StoredObject) -> None:
         """Register a local object still being written (its holders may chain behind us)."""

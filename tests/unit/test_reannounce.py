@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from hoplite_client.wire.errors import HopliteError, NotOwnerError
-from hoplite_client.wire.frames import INLINE_MAX
+from hoplite_client.wire.errors import HopliteError, NotOwnerError, error_from_wire
+from hoplite_client.wire.frames import INLINE_MAX, encode
 from hoplite_client.wire.ids import ObjectID
-from hoplite_client.wire.messages import Announce, Holding
+from hoplite_client.wire.messages import Announce, Holding, Publish
 from hoplited.cluster.membership import OwnerSet
 from hoplited.directory.client import DirectoryClient
 from hoplited.memory.arena import PAGE, Arena
@@ -100,3 +100,47 @@ async def test_a_retry_announces_what_the_store_holds_at_that_moment(
     assert holding.version == obj.version
     assert (holding.version != old) == (case == "restarted meanwhile")
     assert holding.producing and holding.received == SIZE // 3
+
+
+class SmallOwner:
+    """The new owner of a small copy: while the copy is re-published to it, the copy is
+    deleted here (``store.remove``); it then encodes the request as a link sends it, and
+    answers ``answer`` (None: accepted)."""
+
+    def __init__(self, store: ObjectStore, answer: HopliteError | None) -> None:
+        self.store = store
+        self.answer = answer
+        self.sent: list[bytes] = []
+        self.retry_window = 30.0
+
+    async def call_owner(self, oid: ObjectID, msg: Publish, payload: Any = None,
+                         timeout: float | None = None) -> None:
+        self.store.remove(oid)  # a Drop, while the request waits for ownership to settle
+        await asyncio.sleep(0)
+        self.sent.append(bytes(encode(msg, payload)[-1]))
+        if self.answer is not None:
+            raise self.answer
+
+
+@pytest.mark.parametrize("answer", [None, error_from_wire("deleted", "object was deleted", {})],
+                         ids=["accepted", "refused as deleted"])
+async def test_a_small_copy_deleted_while_it_is_republished_is_sent_whole_then_freed(
+        store: ObjectStore, answer: HopliteError | None) -> None:
+    """The request carries the copy's bytes from the store's memory: they stay valid until the
+    owner answered (before, the delete freed them and encoding the retry crashed the task),
+    and the memory is freed once it has."""
+    oid = ObjectID.random()
+    data = bytes(range(100))
+    obj = store.create(oid, len(data), "uint8", [len(data)])
+    obj.buffer[:] = data
+    obj.advance(len(data))
+    owner = SmallOwner(store, answer)
+    tasks = Tasks()
+    client = DirectoryClient(owner, store, Membership(), tasks)  # type: ignore[arg-type]
+    client.reannounce(OwnerSet(["gone"]), lambda _: None, lambda _: 0)
+    for _ in range(int(WAIT / 0.01)):
+        if not len(tasks):
+            break
+        await asyncio.sleep(0.01)
+    assert owner.sent == [data]
+    assert store.get(oid) is None and store.arena.used == 0
