@@ -163,6 +163,7 @@ class Daemon:
                 allreduces.node_died(node)
                 worker.node_died(node)
                 fetcher.source_died(node)
+                sender.peer_died(node)
 
         def owners_changed(previous: OwnerSet) -> None:
             """Objects moved between shards (a death, a join, a suspicion raised or

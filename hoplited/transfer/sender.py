@@ -17,7 +17,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hoplite_client.net.protocol import FrameProtocol
-from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, ObjectNotFoundError
+from hoplite_client.wire.errors import (
+    HopliteError,
+    InvalidArgumentError,
+    ObjectNotFoundError,
+    PeerUnavailableError,
+)
 from hoplite_client.wire.frames import Frame, encode_header
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import DataStream, Error, Pull, RingOpen
@@ -49,6 +54,7 @@ class Sender:
         self._fetching = fetching  # this node is fetching the id: its copy is on its way
         self._ring = ring
         self._streams: Counter[ObjectID] = Counter()  # streams being sent, by object
+        self._peers: dict[str, set[FrameProtocol]] = {}  # connections served, by dialler
 
     def sending(self, oid: ObjectID) -> int:
         """How many pulls of ``oid`` this node serves now."""
@@ -56,10 +62,23 @@ class Sender:
 
     async def serve(self, protocol: FrameProtocol, peer: str) -> None:
         """Answer ``peer``'s Pull requests on an accepted data connection until it closes."""
+        served = self._peers.setdefault(peer, set())
+        served.add(protocol)
         try:
             await self._serve(protocol, peer)
         finally:
+            served.discard(protocol)
+            if not served and self._peers.get(peer) is served:
+                del self._peers[peer]
             protocol.abort()
+
+    def peer_died(self, node: str) -> None:
+        """``node`` was declared dead: end what we send it now. A frozen receiver reads
+        nothing, so a stream to it waits on the transport's write pressure for ever and keeps
+        what it sends pinned, deleted or not (docs/design.md §5, "Sends to the dead")."""
+        error = PeerUnavailableError(f"receiver {node} died", node=node)
+        for protocol in list(self._peers.pop(node, ())):
+            protocol.abort(error)
 
     async def _serve(self, protocol: FrameProtocol, peer: str) -> None:
         # None: the connection closed (a marker in the queue, so no task waits on both)

@@ -135,3 +135,34 @@ async def test_gets_survive_the_death_of_the_objects_owner_shard(make_cluster, c
     cluster.kill(2)
     got = await asyncio.gather(*(c.get(oid, timeout=60) for c in (clients[1], clients[3])))
     assert all(np.array_equal(g, data) for g in got)
+
+
+async def test_a_send_to_a_receiver_declared_dead_ends_and_lets_go_of_the_object(
+        make_cluster, connect) -> None:
+    """Node 1 pulls a large object from node 0 and freezes mid-transfer: node 0's stream to it
+    waits on write pressure (a frozen receiver reads nothing, and its kernel keeps the
+    connection open). Once node 1 is declared dead the stream ends, so the object, deleted
+    meanwhile, is freed at once, not when node 1 resumes or its connection times out
+    (docs/design.md §5, "Sends to the dead")."""
+    cluster = await make_cluster(3, capacity="1GiB", daemon_args=FAST_HEARTBEAT)
+    sender, receiver = await connect(cluster.sockets[0]), await connect(cluster.sockets[1])
+    oid = await sender.put(np.ones(384 * MiB // 8))
+    pulling = asyncio.ensure_future(receiver.get(oid, timeout=IO_TIMEOUT))
+
+    async def mid_transfer() -> bool:
+        return any(t["received"] > 0 for t in (await receiver.status())["local"]["transfers"])
+
+    try:
+        await eventually(mid_transfer, what="node 1 receiving")
+        cluster.kill(1, signal.SIGSTOP)
+        await wait_member_dead(sender, cluster.nodes[1].node_id)
+        await sender.delete(oid)
+
+        async def freed() -> bool:
+            store = (await sender.status())["local"]["store"]
+            return store["arena_used"] == 0 and store["pinned_deleted"] == 0
+
+        await eventually(freed, what="the object freed on node 0")
+    finally:
+        pulling.cancel()
+        cluster.kill(1, signal.SIGKILL)
