@@ -386,8 +386,9 @@ class Orchestrator:
         """Whether ``version`` is the ring (or stripes) this allreduce runs now."""
         return version == self._version
 
-    async def _wait(self, oid: ObjectID, deadline: float | None) -> None:
-        frame = await wait_ready(self.d.directory, self.d.is_alive, oid, deadline)
+    async def _wait(self, oid: ObjectID, deadline: float | None,
+                    exclude: tuple[str, ...] = ()) -> None:
+        frame = await wait_ready(self.d.directory, self.d.is_alive, oid, deadline, exclude)
         info = frame.msg
         self.feed(s.InputReady(oid, tuple(n for n in info.holders if self.d.is_alive(n)),
                                info.size, info.dtype, tuple(info.shape)))
@@ -438,6 +439,10 @@ class Orchestrator:
             for node in ins.members:
                 d.rpc.tell(node, RingEnd(result=plan.result, version=self._version,
                                          commit=False))
+        elif isinstance(ins, s.WaitAgain):
+            self._waits.append(self._spawn(
+                self._wait(ins.oid, self._deadline, ins.exclude),
+                f"allreduce-wait-{ins.oid.short()}", functools.partial(s.InputFailed, ins.oid)))
         elif isinstance(ins, s.Cleanup):
             for oid in ins.stripes:
                 d.tasks.spawn(drop_entry(d.directory, oid), name="allreduce-cleanup")

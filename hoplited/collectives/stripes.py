@@ -246,7 +246,17 @@ class Restart:
     error: HopliteError
 
 
-Instruction = Plain | Assign | Cleanup | Fail | Arm | StartRing | Commit | Restart | Withdraw
+@dataclass(frozen=True, slots=True)
+class WaitAgain:
+    """Wait for input ``oid`` again, on a node not in ``exclude``: every node that held it
+    when it was ready is lost since (it is put again elsewhere, as a restarted task does)."""
+
+    oid: ObjectID
+    exclude: tuple[str, ...]
+
+
+Instruction = (Plain | Assign | Cleanup | Fail | Arm | StartRing | Commit | Restart | Withdraw
+               | WaitAgain)
 
 
 class AllreducePlan:
@@ -526,9 +536,10 @@ class AllreducePlan:
     def _place(self, ev: InputReady) -> list[Instruction]:
         """Give input ``ev``'s stripe to the least loaded live node holding it."""
         live = [n for n in ev.alive if n not in self.lost]
-        if not live:
-            return self._fail(PeerUnavailableError(f"input {ev.oid.hex()} has no live holder",
-                                                   oid=ev.oid.hex()))
+        if not live:  # its holders died since it was ready (held for a ring, say): its task
+            # puts it again elsewhere, as for a reduce (docs/design.md §5, "Reduce")
+            self.waiting.add(ev.oid)
+            return [WaitAgain(ev.oid, tuple(sorted(self.lost)))]
         stripe = len(self.owner)
         load = Counter(node for node, _ in self.owner.values())
         node = min(live, key=lambda n: (load[n], live.index(n)))
