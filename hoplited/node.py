@@ -146,7 +146,7 @@ class Daemon:
                                                                space))
         handlers = {**cluster.handlers(), **status.handlers(), **directory.handlers(),
                     **DirectoryService(shard, self.node_id, membership.owner,
-                                       membership.is_alive, rpc).handlers(),
+                                       membership.is_alive, rpc, tasks).handlers(),
                     **worker.handlers(), **reductions.handlers(), **allreduces.handlers()}
         rpc.serve(peer=Dispatcher(PEER, handlers, tasks, errors),
                   tool=Dispatcher(TOOL, handlers, tasks, errors),

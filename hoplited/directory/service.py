@@ -40,6 +40,7 @@ from hoplite_client.wire.receivers import check_receivers
 from hoplited.directory.shard import DirectoryShard, Split
 from hoplited.dispatch import Handler
 from hoplited.rpc import Rpc
+from hoplited.tasks import Tasks
 
 log = logging.getLogger("hoplited.directory")
 
@@ -70,12 +71,13 @@ class DirectoryService:
     evictions."""
 
     def __init__(self, shard: DirectoryShard, me: str, owner_of: Callable[[ObjectID], str],
-                 is_alive: Callable[[str], bool], rpc: Rpc) -> None:
+                 is_alive: Callable[[str], bool], rpc: Rpc, tasks: Tasks) -> None:
         self.shard = shard
         self._me = me
         self._owner_of = owner_of
         self._is_alive = is_alive
         self._rpc = rpc
+        self._tasks = tasks
 
     def handlers(self) -> dict[type[WireMessage], Handler]:
         return {Locate: self.on_locate, Publish: self.on_publish, Progress: self.on_progress,
@@ -126,12 +128,14 @@ class DirectoryService:
                 log.info("%s did not confirm dropping %s: %s", node, msg.oid.short(), result)
         return Ok()
 
-    async def on_announce(self, peer: str, msg: Announce, payload: memoryview | None) -> Ok:
+    def on_announce(self, peer: str, msg: Announce, payload: memoryview | None) -> Ok:
         """Record the holdings we own; if some are not ours (the sender heard of a death that
         makes us their owner before we did), say so after recording the rest: the sender
         announces again once ownership has settled (publishing twice changes nothing). A
-        copy of a version deleted since is not recorded: the sender drops it before the
-        answer (docs/design.md §5, "Deletes and moving owners")."""
+        copy of a version deleted since is not recorded: the sender is told to drop it
+        (docs/design.md §5, "Deletes and moving owners"). Handled at once, in the order
+        messages arrive: a producer's announcement and then its failure record must not
+        swap (the record would be erased)."""
         for h in msg.holdings:
             check_receivers(h.receivers)
         refused = 0
@@ -144,17 +148,22 @@ class DirectoryService:
                                         source=h.source, serving=h.serving,
                                         receivers=h.receivers):
                 deleted.append(h.oid)
-        results = await asyncio.gather(*(self._rpc.call_node(peer, Drop(oid=oid),
-                                                             timeout=DROP_TIMEOUT)
-                                         for oid in deleted), return_exceptions=True)
-        for oid, result in zip(deleted, results):
-            if isinstance(result, BaseException):
-                log.info("%s did not confirm dropping %s, deleted: %s", peer, oid.short(),
-                         result)
+        if deleted:
+            self._tasks.spawn(self._drop_deleted(peer, deleted), name="drop-deleted")
         if refused:
             raise NotOwnerError(f"not the owner of {refused} of the {len(msg.holdings)} "
                                 f"announced objects")
         return Ok()
+
+    async def _drop_deleted(self, peer: str, oids: list[ObjectID]) -> None:
+        """Have ``peer`` drop its copies of ``oids``, deleted before it announced them."""
+        results = await asyncio.gather(*(self._rpc.call_node(peer, Drop(oid=oid),
+                                                             timeout=DROP_TIMEOUT)
+                                         for oid in oids), return_exceptions=True)
+        for oid, result in zip(oids, results):
+            if isinstance(result, BaseException):
+                log.info("%s did not confirm dropping %s, deleted: %s", peer, oid.short(),
+                         result)
 
     async def on_wait_object(self, peer: str, msg: WaitObject,
                              payload: memoryview | None) -> tuple[ObjectInfo, Any]:
