@@ -119,13 +119,8 @@ class DirectoryService:
     async def on_delete_entry(self, peer: str, msg: DeleteEntry,
                               payload: memoryview | None) -> Ok:
         """Remove the entry and have every live holder drop its copy before answering."""
-        holders = [n for n in self.shard.delete(msg.oid) if self._is_alive(n)]
-        results = await asyncio.gather(*(self._rpc.call_node(n, Drop(oid=msg.oid),
-                                                              timeout=DROP_TIMEOUT)
-                                         for n in holders), return_exceptions=True)
-        for node, result in zip(holders, results):
-            if isinstance(result, BaseException):
-                log.info("%s did not confirm dropping %s: %s", node, msg.oid.short(), result)
+        await self._drop([(n, msg.oid) for n in self.shard.delete(msg.oid)
+                          if self._is_alive(n)])
         return Ok()
 
     def on_announce(self, peer: str, msg: Announce, payload: memoryview | None) -> Ok:
@@ -149,21 +144,21 @@ class DirectoryService:
                                         receivers=h.receivers):
                 deleted.append(h.oid)
         if deleted:
-            self._tasks.spawn(self._drop_deleted(peer, deleted), name="drop-deleted")
+            self._tasks.spawn(self._drop([(peer, oid) for oid in deleted]),
+                              name="drop-deleted")
         if refused:
             raise NotOwnerError(f"not the owner of {refused} of the {len(msg.holdings)} "
                                 f"announced objects")
         return Ok()
 
-    async def _drop_deleted(self, peer: str, oids: list[ObjectID]) -> None:
-        """Have ``peer`` drop its copies of ``oids``, deleted before it announced them."""
-        results = await asyncio.gather(*(self._rpc.call_node(peer, Drop(oid=oid),
+    async def _drop(self, copies: list[tuple[str, ObjectID]]) -> None:
+        """Have each (node, id) holder drop its copy of a deleted object, and wait for it."""
+        results = await asyncio.gather(*(self._rpc.call_node(node, Drop(oid=oid),
                                                              timeout=DROP_TIMEOUT)
-                                         for oid in oids), return_exceptions=True)
-        for oid, result in zip(oids, results):
+                                         for node, oid in copies), return_exceptions=True)
+        for (node, oid), result in zip(copies, results):
             if isinstance(result, BaseException):
-                log.info("%s did not confirm dropping %s, deleted: %s", peer, oid.short(),
-                         result)
+                log.info("%s did not confirm dropping %s: %s", node, oid.short(), result)
 
     async def on_wait_object(self, peer: str, msg: WaitObject,
                              payload: memoryview | None) -> tuple[ObjectInfo, Any]:
