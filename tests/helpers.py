@@ -21,6 +21,9 @@ import numpy as np
 
 import hoplite_client
 from hoplite_client.daemon_process import cpu_seconds
+from hoplite_client.net.channel import Channel
+from hoplite_client.net.handshake import Identity, dial
+from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.frames import (
     MAGIC,
     PRELUDE,
@@ -295,3 +298,13 @@ def until(check: Callable[[], bool], timeout: float) -> None:
     while not check():
         assert time.monotonic() < deadline, f"not reached within {timeout}s"
         time.sleep(0.2)
+
+
+async def dial_as_peer(cluster: Any, name: str, node: int = 0) -> tuple[FrameProtocol, Channel]:
+    """A peer connection to ``cluster``'s node ``node`` as the (non-member) daemon ``name``,
+    holding the cluster's token: a test speaks the peer protocol itself on it."""
+    with open(cluster.token_file, "rb") as f:
+        me = Identity(name, f.read().strip())
+    host, port = cluster.nodes[node].listen.rsplit(":", 1)
+    protocol, _ = await dial(host, int(port), "peer", me)
+    return protocol, Channel(protocol)

@@ -395,7 +395,9 @@ class Located(Reply):
 
 @message(46, shape="request", roles=(PEER,), payload="small")
 class Publish(Request["Ok"]):
-    """A store now holds a complete object; small objects carry their bytes."""
+    """A store now holds a complete object; small objects carry their bytes. ``moved``: a
+    copy published again because its owner moved, not a new put (docs/design.md §5,
+    "Deletes and moving owners")."""
 
     rid: int = 0
     oid: ObjectID
@@ -403,6 +405,7 @@ class Publish(Request["Ok"]):
     dtype: str
     shape: list[int]
     version: bytes
+    moved: bool = False
 
 
 @message(47, shape="oneway", roles=(PEER,))
@@ -426,9 +429,24 @@ class TransferDone(WireMessage):
 
 
 @message(49, shape="request", roles=(PEER,))
-class DeleteEntry(Request["Ok"]):
+class DeleteEntry(Request["Deleted"]):
+    """Remove the entry and every copy. ``again``: sent once more by the deleter because the
+    id's owner moved since its delete, which removed ``version`` (None if unknown): an entry
+    of another version stays, and no entry is no error (docs/design.md §5, "Deletes and
+    moving owners")."""
+
     rid: int = 0
     oid: ObjectID
+    version: bytes | None = None
+    again: bool = False
+
+
+@message(79, shape="reply")
+class Deleted(Reply):
+    """The answer to a ``DeleteEntry``: the version removed, None if the shard knew none."""
+
+    rid: int = 0
+    version: bytes | None
 
 
 @message(50, shape="request", roles=(PEER,))
@@ -447,10 +465,12 @@ class Stats(Request["StatusReply"]):
 
 @message(52, shape="request", roles=(PEER,))
 class Announce(Request["Ok"]):
-    """Soft state: the sender's holdings whose directory shard is the receiver."""
+    """Soft state: the sender's holdings whose directory shard is the receiver; ``moved``:
+    announced again because their owner moved."""
 
     rid: int = 0
     holdings: list[Holding]
+    moved: bool = False
 
 
 # --- 53-59, 62: reduce, coordinator to directory shards and tree nodes ---

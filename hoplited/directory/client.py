@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from hoplite_client.wire.errors import HopliteError, ObjectDeletedError
+from hoplite_client.wire.errors import HopliteError, ObjectDeletedError, ObjectNotFoundError
 from hoplite_client.wire.frames import INLINE_MAX, Frame
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
@@ -33,6 +33,7 @@ from hoplite_client.wire.messages import (
     WireMessage,
 )
 from hoplited.cluster.membership import Membership, OwnerSet
+from hoplited.directory.recent_deletes import RecentDeletes
 from hoplited.dispatch import Handler
 from hoplited.memory.store import ObjectStore, StoredObject
 from hoplited.rpc import RETRY_PAUSE_MAX, Rpc, owner_moved
@@ -50,6 +51,7 @@ class DirectoryClient:
         self._store = store
         self._membership = membership
         self._tasks = tasks
+        self._deletes = RecentDeletes(rpc.retry_window)
 
     def handlers(self) -> dict[type[WireMessage], Handler]:
         return {Drop: self.on_drop}
@@ -72,16 +74,18 @@ class DirectoryClient:
         """Holders and metadata of ``oid`` once it is complete somewhere (small ones inline)."""
         return await self._rpc.call_owner(oid, WaitObject(oid=oid, timeout=timeout))
 
-    async def publish(self, obj: StoredObject) -> None:
+    async def publish(self, obj: StoredObject, moved: bool = False) -> None:
         """Register a complete local object with its owner shard (small ones with their bytes,
         sent from its memory: pinned until the owner answered, since a delete meanwhile would
-        otherwise free that memory under a request still retried towards a new owner)."""
+        otherwise free that memory under a request still retried towards a new owner);
+        ``moved``: published again because its owner moved, not a new put."""
         inline = obj.buffer if obj.size <= INLINE_MAX else None
         self._store.pin(obj)
         try:
             await self._rpc.call_owner(obj.oid, Publish(oid=obj.oid, size=obj.size,
                                                         dtype=obj.dtype, shape=obj.shape,
-                                                        version=obj.version), inline)
+                                                        version=obj.version, moved=moved),
+                                       inline)
         finally:
             self._store.unpin(obj)
 
@@ -89,7 +93,7 @@ class DirectoryClient:
         """Publish a small copy to its new owner; one deleted meanwhile goes (the owner refused
         it: docs/design.md §5, "Deletes and moving owners")."""
         try:
-            await self.publish(obj)
+            await self.publish(obj, moved=True)
         except ObjectDeletedError as exc:
             if not exc.reported:
                 raise
@@ -106,8 +110,28 @@ class DirectoryClient:
         await self._rpc.call_owner(oid, FailEntry(oid=oid, code=error.code, message=str(error)))
 
     async def delete(self, oid: ObjectID) -> None:
-        """Remove the entry; the shard tells every holder to drop its copy."""
-        await self._rpc.call_owner(oid, DeleteEntry(oid=oid))
+        """Remove the entry; the shard tells every holder to drop its copy. Remembered for a
+        retry window and sent again to a new owner if the id's owner moves meanwhile, with
+        the version removed (the owner's answer, else our own copy's): docs/design.md §5,
+        "Deletes and moving owners"."""
+        obj = self._store.get(oid)
+        version = None if obj is None else obj.version
+        loop = asyncio.get_running_loop()
+        try:
+            frame = await self._rpc.call_owner(oid, DeleteEntry(oid=oid))
+        except ObjectNotFoundError as exc:
+            if exc.reported:  # the owner has no entry: its copies may be on their way there
+                self._deletes.deleted(oid, version, loop.time())
+            raise
+        self._deletes.deleted(oid, frame.msg.version or version, loop.time())
+
+    async def _delete_again(self, oid: ObjectID, version: bytes) -> None:
+        """Send a delete again to the id's new owner (whatever it answers is only logged: the
+        first delete has already answered its caller)."""
+        try:
+            await self._rpc.call_owner(oid, DeleteEntry(oid=oid, version=version, again=True))
+        except HopliteError as exc:
+            log.info("could not send the delete of %s again: %s", oid.short(), exc)
 
     async def may_drop(self, obj: StoredObject) -> bool:
         """Ask ``obj``'s owner shard whether this node may evict its copy; a yes means the
@@ -137,7 +161,12 @@ class DirectoryClient:
                    serving: Callable[[ObjectID], int]) -> None:
         """Tell each object's new owner shard what we hold (the directory is soft state),
         where each partial copy is pulled from (``source_of``) and how many pulls each copy
-        serves (``serving``), so the shard knows the chains."""
+        serves (``serving``), so the shard knows the chains; and send our recent deletes of
+        ids whose owner moved again, to the new owner."""
+        now = asyncio.get_running_loop().time()
+        for again in self._deletes.owners_moved(lambda oid: self.moved(oid, previous), now):
+            self._tasks.spawn(self._delete_again(again.oid, again.version),
+                              name="delete-again")
         moved: list[ObjectID] = []
         for obj in self._store.objects.values():
             if not _announceable(obj) or not self.moved(obj.oid, previous):
@@ -178,7 +207,7 @@ class DirectoryClient:
             oids = []
             for owner, batch in batches.items():
                 try:
-                    await self._rpc.call_node(owner, Announce(holdings=batch))
+                    await self._rpc.call_node(owner, Announce(holdings=batch, moved=True))
                 except HopliteError as exc:
                     if not owner_moved(exc) or loop.time() >= give_up:
                         log.info("could not announce %d objects to %s: %s", len(batch), owner,

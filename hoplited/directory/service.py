@@ -21,6 +21,7 @@ from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
     Announce,
+    Deleted,
     DeleteEntry,
     Drop,
     EvictAnswer,
@@ -105,7 +106,7 @@ class DirectoryService:
         if inline is None and msg.size <= INLINE_MAX:
             raise InvalidArgumentError("small objects are published with their bytes")
         if not self.shard.publish(msg.oid, peer, msg.size, msg.dtype, msg.shape, msg.version,
-                                  inline):
+                                  inline, moved=msg.moved):
             raise ObjectDeletedError(f"object {msg.oid.hex()} was deleted", oid=msg.oid.hex())
         return Ok()
 
@@ -117,17 +118,19 @@ class DirectoryService:
         self.shard.transfer_done(msg.oid, msg.source, peer, msg.complete, check_half(msg.half))
 
     async def on_delete_entry(self, peer: str, msg: DeleteEntry,
-                              payload: memoryview | None) -> Ok:
-        """Remove the entry and have every live holder drop its copy before answering."""
-        await self._drop([(n, msg.oid) for n in self.shard.delete(msg.oid)
-                          if self._is_alive(n)])
-        return Ok()
+                              payload: memoryview | None) -> Deleted:
+        """Remove the entry and have every live holder drop its copy before answering with
+        the version removed (the deleter sends it again if the owner moves soon after)."""
+        version, holders = self.shard.delete(msg.oid, msg.version, msg.again)
+        await self._drop([(n, msg.oid) for n in holders if self._is_alive(n)])
+        return Deleted(version=version)
 
     def on_announce(self, peer: str, msg: Announce, payload: memoryview | None) -> Ok:
         """Record the holdings we own; if some are not ours (the sender heard of a death that
         makes us their owner before we did), say so after recording the rest: the sender
         announces again once ownership has settled (publishing twice changes nothing). A
-        copy of a version deleted since is not recorded: the sender is told to drop it
+        copy of a version deleted since, or one announced again after a move of an id
+        deleted where no entry was, is not recorded: the sender is told to drop it
         (docs/design.md §5, "Deletes and moving owners"). Handled at once, in the order
         messages arrive: a producer's announcement and then its failure record must not
         swap (the record would be erased)."""
@@ -141,7 +144,7 @@ class DirectoryService:
             elif not self.shard.publish(h.oid, peer, h.size, h.dtype, h.shape, h.version, None,
                                         received=h.received, producing=h.producing,
                                         source=h.source, serving=h.serving,
-                                        receivers=h.receivers):
+                                        receivers=h.receivers, moved=msg.moved):
                 deleted.append(h.oid)
         if deleted:
             self._tasks.spawn(self._drop([(peer, oid) for oid in deleted]),

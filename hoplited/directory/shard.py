@@ -149,14 +149,15 @@ class DirectoryShard:
     def publish(self, oid: ObjectID, holder: str, size: int, dtype: str, shape: list[int],
                 version: bytes, inline: bytes | None, received: int | None = None,
                 producing: bool = False, source: str | None = None,
-                serving: int = 0, receivers: int = 0) -> bool:
+                serving: int = 0, receivers: int = 0, moved: bool = False) -> bool:
         """Record that ``holder`` has ``received`` bytes (default: all) of the object
         (``producing``: it computes the object, which dies with it until a copy is whole;
         ``source``: where it pulls its partial copy from; ``serving``: pulls it serves;
-        ``receivers``: how many will get it, if known). False: that version was deleted, and
-        the holder must drop its copy."""
+        ``receivers``: how many will get it, if known; ``moved``: announced again because
+        its owner moved). False: that copy was deleted, and the holder must drop it."""
         instructions = self.state.publish(oid, holder, size, dtype, shape, version, inline,
-                                          received, producing, source, serving, receivers)
+                                          received, producing, source, serving, receivers,
+                                          moved)
         self._apply(instructions)
         return not any(isinstance(ins, DropCopy) for ins in instructions)
 
@@ -175,11 +176,15 @@ class DirectoryShard:
         holders make no waiter's answer possible)."""
         return self.state.may_drop(oid, holder, version)
 
-    def delete(self, oid: ObjectID) -> list[str]:
-        """Remove the entry; returns the nodes that must drop their copies."""
-        instructions = self.state.delete(oid)
+    def delete(self, oid: ObjectID, version: bytes | None = None,
+               again: bool = False) -> tuple[bytes | None, list[str]]:
+        """Remove the entry (``again``: a delete re-sent after the owner moved, of
+        ``version``); returns the version deleted (None if unknown) and the nodes that must
+        drop their copies."""
+        instructions = self.state.delete(oid, version, again)
         self._apply(instructions)
-        return [ins.node for ins in instructions if isinstance(ins, DropCopy)]
+        return (self.state.deleted.get(oid),
+                [ins.node for ins in instructions if isinstance(ins, DropCopy)])
 
     def forget_node(self, node: str) -> None:
         """A member died: its copies are gone and the transfers it was sending stop."""

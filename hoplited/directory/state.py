@@ -67,9 +67,11 @@ STORY_OIDS = 1024
 # Deleted versions remembered, oldest forgotten first. A holder re-announces its copies when
 # their owner changes, and an announcement that reaches the owner after a delete would make
 # the deleted object an entry again, its copies kept for good: the shard answers it with a
-# Drop instead (docs/design.md §5, "Deletes and moving owners"). Re-announcements follow a
-# death within the retry window; this many deletes cover that window at about 5,000 deletes a
-# second, in about 3 MiB.
+# Drop instead (docs/design.md §5, "Deletes and moving owners"). A delete that finds no entry
+# (it came before every re-announcement) is remembered without a version: it refuses the
+# copies re-announced after a move, of any version, and a new put lifts it. Re-announcements
+# follow a death within the retry window; this many deletes cover that window at about 5,000
+# deletes a second, in about 3 MiB.
 DELETED_MAX = 32768
 # A ring requester waits this long at most for its predecessor to enrol (a receiver of a half,
 # for its parent in that half's tree), then takes the usual choice: a predecessor that lags
@@ -233,7 +235,8 @@ class DirectoryState:
         self.me = me
         self.entries: dict[ObjectID, Entry] = {}
         self.failed: dict[ObjectID, HopliteError] = {}  # ids that will never exist, and why
-        self.deleted: OrderedDict[ObjectID, bytes] = OrderedDict()  # deleted: its version
+        # deleted ids: the version removed, None if none was known here
+        self.deleted: OrderedDict[ObjectID, bytes | None] = OrderedDict()
         self._seq = itertools.count()
         self._stories: OrderedDict[ObjectID, deque[tuple[str, str]]] = OrderedDict()
 
@@ -303,18 +306,20 @@ class DirectoryState:
                 version: bytes, inline: bytes | None,
                 received: int | None = None, producing: bool = False,
                 source: str | None = None, serving: int = 0,
-                receivers: int = 0) -> list[Instruction]:
+                receivers: int = 0, moved: bool = False) -> list[Instruction]:
         """Record that ``holder`` has ``received`` bytes (default: all) of the object;
         ``producing``: the holder computes it, so it dies with the holder until complete;
         ``source`` and ``serving``: the member it pulls its partial copy from and how many
         pulls it serves, as it announces after ownership moved (so the no-cycle rule can
         follow its chain and a busy holder is not taken for an idle one, whichever of a
         chain's members announces first); ``receivers``: how many members will get it, if
-        its producer knows (the gets then form a tree where a chain would cost more)."""
+        its producer knows (the gets then form a tree where a chain would cost more);
+        ``moved``: a copy announced again because its owner moved, not a new put."""
         self.check_owner(oid)
         got = size if received is None else received
-        event = f"publish by {holder} {got}/{size} bytes"
-        if self.deleted.get(oid) == version:  # a copy announced after its delete
+        event = f"publish by {holder} {got}/{size} bytes" + (" (moved)" if moved else "")
+        if oid in self.deleted and (self.deleted[oid] == version
+                                    or moved and self.deleted[oid] is None):
             self._record(oid, event, "refused: deleted, the holder drops it")
             return [DropCopy(holder, oid)]
         self.deleted.pop(oid, None)  # put again under the same id: a new version
@@ -457,20 +462,40 @@ class DirectoryState:
         self._record(oid, "fail", f"tombstone: {error}")
         return [Wake(oid)]
 
-    def delete(self, oid: ObjectID) -> list[Instruction]:
-        """Remove the entry (or tombstone); each holder must drop its copy."""
+    def delete(self, oid: ObjectID, version: bytes | None = None,
+               again: bool = False) -> list[Instruction]:
+        """Remove the entry (or tombstone); each holder must drop its copy. The version
+        removed is remembered (``deleted``), None if no entry was here: the object may exist
+        and its copies not be announced here yet, so the copies re-announced after a move go
+        too. ``again``: the deleter sends the delete once more because the id's owner moved
+        since; ``version`` is the one its first delete removed. Only an entry of that
+        version goes (another is a put made since), and finding nothing is no error."""
         self.check_owner(oid)
-        entry = self.entries.pop(oid, None)
-        if entry is None and self.failed.pop(oid, None) is not None:
-            self._record(oid, "delete", "tombstone removed")
+        if again and version is None:
+            raise InvalidArgumentError("a delete sent again names the version it removed")
+        event = "delete" + (" again" if again else "")
+        entry = self.entries.get(oid)
+        if again and entry is not None and entry.version != version:
+            self._record(oid, event, "kept: a put made since")
             return []
-        if entry is None:
-            raise ObjectNotFoundError(f"object {oid.hex()} does not exist", oid=oid.hex())
-        self._record(oid, "delete", f"holders {sorted(entry.holders)} drop their copies")
-        self.deleted[oid] = entry.version
+        self.entries.pop(oid, None)
+        if entry is None and self.failed.pop(oid, None) is not None:
+            self._record(oid, event, "tombstone removed")
+            return []
+        if entry is not None:
+            version = entry.version
+        elif version is None and oid in self.deleted:
+            version = self.deleted[oid]  # deleted twice: the version known at the first stays
+        self.deleted[oid] = version
         self.deleted.move_to_end(oid)
         if len(self.deleted) > DELETED_MAX:
             self.deleted.popitem(last=False)
+        if entry is None:
+            self._record(oid, event, "no entry: its copies announced after a move drop")
+            if again:
+                return []
+            raise ObjectNotFoundError(f"object {oid.hex()} does not exist", oid=oid.hex())
+        self._record(oid, event, f"holders {sorted(entry.holders)} drop their copies")
         return [DropCopy(node, oid) for node in entry.holders]
 
     def forget_node(self, node: str) -> list[Instruction]:

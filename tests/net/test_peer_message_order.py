@@ -11,10 +11,8 @@ import asyncio
 import os
 
 import pytest
-from helpers import IO_TIMEOUT
+from helpers import IO_TIMEOUT, dial_as_peer
 
-from hoplite_client.net.channel import Channel
-from hoplite_client.net.handshake import Identity, dial
 from hoplite_client.wire.errors import CapacityError
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import Announce, FailEntry, Holding
@@ -27,11 +25,7 @@ SIZE = 1 << 20
 
 async def test_an_announcement_then_a_failure_record_fail_the_get(make_cluster, connect) -> None:  # type: ignore[no-untyped-def]
     cluster = await make_cluster(1)  # one shard: it owns every id
-    with open(cluster.token_file, "rb") as f:
-        me = Identity("producer", f.read().strip())
-    host, port = cluster.nodes[0].listen.rsplit(":", 1)
-    protocol, _ = await dial(host, int(port), "peer", me)
-    channel = Channel(protocol)
+    protocol, channel = await dial_as_peer(cluster, "producer")
     client = await connect(cluster.sockets[0])
     oid = ObjectID.random()
     try:

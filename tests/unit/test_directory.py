@@ -143,7 +143,7 @@ def test_adapter_forwards_results() -> None:
         put(s, oid, holder="x", version=b"v2")
     s.forget_node("gone")
     assert s.entries[oid].holders["src"].received == SIZE
-    assert s.delete(oid) == ["src"]
+    assert s.delete(oid) == (b"v1", ["src"])
     assert [outcome for _, outcome in s.story(oid)] == [
         "new entry", "refused: exists with another version",
         "holders ['src'] drop their copies"]

@@ -10,6 +10,7 @@ from helpers import top_level_imports
 
 import hoplited.directory.state as state_module
 from hoplite_client.wire.errors import (
+    InvalidArgumentError,
     NotOwnerError,
     ObjectExistsError,
     ObjectNotFoundError,
@@ -63,9 +64,16 @@ Step = Callable[[World], object]
 # --- steps: each does one thing to the world and returns what a test compares ---
 def put(holder: str, version: bytes = b"v1", received: int | None = None,
         inline: bytes | None = None, oid: ObjectID = OID, producing: bool = False,
-        source: str | None = None, serving: int = 0, receivers: int = 0) -> Step:
+        source: str | None = None, serving: int = 0, receivers: int = 0,
+        moved: bool = False) -> Step:
     return lambda w: w.state.publish(oid, holder, SIZE, "<f4", [SIZE // 4], version, inline,
-                                     received, producing, source, serving, receivers)
+                                     received, producing, source, serving, receivers, moved)
+
+
+def moved(holder: str, version: bytes = b"v1", received: int | None = None,
+          source: str | None = None) -> Step:
+    """``holder`` announces its copy again because the id's owner moved."""
+    return put(holder, version, received, source=source, moved=True)
 
 
 def locate(requester: str, exclude: Sequence[str] = (), offset: int = 0,
@@ -99,6 +107,11 @@ def fail(oid: ObjectID = OID) -> Step:
 
 def delete(oid: ObjectID = OID) -> Step:
     return lambda w: w.state.delete(oid)
+
+
+def delete_again(version: bytes | None, oid: ObjectID = OID) -> Step:
+    """The deleter sends its delete again after the owner moved (``version``: removed)."""
+    return lambda w: w.state.delete(oid, version, again=True)
 
 
 def forget(node: str) -> Step:
@@ -407,6 +420,45 @@ CASES = [
         (put("late", version=b"v1"), ObjectExistsError),  # the deleted one, refused
         (delete(), [DropCopy("src", OID)]),
         (put("late", version=b"v2"), [DropCopy("late", OID)]),
+    ]),
+    # a delete that reaches the new owner before any holder's re-announcement finds no entry:
+    # the copies announced again after the move go, whatever their version; a new put does not
+    Case("a-delete-before-any-re-announcement-drops-the-moved-copies", [
+        (delete(), ObjectNotFoundError),
+        (moved("a"), [DropCopy("a", OID)]),
+        (moved("b", version=b"v0", received=SIZE // 2, source="a"), [DropCopy("b", OID)]),
+        (holders(), None), (locate("r"), NOT_PUT),
+        (put("c", version=b"v2"), WAKE), (holders(), {"c": full()}),
+        (moved("a"), ObjectExistsError),  # the entry of the new put stands
+    ]),
+    Case("a-put-lifts-a-delete-that-found-no-entry", [
+        (delete(), ObjectNotFoundError), (put("src"), WAKE),
+        (moved("a", version=b"v1"), WAKE), (holders(), {"src": full(), "a": full()}),
+    ]),
+    Case("deleted-twice-the-version-known-first-stays", [
+        (put("src"), WAKE), (delete(), [DropCopy("src", OID)]),
+        (delete(), ObjectNotFoundError),
+        (put("late"), [DropCopy("late", OID)]),  # a late publish of the deleted version
+        (moved("b", version=b"v2"), WAKE),  # another version: a put the deletes never saw
+    ]),
+    # the deleter sends its delete again to the id's new owner (its first delete went to an
+    # owner that died, or to a stand-in that gave the id back): only the version it removed goes
+    Case("a-delete-sent-again-removes-the-version-it-deleted", [
+        (moved("a"), WAKE), (moved("b"), WAKE),
+        (delete_again(b"v1"), [DropCopy("a", OID), DropCopy("b", OID)]),
+        (moved("c"), [DropCopy("c", OID)]), (holders(), None),
+        (delete_again(b"v1"), []),  # nothing here is no error
+    ]),
+    Case("a-delete-sent-again-keeps-another-version", [
+        (put("src", version=b"v2"), WAKE),
+        (delete_again(b"v1"), []), (holders(), {"src": full()}),
+        (delete_again(None), InvalidArgumentError),  # it could not tell a put made since
+        (holders(), {"src": full()}),
+    ]),
+    Case("a-delete-sent-again-before-the-late-copy", [
+        (delete_again(b"v1"), []), (holders(), None),
+        (moved("a"), [DropCopy("a", OID)]),
+        (moved("b", version=b"v2"), WAKE), (holders(), {"b": full()}),
     ]),
     Case("a-delete-is-remembered-per-id", [
         (put("src"), WAKE), (put("src", oid=OID2), [Wake(OID2)]),

@@ -9,14 +9,20 @@ under a new version (docs/design.md §5, "Ownership"): the retry must announce t
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from hoplite_client.wire.errors import HopliteError, NotOwnerError, error_from_wire
+from hoplite_client.wire.errors import (
+    HopliteError,
+    NotOwnerError,
+    ObjectNotFoundError,
+    error_from_wire,
+)
 from hoplite_client.wire.frames import INLINE_MAX, encode
 from hoplite_client.wire.ids import ObjectID
-from hoplite_client.wire.messages import Announce, Holding, Publish
+from hoplite_client.wire.messages import Announce, Deleted, DeleteEntry, Holding, Publish
 from hoplited.cluster.membership import OwnerSet
 from hoplited.directory.client import DirectoryClient
 from hoplited.memory.arena import PAGE, Arena
@@ -36,6 +42,7 @@ class Owner:
         self.refusals = refusals
         self.meanwhile = meanwhile
         self.accepted: list[Holding] = []
+        self.moved: list[bool] = []
         self.retry_window = 30.0
 
     async def call_node(self, node: str, msg: Announce) -> None:
@@ -47,6 +54,7 @@ class Owner:
                 self.meanwhile = None
             raise NotOwnerError("not the owner of 1 of the 1 announced objects")
         self.accepted += msg.holdings
+        self.moved.append(msg.moved)
 
 
 class Membership:
@@ -97,6 +105,7 @@ async def test_a_retry_announces_what_the_store_holds_at_that_moment(
         assert owner.accepted == [], "a copy no longer held was announced"
         return
     [holding] = owner.accepted
+    assert owner.moved == [True]  # not a new put: a delete that found no entry refuses it
     assert holding.version == obj.version
     assert (holding.version != old) == (case == "restarted meanwhile")
     assert holding.producing and holding.received == SIZE // 3
@@ -118,6 +127,7 @@ class SmallOwner:
         self.store.remove(oid)  # a Drop, while the request waits for ownership to settle
         await asyncio.sleep(0)
         self.sent.append(bytes(encode(msg, payload)[-1]))
+        assert msg.moved
         if self.answer is not None:
             raise self.answer
 
@@ -144,3 +154,64 @@ async def test_a_small_copy_deleted_while_it_is_republished_is_sent_whole_then_f
         await asyncio.sleep(0.01)
     assert owner.sent == [data]
     assert store.get(oid) is None and store.arena.used == 0
+
+
+class DeletingOwner:
+    """The owner shard of deleted ids: answers the first delete with ``version`` (None: it
+    had no entry, "not found"), and records every delete it is sent."""
+
+    def __init__(self, version: bytes | None) -> None:
+        self.version = version
+        self.deletes: list[DeleteEntry] = []
+        self.retry_window = 30.0
+
+    async def call_owner(self, oid: ObjectID, msg: DeleteEntry, payload: Any = None,
+                         timeout: float | None = None) -> SimpleNamespace:
+        self.deletes.append(msg)
+        if not msg.again and self.version is None:
+            raise error_from_wire("not_found", f"object {oid.hex()} does not exist", {})
+        return SimpleNamespace(msg=Deleted(version=self.version if not msg.again else None))
+
+
+async def drain(tasks: Tasks) -> None:
+    for _ in range(int(WAIT / 0.01)):
+        if not len(tasks):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the tasks never ended")
+
+
+@pytest.mark.parametrize("answer,local,expected", [
+    (b"v-owner", False, b"v-owner"),  # the owner's entry: its version
+    (None, True, "local"),  # the owner had no entry: our own copy's version
+    (None, False, None),  # neither: not sent again (it could not tell a put made since)
+], ids=["owner's version", "our copy's version", "no version"])
+async def test_a_delete_is_sent_again_to_the_new_owner_when_its_owner_moves(
+        store: ObjectStore, answer: bytes | None, local: bool,
+        expected: bytes | str | None) -> None:
+    """A holder's announcement on its way to an owner that then died (or to a stand-in that
+    gave the id back) reaches a new owner that never heard of the delete; the deleter sends
+    the delete again there, with the version it removed (docs/design.md §5, "Deletes and
+    moving owners")."""
+    oid = ObjectID.random()
+    obj = produce(store, oid) if local else None
+    owner = DeletingOwner(answer)
+    tasks = Tasks()
+    client = DirectoryClient(owner, store, Membership(), tasks)  # type: ignore[arg-type]
+    if answer is None:
+        with pytest.raises(ObjectNotFoundError):
+            await client.delete(oid)
+    else:
+        await client.delete(oid)
+    client.reannounce(OwnerSet([OWNER]), lambda _: None, lambda _: 0)  # nothing moved
+    await drain(tasks)
+    assert len(owner.deletes) == 1
+    client.reannounce(OwnerSet(["gone"]), lambda _: None, lambda _: 0)  # its owner died
+    await drain(tasks)
+    [first, *again] = owner.deletes
+    assert not first.again and first.version is None
+    if expected is None:
+        assert again == []
+        return
+    assert [(m.oid, m.again, m.version) for m in again] == [
+        (oid, True, obj if expected == "local" else expected)]

@@ -1,0 +1,65 @@
+"""The deletes this member made lately, and which of them to send again when owners move.
+
+A delete reaches the holders its owner shard knows of. A holder whose announcement was still on
+its way (to an owner that then died, or to a stand-in that gave the id back to its trusted
+owner) announces its copy to the next owner, which never heard of the delete, and the copy is
+kept for good. So the deleter remembers each delete for a window, and when the owner of a
+remembered id moves, it sends the delete again to the new owner, with the version the first
+one removed (docs/design.md §5, "Deletes and moving owners"). A pure core: the caller passes
+the time and who owns what.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hoplite_client.wire.ids import ObjectID
+
+# Deletes remembered at most, oldest forgotten first: after an owner change each is checked
+# for a move, at up to 14 us each with 1,000 members (docs/benchmarks.md, "Owners at 1,000
+# members"), so this bounds that pause to about 0.1 s.
+RECENT_MAX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Resend:
+    """Send the delete of ``oid`` again to its new owner; ``version``: the one it removed."""
+
+    oid: ObjectID
+    version: bytes
+
+
+class RecentDeletes:
+    """Deletes made in the last ``window`` seconds (at most ``limit``)."""
+
+    def __init__(self, window: float, limit: int = RECENT_MAX) -> None:
+        self.window = window
+        self.limit = limit
+        self._deletes: OrderedDict[ObjectID, tuple[bytes, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._deletes)
+
+    def deleted(self, oid: ObjectID, version: bytes | None, now: float) -> None:
+        """This member deleted ``oid``, removing ``version``. A delete of no known version
+        is not sent again: at the new owner it could not tell the deleted object from one
+        put again since under the same id, and must never remove that."""
+        self._deletes.pop(oid, None)
+        if version is None:
+            return
+        self._deletes[oid] = (version, now + self.window)
+        if len(self._deletes) > self.limit:
+            self._deletes.popitem(last=False)
+
+    def owners_moved(self, moved: Callable[[ObjectID], bool], now: float) -> list[Resend]:
+        """The deletes to send again now that owners changed (``moved``: whether an id's owner
+        is another one now); forgets those older than the window."""
+        while self._deletes:
+            oid, (_, until) = next(iter(self._deletes.items()))
+            if until > now:
+                break
+            del self._deletes[oid]
+        return [Resend(oid, version) for oid, (version, _) in self._deletes.items()
+                if moved(oid)]
