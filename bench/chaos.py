@@ -18,15 +18,20 @@ every survivor lets go of it all. The verdicts:
   allreduces LEAK_WAIT seconds after the deletes;
 - ``crash``: a survivor's daemon exited, or logged a traceback or an ERROR line.
 
-Anything but ``ok`` keeps the trial's daemon logs (the path is printed). Usage:
+Anything but ``ok`` keeps the trial's daemon logs (the path is printed). ``--emulate RATE``
+runs each trial in a fresh emulated cluster (network namespaces, links limited to RATE, as
+``hoplite bench --emulate``; root only): transfers then last long enough for most signals to
+land mid-transfer, where on loopback many land before or after. Usage:
     python -m bench.chaos --trials 50 --seed 1
     python -m bench.chaos --seed 1 --only 17      # trial 17 of seed 1 again
+    python -m bench.chaos --trials 30 --seed 7 --emulate 1Gbit
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import glob
 import json
 import os
@@ -34,6 +39,7 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -43,9 +49,11 @@ import hoplite_client
 from hoplite_client.tools.failures import Outcome, check_victim, run_with_failure
 from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.tools.scenarios import BenchContext, Progress
+from hoplite_client.tools.testbed import emulated_cluster, parse_rate
 from hoplite_client.wire.errors import HopliteError
 
 DAEMON_ARGS = ["--heartbeat-interval", "0.5", "--heartbeat-timeout", "4"]
+CAPACITY = "512MiB"
 OPS = ["broadcast", "reduce", "allreduce", "allreduce-striped", "gather"]
 # inline to tens of MiB: on loopback a run of 32 MiB takes 0.1-0.3 s, long enough for a signal
 # to land mid-transfer, where a run of 1 MiB is over in milliseconds
@@ -106,12 +114,25 @@ def draw(seed: int, number: int) -> Trial:
                  kill_after=rng.random())  # a fraction, scaled once the run is timed
 
 
-async def run_trial(trial: Trial) -> Trial:
+@contextlib.asynccontextmanager
+async def started_cluster(nodes: int, workdir: str,
+                          rate_bps: int | None) -> AsyncIterator[LocalCluster]:
+    """A fresh cluster for one trial: on loopback, or (``rate_bps``) in an emulated one."""
+    if rate_bps is None:
+        async with LocalCluster(nodes, capacity=CAPACITY, daemon_args=DAEMON_ARGS,
+                                workdir=workdir) as cluster:
+            yield cluster
+    else:
+        async with emulated_cluster(nodes, rate_bps, capacity=CAPACITY,
+                                    daemon_args=DAEMON_ARGS, workdir=workdir) as emulated:
+            yield emulated
+
+
+async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
     """Carry out ``trial``: time it failure-free, run it with its failure, check the end."""
     workdir = tempfile.mkdtemp(prefix="hoplite-chaos-")
     base = "allreduce" if trial.op.startswith("allreduce") else trial.op
-    async with LocalCluster(trial.nodes, capacity="512MiB", daemon_args=DAEMON_ARGS,
-                            workdir=workdir) as cluster:
+    async with started_cluster(trial.nodes, workdir, rate_bps) as cluster:
         clients = [await hoplite_client.connect(s) for s in cluster.sockets]
         ctx = BenchContext(clients, trial.size, 0.0, Progress(),
                            striped=trial.op == "allreduce-striped")
@@ -228,12 +249,13 @@ def _ended(trial: Trial, verdict: str, detail: str, workdir: str) -> Trial:
     return trial
 
 
-async def campaign(seed: int, numbers: list[int], json_path: str | None) -> int:
+async def campaign(seed: int, numbers: list[int], json_path: str | None,
+                   rate_bps: int | None = None) -> int:
     trials = []
     for number in numbers:
         trial = draw(seed, number)
         started = time.monotonic()
-        trial = await run_trial(trial)
+        trial = await run_trial(trial, rate_bps)
         trials.append(trial)
         print(f"trial {number}: {trial.describe()} (failure-free {trial.failure_free:.2f} s): "
               f"{trial.verdict}{' (signal mid-run)' if trial.mid_run else ''}, {trial.detail} "
@@ -248,7 +270,8 @@ async def campaign(seed: int, numbers: list[int], json_path: str | None) -> int:
             f"{sum(1 for t in trials if t.last is not None)} ok trials")
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"seed": seed, "trials": [asdict(t) for t in trials]}, f, indent=1)
+            json.dump({"seed": seed, "rate_bps": rate_bps,
+                       "trials": [asdict(t) for t in trials]}, f, indent=1)
     return 0 if set(counts) <= {"ok"} else 1
 
 
@@ -259,10 +282,13 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=0, help="number of the first trial")
     parser.add_argument("--only", type=int, default=None, help="run this trial alone")
     parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--emulate", default=None, metavar="RATE",
+                        help="run in an emulated cluster with links of RATE (e.g. 1Gbit)")
     args = parser.parse_args()
     numbers = ([args.only] if args.only is not None
                else list(range(args.first, args.first + args.trials)))
-    raise SystemExit(uvloop.run(campaign(args.seed, numbers, args.json_path)))
+    rate = None if args.emulate is None else parse_rate(args.emulate)
+    raise SystemExit(uvloop.run(campaign(args.seed, numbers, args.json_path, rate)))
 
 
 if __name__ == "__main__":
