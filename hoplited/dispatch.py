@@ -10,7 +10,9 @@ message, payload)``; a request handler returns its reply (or ``(reply, payload)`
 request id the dispatcher stamps. Synchronous handlers run inline (cheap notices such as
 Progress); coroutine handlers run as owned tasks. Errors become ``Error`` replies: typed errors
 as themselves, anything else as "internal" with a traceback in the log. A reply that cannot be
-encoded is logged and answered ``protocol``, so its requester never waits for nothing.
+encoded is logged and answered ``protocol``, so its requester never waits for nothing. A
+``Cancel`` from the connection a ``cancellable`` request (a wait) came on stops that request's
+handler, with no reply: its sender gave up on it, and a shard must not hold waits for nobody.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any, cast
 from hoplite_client.net.channel import error_reply
 from hoplite_client.wire.errors import HopliteError, LocalProtocolError, RemoteProtocolError
 from hoplite_client.wire.frames import Frame
-from hoplite_client.wire.messages import Reply, Role, WireMessage, kinds_for
+from hoplite_client.wire.messages import Cancel, Reply, Role, WireMessage, kinds_for
 from hoplite_client.wire.timeouts import check_timeout
 from hoplited.tasks import Tasks
 
@@ -46,14 +48,20 @@ class Dispatcher:
         self._tasks = tasks
         self._errors = errors  # error replies by type, for the metrics (hoplited/metrics.py)
         self._table = {cls: h for cls, h in handlers.items() if role in cls.ROLES}
-        check_complete(role, self._table)
+        check_complete(role, [*self._table, Cancel])
         self._async = {cls for cls, h in self._table.items() if inspect.iscoroutinefunction(h)}
         self._running: set[asyncio.Task[None]] = set()  # requests being handled
+        # waits being handled, by the connection (its ``respond``) and request id they came with
+        self._waits: dict[tuple[Respond, int], asyncio.Task[None]] = {}
 
     def deliver(self, origin: str, frame: Frame[Any], respond: Respond | None) -> None:
         """Handle one incoming frame; ``respond`` sends the reply (None: nobody listens)."""
         msg = frame.msg
         cls = type(msg)
+        if cls is Cancel and self.role in cls.ROLES:
+            if respond is not None:
+                self._cancel(respond, msg.request)
+            return
         handler = self._table.get(cls)
         if handler is None:
             error = RemoteProtocolError(f"{cls.__name__} is not accepted from a {self.role}")
@@ -73,6 +81,10 @@ class Dispatcher:
                                      name=f"{self.role}-{cls.__name__}")
             self._running.add(task)
             task.add_done_callback(self._running.discard)
+            if cls.CANCELLABLE and respond is not None:
+                key = (respond, msg.rid)
+                self._waits[key] = task
+                task.add_done_callback(lambda _: self._waits.pop(key, None))
             return
         try:
             answer = handler(origin, msg, frame.payload)
@@ -80,6 +92,14 @@ class Dispatcher:
             self._answer_error(msg, exc, respond)
             return
         self._answer(msg, answer, respond)  # type: ignore[arg-type]
+
+    def _cancel(self, respond: Respond, rid: int) -> None:
+        """Stop the wait request ``rid`` from the connection that ``respond`` answers, if it
+        is still being handled (a finished or unknown one is ignored: its reply crossed the
+        Cancel, or the sender is confused, which costs nothing here)."""
+        task = self._waits.pop((respond, rid), None)
+        if task is not None:
+            task.cancel()
 
     def close(self) -> None:
         """The sender is gone: cancel its requests still being handled. A get waiting for ever

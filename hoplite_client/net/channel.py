@@ -5,6 +5,8 @@ same id completes it. A reply must be of the kind the request declares
 (:mod:`hoplite_client.wire.messages`) or an ``Error``, which is raised as its typed error. All
 pending requests fail with :class:`ConnectionLostError` the moment the connection closes.
 Frames that are not replies (requests and one-ways from the other side) go to ``on_request``.
+A request of a ``cancellable`` kind (a wait) that its caller gives up on, by its timeout or by
+being cancelled, is followed by a ``Cancel``, so the other side stops waiting for nobody.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from hoplite_client.wire.errors import (
     error_from_wire,
 )
 from hoplite_client.wire.frames import Frame, Payload
-from hoplite_client.wire.messages import Error, Reply, Request, WireMessage
+from hoplite_client.wire.messages import Cancel, Error, Reply, Request, WireMessage
 
 log = logging.getLogger("hoplite.channel")
 
@@ -65,7 +67,11 @@ class Channel:
             async with asyncio.timeout(timeout):
                 frame = await fut
         except TimeoutError:
+            self._abandon(msg, rid, fut)
             raise HopliteTimeoutError(f"{self.protocol.name}: no reply within {timeout}s") from None
+        except asyncio.CancelledError:
+            self._abandon(msg, rid, fut)
+            raise
         finally:
             self._pending.pop(rid, None)
         reply = frame.msg
@@ -75,6 +81,16 @@ class Channel:
             raise RemoteProtocolError(f"{self.protocol.name}: {type(msg).__name__} answered by "
                                       f"{type(reply).__name__}")
         return cast(Frame[R], frame)  # its kind was checked against the request's REPLY above
+
+    def _abandon(self, msg: WireMessage, rid: int, fut: asyncio.Future[Frame[WireMessage]]
+                 ) -> None:
+        """The caller gave up on request ``rid``: if it only waits, tell the other side."""
+        answered = fut.done() and not fut.cancelled()  # a wait ended by us is cancelled
+        if type(msg).CANCELLABLE and not answered and self._lost is None:
+            try:
+                self.protocol.send(Cancel(request=rid), None)
+            except HopliteError as exc:
+                log.debug("%s: could not cancel request %d: %s", self.protocol.name, rid, exc)
 
     def notify(self, msg: WireMessage, payload: Payload | None = None) -> None:
         """Send a one-way message (no reply expected)."""

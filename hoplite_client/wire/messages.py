@@ -52,6 +52,7 @@ class WireMessage:
     PAYLOAD: ClassVar[PayloadMode]
     ROLES: ClassVar[frozenset[Role]]
     REPLY: ClassVar[type[WireMessage] | None]
+    CANCELLABLE: ClassVar[bool]
 
 
 class Request(WireMessage, Generic[R]):
@@ -74,8 +75,11 @@ _W = TypeVar("_W", bound=WireMessage)
 
 @dataclass_transform(frozen_default=True, kw_only_default=True)
 def message(kind: int, *, shape: Shape, roles: tuple[Role, ...] = (),
-            payload: PayloadMode = "none") -> typing.Callable[[type[_W]], type[_W]]:
-    """Register a record as wire message ``kind`` with its shape, senders and payload mode."""
+            payload: PayloadMode = "none",
+            cancellable: bool = False) -> typing.Callable[[type[_W]], type[_W]]:
+    """Register a record as wire message ``kind`` with its shape, senders and payload mode;
+    ``cancellable``: a request that only waits, which its sender stops with ``Cancel`` when
+    it gives up on it."""
 
     def wrap(cls: type[_W]) -> type[_W]:
         rec = record(cls)
@@ -91,6 +95,7 @@ def message(kind: int, *, shape: Shape, roles: tuple[Role, ...] = (),
         rec.PAYLOAD = payload
         rec.ROLES = frozenset(roles)
         rec.REPLY = None
+        rec.CANCELLABLE = cancellable
         MESSAGES[kind] = rec
         return rec
 
@@ -358,7 +363,7 @@ class Ping(Request["Ok"]):
 
 
 # --- 44-52: daemon to directory shard ---
-@message(44, shape="request", roles=(PEER,))
+@message(44, shape="request", roles=(PEER,), cancellable=True)
 class Locate(Request["Located"]):
     """Ask the owner shard for a source of ``oid`` (waiting up to ``timeout`` for a put);
     ``half`` 0 or 1: a source of that half of an object taken as two halves, the sender
@@ -449,6 +454,15 @@ class Deleted(Reply):
     version: bytes | None
 
 
+@message(80, shape="oneway", roles=(PEER,))
+class Cancel(WireMessage):
+    """The sender gave up on its request ``request``, sent on this connection: stop waiting
+    for it, and send no reply. Only for kinds registered ``cancellable`` (waits); any other
+    request, or one already answered, is left alone."""
+
+    request: int
+
+
 @message(50, shape="request", roles=(PEER,))
 class Drop(Request["Ok"]):
     """The directory tells a holder to drop its copy of a deleted object (the delete returns
@@ -474,7 +488,7 @@ class Announce(Request["Ok"]):
 
 
 # --- 53-59, 62: reduce, coordinator to directory shards and tree nodes ---
-@message(53, shape="request", roles=(PEER,))
+@message(53, shape="request", roles=(PEER,), cancellable=True)
 class WaitObject(Request["ObjectInfo"]):
     """Wait until ``oid`` is complete somewhere; answered by ObjectInfo (small ones inline)."""
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from hoplite_client.wire.errors import HopliteError, HopliteTimeoutError
 from hoplite_client.wire.ids import ObjectID
 
-# A coordinator re-asks a shard for an input this often; a wait it abandons (a backup input
-# not needed any more) then ends on the shard within this time.
+# A coordinator re-asks a shard for an input this often. A wait it abandons (a backup input
+# not needed any more) is cancelled at the shard at once (``Cancel``, docs/protocol.md §5);
+# had the connection closed first, it would still end there within this time.
 LONG_POLL = 30.0
 # A lost input's shard may still list the dead node as its holder for a moment (its own
 # verdict comes later): the coordinator asks again this often until another node holds it.

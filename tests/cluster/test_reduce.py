@@ -12,8 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import eventually
 
 import hoplite_client as hc
+from hoplited.cluster.membership import rendezvous_owner
+from hoplited.collectives.input_wait import LONG_POLL
 from hoplited.collectives.tree import tree_depth
 
 OPS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
@@ -227,6 +230,37 @@ async def test_subset_reduce_uses_the_first_k_ready(make_cluster, connect) -> No
         if k == 1:
             assert same_bytes(got, chosen[0]), what
         assert await clients[coord].reduced_inputs(result) == used  # stable afterwards
+
+
+async def test_the_waits_for_backup_inputs_end_at_their_shards(make_cluster, connect) -> None:
+    """Once a reduce has its first k inputs, its waits for the others end: the coordinator
+    cancels its long polls at their shards (``Cancel``, docs/protocol.md §5) instead of
+    leaving each there for the rest of its 30 s."""
+    cluster = await make_cluster(3)
+    clients = [await connect(s) for s in cluster.sockets]
+    members = [n.node_id for n in cluster.nodes]
+    ids = []
+    for owner in (1, 1, 2, 2):  # the backups' shards are on other nodes than the caller's
+        oid = hc.ObjectID.random()
+        while rendezvous_owner(oid, members) != members[owner]:
+            oid = hc.ObjectID.random()
+        ids.append(oid)
+    result = await clients[0].reduce(ids, num_objects=2)
+
+    async def waiting() -> int:
+        return sum(n["directory"]["waiting_gets"] for n in (await clients[0].status())["nodes"])
+
+    await eventually(waiting, what="the reduce's waits at the inputs' shards")
+    for i in (1, 2):
+        await clients[i].put(np.full(1000, i, dtype=np.int64), object_id=ids[i])
+    np.testing.assert_array_equal(await clients[0].get(result, timeout=GET_TIMEOUT),
+                                  np.full(1000, 3, dtype=np.int64))
+
+    async def none_waiting() -> bool:
+        return await waiting() == 0
+
+    # well within the 30 s a long poll would otherwise stay
+    await eventually(none_waiting, timeout=LONG_POLL / 2, what="no wait left at any shard")
 
 
 async def test_several_inputs_owned_by_the_same_node(make_cluster, connect) -> None:
