@@ -181,7 +181,9 @@ class Allreduces:
                                              f"{ring.result.hex()}, died", node=node)
                 ring.stop(error)
                 self._d.tasks.spawn(self._record(ring.result, error), name="allreduce-fail")
-            elif node in (ring.predecessor, ring.successor) and not ring.complete:
+            elif node == ring.successor:
+                ring.successor_died()
+            elif node == ring.predecessor and not ring.complete:
                 # a neighbour: its stream is gone; any other member's death reaches this one
                 # as the caller's RingEnd (a task names only its neighbours)
                 ring.fail(PeerUnavailableError(f"ring member {node} died", node=node))
@@ -262,7 +264,12 @@ class Allreduces:
     def on_ring_report(self, peer: str, msg: RingReport, payload: memoryview | None) -> None:
         orchestrator = self._orchestrators.get(msg.result)
         if orchestrator is None or not orchestrator.runs(msg.version):
-            return  # a ring given up since: its members' reports change nothing
+            # a ring given up or ended since: its reports change nothing, but a member that
+            # failed stays listed until its caller answers, so answer it
+            if msg.code:
+                self._d.rpc.tell(peer, RingEnd(result=msg.result, version=msg.version,
+                                               commit=False))
+            return
         if not msg.code:
             orchestrator.feed(s.RingDone(peer))
         else:

@@ -31,6 +31,7 @@ from hoplite_client.wire.errors import (
     HopliteError,
     HopliteTimeoutError,
     InvalidArgumentError,
+    PeerUnavailableError,
     RemoteProtocolError,
     error_from_wire,
 )
@@ -158,6 +159,7 @@ class RingMember:
         self._progress = loop.time()
         self._ended = False
         self.complete = False
+        self._sender: asyncio.Task[None] | None = None  # the stream to the successor
         self._main = deps.tasks.spawn(self._run(), name=f"ring-{msg.result.short()}",
                                       on_error=self.fail)
 
@@ -232,7 +234,8 @@ class RingMember:
 
     # --- the member's course ---
     async def _run(self) -> None:
-        sender = self.d.tasks.spawn(self._send(), name="ring-send", on_error=self._send_failed)
+        self._sender = sender = self.d.tasks.spawn(self._send(), name="ring-send",
+                                                   on_error=self._send_failed)
         watchdog = self.d.tasks.spawn(self._watch(), name="ring-watch", on_error=self.fail)
         try:
             await self._received
@@ -314,6 +317,23 @@ class RingMember:
             if loop.time() - self._progress >= limit:
                 raise HopliteTimeoutError(f"ring {self.result.short()}: no progress for "
                                           f"{limit}s")
+
+    def successor_died(self) -> None:
+        """The successor died. With the result whole here, only the successor missed
+        segments: stop streaming to it and go on to publish. A frozen successor reads
+        nothing, and the stream would otherwise wait on the connection's write pressure
+        until the stall timeout, the member's copy and inputs pinned (``bench/chaos.py
+        --emulate``, seed 7 trial 25). A member still receiving fails, as for a lost
+        predecessor (docs/design.md §5, "Sends to the dead")."""
+        if not self.complete:
+            self.fail(PeerUnavailableError(f"ring member {self.successor} died",
+                                           node=self.successor))
+            return
+        if self._sender is not None:
+            self._sender.cancel()
+        if self._outbound is not None:
+            self._outbound.abort()
+            self._outbound = None
 
     # --- what the caller says ---
     def commit(self) -> None:
