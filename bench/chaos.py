@@ -25,6 +25,12 @@ land mid-transfer, where on loopback many land before or after. Usage:
     python -m bench.chaos --trials 50 --seed 1
     python -m bench.chaos --seed 1 --only 17      # trial 17 of seed 1 again
     python -m bench.chaos --trials 30 --seed 7 --emulate 1Gbit
+    python -m bench.chaos --trials 30 --seed 9 --double   # two victims per trial
+
+``--double`` signals a second node in each trial, at a moment of its own drawn from the same
+range, with the same signal (at least 5 nodes, no backup input; a broadcast's second victim
+is neither of the two nodes holding the object before the run). The draws of every other
+parameter are those of the same seed without it.
 """
 
 from __future__ import annotations
@@ -46,7 +52,12 @@ from typing import Any
 import uvloop
 
 import hoplite_client
-from hoplite_client.tools.failures import Outcome, check_victim, run_with_failure
+from hoplite_client.tools.failures import (
+    Outcome,
+    check_second,
+    check_victim,
+    run_with_failure,
+)
 from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.tools.scenarios import BenchContext, Progress
 from hoplite_client.tools.testbed import emulated_cluster, parse_rate
@@ -86,6 +97,8 @@ class Trial:
     last: float | None = None  # seconds until the last survivor held its result
     outcomes: list[dict[str, Any]] = field(default_factory=list)
     logs: str | None = None
+    second: int | None = None  # --double: the second victim, and its moment (as kill_after)
+    second_after: float = 0.0
 
     @property
     def mid_run(self) -> bool:
@@ -96,12 +109,15 @@ class Trial:
         extra = "".join([", victim owns", ", backup"][i] for i, on in
                         enumerate((self.victim_owns, self.backup)) if on)
         size = (f"{self.size >> 20} MiB" if self.size >= 1 << 20 else f"{self.size >> 10} KiB")
+        also = ("" if self.second is None
+                else f" and node {self.second} at {self.second_after:.2f} s")
         return (f"{self.op} n={self.nodes} {size} SIG{self.signal} node "
-                f"{self.victim} at {self.kill_after:.2f} s{extra}")
+                f"{self.victim} at {self.kill_after:.2f} s{also}{extra}")
 
 
-def draw(seed: int, number: int) -> Trial:
-    """Trial ``number`` of ``seed``: the same draw on every machine."""
+def draw(seed: int, number: int, double: bool = False) -> Trial:
+    """Trial ``number`` of ``seed``: the same draw on every machine (``double``: with a
+    second victim, every other draw unchanged)."""
     rng = random.Random(seed * 100_003 + number)
     op = rng.choice(OPS)
     nodes = rng.randint(4, 6)
@@ -109,9 +125,16 @@ def draw(seed: int, number: int) -> Trial:
     backup = base == "reduce" and rng.random() < 0.3
     victim = rng.randrange(0 if base == "broadcast" else 1, nodes)
     check_victim(base, victim, nodes, backup)
-    return Trial(number, op, nodes, rng.choice(SIZES[op]), victim,
-                 "KILL" if rng.random() < 0.7 else "STOP", rng.random() < 0.3, backup,
-                 kill_after=rng.random())  # a fraction, scaled once the run is timed
+    trial = Trial(number, op, nodes, rng.choice(SIZES[op]), victim,
+                  "KILL" if rng.random() < 0.7 else "STOP", rng.random() < 0.3, backup,
+                  kill_after=rng.random())  # a fraction, scaled once the run is timed
+    if double:
+        trial.nodes, trial.backup = max(nodes, 5), False
+        lowest = 2 if base == "broadcast" else 1
+        trial.second = rng.choice([i for i in range(lowest, trial.nodes) if i != victim])
+        trial.second_after = rng.random()
+        check_second(base, victim, trial.second, trial.nodes, trial.backup)
+    return trial
 
 
 @contextlib.asynccontextmanager
@@ -139,24 +162,30 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
         for _ in range(2):  # the first warms connections and memory up; the second is timed
             made: list[hoplite_client.ObjectID] = []
             free = await run_with_failure(base, ctx, cluster, trial.victim, 0.0, None,
-                                          trial.backup, trial.victim_owns, made)
+                                          trial.backup, trial.victim_owns, made,
+                                          None if trial.second is None
+                                          else (trial.second, 0.0))
             if any(o.error is not None for o in free):
                 return _ended(trial, "error", f"the failure-free run failed: {free}", workdir)
             trial.failure_free = max(o.seconds or 0.0 for o in free)
             await _delete(clients[0], made)
         trial.kill_after *= LATEST * trial.failure_free
+        trial.second_after *= LATEST * trial.failure_free
+        second = None if trial.second is None else (trial.second, trial.second_after)
         made = []
         try:
-            async with asyncio.timeout(trial.kill_after + TRIAL_TIMEOUT):
+            async with asyncio.timeout(max(trial.kill_after, trial.second_after)
+                                       + TRIAL_TIMEOUT):
                 outcomes = await run_with_failure(base, ctx, cluster, trial.victim,
                                                   trial.kill_after, trial.signal,
-                                                  trial.backup, trial.victim_owns, made)
+                                                  trial.backup, trial.victim_owns, made,
+                                                  second)
         except TimeoutError:
             return _ended(trial, "hung", f"not over {TRIAL_TIMEOUT:g} s after the signal",
                           workdir)
         trial.outcomes = [asdict(o) for o in outcomes]
         verdict, detail = _judge(outcomes)
-        survivors = [i for i in range(trial.nodes) if i != trial.victim]
+        survivors = [i for i in range(trial.nodes) if i not in (trial.victim, trial.second)]
         for i in survivors:
             await clients[i].close()
         if verdict == "ok":
@@ -250,10 +279,10 @@ def _ended(trial: Trial, verdict: str, detail: str, workdir: str) -> Trial:
 
 
 async def campaign(seed: int, numbers: list[int], json_path: str | None,
-                   rate_bps: int | None = None) -> int:
+                   rate_bps: int | None = None, double: bool = False) -> int:
     trials = []
     for number in numbers:
-        trial = draw(seed, number)
+        trial = draw(seed, number, double)
         started = time.monotonic()
         trial = await run_trial(trial, rate_bps)
         trials.append(trial)
@@ -284,11 +313,14 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--emulate", default=None, metavar="RATE",
                         help="run in an emulated cluster with links of RATE (e.g. 1Gbit)")
+    parser.add_argument("--double", action="store_true",
+                        help="signal a second node in each trial, at a moment of its own")
     args = parser.parse_args()
     numbers = ([args.only] if args.only is not None
                else list(range(args.first, args.first + args.trials)))
     rate = None if args.emulate is None else parse_rate(args.emulate)
-    raise SystemExit(uvloop.run(campaign(args.seed, numbers, args.json_path, rate)))
+    raise SystemExit(uvloop.run(campaign(args.seed, numbers, args.json_path, rate,
+                                         args.double)))
 
 
 if __name__ == "__main__":

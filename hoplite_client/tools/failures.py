@@ -113,34 +113,64 @@ def check_victim(op: str, victim: int, nodes: int, backup: bool = False) -> None
         raise InvalidArgumentError(f"--backup is for reduce and allreduce, not {op}")
 
 
+def check_second(op: str, victim: int, second: int, nodes: int, backup: bool) -> None:
+    """Refuse a second victim this run cannot measure: as for the first (``check_victim``),
+    and not the first itself. A broadcast's second victim is not node 0 or 1 (the holders
+    before the run: with both gone nothing is left to broadcast); no backup input (it
+    replaces one lost input only); at least 5 nodes, so that three survive."""
+    check_victim(op, second, nodes, backup)
+    if backup or nodes < 5 or second == victim or (op == "broadcast" and second < 2):
+        raise InvalidArgumentError(f"node {second} cannot be a second victim of a {op} on "
+                                   f"{nodes} nodes (first victim {victim}, backup {backup})")
+
+
+def helper_for(victims: list[int], n: int) -> int:
+    """The node that puts the victims' inputs again (a restarted task's node): the next after
+    the first victim that is neither node 0 nor a victim."""
+    i = victims[0]
+    while True:
+        i = (i + 1) % n
+        if i != 0 and i not in victims:
+            return i
+
+
 async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, victim: int,
                            kill_after: float, sig: str | None, backup: bool = False,
                            victim_owns: bool = False,
-                           made: list[hoplite_client.ObjectID] | None = None) -> list[Outcome]:
+                           made: list[hoplite_client.ObjectID] | None = None,
+                           second: tuple[int, float] | None = None) -> list[Outcome]:
     """Run ``op`` once, signalling node ``victim`` ``kill_after`` seconds in (``sig`` None:
     the same run without the signal); survivors' outcomes, in node order. ``backup``: a
     reduce's lost input is replaced by a backup. ``victim_owns``: the victim's shard owns
-    the ids that matter. ``made``: gets every id the run puts or makes, to delete after."""
+    the ids that matter. ``made``: gets every id the run puts or makes, to delete after.
+    ``second``: another node, and its own moment, that gets the same signal
+    (``check_second``)."""
     clients = ctx.clients
     n = len(clients)
     owner = cluster.nodes[victim].node_id if victim_owns else None
     setup, participants, ids = await _prepare(op, ctx, victim if backup else None, victim,
                                               owner, [node.node_id for node in cluster.nodes],
                                               [] if made is None else made)
-    survivors = [i for i in participants if i != victim]
+    moments = [(victim, kill_after)] + ([] if second is None else [second])
+    victims = [v for v, _ in moments]
+    survivors = [i for i in participants if i not in victims]
     t0 = time.perf_counter()
 
-    helper = clients[(victim + 1) % n or 1]
+    helper = clients[helper_for(victims, n)]
+
+    async def signal_one(node: int, after: float) -> None:
+        assert sig is not None
+        await asyncio.sleep(max(0.0, t0 + after - time.perf_counter()))
+        cluster.kill(node, SIGNALS[sig])
+        if ids and not backup:  # the restarted task: the lost input again, elsewhere
+            await put_again(helper, ids[node], ctx.data(node))
 
     async def kill() -> None:
         if backup:  # a straggler's input: not chosen, ready before the node dies
             await helper.put(ctx.data(n), object_id=ids[n])
         if sig is None:
             return
-        await asyncio.sleep(max(0.0, t0 + kill_after - time.perf_counter()))
-        cluster.kill(victim, SIGNALS[sig])
-        if ids and not backup:  # the restarted task: the lost input again, elsewhere
-            await put_again(helper, ids[victim], ctx.data(victim))
+        await asyncio.gather(*(signal_one(node, after) for node, after in moments))
 
     async def one(i: int) -> tuple[Outcome, Check | None]:
         try:
