@@ -26,11 +26,15 @@ land mid-transfer, where on loopback many land before or after. Usage:
     python -m bench.chaos --seed 1 --only 17      # trial 17 of seed 1 again
     python -m bench.chaos --trials 30 --seed 7 --emulate 1Gbit
     python -m bench.chaos --trials 30 --seed 9 --double   # two victims per trial
+    python -m bench.chaos --trials 30 --seed 13 --resume  # stopped victims run again
 
 ``--double`` signals a second node in each trial, at a moment of its own drawn from the same
 range, with the same signal (at least 5 nodes, no backup input; a broadcast's second victim
 is neither of the two nodes holding the object before the run). The draws of every other
-parameter are those of the same seed without it.
+parameter are those of the same seed without it. ``--resume`` sends a SIGSTOPped victim
+SIGCONT after a pause drawn from 0.5 to 3 s, below the heartbeat timeout: it is suspected and
+then trusted again, never declared dead, and takes its ids back. It is not a survivor whose
+result is checked, but once it runs again it must let go of everything too.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ SIZES = {"broadcast": [16 << 10, 4 << 20, 32 << 20], "reduce": [16 << 10, 4 << 2
 LATEST = 1.2
 TRIAL_TIMEOUT = 90.0  # seconds after the signal: far past any repair's bound
 LEAK_WAIT = 20.0
+PAUSE = (0.5, 3.0)  # --resume: a stopped victim's pause, below the 4 s heartbeat timeout
 BAD_LOG = ("Traceback", " ERROR ")
 
 
@@ -99,6 +104,7 @@ class Trial:
     logs: str | None = None
     second: int | None = None  # --double: the second victim, and its moment (as kill_after)
     second_after: float = 0.0
+    resume_after: float | None = None  # --resume: a stopped victim's pause, in seconds
 
     @property
     def mid_run(self) -> bool:
@@ -111,13 +117,15 @@ class Trial:
         size = (f"{self.size >> 20} MiB" if self.size >= 1 << 20 else f"{self.size >> 10} KiB")
         also = ("" if self.second is None
                 else f" and node {self.second} at {self.second_after:.2f} s")
+        pause = ("" if self.resume_after is None
+                 else f", SIGCONT {self.resume_after:.1f} s later")
         return (f"{self.op} n={self.nodes} {size} SIG{self.signal} node "
-                f"{self.victim} at {self.kill_after:.2f} s{also}{extra}")
+                f"{self.victim} at {self.kill_after:.2f} s{also}{pause}{extra}")
 
 
-def draw(seed: int, number: int, double: bool = False) -> Trial:
+def draw(seed: int, number: int, double: bool = False, resume: bool = False) -> Trial:
     """Trial ``number`` of ``seed``: the same draw on every machine (``double``: with a
-    second victim, every other draw unchanged)."""
+    second victim; ``resume``: a stopped victim runs again; every other draw unchanged)."""
     rng = random.Random(seed * 100_003 + number)
     op = rng.choice(OPS)
     nodes = rng.randint(4, 6)
@@ -134,6 +142,9 @@ def draw(seed: int, number: int, double: bool = False) -> Trial:
         trial.second = rng.choice([i for i in range(lowest, trial.nodes) if i != victim])
         trial.second_after = rng.random()
         check_second(base, victim, trial.second, trial.nodes, trial.backup)
+    if resume:
+        pause = PAUSE[0] + (PAUSE[1] - PAUSE[0]) * rng.random()
+        trial.resume_after = pause if trial.signal == "STOP" else None
     return trial
 
 
@@ -179,13 +190,16 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
                 outcomes = await run_with_failure(base, ctx, cluster, trial.victim,
                                                   trial.kill_after, trial.signal,
                                                   trial.backup, trial.victim_owns, made,
-                                                  second)
+                                                  second, trial.resume_after)
         except TimeoutError:
             return _ended(trial, "hung", f"not over {TRIAL_TIMEOUT:g} s after the signal",
                           workdir)
         trial.outcomes = [asdict(o) for o in outcomes]
         verdict, detail = _judge(outcomes)
-        survivors = [i for i in range(trial.nodes) if i not in (trial.victim, trial.second)]
+        victims = (trial.victim, trial.second)
+        # a victim that ran again must let go of everything too
+        survivors = [i for i in range(trial.nodes)
+                     if i not in victims or trial.resume_after is not None]
         for i in survivors:
             await clients[i].close()
         if verdict == "ok":
@@ -279,10 +293,11 @@ def _ended(trial: Trial, verdict: str, detail: str, workdir: str) -> Trial:
 
 
 async def campaign(seed: int, numbers: list[int], json_path: str | None,
-                   rate_bps: int | None = None, double: bool = False) -> int:
+                   rate_bps: int | None = None, double: bool = False,
+                   resume: bool = False) -> int:
     trials = []
     for number in numbers:
-        trial = draw(seed, number, double)
+        trial = draw(seed, number, double, resume)
         started = time.monotonic()
         trial = await run_trial(trial, rate_bps)
         trials.append(trial)
@@ -315,12 +330,14 @@ def main() -> None:
                         help="run in an emulated cluster with links of RATE (e.g. 1Gbit)")
     parser.add_argument("--double", action="store_true",
                         help="signal a second node in each trial, at a moment of its own")
+    parser.add_argument("--resume", action="store_true",
+                        help="a SIGSTOPped victim gets SIGCONT after a pause of 0.5-3 s")
     args = parser.parse_args()
     numbers = ([args.only] if args.only is not None
                else list(range(args.first, args.first + args.trials)))
     rate = None if args.emulate is None else parse_rate(args.emulate)
     raise SystemExit(uvloop.run(campaign(args.seed, numbers, args.json_path, rate,
-                                         args.double)))
+                                         args.double, args.resume)))
 
 
 if __name__ == "__main__":

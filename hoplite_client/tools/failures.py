@@ -138,13 +138,16 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
                            kill_after: float, sig: str | None, backup: bool = False,
                            victim_owns: bool = False,
                            made: list[hoplite_client.ObjectID] | None = None,
-                           second: tuple[int, float] | None = None) -> list[Outcome]:
+                           second: tuple[int, float] | None = None,
+                           resume_after: float | None = None) -> list[Outcome]:
     """Run ``op`` once, signalling node ``victim`` ``kill_after`` seconds in (``sig`` None:
     the same run without the signal); survivors' outcomes, in node order. ``backup``: a
     reduce's lost input is replaced by a backup. ``victim_owns``: the victim's shard owns
     the ids that matter. ``made``: gets every id the run puts or makes, to delete after.
     ``second``: another node, and its own moment, that gets the same signal
-    (``check_second``)."""
+    (``check_second``). ``resume_after``: a stopped victim runs again that many seconds
+    after its SIGSTOP (a pause: suspected, then trusted again, never declared dead if
+    shorter than the heartbeat timeout); it stays out of the survivors all the same."""
     clients = ctx.clients
     n = len(clients)
     owner = cluster.nodes[victim].node_id if victim_owns else None
@@ -162,8 +165,14 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
         assert sig is not None
         await asyncio.sleep(max(0.0, t0 + after - time.perf_counter()))
         cluster.kill(node, SIGNALS[sig])
+        if resume_after is not None and sig == "STOP":
+            loop = asyncio.get_running_loop()
+            loop.call_later(resume_after, cluster.kill, node, signal.SIGCONT)
+            resumes.append(loop.time() + resume_after)
         if ids and not backup:  # the restarted task: the lost input again, elsewhere
             await put_again(helper, ids[node], ctx.data(node))
+
+    resumes: list[float] = []  # when each paused victim runs again (the loop's clock)
 
     async def kill() -> None:
         if backup:  # a straggler's input: not chosen, ready before the node dies
@@ -185,6 +194,8 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     finally:
         killer.cancel()  # a put again still under way is not needed any more
         await asyncio.gather(killer, return_exceptions=True)
+        if resumes:  # the paused victims run again before the run counts as over
+            await asyncio.sleep(max(0.0, max(resumes) - asyncio.get_running_loop().time()))
     # checked once every survivor is done: a check takes a core for a moment, and done
     # inside the run it would hold up the next survivor's clock
     for outcome, check in ended:
