@@ -105,9 +105,12 @@ class DirectoryService:
             raise InvalidArgumentError("inline payload does not match the object's size")
         if inline is None and msg.size <= INLINE_MAX:
             raise InvalidArgumentError("small objects are published with their bytes")
-        if not self.shard.publish(msg.oid, peer, msg.size, msg.dtype, msg.shape, msg.version,
-                                  inline, moved=msg.moved):
-            raise ObjectDeletedError(f"object {msg.oid.hex()} was deleted", oid=msg.oid.hex())
+        drops = self.shard.publish(msg.oid, peer, msg.size, msg.dtype, msg.shape, msg.version,
+                                   inline, moved=msg.moved)
+        self._drop_later([(node, msg.oid) for node in drops if node != peer])
+        if peer in drops:
+            raise ObjectDeletedError(f"object {msg.oid.hex()} was deleted, or is another "
+                                     f"version now", oid=msg.oid.hex())
         return Ok()
 
     def on_progress(self, peer: str, msg: Progress, payload: memoryview | None) -> None:
@@ -137,27 +140,34 @@ class DirectoryService:
         for h in msg.holdings:
             check_receivers(h.receivers)
         refused = 0
-        deleted = []
+        drops = []
         for h in msg.holdings:
             if self._owner_of(h.oid) != self._me:
                 refused += 1
-            elif not self.shard.publish(h.oid, peer, h.size, h.dtype, h.shape, h.version, None,
-                                        received=h.received, producing=h.producing,
-                                        source=h.source, serving=h.serving,
-                                        receivers=h.receivers, moved=msg.moved):
-                deleted.append(h.oid)
-        if deleted:
-            self._tasks.spawn(self._drop([(peer, oid) for oid in deleted]),
-                              name="drop-deleted")
+                continue
+            drops += [(node, h.oid) for node in self.shard.publish(
+                h.oid, peer, h.size, h.dtype, h.shape, h.version, None, received=h.received,
+                producing=h.producing, source=h.source, serving=h.serving,
+                receivers=h.receivers, moved=msg.moved)]
+        self._drop_later(drops)
         if refused:
             raise NotOwnerError(f"not the owner of {refused} of the {len(msg.holdings)} "
                                 f"announced objects")
         return Ok()
 
-    async def _drop(self, copies: list[tuple[str, ObjectID]]) -> None:
-        """Have each (node, id) holder drop its copy of a deleted object, and wait for it."""
+    def _drop_later(self, copies: list[tuple[str, ObjectID]]) -> None:
+        """Have each (node, id) holder drop a copy refused or replaced here, from a task of
+        its own: the handler answers at once, in the order messages arrive. A holder that
+        is only silent (a re-put replaced its version while it was suspected) answers once
+        it runs again, or is declared dead, within the retry window."""
+        if copies:
+            self._tasks.spawn(self._drop(copies, self._rpc.retry_window), name="drop-copies")
+
+    async def _drop(self, copies: list[tuple[str, ObjectID]],
+                    timeout: float = DROP_TIMEOUT) -> None:
+        """Have each (node, id) holder drop its copy, and wait for it (``timeout`` each)."""
         results = await asyncio.gather(*(self._rpc.call_node(node, Drop(oid=oid),
-                                                             timeout=DROP_TIMEOUT)
+                                                             timeout=timeout)
                                          for node, oid in copies), return_exceptions=True)
         for (node, oid), result in zip(copies, results):
             if isinstance(result, BaseException):

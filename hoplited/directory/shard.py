@@ -149,17 +149,19 @@ class DirectoryShard:
     def publish(self, oid: ObjectID, holder: str, size: int, dtype: str, shape: list[int],
                 version: bytes, inline: bytes | None, received: int | None = None,
                 producing: bool = False, source: str | None = None,
-                serving: int = 0, receivers: int = 0, moved: bool = False) -> bool:
+                serving: int = 0, receivers: int = 0, moved: bool = False) -> list[str]:
         """Record that ``holder`` has ``received`` bytes (default: all) of the object
         (``producing``: it computes the object, which dies with it until a copy is whole;
         ``source``: where it pulls its partial copy from; ``serving``: pulls it serves;
         ``receivers``: how many will get it, if known; ``moved``: announced again because
-        its owner moved). False: that copy was deleted, and the holder must drop it."""
+        its owner moved). Returns the nodes that must drop their copies: the holder, if its
+        copy was refused (deleted, or a moved copy of another version), and the holders of a
+        version this put replaced."""
         instructions = self.state.publish(oid, holder, size, dtype, shape, version, inline,
                                           received, producing, source, serving, receivers,
                                           moved)
         self._apply(instructions)
-        return not any(isinstance(ins, DropCopy) for ins in instructions)
+        return [ins.node for ins in instructions if isinstance(ins, DropCopy)]
 
     def progress(self, oid: ObjectID, holder: str, received: int, half: int = -1) -> None:
         """A receiver reports how far along it is (in half ``half``, if one)."""

@@ -314,7 +314,12 @@ class DirectoryState:
         follow its chain and a busy holder is not taken for an idle one, whichever of a
         chain's members announces first); ``receivers``: how many members will get it, if
         its producer knows (the gets then form a tree where a chain would cost more);
-        ``moved``: a copy announced again because its owner moved, not a new put."""
+        ``moved``: a copy announced again because its owner moved, not a new put.
+        ``DropCopy`` for the holder: its copy is refused (a deleted version, or a whole
+        moved copy of another version than the entry's), and it must drop it; for another
+        node: it held the version this put replaced, and is dead or silent (docs/design.md
+        §5, "Deletes and moving owners"). A moved partial copy of another version is not
+        recorded: its receiver locates again and finds the entry's version."""
         self.check_owner(oid)
         got = size if received is None else received
         event = f"publish by {holder} {got}/{size} bytes" + (" (moved)" if moved else "")
@@ -325,13 +330,28 @@ class DirectoryState:
         self.deleted.pop(oid, None)  # put again under the same id: a new version
         entry = self.entries.get(oid)
         outcome = "updated"
+        stale: list[str] = []  # holders of a version this put replaces
         if entry is not None and entry.version != version:
             # a live producer's new version outranks a copy of another one that is not
             # being produced: one re-announced late, after ownership moved, must not erase it
             if self._has_live_copy(entry) or (not producing and self._producing(entry)):
+                if moved and got >= size and not producing:  # nobody would find it: it goes
+                    self._record(oid, event, "refused: another version exists, the holder "
+                                             "drops it")
+                    return [DropCopy(holder, oid)]
+                if moved:  # a receiver of the other version: it locates again, finds this
+                    self._record(oid, event, "refused: another version exists")
+                    return []
                 self._record(oid, event, "refused: exists with another version")
                 raise ObjectExistsError(f"object {oid.hex()} already exists", oid=oid.hex())
+            # the old version's complete copies are on dead or silent nodes; one that is only
+            # silent keeps a copy nobody would find or delete once it runs again: it drops
+            # it (a live receiver of the old version is left alone: it locates again, and
+            # finds the new version)
+            stale = [n for n in entry.holders if n != holder and not self.is_alive(n)]
             entry, outcome = None, "re-put: every copy was lost"
+            if stale:
+                outcome += f"; {sorted(stale)} drop theirs"
         elif entry is None:
             outcome = "new entry"
         if entry is None:
@@ -357,7 +377,7 @@ class DirectoryState:
                 src = entry.holders[source]
                 src.serving = max(src.serving, self._readers(entry, source))
         self._record(oid, event, outcome)
-        return [Wake(oid)]
+        return [Wake(oid), *(DropCopy(node, oid) for node in stale)]
 
     def progress(self, oid: ObjectID, holder: str, received: int,
                  half: int = -1) -> list[Instruction]:

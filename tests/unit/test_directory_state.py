@@ -353,7 +353,7 @@ CASES = [
     ]),
     Case("re-put-after-every-copy-was-lost", [
         (put("src"), WAKE), (locate("a"), "src"), (die("src"), None),
-        (put("x", version=b"v2"), WAKE),
+        (put("x", version=b"v2"), [Wake(OID), DropCopy("src", OID)]),  # "a" locates again
         (holders(), {"x": full()}), (version(), b"v2"),
     ]),
     # a stripe reduced again after its reducer and its shard died: the new reducer's copy is
@@ -371,7 +371,8 @@ CASES = [
     ]),
     Case("a-dead-producers-partial-copy-gives-way", [
         (put("p", received=10, producing=True), WAKE), (die("p"), None),
-        (put("x", version=b"v2", received=0), WAKE), (version(), b"v2"),
+        (put("x", version=b"v2", received=0), [Wake(OID), DropCopy("p", OID)]),
+        (version(), b"v2"),
     ]),
     Case("same-version-from-another-holder", [
         (put("src"), WAKE), (put("x"), WAKE),
@@ -429,7 +430,7 @@ CASES = [
         (moved("b", version=b"v0", received=SIZE // 2, source="a"), [DropCopy("b", OID)]),
         (holders(), None), (locate("r"), NOT_PUT),
         (put("c", version=b"v2"), WAKE), (holders(), {"c": full()}),
-        (moved("a"), ObjectExistsError),  # the entry of the new put stands
+        (moved("a"), [DropCopy("a", OID)]),  # the entry of the new put stands
     ]),
     Case("a-put-lifts-a-delete-that-found-no-entry", [
         (delete(), ObjectNotFoundError), (put("src"), WAKE),
@@ -459,6 +460,22 @@ CASES = [
         (delete_again(b"v1"), []), (holders(), None),
         (moved("a"), [DropCopy("a", OID)]),
         (moved("b", version=b"v2"), WAKE), (holders(), {"b": full()}),
+    ]),
+    # a put again while the old version's holder was silent: that holder, once it runs again,
+    # keeps a copy nobody would find or delete, so it drops it; a live receiver does not
+    Case("a-re-put-has-the-silent-holders-of-the-old-version-drop-theirs", [
+        (put("src"), WAKE), (locate("r"), "src"), (die("src"), None),
+        (put("again", version=b"v2"), [Wake(OID), DropCopy("src", OID)]),
+        (holders(), {"again": full()}),
+    ]),
+    # a whole copy of another version, announced after a move, is one nobody would find:
+    # it goes; a partial one is a receiver that locates again; a new put is refused as before
+    Case("a-moved-whole-copy-of-another-version-is-dropped", [
+        (put("src", version=b"v2"), WAKE),
+        (moved("old"), [DropCopy("old", OID)]),
+        (moved("recv", received=SIZE // 2, source="x"), []),
+        (holders(), {"src": full()}),
+        (put("new"), ObjectExistsError),
     ]),
     Case("a-delete-is-remembered-per-id", [
         (put("src"), WAKE), (put("src", oid=OID2), [Wake(OID2)]),
@@ -590,7 +607,8 @@ def test_story_of_a_re_put_and_a_lifted_tombstone() -> None:
             pass
     assert [outcome for _, outcome in w.state.story(OID)] == [
         f"tombstone: {TOMBSTONE}", f"failed: {TOMBSTONE}", "new entry, tombstone lifted",
-        "re-put: every copy was lost", "refused: exists with another version"]
+        "re-put: every copy was lost; ['a'] drop theirs",
+        "refused: exists with another version"]
 
 
 def test_story_is_bounded_per_oid_and_in_oids() -> None:
