@@ -160,6 +160,7 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     t0 = time.perf_counter()
 
     helper = clients[helper_for(victims, n)]
+    resumes: list[float] = []  # when each paused victim runs again (the loop's clock)
 
     async def signal_one(node: int, after: float) -> None:
         assert sig is not None
@@ -171,8 +172,6 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
             resumes.append(loop.time() + resume_after)
         if ids and not backup:  # the restarted task: the lost input again, elsewhere
             await put_again(helper, ids[node], ctx.data(node))
-
-    resumes: list[float] = []  # when each paused victim runs again (the loop's clock)
 
     async def kill() -> None:
         if backup:  # a straggler's input: not chosen, ready before the node dies
