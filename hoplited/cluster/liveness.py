@@ -48,9 +48,17 @@ instructions to carry out. A driver is a short loop: feed ``Tick(now)``; on ``Wa
 sleep until ``t`` and feed ``Tick``; on ``SendPing(timeout)`` run one Ping (connecting first if
 needed) bounded by ``timeout`` as a whole and feed ``Answered`` or ``Failed``; on ``ReportRtt``
 tell the link model; on ``DeclareDead`` declare it and stop. Replies to other requests are fed
-as ``Seen`` and a refused dial from any request as ``Failed(now, "refused")``. The deadline
-holds only while the driver runs: if our own process stalls past it, the overdue Ping is still
-sent with a full ``timeout`` rather than condemning a peer we never asked.
+as ``Seen`` and a refused dial from any request as ``Failed(now, "refused")``.
+
+Our own stalls. The deadline holds only while the driver runs. An event that comes more than an
+interval after the time the core last asked to be woken (a ``WaitUntil``, or the expiry of the
+Ping in flight) shows that our own process stalled (SIGSTOP, a long pause): the peer's silence
+meanwhile is not evidence. Its last sign of life moves forward by the stall, a Ping whose
+timeout ran out during it is asked again with a whole timeout, and a Ping still in flight is
+given ``suspect_after`` of our running time again before it makes the peer suspected. A node
+that ran again after a pause past the timeout would otherwise condemn peers that were only
+waiting for it; each verdict now rests on silence we were awake to see (docs/design.md §5,
+"Declared dead, then running again").
 """
 
 from __future__ import annotations
@@ -213,6 +221,7 @@ class Liveness:
         self._expires: float | None = None  # when the Ping in flight times out, if any
         self._dead = False
         self._early = -interval  # when a closed connection last brought a Ping forward
+        self._due: float | None = None  # when the driver should feed us next, if it should
 
     @property
     def last_seen(self) -> float:
@@ -242,6 +251,28 @@ class Liveness:
         if self._dead:
             return []
         self._now = max(self._now, event.now)
+        if self._due is not None and self._now - self._due > self.interval:
+            self._resumed(self._now - self._due)
+        out = self._handle(event)
+        if any(isinstance(ins, SendPing | WaitUntil | Idle) for ins in out):
+            waits = [ins.t for ins in out if isinstance(ins, WaitUntil)]
+            if self._expires is not None:
+                waits.append(self._expires)
+            self._due = min(waits, default=None)
+        return out
+
+    def _resumed(self, stall: float) -> None:
+        """We stalled for ``stall`` seconds: none of it counts as the peer's silence."""
+        self._due = None
+        self._last_seen = min(self._now, self._last_seen + stall)
+        if self._expires is not None and self._now >= self._expires:
+            self._expires = self._suspect_at = None  # timed out while we slept: ask again
+            self._next_ping = self._now
+        elif (self._expires is not None and self._suspect_at is not None
+              and self.suspect_after is not None):  # a Ping in flight: S of our time again
+            self._suspect_at = min(self._expires, self._now + self.suspect_after)
+
+    def _handle(self, event: Event) -> list[Instruction]:
         if isinstance(event, Seen):
             return self._saw(event.now)  # deadlines only move later: the current wait holds
         if isinstance(event, Answered):

@@ -179,6 +179,24 @@ CASES = [
         (Tick(10.0), [SendPing(T)]),
         (Answered(10.25, 0.25), [ReportRtt(0.25), WaitUntil(11.25)]),
     ], last_seen=10.25),
+    Case("our own stall with a Ping in flight: its late timeout is no verdict; asked again", [
+        (Tick(1.0), [SendPing(T)]),
+        (Failed(12.0, "timeout"), []),  # due at 6.0: we slept 6 s, the peer gets them back
+        (Tick(12.0), [SendPing(T)]),  # a whole timeout again
+        (Answered(12.1, 0.1), [ReportRtt(0.1), WaitUntil(13.1)]),
+    ], last_seen=12.1),
+    Case("our own stall after a failed Ping: the peer keeps only the rest of its deadline", [
+        (Tick(1.0), [SendPing(T)]),
+        (Failed(4.75, "timeout"), [WaitUntil(5.75)]),  # silent 4.75 s while we were awake
+        (Tick(20.0), [SendPing(0.25)]),  # 14.25 s late: the deadline moves as far
+        (Failed(20.25, "timeout"), [Warn(dead=True),
+                                    DeclareDead("silent for 6.0s (ping: timeout)")]),
+    ], last_seen=14.25, dead=True),
+    Case("a stall within an interval of the wake-up is no stall: the verdict stands", [
+        (Tick(1.0), [SendPing(T)]),
+        (Failed(6.75, "timeout"), [Warn(dead=True),
+                                   DeclareDead("silent for 6.8s (ping: timeout)")]),
+    ], last_seen=0.0, dead=True),
     Case("events after death are ignored", [
         (Failed(0.5, "refused"), [Warn(dead=True), DeclareDead("refuses connections")]),
         (Tick(1.0), []),
@@ -211,6 +229,11 @@ CASES = [
         (Tick(1.5), [Warn(dead=False), Suspect(f"no answer to a ping for {S}s"), WaitUntil(1.0 + T)]),
         (Failed(1.0 + T, "timeout"), [Warn(dead=True), DeclareDead("silent for 6.0s (ping: timeout)")]),
     ], last_seen=0.0, dead=True, suspect_after=S, suspected=True),
+    Case("our own stall mid-Ping: the Ping gets S of our running time before a suspicion", [
+        (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
+        (Tick(3.0), [WaitUntil(3.5)]),  # woken 1.5 s late
+        (Answered(3.1, 2.1), [ReportRtt(2.1), WaitUntil(4.1)]),
+    ], last_seen=3.1, suspect_after=S),
     Case("a lost connection makes the peer suspected at once; the answer clears it", [
         (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
         (Failed(1.1, "lost"), [Warn(dead=False), Suspect("ping failed (lost)"), WaitUntil(1.1 + P + I)]),
