@@ -27,6 +27,7 @@ land mid-transfer, where on loopback many land before or after. Usage:
     python -m bench.chaos --trials 30 --seed 7 --emulate 1Gbit
     python -m bench.chaos --trials 30 --seed 9 --double   # two victims per trial
     python -m bench.chaos --trials 30 --seed 13 --resume  # stopped victims run again
+    python -m bench.chaos --trials 30 --seed 16 --long-pause  # ... after being declared dead
 
 ``--double`` signals a second node in each trial, at a moment of its own drawn from the same
 range, with the same signal (at least 5 nodes, no backup input; a broadcast's second victim
@@ -34,7 +35,11 @@ is neither of the two nodes holding the object before the run). The draws of eve
 parameter are those of the same seed without it. ``--resume`` sends a SIGSTOPped victim
 SIGCONT after a pause drawn from 0.5 to 3 s, below the heartbeat timeout: it is suspected and
 then trusted again, never declared dead, and takes its ids back. It is not a survivor whose
-result is checked, but once it runs again it must let go of everything too.
+result is checked, but once it runs again it must let go of everything too. ``--long-pause``
+is the same with a pause drawn from 5 to 8 s, past the heartbeat timeout: the victim is
+declared dead, runs again, and must come back as a new member (docs/design.md §5, "Declared
+dead, then running again"); the trial also checks that it serves again under a new node id
+within REJOIN_WAIT and that every member then lists that id alive and the old one dead.
 """
 
 from __future__ import annotations
@@ -80,6 +85,8 @@ LATEST = 1.2
 TRIAL_TIMEOUT = 90.0  # seconds after the signal: far past any repair's bound
 LEAK_WAIT = 20.0
 PAUSE = (0.5, 3.0)  # --resume: a stopped victim's pause, below the 4 s heartbeat timeout
+LONG_PAUSE = (5.0, 8.0)  # --long-pause: past the heartbeat timeout and its interval
+REJOIN_WAIT = 20.0  # --long-pause: from the end of the run until it is a new member
 BAD_LOG = ("Traceback", " ERROR ")
 
 
@@ -105,6 +112,7 @@ class Trial:
     second: int | None = None  # --double: the second victim, and its moment (as kill_after)
     second_after: float = 0.0
     resume_after: float | None = None  # --resume: a stopped victim's pause, in seconds
+    long_pause: bool = False  # --long-pause: that pause is past the heartbeat timeout
 
     @property
     def mid_run(self) -> bool:
@@ -123,9 +131,11 @@ class Trial:
                 f"{self.victim} at {self.kill_after:.2f} s{also}{pause}{extra}")
 
 
-def draw(seed: int, number: int, double: bool = False, resume: bool = False) -> Trial:
+def draw(seed: int, number: int, double: bool = False, resume: bool = False,
+         long_pause: bool = False) -> Trial:
     """Trial ``number`` of ``seed``: the same draw on every machine (``double``: with a
-    second victim; ``resume``: a stopped victim runs again; every other draw unchanged)."""
+    second victim; ``resume``: a stopped victim runs again; ``long_pause``: only after it was
+    declared dead; every other draw unchanged)."""
     rng = random.Random(seed * 100_003 + number)
     op = rng.choice(OPS)
     nodes = rng.randint(4, 6)
@@ -142,9 +152,11 @@ def draw(seed: int, number: int, double: bool = False, resume: bool = False) -> 
         trial.second = rng.choice([i for i in range(lowest, trial.nodes) if i != victim])
         trial.second_after = rng.random()
         check_second(base, victim, trial.second, trial.nodes, trial.backup)
-    if resume:
-        pause = PAUSE[0] + (PAUSE[1] - PAUSE[0]) * rng.random()
+    if resume or long_pause:
+        low, high = LONG_PAUSE if long_pause else PAUSE
+        pause = low + (high - low) * rng.random()
         trial.resume_after = pause if trial.signal == "STOP" else None
+        trial.long_pause = long_pause and trial.resume_after is not None
     return trial
 
 
@@ -183,6 +195,7 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
         trial.kill_after *= LATEST * trial.failure_free
         trial.second_after *= LATEST * trial.failure_free
         second = None if trial.second is None else (trial.second, trial.second_after)
+        old_ids = [node.node_id for node in cluster.nodes]
         made = []
         try:
             async with asyncio.timeout(max(trial.kill_after, trial.second_after)
@@ -197,6 +210,9 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
         trial.outcomes = [asdict(o) for o in outcomes]
         verdict, detail = _judge(outcomes)
         victims = (trial.victim, trial.second)
+        if trial.long_pause and verdict == "ok":
+            verdict, detail = await _rejoined(
+                cluster, {i: old_ids[i] for i in victims if i is not None}, detail)
         # a victim that ran again must let go of everything too
         survivors = [i for i in range(trial.nodes)
                      if i not in victims or trial.resume_after is not None]
@@ -235,6 +251,38 @@ async def _delete(client: hoplite_client.Client, oids: list[hoplite_client.Objec
             await client.delete(oid)
         except HopliteError:
             pass  # never made (a failed run), or gone with its only holder
+
+
+async def _rejoined(cluster: LocalCluster, paused: dict[int, str],
+                    detail: str) -> tuple[str, str]:
+    """Whether every member, within REJOIN_WAIT, lists exactly the members' current node ids
+    alive: a victim paused past the heartbeat timeout (``paused``: its index and old node
+    id) is back under a new id, which all list alive, and its old id is listed dead. (A
+    victim whose signal came after the run ended was never stopped: its id is unchanged.)"""
+    deadline = time.monotonic() + REJOIN_WAIT
+    last = "no answer"
+    while time.monotonic() < deadline:
+        try:
+            views = {}
+            for i in range(cluster.size):
+                client = await hoplite_client.connect(cluster.sockets[i])
+                try:
+                    local = (await client.status())["local"]
+                finally:
+                    await client.close()
+                views[i] = (local["node_id"],
+                            {n["node_id"] for n in local["members"] if n["alive"]})
+        except HopliteError as exc:  # a victim between its two lives
+            last = str(exc)
+            await asyncio.sleep(0.5)
+            continue
+        current = {node_id for node_id, _ in views.values()}
+        last = f"views {views}"
+        if all(alive == current for _, alive in views.values()):
+            back = [i for i, old in paused.items() if views[i][0] != old]
+            return "ok", f"{detail}, {len(back)} back as a new member"
+        await asyncio.sleep(0.5)
+    return "error", f"members disagree {REJOIN_WAIT:g} s after the run: {last}"
 
 
 async def _let_go(cluster: LocalCluster, survivors: list[int]) -> tuple[str, str]:
@@ -294,10 +342,10 @@ def _ended(trial: Trial, verdict: str, detail: str, workdir: str) -> Trial:
 
 async def campaign(seed: int, numbers: list[int], json_path: str | None,
                    rate_bps: int | None = None, double: bool = False,
-                   resume: bool = False) -> int:
+                   resume: bool = False, long_pause: bool = False) -> int:
     trials = []
     for number in numbers:
-        trial = draw(seed, number, double, resume)
+        trial = draw(seed, number, double, resume, long_pause)
         started = time.monotonic()
         trial = await run_trial(trial, rate_bps)
         trials.append(trial)
@@ -332,12 +380,14 @@ def main() -> None:
                         help="signal a second node in each trial, at a moment of its own")
     parser.add_argument("--resume", action="store_true",
                         help="a SIGSTOPped victim gets SIGCONT after a pause of 0.5-3 s")
+    parser.add_argument("--long-pause", action="store_true",
+                        help="... after a pause of 5-8 s instead: once declared dead")
     args = parser.parse_args()
     numbers = ([args.only] if args.only is not None
                else list(range(args.first, args.first + args.trials)))
     rate = None if args.emulate is None else parse_rate(args.emulate)
     raise SystemExit(uvloop.run(campaign(args.seed, numbers, args.json_path, rate,
-                                         args.double, args.resume)))
+                                         args.double, args.resume, args.long_pause)))
 
 
 if __name__ == "__main__":

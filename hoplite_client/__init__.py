@@ -13,6 +13,7 @@ from hoplite_client.wire.errors import (
     AuthenticationError,
     CapacityError,
     ConnectionLostError,
+    DeclaredDeadError,
     HopliteError,
     HopliteTimeoutError,
     InvalidArgumentError,
@@ -32,7 +33,8 @@ _FACADE = {"Client": "hoplite_client.client", "connect": "hoplite_client.client"
            "SyncClient": "hoplite_client.sync"}
 
 __all__ = [
-    "AuthenticationError", "CapacityError", "Client", "ConnectionLostError", "HopliteError",
+    "AuthenticationError", "CapacityError", "Client", "ConnectionLostError", "DeclaredDeadError",
+    "HopliteError",
     "HopliteTimeoutError", "InvalidArgumentError", "ObjectDeletedError", "ObjectExistsError",
     "ObjectID", "ObjectNotFoundError", "PeerUnavailableError", "ProtocolError", "SyncClient",
     "connect",

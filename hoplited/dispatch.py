@@ -13,6 +13,9 @@ as themselves, anything else as "internal" with a traceback in the log. A reply 
 encoded is logged and answered ``protocol``, so its requester never waits for nothing. A
 ``Cancel`` from the connection a ``cancellable`` request (a wait) came on stops that request's
 handler, with no reply: its sender gave up on it, and a shard must not hold waits for nobody.
+Every frame from an origin that ``refuse`` names (a member we declared dead) is refused before
+any of that: a request gets the error ``refuse`` returns, a one-way is dropped (docs/design.md
+§5, "Declared dead, then running again").
 """
 
 from __future__ import annotations
@@ -43,10 +46,12 @@ class Dispatcher:
     """The handler table of one role, and the code path every request of that role takes."""
 
     def __init__(self, role: Role, handlers: Mapping[type[WireMessage], Handler],
-                 tasks: Tasks, errors: Counter[str] | None = None) -> None:
+                 tasks: Tasks, errors: Counter[str] | None = None,
+                 refuse: Callable[[str], HopliteError | None] = lambda origin: None) -> None:
         self.role = role
         self._tasks = tasks
         self._errors = errors  # error replies by type, for the metrics (hoplited/metrics.py)
+        self._refuse = refuse  # the error an origin's frames are all refused with, if any
         self._table = {cls: h for cls, h in handlers.items() if role in cls.ROLES}
         check_complete(role, [*self._table, Cancel])
         self._async = {cls for cls, h in self._table.items() if inspect.iscoroutinefunction(h)}
@@ -58,6 +63,10 @@ class Dispatcher:
         """Handle one incoming frame; ``respond`` sends the reply (None: nobody listens)."""
         msg = frame.msg
         cls = type(msg)
+        refused = self._refuse(origin)
+        if refused is not None:
+            self._answer_error(msg, refused, respond)
+            return
         if cls is Cancel and self.role in cls.ROLES:
             if respond is not None:
                 self._cancel(respond, msg.request)

@@ -29,11 +29,17 @@ log = logging.getLogger("hoplited")
 PARENT_POLL = 0.5
 
 
+# Where a daemon declared dead joins again, across its exec (HOST:PORT,HOST:PORT...): tried
+# before any --join (docs/design.md §5, "Declared dead, then running again").
+REJOIN_ENV = "HOPLITED_REJOIN"
+
+
 async def run(config: DaemonConfig, exit_with_parent: bool = False,
-              users_lock: str | None = None) -> None:
+              users_lock: str | None = None) -> list[tuple[str, int]] | None:
     """Start the daemon, print its ready line, serve until SIGTERM/SIGINT (or, with
     ``exit_with_parent``, until the process that started us is gone; with ``users_lock``,
-    until no process holds that file locked), then shut down."""
+    until no process holds that file locked), then shut down. Returns where to join again
+    if a member declared us dead, else None."""
     daemon = Daemon(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -50,6 +56,18 @@ async def run(config: DaemonConfig, exit_with_parent: bool = False,
         await daemon.serve_forever()
     finally:
         await daemon.stop()
+    return daemon.rejoin
+
+
+def run_again(seeds: list[tuple[str, int]]) -> None:
+    """Replace this process by a fresh daemon with the same arguments, which joins through
+    ``seeds`` first: a new node id, an empty store, the same pid, socket path and logs."""
+    os.environ[REJOIN_ENV] = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}"
+                                      for h, p in seeds)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
 async def watch_parent(parent: int, stop: Callable[[], None]) -> None:
@@ -153,10 +171,14 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
          tls_ca: str | None, exit_with_parent: bool, users_lock: str | None) -> None:
     """Run the hoplite daemon for this host."""
     log_to_stderr(log_level, log_format)
+    rejoin = [a for a in os.environ.pop(REJOIN_ENV, "").split(",") if a]
+    if rejoin:
+        log.warning("running again as a new member, after a member declared us dead")
     try:
         host, port = parse_address(listen)
         config = DaemonConfig(host=host, port=port, socket_path=socket_path or default_socket(),
-                              join=[parse_address(j) for j in join], insecure=insecure,
+                              join=[parse_address(j) for j in (*rejoin, *join)],
+                              insecure=insecure,
                               fanout=fanout, two_trees=two_trees, ring_wait=ring_wait,
                               pair=pair,
                               heartbeat_interval=heartbeat_interval,
@@ -172,7 +194,7 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
                 config.token = f.read().strip()
             if not config.token:
                 raise click.UsageError(f"{token_file} is empty")
-        uvloop.run(run(config, exit_with_parent, users_lock))
+        seeds = uvloop.run(run(config, exit_with_parent, users_lock))
     except UnreachableError as exc:  # no --join peer could be reached at all
         click.echo(f"hoplited: {exc}", err=True)
         sys.exit(EXIT_NO_PEER)
@@ -182,3 +204,5 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
     except OSError as exc:
         click.echo(f"hoplited: {exc}", err=True)
         sys.exit(1)
+    if seeds is not None:
+        run_again(seeds)

@@ -18,12 +18,13 @@ from collections import Counter
 from hoplite_client.net.endpoints import host_id
 from hoplite_client.net.handshake import Identity
 from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.wire.errors import DeclaredDeadError
 from hoplite_client.wire.messages import PEER, TOOL, MemberInfo
 from hoplited.clients.listener import ClientListener
 from hoplited.clients.session import SessionDeps
 from hoplited.cluster.link_model import LinkModel
 from hoplited.cluster.links import Links
-from hoplited.cluster.membership import Membership, OwnerSet
+from hoplited.cluster.membership import Membership, OwnerSet, rejoin_seeds
 from hoplited.cluster.service import ClusterService
 from hoplited.collectives.allreduce import AllreduceDeps, Allreduces
 from hoplited.collectives.coordinator import CoordinatorDeps
@@ -71,6 +72,8 @@ class Daemon:
         self._metrics: MetricsServer | None = None
         self._stopped = asyncio.Event()
         self.membership: Membership
+        # set when a member declared us dead: where to join again as a new member
+        self.rejoin: list[tuple[str, int]] | None = None
 
     async def start(self) -> None:
         """Bind, build every service around the bound address, then serve and join."""
@@ -87,7 +90,8 @@ class Daemon:
         self._links = links = Links(self.identity, cfg.heartbeat_interval, cfg.heartbeat_timeout,
                                     membership.mark_dead, link_model.observe_rtt,
                                     membership.suspect, cfg.suspect_after, cfg.watchers,
-                                    on_warn=lambda node, dead: cluster.warn(node, dead))
+                                    on_warn=lambda node, dead: cluster.warn(node, dead),
+                                    on_fenced=self.fenced)
         verdict_within = cfg.heartbeat_timeout + 2 * cfg.heartbeat_interval  # a death's news
         self._rpc = rpc = Rpc(self.identity, membership, links, tasks,
                               retry_window=verdict_within)
@@ -148,7 +152,15 @@ class Daemon:
                     **DirectoryService(shard, self.node_id, membership.owner,
                                        membership.is_alive, rpc, tasks).handlers(),
                     **worker.handlers(), **reductions.handlers(), **allreduces.handlers()}
-        rpc.serve(peer=Dispatcher(PEER, handlers, tasks, errors),
+        def refuse(origin: str) -> DeclaredDeadError | None:
+            """Everything a member we declared dead sends is refused: it must come back
+            under a new id (docs/design.md §5, "Declared dead, then running again")."""
+            if not membership.declared_dead(origin):
+                return None
+            return DeclaredDeadError(f"{self.node_id} declared {origin} dead; it must join "
+                                     f"again as a new member", by=self.node_id)
+
+        rpc.serve(peer=Dispatcher(PEER, handlers, tasks, errors, refuse),
                   tool=Dispatcher(TOOL, handlers, tasks, errors),
                   data=sender.serve)
 
@@ -212,6 +224,17 @@ class Daemon:
 
     def request_stop(self) -> None:
         self._stopped.set()
+
+    def fenced(self, by: str) -> None:
+        """Member ``by`` answered that it declared us dead (we were silent past the heartbeat
+        timeout, e.g. stopped): stop, to run again as a new member (docs/design.md §5,
+        "Declared dead, then running again")."""
+        if self.rejoin is not None:
+            return
+        self.rejoin = rejoin_seeds(self.membership, by)
+        log.warning("member %s declared us (%s) dead: stopping, to join again as a new member",
+                    by, self.node_id)
+        self.request_stop()
 
     async def stop(self) -> None:
         """Close every server, link and connection; cancel what still runs."""

@@ -212,6 +212,10 @@ class Rpc:
         except HopliteError:
             return
         if role == "data":
+            if self._membership.declared_dead(peer):  # docs/design.md §5
+                log.info("refusing a data connection from %s: declared dead", peer)
+                protocol.abort()
+                return
             assert self._data is not None
             await self._data(protocol, peer)
             return

@@ -110,6 +110,14 @@ class ObjectDeletedError(ObjectNotFoundError):
     code = "deleted"
 
 
+class DeclaredDeadError(HopliteError):
+    """The answering member declared us dead: it refuses all we send under this node id,
+    which must come back as a new member (docs/design.md §5, "Declared dead, then running
+    again"); ``data['by']`` names the member."""
+
+    code = "declared_dead"
+
+
 ERRORS_BY_CODE: dict[str, type[HopliteError]] = {
     cls.code: cls
     for cls in (
@@ -126,6 +134,7 @@ ERRORS_BY_CODE: dict[str, type[HopliteError]] = {
         PeerUnavailableError,
         NotOwnerError,
         ObjectDeletedError,
+        DeclaredDeadError,
     )
 }
 

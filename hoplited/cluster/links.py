@@ -13,6 +13,11 @@ Above ``watchers + 1`` members a link pings only the members this node watches
 (:mod:`.watching`); the others are asked when their connection closes or a watcher's alarm
 arrives (``alarm``), and a watched member's suspicion or death is passed on (``on_warn``) to
 the members that do not watch it (docs/design.md §5, "Watchers").
+
+A member that answers with ``DeclaredDeadError`` has declared *us* dead (we were frozen past
+its timeout): ``on_fenced`` hears of it, and the daemon runs again as a new member. An address
+that answers under another node id is a member whose process is gone, as a refused dial is
+(docs/design.md §5, "Declared dead, then running again").
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from hoplite_client.net.channel import Channel
 from hoplite_client.net.handshake import Identity, dial, refused
 from hoplite_client.wire.errors import (
     ConnectionLostError,
+    DeclaredDeadError,
     HopliteError,
     HopliteTimeoutError,
     PeerUnavailableError,
@@ -50,7 +56,8 @@ class PeerLink:
                  on_rtt: Callable[[float], None] = lambda rtt: None,
                  on_suspect: Callable[[str, bool], None] = lambda node, suspected: None,
                  suspect_after: float | None = None, watched: bool = True,
-                 on_warn: Callable[[str, bool], None] = lambda node, dead: None) -> None:
+                 on_warn: Callable[[str, bool], None] = lambda node, dead: None,
+                 on_fenced: Callable[[str], None] = lambda node: None) -> None:
         self.member = member
         self.me = me
         self.interval = interval
@@ -59,6 +66,7 @@ class PeerLink:
         self.on_rtt = on_rtt
         self.on_suspect = on_suspect
         self.on_warn = on_warn
+        self.on_fenced = on_fenced  # the member answered that it declared us dead
         self.channel: Channel | None = None
         self.liveness = lv.Liveness(interval, timeout, time.monotonic(), suspect_after, watched)
         self.watched = watched  # as last asked (the core hears of it when the heartbeat runs)
@@ -90,8 +98,9 @@ class PeerLink:
                     if refused(exc):  # its process is gone
                         self.refused()
                     raise
-                if peer_id != self.node_id:
+                if peer_id != self.node_id:  # its process is gone, another took its port
                     protocol.abort()
+                    self.refused()
                     raise PeerUnavailableError(f"{self.member.host}:{self.member.port} is now "
                                                f"{peer_id}, not {self.node_id}", node=self.node_id)
                 self.channel = Channel(protocol)
@@ -114,7 +123,11 @@ class PeerLink:
                 raise HopliteTimeoutError(f"{self.node_id}: no connection within "
                                           f"{timeout}s") from None
             timeout = max(0.0, timeout - (time.monotonic() - started))
-        frame = await channel.request(msg, payload, timeout)
+        try:
+            frame = await channel.request(msg, payload, timeout)
+        except DeclaredDeadError:
+            self.on_fenced(self.node_id)
+            raise
         self._apply(self.liveness.handle(lv.Seen(time.monotonic())))
         return frame
 
@@ -207,6 +220,9 @@ class PeerLink:
                 await channel.request(Ping())
         except ConnectionLostError as exc:
             return lv.Failed(time.monotonic(), "refused" if refused(exc) else "lost")
+        except DeclaredDeadError:  # it answers, but has declared us dead
+            self.on_fenced(self.node_id)
+            return lv.Failed(time.monotonic(), "timeout")
         except (TimeoutError, HopliteError, OSError):
             return lv.Failed(time.monotonic(), "timeout")
         now = time.monotonic()
@@ -257,7 +273,8 @@ class Links:
                  on_dead: Callable[[str], object], on_rtt: Callable[[float], None],
                  on_suspect: Callable[[str, bool], None] = lambda node, suspected: None,
                  suspect_after: float | None = None, watchers: int = 16,
-                 on_warn: Callable[[str, bool], None] = lambda node, dead: None) -> None:
+                 on_warn: Callable[[str, bool], None] = lambda node, dead: None,
+                 on_fenced: Callable[[str], None] = lambda node: None) -> None:
         self._me = me
         self._interval = interval
         self._timeout = timeout
@@ -267,6 +284,7 @@ class Links:
         self._suspect_after = suspect_after
         self.watchers = watchers
         self._on_warn = on_warn
+        self._on_fenced = on_fenced
         self._links: dict[str, PeerLink] = {}
 
     def get(self, node: str) -> PeerLink | None:
@@ -275,19 +293,15 @@ class Links:
     def others(self) -> list[PeerLink]:
         return list(self._links.values())
 
-    def open(self, member: MemberInfo, keep_existing: bool) -> None:
-        """Start a link to ``member``; an existing one is kept if ``keep_existing`` (the member
-        is alive and known), else replaced (it came back under the same id)."""
-        old = self._links.pop(member.node_id, None)
-        if old is not None and keep_existing:
-            self._links[member.node_id] = old
+    def open(self, member: MemberInfo) -> None:
+        """Start a link to ``member``, unless we have one (a member declared dead gets no
+        other: it comes back under a new id)."""
+        if member.node_id in self._links:
             return
-        if old is not None:
-            old.close()
         # unwatched until ``rewatch`` places it: the membership it joins is not ours yet
         link = PeerLink(member, self._me, self._interval, self._timeout, self._on_dead,
                         self._on_rtt, self._on_suspect, self._suspect_after, watched=False,
-                        on_warn=self._on_warn)
+                        on_warn=self._on_warn, on_fenced=self._on_fenced)
         self._links[member.node_id] = link
         link.start()
 

@@ -148,16 +148,19 @@ class Membership:
         return found
 
     def add(self, member: MemberInfo) -> bool:
-        """Add (or revive) a member; returns True if the live set changed."""
-        known = self.members.get(member.node_id)
-        if known is not None and member.node_id not in self.dead:
+        """Add a member; returns True if the live set changed. A member declared dead stays
+        dead: its process comes back under a new id (docs/design.md §5, "Declared dead, then
+        running again")."""
+        if member.node_id in self.members:
             return False
         self.members[member.node_id] = member
-        self.dead.discard(member.node_id)
-        self.suspected.discard(member.node_id)
         log.info("member %s at %s:%d is up", member.node_id, member.host, member.port)
         self._changed()
         return True
+
+    def declared_dead(self, node_id: str) -> bool:
+        """We declared ``node_id`` dead: everything it sends under that id is refused."""
+        return node_id in self.dead
 
     def mark_dead(self, node_id: str) -> bool:
         """Declare a member dead; returns True if it was alive."""
@@ -183,3 +186,17 @@ class Membership:
             self._owner_of.clear()
             for listener in self.owner_listeners:
                 listener(previous)
+
+
+def rejoin_seeds(membership: Membership, by: str) -> list[tuple[str, int]]:
+    """Where this node, declared dead by ``by``, joins again as a new member: ``by`` first
+    (it answered just now), then every other member alive in our view, in id order, each
+    address once (docs/design.md §5, "Declared dead, then running again")."""
+    me = membership.me.node_id
+    order = [by] + [n for n in membership.alive_ids() if n not in (by, me)]
+    seeds: list[tuple[str, int]] = []
+    for node in order:
+        member = membership.members.get(node)
+        if member is not None and node != me and (member.host, member.port) not in seeds:
+            seeds.append((member.host, member.port))
+    return seeds

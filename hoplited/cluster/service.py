@@ -76,10 +76,13 @@ class ClusterService:
         """Learn of a member; ``announce`` tells the others (when it joined through us)."""
         if member.node_id == self._identity.node_id:
             return
+        if self._membership.declared_dead(member.node_id):  # it comes back under a new id
+            log.info("member %s was declared dead: not added again", member.node_id)
+            return
         if announce:
             for link in self._links.others():
                 link.notify(MemberUp(member=member))
-        self._links.open(member, keep_existing=self._membership.is_alive(member.node_id))
+        self._links.open(member)
         self._membership.add(member)
 
     def on_join(self, peer: str, msg: Join, payload: memoryview | None) -> Members:

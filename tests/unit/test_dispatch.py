@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hoplite_client.wire.errors import ObjectNotFoundError
+from hoplite_client.wire.errors import DeclaredDeadError, ObjectNotFoundError
 from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
@@ -17,6 +17,7 @@ from hoplite_client.wire.messages import (
     Error,
     Ok,
     Ping,
+    Progress,
     Seal,
     Stats,
     StatusReply,
@@ -91,3 +92,25 @@ async def test_async_handler_runs_as_an_owned_task_and_local_calls_raise_typed()
     assert frame.msg == StatusReply(info={"from": "me"})
     with pytest.raises(ObjectNotFoundError):
         await Dispatcher(PEER, full_table(PEER, Stats=missing), tasks).call("me", Stats(), None)
+
+
+def test_every_frame_of_a_member_declared_dead_is_refused() -> None:
+    """docs/design.md §5, "Declared dead, then running again": a request from a member we
+    declared dead gets DeclaredDeadError (Pings included: they are how it learns), a one-way
+    from it reaches no handler, and every other member is served as before."""
+    handled: list[str] = []
+
+    def progress(origin: str, msg: Progress, payload: Any) -> None:
+        handled.append(origin)
+
+    def refuse(origin: str) -> DeclaredDeadError | None:
+        return DeclaredDeadError("declared dead", by="me") if origin == "zombie" else None
+
+    dispatcher = Dispatcher(PEER, full_table(PEER, Progress=progress), Tasks(), refuse=refuse)
+    sent: list[Any] = []
+    for origin in ("zombie", "alive"):
+        dispatcher.deliver(origin, Frame(Ping(rid=5)), lambda m, p: sent.append(m))
+        dispatcher.deliver(origin, Frame(Progress(oid=OID, received=1)), None)
+    assert sent == [Error(rid=5, code="declared_dead", message="declared dead",
+                          data={"by": "me"}), Ok(rid=5)]
+    assert handled == ["alive"]

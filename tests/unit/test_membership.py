@@ -11,7 +11,13 @@ import pytest
 
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import MemberInfo
-from hoplited.cluster.membership import OWNER_CACHE, VECTOR_MIN, Membership, rendezvous_owner
+from hoplited.cluster.membership import (
+    OWNER_CACHE,
+    VECTOR_MIN,
+    Membership,
+    rejoin_seeds,
+    rendezvous_owner,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -73,21 +79,21 @@ CASES = [
     Case("self cannot be marked dead even when alone", [
         Step(mark_dead(ME), False, ["b"]),
     ], dead=set(), ports={"b": 7000}),
-    Case("revive a dead member, at its new address", [
+    Case("a dead member is never added again under its id, at any address", [
         Step(add("a"), True, ["a", "b"], notified=["b"]),
         Step(mark_dead("a"), True, ["b"], notified=["a", "b"]),
-        Step(add("a", port=7001), True, ["a", "b"], notified=["b"]),
-        Step(mark_dead("a"), True, ["b"], notified=["a", "b"]),
-    ], dead={"a"}, ports={"a": 7001, "b": 7000}),
+        Step(add("a", port=7001), False, ["b"]),
+        Step(mark_dead("a"), False, ["b"]),
+    ], dead={"a"}, ports={"a": 7000, "b": 7000}),
     Case("alive ids stay sorted whatever the order of joins and deaths", [
         Step(add("d"), True, ["b", "d"], notified=["b"]),
         Step(add("a"), True, ["a", "b", "d"], notified=["b", "d"]),
         Step(add("c"), True, ["a", "b", "c", "d"], notified=["a", "b", "d"]),
         Step(mark_dead("b"), False, ["a", "b", "c", "d"]),
         Step(mark_dead("c"), True, ["a", "b", "d"], notified=["a", "b", "c", "d"]),
-        Step(add("c"), True, ["a", "b", "c", "d"], notified=["a", "b", "d"]),
-        Step(mark_dead("a"), True, ["b", "c", "d"], notified=["a", "b", "c", "d"]),
-    ], dead={"a"}, ports={"a": 7000, "b": 7000, "c": 7000, "d": 7000}),
+        Step(add("e"), True, ["a", "b", "d", "e"], notified=["a", "b", "d"]),
+        Step(mark_dead("a"), True, ["b", "d", "e"], notified=["a", "b", "d", "e"]),
+    ], dead={"a", "c"}, ports={"a": 7000, "b": 7000, "c": 7000, "d": 7000, "e": 7000}),
 ]
 
 
@@ -215,7 +221,7 @@ SUSPICION = [
     ([("suspect", "zz")], set(), []),  # not a member
     ([("suspect", "a"), ("dead", "a")], set(), [("a", True)]),  # the verdict supersedes it
     ([("dead", "a"), ("suspect", "a")], set(), []),  # dead already
-    ([("suspect", "a"), ("dead", "a"), ("add", "a")], set(), [("a", True)]),  # revived clean
+    ([("suspect", "a"), ("dead", "a"), ("add", "a")], set(), [("a", True)]),  # stays dead
 ]
 
 
@@ -252,8 +258,8 @@ OWNER_MOVES = [
     # the verdict on a suspected member moves nothing more: its stand-ins own its objects
     ([("suspect", "a"), ("dead", "a")], [["a", "b", "c"]], ["b", "c"]),
     ([("dead", "a")], [["a", "b", "c"]], ["b", "c"]),
-    ([("suspect", "a"), ("dead", "a"), ("add", "a")], [["a", "b", "c"], ["b", "c"]],
-     ["a", "b", "c"]),
+    # a dead member stays dead: its process comes back under another id
+    ([("suspect", "a"), ("dead", "a"), ("add", "a")], [["a", "b", "c"]], ["b", "c"]),
     ([("suspect", "a"), ("suspect", "c")], [["a", "b", "c"], ["b", "c"]], ["b"]),
     ([("suspect", ME)], [], ["a", "b", "c"]),
 ]
@@ -308,3 +314,25 @@ def test_remembered_owners_follow_every_change_of_the_owner_set() -> None:
     for oid in random_ids(OWNER_CACHE + 100, seed=7):
         assert m.owner(oid) == ME
     assert len(m._owner_of) <= OWNER_CACHE
+
+
+# --- where a member declared dead joins again ---
+REJOIN = [
+    # (members besides us (b), their ports, the dead among them, the fencer, seeds in order)
+    (["a", "c", "d"], {}, set(), "c", [("h", 3), ("h", 1), ("h", 4)]),  # the fencer first
+    (["a", "c", "d"], {}, {"a"}, "d", [("h", 4), ("h", 3)]),  # the dead are no seeds
+    (["a", "c"], {"c": 1}, set(), "a", [("h", 1)]),  # an address once
+    (["a"], {}, set(), "a", [("h", 1)]),
+]
+
+
+@pytest.mark.parametrize(("others", "ports", "dead", "by", "seeds"), REJOIN)
+def test_rejoin_seeds(others: list[str], ports: dict[str, int], dead: set[str], by: str,
+                      seeds: list[tuple[str, int]]) -> None:
+    m = Membership(MemberInfo(node_id=ME, host="h", port=2, socket="", host_id=""))
+    for n in others:
+        m.add(MemberInfo(node_id=n, host="h", port=ports.get(n, " abcd".index(n)), socket="",
+                         host_id=""))
+    for n in dead:
+        m.mark_dead(n)
+    assert rejoin_seeds(m, by) == seeds
