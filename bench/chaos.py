@@ -28,6 +28,7 @@ land mid-transfer, where on loopback many land before or after. Usage:
     python -m bench.chaos --trials 30 --seed 9 --double   # two victims per trial
     python -m bench.chaos --trials 30 --seed 13 --resume  # stopped victims run again
     python -m bench.chaos --trials 30 --seed 16 --long-pause  # ... after being declared dead
+    python -m bench.chaos --trials 30 --seed 17 --restart  # killed victims started again
 
 ``--double`` signals a second node in each trial, at a moment of its own drawn from the same
 range, with the same signal (at least 5 nodes, no backup input; a broadcast's second victim
@@ -40,6 +41,9 @@ is the same with a pause drawn from 5 to 8 s, past the heartbeat timeout: the vi
 declared dead, runs again, and must come back as a new member (docs/design.md §5, "Declared
 dead, then running again"); the trial also checks that it serves again under a new node id
 within REJOIN_WAIT and that every member then lists that id alive and the old one dead.
+``--restart`` starts a SIGKILLed victim again 0.2 to 3 s after the signal, as a supervisor
+would: a new member that joins while the run may still go on. It must hold nothing at the
+end either, and every member must list exactly the members' current ids alive.
 """
 
 from __future__ import annotations
@@ -86,7 +90,8 @@ TRIAL_TIMEOUT = 90.0  # seconds after the signal: far past any repair's bound
 LEAK_WAIT = 20.0
 PAUSE = (0.5, 3.0)  # --resume: a stopped victim's pause, below the 4 s heartbeat timeout
 LONG_PAUSE = (5.0, 8.0)  # --long-pause: past the heartbeat timeout and its interval
-REJOIN_WAIT = 20.0  # --long-pause: from the end of the run until it is a new member
+REJOIN_WAIT = 20.0  # --long-pause, --restart: from the end of the run until views agree
+RESTART = (0.2, 3.0)  # --restart: how long after its SIGKILL a victim is started again
 BAD_LOG = ("Traceback", " ERROR ")
 
 
@@ -113,6 +118,7 @@ class Trial:
     second_after: float = 0.0
     resume_after: float | None = None  # --resume: a stopped victim's pause, in seconds
     long_pause: bool = False  # --long-pause: that pause is past the heartbeat timeout
+    restart_after: float | None = None  # --restart: a killed victim started again, seconds
 
     @property
     def mid_run(self) -> bool:
@@ -127,15 +133,18 @@ class Trial:
                 else f" and node {self.second} at {self.second_after:.2f} s")
         pause = ("" if self.resume_after is None
                  else f", SIGCONT {self.resume_after:.1f} s later")
+        if self.restart_after is not None:
+            pause = f", started again {self.restart_after:.1f} s later"
         return (f"{self.op} n={self.nodes} {size} SIG{self.signal} node "
                 f"{self.victim} at {self.kill_after:.2f} s{also}{pause}{extra}")
 
 
 def draw(seed: int, number: int, double: bool = False, resume: bool = False,
-         long_pause: bool = False) -> Trial:
+         long_pause: bool = False, restart: bool = False) -> Trial:
     """Trial ``number`` of ``seed``: the same draw on every machine (``double``: with a
     second victim; ``resume``: a stopped victim runs again; ``long_pause``: only after it was
-    declared dead; every other draw unchanged)."""
+    declared dead; ``restart``: a killed victim is started again; every other draw
+    unchanged)."""
     rng = random.Random(seed * 100_003 + number)
     op = rng.choice(OPS)
     nodes = rng.randint(4, 6)
@@ -157,6 +166,8 @@ def draw(seed: int, number: int, double: bool = False, resume: bool = False,
         pause = low + (high - low) * rng.random()
         trial.resume_after = pause if trial.signal == "STOP" else None
         trial.long_pause = long_pause and trial.resume_after is not None
+    if restart and trial.signal == "KILL":
+        trial.restart_after = RESTART[0] + (RESTART[1] - RESTART[0]) * rng.random()
     return trial
 
 
@@ -203,19 +214,22 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
                 outcomes = await run_with_failure(base, ctx, cluster, trial.victim,
                                                   trial.kill_after, trial.signal,
                                                   trial.backup, trial.victim_owns, made,
-                                                  second, trial.resume_after)
+                                                  second, trial.resume_after,
+                                                  trial.restart_after)
         except TimeoutError:
             return _ended(trial, "hung", f"not over {TRIAL_TIMEOUT:g} s after the signal",
                           workdir)
+        except HopliteError as exc:  # a victim started again could not join
+            return _ended(trial, "error", f"{type(exc).__name__}: {exc}", workdir)
         trial.outcomes = [asdict(o) for o in outcomes]
         verdict, detail = _judge(outcomes)
         victims = (trial.victim, trial.second)
-        if trial.long_pause and verdict == "ok":
-            verdict, detail = await _rejoined(
+        if (trial.long_pause or trial.restart_after is not None) and verdict == "ok":
+            verdict, detail = await _views_agree(
                 cluster, {i: old_ids[i] for i in victims if i is not None}, detail)
-        # a victim that ran again must let go of everything too
-        survivors = [i for i in range(trial.nodes)
-                     if i not in victims or trial.resume_after is not None]
+        # a victim that ran again, or was started again, must let go of everything too
+        again = trial.resume_after is not None or trial.restart_after is not None
+        survivors = [i for i in range(trial.nodes) if i not in victims or again]
         for i in survivors:
             await clients[i].close()
         if verdict == "ok":
@@ -253,7 +267,7 @@ async def _delete(client: hoplite_client.Client, oids: list[hoplite_client.Objec
             pass  # never made (a failed run), or gone with its only holder
 
 
-async def _rejoined(cluster: LocalCluster, paused: dict[int, str],
+async def _views_agree(cluster: LocalCluster, paused: dict[int, str],
                     detail: str) -> tuple[str, str]:
     """Whether every member, within REJOIN_WAIT, lists exactly the members' current node ids
     alive: a victim paused past the heartbeat timeout (``paused``: its index and old node
@@ -342,10 +356,11 @@ def _ended(trial: Trial, verdict: str, detail: str, workdir: str) -> Trial:
 
 async def campaign(seed: int, numbers: list[int], json_path: str | None,
                    rate_bps: int | None = None, double: bool = False,
-                   resume: bool = False, long_pause: bool = False) -> int:
+                   resume: bool = False, long_pause: bool = False,
+                   restart: bool = False) -> int:
     trials = []
     for number in numbers:
-        trial = draw(seed, number, double, resume, long_pause)
+        trial = draw(seed, number, double, resume, long_pause, restart)
         started = time.monotonic()
         trial = await run_trial(trial, rate_bps)
         trials.append(trial)
@@ -382,12 +397,15 @@ def main() -> None:
                         help="a SIGSTOPped victim gets SIGCONT after a pause of 0.5-3 s")
     parser.add_argument("--long-pause", action="store_true",
                         help="... after a pause of 5-8 s instead: once declared dead")
+    parser.add_argument("--restart", action="store_true",
+                        help="a SIGKILLed victim is started again 0.2-3 s later")
     args = parser.parse_args()
     numbers = ([args.only] if args.only is not None
                else list(range(args.first, args.first + args.trials)))
     rate = None if args.emulate is None else parse_rate(args.emulate)
     raise SystemExit(uvloop.run(campaign(args.seed, numbers, args.json_path, rate,
-                                         args.double, args.resume, args.long_pause)))
+                                         args.double, args.resume, args.long_pause,
+                                         args.restart)))
 
 
 if __name__ == "__main__":

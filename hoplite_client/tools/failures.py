@@ -139,7 +139,8 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
                            victim_owns: bool = False,
                            made: list[hoplite_client.ObjectID] | None = None,
                            second: tuple[int, float] | None = None,
-                           resume_after: float | None = None) -> list[Outcome]:
+                           resume_after: float | None = None,
+                           restart_after: float | None = None) -> list[Outcome]:
     """Run ``op`` once, signalling node ``victim`` ``kill_after`` seconds in (``sig`` None:
     the same run without the signal); survivors' outcomes, in node order. ``backup``: a
     reduce's lost input is replaced by a backup. ``victim_owns``: the victim's shard owns
@@ -147,7 +148,10 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     ``second``: another node, and its own moment, that gets the same signal
     (``check_second``). ``resume_after``: a stopped victim runs again that many seconds
     after its SIGSTOP (a pause: suspected, then trusted again, never declared dead if
-    shorter than the heartbeat timeout); it stays out of the survivors all the same."""
+    shorter than the heartbeat timeout); it stays out of the survivors all the same.
+    ``restart_after``: a killed victim is started again that many seconds after its SIGKILL,
+    as a supervisor would (a new member, joining while the run may still go on); the run
+    counts as over once it has joined, and a failed start raises its error."""
     clients = ctx.clients
     n = len(clients)
     owner = cluster.nodes[victim].node_id if victim_owns else None
@@ -161,6 +165,12 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
 
     helper = clients[helper_for(victims, n)]
     resumes: list[float] = []  # when each paused victim runs again (the loop's clock)
+    restarts: list[asyncio.Future[Any]] = []  # each killed victim started again
+
+    async def restart(node: int) -> None:
+        assert restart_after is not None
+        await asyncio.sleep(restart_after)
+        await cluster.restart(node)
 
     async def signal_one(node: int, after: float) -> None:
         assert sig is not None
@@ -170,6 +180,8 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
             loop = asyncio.get_running_loop()
             loop.call_later(resume_after, cluster.kill, node, signal.SIGCONT)
             resumes.append(loop.time() + resume_after)
+        if restart_after is not None and sig == "KILL":
+            restarts.append(asyncio.ensure_future(restart(node)))
         if ids and not backup:  # the restarted task: the lost input again, elsewhere
             await put_again(helper, ids[node], ctx.data(node))
 
@@ -195,6 +207,8 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
         await asyncio.gather(killer, return_exceptions=True)
         if resumes:  # the paused victims run again before the run counts as over
             await asyncio.sleep(max(0.0, max(resumes) - asyncio.get_running_loop().time()))
+        for started in restarts:  # and the killed ones have joined again
+            await started
     # checked once every survivor is done: a check takes a core for a moment, and done
     # inside the run it would hold up the next survivor's clock
     for outcome, check in ended:
