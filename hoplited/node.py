@@ -25,6 +25,8 @@ from hoplited.clients.session import SessionDeps
 from hoplited.cluster.link_model import LinkModel
 from hoplited.cluster.links import Links
 from hoplited.cluster.membership import Membership, OwnerSet, rejoin_seeds
+from hoplited.cluster.partitions import refused_yields
+from hoplited.cluster.probing import Prober
 from hoplited.cluster.service import ClusterService
 from hoplited.collectives.allreduce import AllreduceDeps, Allreduces
 from hoplited.collectives.coordinator import CoordinatorDeps
@@ -130,7 +132,9 @@ class Daemon:
                      link_model.observe_bandwidth, traffic, tasks, cfg.stall_timeout),
             cfg.ring_wait, lambda: (link_model.bandwidth, link_model.latency), cfg.pair))
         sender = Sender(store, traffic, fetcher.fetching, allreduces.serve_ring)
-        cluster = ClusterService(self.identity, membership, links)
+        cluster = ClusterService(self.identity, membership, links, self.fenced)
+        prober = Prober(self.identity, membership, tasks, first=cfg.heartbeat_timeout,
+                        fenced=self.fenced, run_again=self.run_again)
         status = NodeStatus(membership, store, shard, link_model, traffic, rpc, gauges={
             "clients": lambda: len(listener), "reduce_tasks": lambda: len(worker.slots),
             "reduce_folds": lambda: worker.folds,
@@ -158,7 +162,8 @@ class Daemon:
             if not membership.declared_dead(origin):
                 return None
             return DeclaredDeadError(f"{self.node_id} declared {origin} dead; it must join "
-                                     f"again as a new member", by=self.node_id)
+                                     f"again as a new member", by=self.node_id,
+                                     alive=",".join(membership.alive_ids()))
 
         rpc.serve(peer=Dispatcher(PEER, handlers, tasks, errors, refuse),
                   tool=Dispatcher(TOOL, handlers, tasks, errors),
@@ -170,6 +175,7 @@ class Daemon:
                 member = membership.members[node]
                 connections.warm(node, member.host, member.port)
             for node in set(previous) - set(membership.alive_ids()):
+                prober.died(node)
                 shard.forget_node(node)
                 reductions.node_died(node)
                 allreduces.node_died(node)
@@ -201,6 +207,7 @@ class Daemon:
         membership.suspicion_listeners.append(suspicion_changed)
         membership.owner_listeners.append(owners_changed)
         rpc.listen(sock)
+        prober.start()
         listener.start()
         if cfg.metrics_port is not None:
             self._metrics = MetricsServer(registry_for(status.local), cfg.host, cfg.metrics_port)
@@ -225,15 +232,32 @@ class Daemon:
     def request_stop(self) -> None:
         self._stopped.set()
 
-    def fenced(self, by: str) -> None:
-        """Member ``by`` answered that it declared us dead (we were silent past the heartbeat
-        timeout, e.g. stopped): stop, to run again as a new member (docs/design.md §5,
-        "Declared dead, then running again")."""
+    def fenced(self, by: str, alive: list[str]) -> None:
+        """Member ``by``, whose live set is ``alive``, declared us dead (we were frozen past
+        the heartbeat timeout, or cut off): the side rule says whether we run again as a new
+        member or it does, and then it is dead to us too (docs/design.md §5, "Declared dead,
+        then running again", "Partitions heal")."""
         if self.rejoin is not None:
             return
-        self.rejoin = rejoin_seeds(self.membership, by)
-        log.warning("member %s declared us (%s) dead: stopping, to join again as a new member",
-                    by, self.node_id)
+        mine = self.membership.alive_ids()
+        if refused_yields(alive, mine):
+            self.run_again(by, f"member {by} declared us dead, and its side ({len(alive)} "
+                               f"members) outweighs ours")
+            return
+        link = self._links.get(by) if self._links is not None else None
+        if link is not None and not link.liveness.dead:
+            log.warning("member %s declared us dead, but our side (%d members) outweighs its "
+                        "(%d): it runs again as a new member, not us", by,
+                        len(set(mine) - set(alive)), len(alive))
+            link.condemn("it declared us dead, and its side is the smaller")
+
+    def run_again(self, winner: str, why: str) -> None:
+        """Stop, to run again as a new member joining through ``winner`` first."""
+        if self.rejoin is not None:
+            return
+        self.rejoin = rejoin_seeds(self.membership, winner)
+        log.warning("%s: node %s stops, to join again as a new member through %s", why,
+                    self.node_id, winner)
         self.request_stop()
 
     async def stop(self) -> None:

@@ -463,6 +463,25 @@ class Cancel(WireMessage):
     request: int
 
 
+@message(81, shape="request", roles=(PEER,))
+class Probe(Request["Alive"]):
+    """From a member that declared the receiver dead and asks whether it runs; ``alive``: the
+    sender's live set. Refused (``declared_dead``) if the receiver declared the sender dead
+    too, else answered with the receiver's (docs/design.md §5, "Partitions heal")."""
+
+    rid: int = 0
+    alive: list[str]
+
+
+@message(82, shape="reply")
+class Alive(Reply):
+    """The answer to a ``Probe``: the receiver's live set, on which it decided which side
+    runs again (``hoplited/cluster/partitions.py``)."""
+
+    rid: int = 0
+    alive: list[str]
+
+
 @message(50, shape="request", roles=(PEER,))
 class Drop(Request["Ok"]):
     """The directory tells a holder to drop its copy of a deleted object (the delete returns

@@ -41,6 +41,7 @@ from hoplite_client.wire.errors import (
 from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.messages import MemberInfo, Ping, Request, WireMessage
 from hoplited.cluster import liveness as lv
+from hoplited.cluster.partitions import parse_alive
 from hoplited.cluster.watching import watched_by
 
 log = logging.getLogger("hoplited.links")
@@ -57,7 +58,8 @@ class PeerLink:
                  on_suspect: Callable[[str, bool], None] = lambda node, suspected: None,
                  suspect_after: float | None = None, watched: bool = True,
                  on_warn: Callable[[str, bool], None] = lambda node, dead: None,
-                 on_fenced: Callable[[str], None] = lambda node: None) -> None:
+                 on_fenced: Callable[[str, list[str]], None] = lambda node, alive: None
+                 ) -> None:
         self.member = member
         self.me = me
         self.interval = interval
@@ -66,7 +68,8 @@ class PeerLink:
         self.on_rtt = on_rtt
         self.on_suspect = on_suspect
         self.on_warn = on_warn
-        self.on_fenced = on_fenced  # the member answered that it declared us dead
+        # the member answered that it declared us dead; with its live set
+        self.on_fenced = on_fenced
         self.channel: Channel | None = None
         self.liveness = lv.Liveness(interval, timeout, time.monotonic(), suspect_after, watched)
         self.watched = watched  # as last asked (the core hears of it when the heartbeat runs)
@@ -125,8 +128,8 @@ class PeerLink:
             timeout = max(0.0, timeout - (time.monotonic() - started))
         try:
             frame = await channel.request(msg, payload, timeout)
-        except DeclaredDeadError:
-            self.on_fenced(self.node_id)
+        except DeclaredDeadError as exc:
+            self.on_fenced(self.node_id, parse_alive(str(exc.data.get("alive", ""))))
             raise
         self._apply(self.liveness.handle(lv.Seen(time.monotonic())))
         return frame
@@ -220,13 +223,17 @@ class PeerLink:
                 await channel.request(Ping())
         except ConnectionLostError as exc:
             return lv.Failed(time.monotonic(), "refused" if refused(exc) else "lost")
-        except DeclaredDeadError:  # it answers, but has declared us dead
-            self.on_fenced(self.node_id)
+        except DeclaredDeadError as exc:  # it answers, but has declared us dead
+            self.on_fenced(self.node_id, parse_alive(str(exc.data.get("alive", ""))))
             return lv.Failed(time.monotonic(), "timeout")
         except (TimeoutError, HopliteError, OSError):
             return lv.Failed(time.monotonic(), "timeout")
         now = time.monotonic()
         return lv.Answered(now, now - sent)
+
+    def condemn(self, reason: str) -> None:
+        """Declare the member dead now, for ``reason`` (it refuses us, and its side lost)."""
+        self._apply(self.liveness.handle(lv.Verdict(time.monotonic(), reason)))
 
     def refused(self) -> None:
         """A connection to the member was refused (by this link or any other dial of ours,
@@ -274,7 +281,8 @@ class Links:
                  on_suspect: Callable[[str, bool], None] = lambda node, suspected: None,
                  suspect_after: float | None = None, watchers: int = 16,
                  on_warn: Callable[[str, bool], None] = lambda node, dead: None,
-                 on_fenced: Callable[[str], None] = lambda node: None) -> None:
+                 on_fenced: Callable[[str, list[str]], None] = lambda node, alive: None
+                 ) -> None:
         self._me = me
         self._interval = interval
         self._timeout = timeout

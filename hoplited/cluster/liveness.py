@@ -135,7 +135,16 @@ class Alarm:
     dead: bool
 
 
-Event: TypeAlias = Tick | Answered | Failed | Seen | Closed | Watch | Alarm
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Another rule declared the peer dead: it refuses us, and its side of a disagreement
+    lost (``partitions.py``); it runs again as a new member."""
+
+    now: float
+    reason: str
+
+
+Event: TypeAlias = Tick | Answered | Failed | Seen | Closed | Watch | Alarm | Verdict
 
 
 # --- instructions ---
@@ -279,6 +288,8 @@ class Liveness:
             return self._answered(event)
         if isinstance(event, Failed):
             return self._failed(event.kind)
+        if isinstance(event, Verdict):
+            return self._die(event.reason)
         if isinstance(event, Watch):
             if event.watched:
                 self._wake()  # as a new link does

@@ -1,16 +1,19 @@
-"""Joining the cluster and learning of members: Join, MemberUp, Ping and Alarm.
+"""Joining the cluster and learning of members: Join, MemberUp, Ping, Alarm and Probe.
 
 ``--join`` names any member; it answers with the live membership and tells the others
 (MemberUp), so every member knows every other one. A link per member runs the heartbeat
 (:mod:`.links`) for the members this node watches (:mod:`.watching`); a member found dead is
 marked so in :class:`~.membership.Membership`, whose listeners move directory ownership. A
 watcher that finds a member silent tells the members that do not watch it (Alarm), and each
-of them asks the member itself (docs/design.md §5, "Watchers").
+of them asks the member itself (docs/design.md §5, "Watchers"). A member that declared us
+dead and probes us (Probe, :mod:`.probing`) gets our live set, and the side rule decides
+which of us runs again as a new member (docs/design.md §5, "Partitions heal").
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from hoplite_client.net.channel import Channel
 from hoplite_client.net.handshake import HANDSHAKE_TIMEOUT, Identity, dial
@@ -22,12 +25,14 @@ from hoplite_client.wire.errors import (
 )
 from hoplite_client.wire.messages import (
     Alarm,
+    Alive,
     Join,
     MemberInfo,
     Members,
     MemberUp,
     Ok,
     Ping,
+    Probe,
     WireMessage,
 )
 from hoplited.cluster.links import Links
@@ -41,14 +46,16 @@ log = logging.getLogger("hoplited.cluster")
 class ClusterService:
     """This node's membership: joining, adding members, answering their pings."""
 
-    def __init__(self, identity: Identity, membership: Membership, links: Links) -> None:
+    def __init__(self, identity: Identity, membership: Membership, links: Links,
+                 fenced: Callable[[str, list[str]], None]) -> None:
         self._identity = identity
         self._membership = membership
         self._links = links
+        self._fenced = fenced  # a member with this live set declared us dead
 
     def handlers(self) -> dict[type[WireMessage], Handler]:
         return {Join: self.on_join, MemberUp: self.on_member_up, Ping: self.on_ping,
-                Alarm: self.on_alarm}
+                Alarm: self.on_alarm, Probe: self.on_probe}
 
     async def join(self, seeds: list[tuple[str, int]]) -> None:
         """Join through the first seed that answers; learn the whole membership from it."""
@@ -95,6 +102,15 @@ class ClusterService:
 
     def on_ping(self, peer: str, msg: Ping, payload: memoryview | None) -> Ok:
         return Ok()
+
+    def on_probe(self, peer: str, msg: Probe, payload: memoryview | None) -> Alive:
+        """``peer`` declared us dead and asks whether we run (had we declared it dead, the
+        dispatcher would have refused it): answer with our live set, then let the side rule
+        decide, on the same two sets, whether we run again as a new member or it does
+        (docs/design.md §5, "Partitions heal")."""
+        alive = Alive(alive=list(self._membership.alive_ids()))
+        self._fenced(peer, list(msg.alive))
+        return alive
 
     def warn(self, node: str, dead: bool) -> None:
         """We watch ``node`` and found it silent: tell the members that do not watch it."""
