@@ -29,6 +29,7 @@ land mid-transfer, where on loopback many land before or after. Usage:
     python -m bench.chaos --trials 30 --seed 13 --resume  # stopped victims run again
     python -m bench.chaos --trials 30 --seed 16 --long-pause  # ... after being declared dead
     python -m bench.chaos --trials 30 --seed 17 --restart  # killed victims started again
+    python -m bench.chaos --trials 30 --seed 19 --emulate 1Gbit --partition  # cut off, healed
 
 ``--double`` signals a second node in each trial, at a moment of its own drawn from the same
 range, with the same signal (at least 5 nodes, no backup input; a broadcast's second victim
@@ -44,6 +45,11 @@ within REJOIN_WAIT and that every member then lists that id alive and the old on
 ``--restart`` starts a SIGKILLed victim again 0.2 to 3 s after the signal, as a supervisor
 would: a new member that joins while the run may still go on. It must hold nothing at the
 end either, and every member must list exactly the members' current ids alive.
+``--partition`` (with ``--emulate``) replaces each trial's signal by a cut: the victim's host
+is cut off from all the others (blackhole routes) for 1 to 8 s, then joined again. A short
+cut makes it suspected, a long one declared dead on both sides of the cut, and then the
+smaller side (the victim) must come back as a new member (docs/design.md §5, "Partitions
+heal"); the views and the let-go are checked as above.
 """
 
 from __future__ import annotations
@@ -92,6 +98,7 @@ PAUSE = (0.5, 3.0)  # --resume: a stopped victim's pause, below the 4 s heartbea
 LONG_PAUSE = (5.0, 8.0)  # --long-pause: past the heartbeat timeout and its interval
 REJOIN_WAIT = 20.0  # --long-pause, --restart: from the end of the run until views agree
 RESTART = (0.2, 3.0)  # --restart: how long after its SIGKILL a victim is started again
+CUT_FOR = (1.0, 8.0)  # --partition: how long the victim's host is cut off
 BAD_LOG = ("Traceback", " ERROR ")
 
 
@@ -135,16 +142,19 @@ class Trial:
                  else f", SIGCONT {self.resume_after:.1f} s later")
         if self.restart_after is not None:
             pause = f", started again {self.restart_after:.1f} s later"
+        if self.signal == "CUT":
+            return (f"{self.op} n={self.nodes} {size} node {self.victim} cut off at "
+                    f"{self.kill_after:.2f} s for {self.resume_after:.1f} s{extra}")
         return (f"{self.op} n={self.nodes} {size} SIG{self.signal} node "
                 f"{self.victim} at {self.kill_after:.2f} s{also}{pause}{extra}")
 
 
 def draw(seed: int, number: int, double: bool = False, resume: bool = False,
-         long_pause: bool = False, restart: bool = False) -> Trial:
+         long_pause: bool = False, restart: bool = False, partition: bool = False) -> Trial:
     """Trial ``number`` of ``seed``: the same draw on every machine (``double``: with a
     second victim; ``resume``: a stopped victim runs again; ``long_pause``: only after it was
-    declared dead; ``restart``: a killed victim is started again; every other draw
-    unchanged)."""
+    declared dead; ``restart``: a killed victim is started again; ``partition``: the victim
+    is cut off instead of signalled; every other draw unchanged)."""
     rng = random.Random(seed * 100_003 + number)
     op = rng.choice(OPS)
     nodes = rng.randint(4, 6)
@@ -168,6 +178,9 @@ def draw(seed: int, number: int, double: bool = False, resume: bool = False,
         trial.long_pause = long_pause and trial.resume_after is not None
     if restart and trial.signal == "KILL":
         trial.restart_after = RESTART[0] + (RESTART[1] - RESTART[0]) * rng.random()
+    if partition:
+        trial.signal = "CUT"
+        trial.resume_after = CUT_FOR[0] + (CUT_FOR[1] - CUT_FOR[0]) * rng.random()
     return trial
 
 
@@ -224,7 +237,8 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
         trial.outcomes = [asdict(o) for o in outcomes]
         verdict, detail = _judge(outcomes)
         victims = (trial.victim, trial.second)
-        if (trial.long_pause or trial.restart_after is not None) and verdict == "ok":
+        if (trial.long_pause or trial.restart_after is not None
+                or trial.signal == "CUT") and verdict == "ok":
             verdict, detail = await _views_agree(
                 cluster, {i: old_ids[i] for i in victims if i is not None}, detail)
         # a victim that ran again, or was started again, must let go of everything too
@@ -357,10 +371,10 @@ def _ended(trial: Trial, verdict: str, detail: str, workdir: str) -> Trial:
 async def campaign(seed: int, numbers: list[int], json_path: str | None,
                    rate_bps: int | None = None, double: bool = False,
                    resume: bool = False, long_pause: bool = False,
-                   restart: bool = False) -> int:
+                   restart: bool = False, partition: bool = False) -> int:
     trials = []
     for number in numbers:
-        trial = draw(seed, number, double, resume, long_pause, restart)
+        trial = draw(seed, number, double, resume, long_pause, restart, partition)
         started = time.monotonic()
         trial = await run_trial(trial, rate_bps)
         trials.append(trial)
@@ -399,13 +413,18 @@ def main() -> None:
                         help="... after a pause of 5-8 s instead: once declared dead")
     parser.add_argument("--restart", action="store_true",
                         help="a SIGKILLed victim is started again 0.2-3 s later")
+    parser.add_argument("--partition", action="store_true",
+                        help="cut the victim off for 1-8 s instead of a signal (--emulate)")
     args = parser.parse_args()
+    if args.partition and (args.emulate is None or args.double or args.resume
+                           or args.long_pause or args.restart):
+        parser.error("--partition needs --emulate, and goes with no other failure option")
     numbers = ([args.only] if args.only is not None
                else list(range(args.first, args.first + args.trials)))
     rate = None if args.emulate is None else parse_rate(args.emulate)
     raise SystemExit(uvloop.run(campaign(args.seed, numbers, args.json_path, rate,
                                          args.double, args.resume, args.long_pause,
-                                         args.restart)))
+                                         args.restart, args.partition)))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from numpy.typing import NDArray
 import hoplite_client
 from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.tools.scenarios import BenchContext, put_all, reduced_ok, same_bytes
+from hoplite_client.tools.testbed import EmulatedCluster
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError
 from hoplited.cluster.membership import rendezvous_owner
 
@@ -151,7 +152,9 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     shorter than the heartbeat timeout); it stays out of the survivors all the same.
     ``restart_after``: a killed victim is started again that many seconds after its SIGKILL,
     as a supervisor would (a new member, joining while the run may still go on); the run
-    counts as over once it has joined, and a failed start raises its error."""
+    counts as over once it has joined, and a failed start raises its error. ``sig`` "CUT"
+    (an emulated cluster only, one victim): the victim's host is cut off from every other
+    host for ``resume_after`` seconds, then joined again (``Testbed.partition``)."""
     clients = ctx.clients
     n = len(clients)
     owner = cluster.nodes[victim].node_id if victim_owns else None
@@ -165,23 +168,37 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
 
     helper = clients[helper_for(victims, n)]
     resumes: list[float] = []  # when each paused victim runs again (the loop's clock)
-    restarts: list[asyncio.Future[Any]] = []  # each killed victim started again
+    returns: list[asyncio.Future[Any]] = []  # each killed victim started again, or cut healed
+    cut = [[victim], [i for i in range(n) if i != victim]]
+    testbed = cluster.testbed if isinstance(cluster, EmulatedCluster) else None
+    if sig == "CUT" and (testbed is None or second is not None or resume_after is None):
+        raise InvalidArgumentError("a cut needs an emulated cluster, one victim and its length")
 
     async def restart(node: int) -> None:
         assert restart_after is not None
         await asyncio.sleep(restart_after)
         await cluster.restart(node)
 
+    async def heal() -> None:
+        assert resume_after is not None and testbed is not None
+        await asyncio.sleep(resume_after)
+        await testbed.partition(cut, heal=True)
+
     async def signal_one(node: int, after: float) -> None:
         assert sig is not None
         await asyncio.sleep(max(0.0, t0 + after - time.perf_counter()))
-        cluster.kill(node, SIGNALS[sig])
+        if sig == "CUT":
+            assert testbed is not None
+            await testbed.partition(cut)
+            returns.append(asyncio.ensure_future(heal()))
+        else:
+            cluster.kill(node, SIGNALS[sig])
         if resume_after is not None and sig == "STOP":
             loop = asyncio.get_running_loop()
             loop.call_later(resume_after, cluster.kill, node, signal.SIGCONT)
             resumes.append(loop.time() + resume_after)
         if restart_after is not None and sig == "KILL":
-            restarts.append(asyncio.ensure_future(restart(node)))
+            returns.append(asyncio.ensure_future(restart(node)))
         if ids and not backup:  # the restarted task: the lost input again, elsewhere
             await put_again(helper, ids[node], ctx.data(node))
 
@@ -207,8 +224,8 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
         await asyncio.gather(killer, return_exceptions=True)
         if resumes:  # the paused victims run again before the run counts as over
             await asyncio.sleep(max(0.0, max(resumes) - asyncio.get_running_loop().time()))
-        for started in restarts:  # and the killed ones have joined again
-            await started
+        for back in returns:  # the killed ones have joined again, a cut is healed
+            await back
     # checked once every survivor is done: a check takes a core for a moment, and done
     # inside the run it would hold up the next survivor's clock
     for outcome, check in ended:

@@ -519,6 +519,20 @@ class Testbed:
                 f"link set {host.ifname} addrgenmode none\n"
                 f"link set {host.ifname} up\n")
 
+    async def partition(self, groups: Sequence[Sequence[int]], heal: bool = False) -> None:
+        """Cut the hosts of each group off from the other groups' hosts (``heal``: join them
+        again): blackhole routes in their namespaces drop whatever crosses between groups, in
+        both directions, and nothing else (docs/design.md §5, "Partitions heal")."""
+        op = "del" if heal else "add"
+        batches: dict[int, str] = {}
+        for group in groups:
+            others = [j for other in groups if other is not group for j in other]
+            for i in group:
+                batches[i] = "".join(f"route {op} blackhole {self.hosts[j].ip}/32\n"
+                                     for j in others)
+        await _all(*(_run(["ip", "-n", self.hosts[i].netns, "-batch", "-"], batch)
+                     for i, batch in batches.items() if batch))
+
     def down(self) -> None:
         """Remove everything this test bed created (idempotent; blocking, so that a second
         Ctrl-C cannot cut it short)."""

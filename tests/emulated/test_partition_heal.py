@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from typing import Any
 
 import numpy as np
@@ -18,25 +17,13 @@ import pytest
 from helpers import FAST_HEARTBEAT, IO_TIMEOUT, MiB, eventually
 
 import hoplite_client as hc
-from hoplite_client.tools.testbed import Testbed, emulated_cluster
+from hoplite_client.tools.testbed import emulated_cluster
 
 RATE = 1_000_000_000
 N = 4
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                                 reason="the emulated cluster needs root and iproute2")
-
-
-def routes(testbed: Testbed, groups: list[list[int]], op: str) -> None:
-    """Add (``op`` "add") or remove ("del") blackhole routes between every two groups."""
-    for group in groups:
-        for other in groups:
-            if other is group:
-                continue
-            for i in group:
-                for j in other:
-                    subprocess.run(["ip", "-n", testbed.hosts[i].netns, "route", op,
-                                    "blackhole", f"{testbed.hosts[j].ip}/32"], check=True)
 
 
 async def view(socket: str) -> tuple[str, set[str]] | None:
@@ -74,7 +61,7 @@ async def test_the_smaller_side_of_a_healed_partition_joins_the_larger(
             kept_id = await client.put(kept)
         finally:
             await client.close()
-        routes(cluster.testbed, groups, "add")
+        await cluster.testbed.partition(groups)
         try:
             async def split() -> bool:
                 for group in groups:
@@ -86,7 +73,7 @@ async def test_the_smaller_side_of_a_healed_partition_joins_the_larger(
 
             await eventually(split, timeout=60, what="each group declaring the other dead")
         finally:
-            routes(cluster.testbed, groups, "del")
+            await cluster.testbed.partition(groups, heal=True)
 
         async def healed() -> list[str] | None:
             views = [await view(s) for s in cluster.sockets]
