@@ -25,7 +25,7 @@ from hoplited.clients.session import SessionDeps
 from hoplited.cluster.link_model import LinkModel
 from hoplited.cluster.links import Links
 from hoplited.cluster.membership import Membership, OwnerSet, rejoin_seeds
-from hoplited.cluster.partitions import refused_yields
+from hoplited.cluster.partitions import plausible, refused_yields
 from hoplited.cluster.probing import Prober
 from hoplited.cluster.service import ClusterService
 from hoplited.collectives.allreduce import AllreduceDeps, Allreduces
@@ -238,6 +238,10 @@ class Daemon:
         member or it does, and then it is dead to us too (docs/design.md §5, "Declared dead,
         then running again", "Partitions heal")."""
         if self.rejoin is not None:
+            return
+        if not plausible(by, alive, self.node_id):
+            log.info("member %s refuses us with a live set that does not count itself alive "
+                     "and us dead: it decides nothing", by)
             return
         mine = self.membership.alive_ids()
         if refused_yields(alive, mine):

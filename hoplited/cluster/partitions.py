@@ -51,6 +51,14 @@ def refused_yields(refuser_alive: Iterable[str], refused_alive: Iterable[str]) -
     return min(theirs) < min(ours)
 
 
+def plausible(refuser: str, refuser_alive: Iterable[str], refused: str) -> bool:
+    """Whether ``refuser_alive`` can be the live set of a member ``refuser`` that declared
+    ``refused`` dead: it counts itself, and not the member it declared dead. Anything else
+    (a confused or hostile sender) decides nothing."""
+    alive = set(refuser_alive)
+    return refuser in alive and refused not in alive
+
+
 def parse_alive(text: str) -> list[str]:
     """A live set as a refusal carries it (error data are plain values: ids joined by ',')."""
     return [node for node in text.split(",") if node]

@@ -98,6 +98,8 @@ class Prober:
             except HopliteError:
                 return "silent"
             theirs = frame.msg.alive
+            if node not in theirs:  # a live set without its own member decides nothing
+                return "answered"
             if not refused_yields(sent, theirs):  # we are the refuser, and our side lost
                 self._run_again(node, f"member {node}, declared dead, runs, and our side "
                                       f"({len(sent)} members) is the smaller")

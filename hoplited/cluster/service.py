@@ -21,6 +21,7 @@ from hoplite_client.wire.errors import (
     ConnectionLostError,
     HopliteError,
     HopliteTimeoutError,
+    InvalidArgumentError,
     UnreachableError,
 )
 from hoplite_client.wire.messages import (
@@ -37,6 +38,7 @@ from hoplite_client.wire.messages import (
 )
 from hoplited.cluster.links import Links
 from hoplited.cluster.membership import Membership
+from hoplited.cluster.partitions import plausible
 from hoplited.cluster.watching import to_alarm
 from hoplited.dispatch import Handler
 
@@ -108,6 +110,10 @@ class ClusterService:
         dispatcher would have refused it): answer with our live set, then let the side rule
         decide, on the same two sets, whether we run again as a new member or it does
         (docs/design.md §5, "Partitions heal")."""
+        me = self._identity.node_id
+        if peer not in self._membership.members or not plausible(peer, msg.alive, me):
+            raise InvalidArgumentError(f"a Probe from {peer}, which is not a member or does "
+                                       f"not count itself alive and us dead, decides nothing")
         alive = Alive(alive=list(self._membership.alive_ids()))
         self._fenced(peer, list(msg.alive))
         return alive

@@ -7,7 +7,7 @@ import pytest
 from helpers import top_level_imports
 
 import hoplited.cluster.partitions as partitions_module
-from hoplited.cluster.partitions import DeadProbes, parse_alive, refused_yields
+from hoplited.cluster.partitions import DeadProbes, parse_alive, plausible, refused_yields
 
 ALL = ["a", "b", "c", "d", "e"]
 
@@ -49,6 +49,17 @@ def test_after_a_partition_exactly_one_side_yields(refuser: list[str],
     """Both sides declared each other dead: each decides as the refused one on the other's
     refusal, and exactly one of them yields."""
     assert refused_yields(refuser, refused) != refused_yields(refused, refuser)
+
+
+@pytest.mark.parametrize(("refuser", "alive", "refused", "ok"), [
+    ("a", ["a", "b"], "c", True),
+    ("a", ["b", "c"], "d", False),  # it does not count itself
+    ("a", ["a", "c"], "c", False),  # it counts alive the member it declared dead
+    ("a", [], "c", False),  # an empty (or unparsable) live set
+])
+def test_only_a_plausible_refusal_decides(refuser: str, alive: list[str], refused: str,
+                                          ok: bool) -> None:
+    assert plausible(refuser, alive, refused) is ok
 
 
 def test_parse_alive() -> None:
