@@ -18,14 +18,12 @@ from collections import Counter
 from hoplite_client.net.endpoints import host_id
 from hoplite_client.net.handshake import Identity
 from hoplite_client.net.protocol import FrameProtocol
-from hoplite_client.wire.errors import DeclaredDeadError
 from hoplite_client.wire.messages import PEER, TOOL, MemberInfo
 from hoplited.clients.listener import ClientListener
 from hoplited.clients.session import SessionDeps
 from hoplited.cluster.link_model import LinkModel
 from hoplited.cluster.links import Links
 from hoplited.cluster.membership import Membership, OwnerSet, rejoin_seeds
-from hoplited.cluster.partitions import plausible, refused_yields
 from hoplited.cluster.probing import Prober
 from hoplited.cluster.service import ClusterService
 from hoplited.collectives.allreduce import AllreduceDeps, Allreduces
@@ -93,7 +91,7 @@ class Daemon:
                                     membership.mark_dead, link_model.observe_rtt,
                                     membership.suspect, cfg.suspect_after, cfg.watchers,
                                     on_warn=lambda node, dead: cluster.warn(node, dead),
-                                    on_fenced=self.fenced)
+                                    on_fenced=lambda node, alive: prober.fenced(node, alive))
         verdict_within = cfg.heartbeat_timeout + 2 * cfg.heartbeat_interval  # a death's news
         self._rpc = rpc = Rpc(self.identity, membership, links, tasks,
                               retry_window=verdict_within)
@@ -132,9 +130,9 @@ class Daemon:
                      link_model.observe_bandwidth, traffic, tasks, cfg.stall_timeout),
             cfg.ring_wait, lambda: (link_model.bandwidth, link_model.latency), cfg.pair))
         sender = Sender(store, traffic, fetcher.fetching, allreduces.serve_ring)
-        cluster = ClusterService(self.identity, membership, links, self.fenced)
-        prober = Prober(self.identity, membership, tasks, first=cfg.heartbeat_timeout,
-                        fenced=self.fenced, run_again=self.run_again)
+        prober = Prober(self.identity, membership, links, tasks, first=cfg.heartbeat_timeout,
+                        run_again=self.run_again)
+        cluster = ClusterService(self.identity, membership, links, prober.fenced)
         status = NodeStatus(membership, store, shard, link_model, traffic, rpc, gauges={
             "clients": lambda: len(listener), "reduce_tasks": lambda: len(worker.slots),
             "reduce_folds": lambda: worker.folds,
@@ -156,16 +154,7 @@ class Daemon:
                     **DirectoryService(shard, self.node_id, membership.owner,
                                        membership.is_alive, rpc, tasks).handlers(),
                     **worker.handlers(), **reductions.handlers(), **allreduces.handlers()}
-        def refuse(origin: str) -> DeclaredDeadError | None:
-            """Everything a member we declared dead sends is refused: it must come back
-            under a new id (docs/design.md §5, "Declared dead, then running again")."""
-            if not membership.declared_dead(origin):
-                return None
-            return DeclaredDeadError(f"{self.node_id} declared {origin} dead; it must join "
-                                     f"again as a new member", by=self.node_id,
-                                     alive=",".join(membership.alive_ids()))
-
-        rpc.serve(peer=Dispatcher(PEER, handlers, tasks, errors, refuse),
+        rpc.serve(peer=Dispatcher(PEER, handlers, tasks, errors, membership.refusal),
                   tool=Dispatcher(TOOL, handlers, tasks, errors),
                   data=sender.serve)
 
@@ -231,29 +220,6 @@ class Daemon:
 
     def request_stop(self) -> None:
         self._stopped.set()
-
-    def fenced(self, by: str, alive: list[str]) -> None:
-        """Member ``by``, whose live set is ``alive``, declared us dead (we were frozen past
-        the heartbeat timeout, or cut off): the side rule says whether we run again as a new
-        member or it does, and then it is dead to us too (docs/design.md §5, "Declared dead,
-        then running again", "Partitions heal")."""
-        if self.rejoin is not None:
-            return
-        if not plausible(by, alive, self.node_id):
-            log.info("member %s refuses us with a live set that does not count itself alive "
-                     "and us dead: it decides nothing", by)
-            return
-        mine = self.membership.alive_ids()
-        if refused_yields(alive, mine):
-            self.run_again(by, f"member {by} declared us dead, and its side ({len(alive)} "
-                               f"members) outweighs ours")
-            return
-        link = self._links.get(by) if self._links is not None else None
-        if link is not None and not link.liveness.dead:
-            log.warning("member %s declared us dead, but our side (%d members) outweighs its "
-                        "(%d): it runs again as a new member, not us", by,
-                        len(set(mine) - set(alive)), len(alive))
-            link.condemn("it declared us dead, and its side is the smaller")
 
     def run_again(self, winner: str, why: str) -> None:
         """Stop, to run again as a new member joining through ``winner`` first."""

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from hoplite_client.wire.errors import DeclaredDeadError
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import MemberInfo
 
@@ -161,6 +162,16 @@ class Membership:
     def declared_dead(self, node_id: str) -> bool:
         """We declared ``node_id`` dead: everything it sends under that id is refused."""
         return node_id in self.dead
+
+    def refusal(self, origin: str) -> DeclaredDeadError | None:
+        """The error every frame from ``origin`` is refused with, if we declared it dead: it
+        carries our live set, on which the side rule decides (docs/design.md §5, "Declared
+        dead, then running again", "Partitions heal")."""
+        if origin not in self.dead:
+            return None
+        me = self.me.node_id
+        return DeclaredDeadError(f"{me} declared {origin} dead; it must join again as a new "
+                                 f"member", by=me, alive=",".join(self._alive))
 
     def mark_dead(self, node_id: str) -> bool:
         """Declare a member dead; returns True if it was alive."""

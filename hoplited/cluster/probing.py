@@ -1,5 +1,5 @@
-"""Probing the members declared dead, so that a partition heals (docs/design.md §5, "Partitions
-heal").
+"""Probing the members declared dead, so that a partition heals, and acting on a member that
+declared us dead (docs/design.md §5, "Partitions heal").
 
 Two groups cut off from each other for longer than the heartbeat timeout declare each other
 dead, and fencing then refuses whatever one sends the other: without a probe they would never
@@ -8,9 +8,9 @@ each due time it dials a dead member's address and sends ``Probe`` with our live
 dial, or another node id at the address, means its process is gone (no more probes); no answer
 means it is still cut off (probed again later). An answer settles which side runs again as new
 members, by :func:`~hoplited.cluster.partitions.refused_yields` on the two live sets: a
-refusal (it declared us dead too) goes to ``fenced`` as any refusal does; an ``Alive`` reply (it
-had not declared us dead) is decided here, with the live set we sent, as the prober is then the
-refuser.
+refusal (it declared us dead too) goes to :meth:`Prober.fenced` as any refusal does (on our
+links, or as a ``Probe`` we receive); an ``Alive`` reply (it had not declared us dead) is
+decided here, with the live set we sent, as the prober is then the refuser.
 """
 
 from __future__ import annotations
@@ -23,8 +23,15 @@ from hoplite_client.net.channel import Channel
 from hoplite_client.net.handshake import Identity, dial, refused
 from hoplite_client.wire.errors import ConnectionLostError, DeclaredDeadError, HopliteError
 from hoplite_client.wire.messages import Probe
+from hoplited.cluster.links import Links
 from hoplited.cluster.membership import Membership
-from hoplited.cluster.partitions import DeadProbes, ProbeOutcome, parse_alive, refused_yields
+from hoplited.cluster.partitions import (
+    DeadProbes,
+    ProbeOutcome,
+    parse_alive,
+    plausible,
+    refused_yields,
+)
 from hoplited.tasks import Tasks
 
 log = logging.getLogger("hoplited.probing")
@@ -33,17 +40,38 @@ log = logging.getLogger("hoplited.probing")
 class Prober:
     """Asks the members declared dead, now and then, whether they run (see the module)."""
 
-    def __init__(self, identity: Identity, membership: Membership, tasks: Tasks, first: float,
-                 fenced: Callable[[str, list[str]], None],
-                 run_again: Callable[[str, str], None]) -> None:
+    def __init__(self, identity: Identity, membership: Membership, links: Links, tasks: Tasks,
+                 first: float, run_again: Callable[[str, str], None]) -> None:
         self._identity = identity
         self._membership = membership
+        self._links = links
         self._tasks = tasks
         self._timeout = first  # a probe's dial and answer, each: the heartbeat timeout
-        self._fenced = fenced
-        self._run_again = run_again
+        self._run_again = run_again  # stop, to join again through that member, and why
         self._core = DeadProbes(first)
         self._poked = asyncio.Event()
+
+    def fenced(self, by: str, alive: list[str]) -> None:
+        """Member ``by``, whose live set is ``alive``, declared us dead (a refusal, or its
+        Probe): the side rule says whether we run again as a new member or it does, and then
+        it is dead to us too (docs/design.md §5, "Declared dead, then running again",
+        "Partitions heal")."""
+        me = self._identity.node_id
+        if not plausible(by, alive, me):
+            log.info("member %s refuses us with a live set that does not count itself alive "
+                     "and us dead: it decides nothing", by)
+            return
+        mine = self._membership.alive_ids()
+        if refused_yields(alive, mine):
+            self._run_again(by, f"member {by} declared us dead, and its side ({len(alive)} "
+                                f"members) outweighs ours")
+            return
+        link = self._links.get(by)
+        if link is not None and not link.liveness.dead:
+            log.warning("member %s declared us dead, but our side (%d members) outweighs its "
+                        "(%d): it runs again as a new member, not us", by,
+                        len(set(mine) - set(alive)), len(alive))
+            link.condemn("it declared us dead, and its side is the smaller")
 
     def start(self) -> None:
         self._tasks.spawn(self._run(), name="probe-dead")
@@ -93,7 +121,7 @@ class Prober:
                 frame = await Channel(protocol).request(Probe(alive=sent), timeout=self._timeout)
             except DeclaredDeadError as exc:  # it declared us dead too: a partition healed
                 log.info("member %s, declared dead, runs and declared us dead too", node)
-                self._fenced(node, parse_alive(str(exc.data.get("alive", ""))))
+                self.fenced(node, parse_alive(str(exc.data.get("alive", ""))))
                 return "answered"
             except HopliteError:
                 return "silent"

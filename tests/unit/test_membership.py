@@ -336,3 +336,14 @@ def test_rejoin_seeds(others: list[str], ports: dict[str, int], dead: set[str], 
     for n in dead:
         m.mark_dead(n)
     assert rejoin_seeds(m, by) == seeds
+
+
+def test_only_a_member_declared_dead_is_refused_and_the_refusal_carries_our_live_set() -> None:
+    m = Membership(member(ME))
+    for n in "acd":
+        m.add(member(n))
+    m.mark_dead("c")
+    assert m.refusal("a") is None and m.refusal("never-added") is None
+    refusal = m.refusal("c")
+    assert refusal is not None and refusal.code == "declared_dead"
+    assert refusal.data == {"by": ME, "alive": "a,b,d"}
