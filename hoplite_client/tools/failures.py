@@ -179,18 +179,17 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
         await asyncio.sleep(restart_after)
         await cluster.restart(node)
 
-    async def heal() -> None:
+    async def cut_then_heal() -> None:
         assert resume_after is not None and testbed is not None
+        await testbed.partition(cut)
         await asyncio.sleep(resume_after)
         await testbed.partition(cut, heal=True)
 
     async def signal_one(node: int, after: float) -> None:
         assert sig is not None
         await asyncio.sleep(max(0.0, t0 + after - time.perf_counter()))
-        if sig == "CUT":
-            assert testbed is not None
-            await testbed.partition(cut)
-            returns.append(asyncio.ensure_future(heal()))
+        if sig == "CUT":  # its own task: once begun, a cut is made and healed in full
+            returns.append(asyncio.ensure_future(cut_then_heal()))
         else:
             cluster.kill(node, SIGNALS[sig])
         if resume_after is not None and sig == "STOP":
