@@ -74,6 +74,9 @@ class Fetcher:
         self._refused = refused  # a source refused our dial: its liveness hears it at once
         self._patience = patience  # how long a death verdict may take (fetch_plan.py)
         self._pulls: dict[str, set[FrameProtocol]] = {}  # live data connections by source
+        # done when the source dies or falls silent: ends our dials to it (a frozen process's
+        # kernel accepts the connection, and its handshake would wait out HANDSHAKE_TIMEOUT)
+        self._deaths: dict[str, asyncio.Future[None]] = {}
         self._connections = connections  # idle ones, kept for the next pull
         self._fetches: dict[ObjectID, tuple[asyncio.Task[StoredObject], fp.FetchPlan]] = {}
         self._callers: Counter[ObjectID] = Counter()  # gets waiting on each fetch
@@ -430,6 +433,9 @@ class Fetcher:
         elsewhere, from their watermarks) instead of waiting out a stall."""
         error = PeerUnavailableError(f"source {node} died", node=node)
         self._connections.drop(node)
+        death = self._deaths.pop(node, None)
+        if death is not None and not death.done():
+            death.set_result(None)
         for protocol in list(self._pulls.pop(node, ())):
             protocol.abort(error)
 
@@ -481,7 +487,7 @@ class Fetcher:
                 # about the source, which a fresh connection asks again (docs/design.md §3)
                 pass
         try:
-            protocol = await self._connections.dial(member.host, member.port)
+            protocol = await self._dial(source, member.host, member.port)
         except ConnectionLostError as exc:
             if refused(exc):
                 self._refused(source)
@@ -490,6 +496,31 @@ class Fetcher:
             await self._stream(protocol, obj, source, remote, version, how)
         except _Unanswered as exc:
             raise exc.error from None
+
+    async def _dial(self, source: str, host: str, port: int) -> FrameProtocol:
+        """A new data connection to ``source``, given up on as soon as it dies or falls
+        silent (``source_died``): a pull must not wait out a handshake to a frozen node.
+        ``bench/chaos.py`` seed 21 trial 29: a reduce slot's pull on an idle connection was
+        aborted when its source fell silent, closed unanswered, and the pull dialled the
+        silent source again, waiting 10 s for the handshake."""
+        if not self._membership.is_trusted(source):  # e.g. it fell silent while we used an
+            # idle connection to it, which then closed unanswered
+            raise PeerUnavailableError(f"source {source} died", node=source)
+        loop = asyncio.get_running_loop()
+        death = self._deaths.get(source)
+        if death is None or death.done():
+            death = self._deaths[source] = loop.create_future()
+        # its failure is this pull's, raised below: nothing to do when it ends
+        dial = self._tasks.spawn(self._connections.dial(host, port), name=f"dial-{source}",
+                                 on_error=lambda exc: None)
+        try:
+            await asyncio.wait((dial, death), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not dial.done():
+                dial.cancel()  # the handshake aborts its connection
+        if not dial.done() or dial.cancelled():
+            raise PeerUnavailableError(f"source {source} died", node=source)
+        return dial.result()
 
     async def _stream(self, protocol: FrameProtocol, obj: StoredObject, source: str,
                       remote: ObjectID, version: bytes, how: _Stream) -> None:
