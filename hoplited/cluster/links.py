@@ -49,6 +49,11 @@ log = logging.getLogger("hoplited.links")
 R = TypeVar("R", bound=WireMessage)
 
 
+def refusers_alive(refusal: DeclaredDeadError) -> list[str]:
+    """The live set a member that declared us dead sent with its refusal."""
+    return parse_alive(str(refusal.data.get("alive", "")))
+
+
 class PeerLink:
     """Our requests to one member: connect lazily, reconnect on loss, watch its heartbeat."""
 
@@ -129,7 +134,7 @@ class PeerLink:
         try:
             frame = await channel.request(msg, payload, timeout)
         except DeclaredDeadError as exc:
-            self.on_fenced(self.node_id, parse_alive(str(exc.data.get("alive", ""))))
+            self.on_fenced(self.node_id, refusers_alive(exc))
             raise
         self._apply(self.liveness.handle(lv.Seen(time.monotonic())))
         return frame
@@ -224,7 +229,7 @@ class PeerLink:
         except ConnectionLostError as exc:
             return lv.Failed(time.monotonic(), "refused" if refused(exc) else "lost")
         except DeclaredDeadError as exc:  # it answers, but has declared us dead
-            self.on_fenced(self.node_id, parse_alive(str(exc.data.get("alive", ""))))
+            self.on_fenced(self.node_id, refusers_alive(exc))
             return lv.Failed(time.monotonic(), "timeout")
         except (TimeoutError, HopliteError, OSError):
             return lv.Failed(time.monotonic(), "timeout")

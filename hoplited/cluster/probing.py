@@ -23,12 +23,11 @@ from hoplite_client.net.channel import Channel
 from hoplite_client.net.handshake import Identity, dial, refused
 from hoplite_client.wire.errors import ConnectionLostError, DeclaredDeadError, HopliteError
 from hoplite_client.wire.messages import Probe
-from hoplited.cluster.links import Links
+from hoplited.cluster.links import Links, refusers_alive
 from hoplited.cluster.membership import Membership
 from hoplited.cluster.partitions import (
     DeadProbes,
     ProbeOutcome,
-    parse_alive,
     plausible,
     refused_yields,
 )
@@ -121,7 +120,7 @@ class Prober:
                 frame = await Channel(protocol).request(Probe(alive=sent), timeout=self._timeout)
             except DeclaredDeadError as exc:  # it declared us dead too: a partition healed
                 log.info("member %s, declared dead, runs and declared us dead too", node)
-                self.fenced(node, parse_alive(str(exc.data.get("alive", ""))))
+                self.fenced(node, refusers_alive(exc))
                 return "answered"
             except HopliteError:
                 return "silent"
