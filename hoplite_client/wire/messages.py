@@ -482,6 +482,26 @@ class Alive(Reply):
     alive: list[str]
 
 
+@message(83, shape="request", roles=(PEER,))
+class PingFor(Request["Reached"]):
+    """From a member whose own Pings to ``node`` go unanswered: ping it over your link, within
+    ``timeout`` seconds (None: your heartbeat timeout; longer ones are cut to it), and say
+    whether it answered. A member reached so is not declared dead for its silence to the
+    sender (docs/design.md §5, "A link broken between two members")."""
+
+    rid: int = 0
+    node: str
+    timeout: float | None
+
+
+@message(84, shape="reply")
+class Reached(Reply):
+    """The answer to a ``PingFor``: whether ``node`` answered our Ping in time."""
+
+    rid: int = 0
+    reached: bool
+
+
 @message(50, shape="request", roles=(PEER,))
 class Drop(Request["Ok"]):
     """The directory tells a holder to drop its copy of a deleted object (the delete returns

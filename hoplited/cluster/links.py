@@ -14,6 +14,11 @@ Above ``watchers + 1`` members a link pings only the members this node watches
 arrives (``alarm``), and a watched member's suspicion or death is passed on (``on_warn``) to
 the members that do not watch it (docs/design.md §5, "Watchers").
 
+Before a member silent to us is declared dead for its silence, a few others are asked to
+ping it for us (``PingFor``, :func:`.watching.vouchers`): if one reaches it, only our own way
+to it is broken, and it stays a member, suspected (docs/design.md §5, "A link broken between
+two members").
+
 A member that answers with ``DeclaredDeadError`` has declared *us* dead (we were frozen past
 its timeout): ``on_fenced`` hears of it, and the daemon runs again as a new member. An address
 that answers under another node id is a member whose process is gone, as a refused dial is
@@ -26,7 +31,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from hoplite_client.net.channel import Channel
@@ -39,14 +44,18 @@ from hoplite_client.wire.errors import (
     PeerUnavailableError,
 )
 from hoplite_client.wire.frames import Frame
-from hoplite_client.wire.messages import MemberInfo, Ping, Request, WireMessage
+from hoplite_client.wire.messages import MemberInfo, Ping, PingFor, Request, WireMessage
 from hoplited.cluster import liveness as lv
 from hoplited.cluster.partitions import parse_alive
-from hoplited.cluster.watching import watched_by
+from hoplited.cluster.watching import vouchers, watched_by
 
 log = logging.getLogger("hoplited.links")
 
 R = TypeVar("R", bound=WireMessage)
+
+# A helper's own Ping gets this share of the time we give it to answer: the rest carries its
+# request and answer.
+RELAY_SHARE = 0.75
 
 
 def refusers_alive(refusal: DeclaredDeadError) -> list[str]:
@@ -63,7 +72,8 @@ class PeerLink:
                  on_suspect: Callable[[str, bool], None] = lambda node, suspected: None,
                  suspect_after: float | None = None, watched: bool = True,
                  on_warn: Callable[[str, bool], None] = lambda node, dead: None,
-                 on_fenced: Callable[[str, list[str]], None] = lambda node, alive: None
+                 on_fenced: Callable[[str, list[str]], None] = lambda node, alive: None,
+                 ask_others: Callable[[str, float, int], Awaitable[bool]] | None = None
                  ) -> None:
         self.member = member
         self.me = me
@@ -75,8 +85,14 @@ class PeerLink:
         self.on_warn = on_warn
         # the member answered that it declared us dead; with its live set
         self.on_fenced = on_fenced
+        # others ping it for us before a verdict: (node, answer within, turn) -> reached?
+        self.ask_others = ask_others
         self.channel: Channel | None = None
-        self.liveness = lv.Liveness(interval, timeout, time.monotonic(), suspect_after, watched)
+        indirect = None if ask_others is None else (suspect_after or interval)
+        self.liveness = lv.Liveness(interval, timeout, time.monotonic(), suspect_after, watched,
+                                    indirect)
+        self._asks = 0  # how many times others were asked: each turn asks other members
+        self._reaching: asyncio.Task[bool] | None = None  # our Ping for the members asking
         self.watched = watched  # as last asked (the core hears of it when the heartbeat runs)
         self._lock = asyncio.Lock()
         self._heartbeat: asyncio.Task[None] | None = None
@@ -236,6 +252,33 @@ class PeerLink:
         now = time.monotonic()
         return lv.Answered(now, now - sent)
 
+    async def reach(self, timeout: float) -> bool:
+        """Whether the member answers a Ping within ``timeout`` (for a member that cannot
+        reach it). Members asking at once share one Ping: asks in a loop cost one Ping out
+        at a time, not one each."""
+        if self._reaching is None or self._reaching.done():
+            self._reaching = asyncio.ensure_future(self._reach(timeout))
+            self._tasks.add(self._reaching)
+            self._reaching.add_done_callback(self._reap)
+        reaching = self._reaching
+        await asyncio.wait({reaching}, timeout=timeout)
+        return reaching.done() and not reaching.cancelled() and reaching.result()
+
+    async def _reach(self, timeout: float) -> bool:
+        try:
+            await self.request(Ping(), timeout=timeout)
+        except (TimeoutError, HopliteError, OSError):
+            return False
+        return True
+
+    async def _ask(self, budget: float) -> None:
+        """Others ping the member for us; one that reached it vouches for it."""
+        if self.ask_others is None:
+            return
+        self._asks += 1
+        if await self.ask_others(self.node_id, budget, self._asks - 1):
+            self._feed(lv.Vouched)
+
     def condemn(self, reason: str) -> None:
         """Declare the member dead now, for ``reason`` (it refuses us, and its side lost)."""
         self._apply(self.liveness.handle(lv.Verdict(time.monotonic(), reason)))
@@ -257,6 +300,10 @@ class PeerLink:
                 self.on_suspect(self.node_id, False)
             elif isinstance(ins, lv.Warn):
                 self.on_warn(self.node_id, ins.dead)
+            elif isinstance(ins, lv.AskOthers):
+                task = asyncio.create_task(self._ask(ins.timeout), name=f"ask-{self.node_id}")
+                self._tasks.add(task)
+                task.add_done_callback(self._reap)
             elif isinstance(ins, lv.DeclareDead):
                 log.warning("member %s is dead: %s", self.node_id, ins.reason)
                 self.close()
@@ -300,6 +347,11 @@ class Links:
         self._on_fenced = on_fenced
         self._links: dict[str, PeerLink] = {}
 
+    @property
+    def timeout(self) -> float:
+        """The heartbeat timeout: the longest any one Ping of ours may take."""
+        return self._timeout
+
     def get(self, node: str) -> PeerLink | None:
         return self._links.get(node)
 
@@ -314,7 +366,8 @@ class Links:
         # unwatched until ``rewatch`` places it: the membership it joins is not ours yet
         link = PeerLink(member, self._me, self._interval, self._timeout, self._on_dead,
                         self._on_rtt, self._on_suspect, self._suspect_after, watched=False,
-                        on_warn=self._on_warn, on_fenced=self._on_fenced)
+                        on_warn=self._on_warn, on_fenced=self._on_fenced,
+                        ask_others=self.ask_others)
         self._links[member.node_id] = link
         link.start()
 
@@ -334,6 +387,38 @@ class Links:
         link = self._links.get(node)
         if link is not None:
             link.alarm(dead)
+
+    def trusted(self) -> list[str]:
+        """The members alive and not suspected, in our view."""
+        return [node for node, link in self._links.items()
+                if not link.liveness.dead and not link.liveness.suspected]
+
+    async def ask_others(self, node: str, budget: float, turn: int) -> bool:
+        """Ask a few trusted members to ping ``node`` for us (``turn``: which few), each to
+        answer within ``budget``: whether one of them reached it."""
+        asks = [asyncio.ensure_future(self._ask_one(helper, node, budget))
+                for helper in vouchers(node, self.trusted(), turn=turn)]
+        try:
+            for answer in asyncio.as_completed(asks):
+                if await answer:
+                    return True
+            return False
+        finally:
+            for ask in asks:
+                ask.cancel()
+
+    async def _ask_one(self, helper: str, node: str, budget: float) -> bool:
+        link = self._links.get(helper)
+        if link is None:
+            return False
+        try:
+            frame = await link.request(PingFor(node=node, timeout=budget * RELAY_SHARE),
+                                       timeout=budget)
+        except (TimeoutError, HopliteError, OSError):
+            return False
+        if frame.msg.reached:
+            log.info("member %s reached %s for us: our own way to it is broken", helper, node)
+        return frame.msg.reached
 
     def refused(self, node: str) -> None:
         """Some dial of ours to ``node`` was refused: its link decides (dead at once)."""

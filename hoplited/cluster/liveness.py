@@ -59,10 +59,22 @@ given ``suspect_after`` of our running time again before it makes the peer suspe
 that ran again after a pause past the timeout would otherwise condemn peers that were only
 waiting for it; each verdict now rests on silence we were awake to see (docs/design.md §5,
 "Declared dead, then running again").
+
+Asking others first, optional (``indirect``). A peer silent to us may be silent to us only:
+the link between us broke while both of us reach everyone else. Declaring it dead then would
+make it run again as a new member every heartbeat timeout, and lose its objects each time
+(fencing, docs/design.md §5). So ``indirect`` seconds before the deadline the core says
+``AskOthers``: a few other members ping the peer for us, each answer within that time. If one
+reached it (``Vouched``), the peer runs: its silence counts from then, it stays suspected (our
+own way to it is broken), and the core asks again before the next deadline. A verdict for
+silence comes only at the deadline after an ask that nobody vouched for; refusals, alarms and
+verdicts of the side rule are unchanged (docs/design.md §5, "A link broken between two
+members").
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
@@ -144,7 +156,14 @@ class Verdict:
     reason: str
 
 
-Event: TypeAlias = Tick | Answered | Failed | Seen | Closed | Watch | Alarm | Verdict
+@dataclass(frozen=True, slots=True)
+class Vouched:
+    """A member we asked reached the peer for us: it runs, only our own way to it fails."""
+
+    now: float
+
+
+Event: TypeAlias = Tick | Answered | Failed | Seen | Closed | Watch | Alarm | Verdict | Vouched
 
 
 # --- instructions ---
@@ -202,22 +221,34 @@ class Warn:
     dead: bool
 
 
+@dataclass(frozen=True, slots=True)
+class AskOthers:
+    """Ask a few other members to ping the peer for us, each to answer within ``timeout``;
+    feed ``Vouched`` when one of them reached it."""
+
+    timeout: float
+
+
 Instruction: TypeAlias = (SendPing | WaitUntil | ReportRtt | Suspect | Trust | DeclareDead | Idle
-                          | Warn)
+                          | Warn | AskOthers)
 
 
 class Liveness:
     """The heartbeat of one peer: events in, instructions out (see the module docstring)."""
 
     def __init__(self, interval: float, timeout: float, now: float,
-                 suspect_after: float | None = None, watched: bool = True) -> None:
+                 suspect_after: float | None = None, watched: bool = True,
+                 indirect: float | None = None) -> None:
         if not 0 < interval < timeout:
             raise InvalidArgumentError("liveness needs 0 < interval < timeout")
         if suspect_after is not None and not 0 < suspect_after < timeout:
             raise InvalidArgumentError("liveness needs 0 < suspect_after < timeout")
+        if indirect is not None and not 0 < indirect < timeout:
+            raise InvalidArgumentError("liveness needs 0 < indirect < timeout")
         self.interval = interval
         self.timeout = timeout
         self.suspect_after = suspect_after
+        self.indirect = indirect
         self._suspected = False
         self._suspect_at: float | None = None  # when the Ping in flight makes it suspected
         self._now = now  # the latest time any event carried: our clock never runs backwards
@@ -231,6 +262,9 @@ class Liveness:
         self._dead = False
         self._early = -interval  # when a closed connection last brought a Ping forward
         self._due: float | None = None  # when the driver should feed us next, if it should
+        self._reached = -math.inf  # when another member last reached the peer for us
+        self._asked: float | None = None  # when we last asked others (``indirect``)
+        self._asked_for: float | None = None  # the silence that ask was for (its start)
 
     @property
     def last_seen(self) -> float:
@@ -239,8 +273,38 @@ class Liveness:
 
     @property
     def deadline(self) -> float:
-        """The time by which the peer is declared dead unless it shows a sign of life."""
-        return self._last_seen + self.timeout + self.interval
+        """The time by which the peer is declared dead unless it shows a sign of life (or,
+        with ``indirect``, another member reaches it for us)."""
+        return self._alive_at() + self.timeout + self.interval
+
+    def _alive_at(self) -> float:
+        """When the current silence began: our last sign of life, or another member's."""
+        return max(self._last_seen, self._reached)
+
+    def _asked_now(self) -> bool:
+        """Whether others were asked about the current silence."""
+        return self._asked_for is not None and self._asked_for == self._alive_at()
+
+    def _ask_at(self) -> float | None:
+        """When to ask others about the current silence (None: off, or asked already)."""
+        if self.indirect is None or self._asked_now():
+            return None
+        return self.deadline - self.indirect
+
+    def _verdict_at(self) -> float:
+        """When silence makes the peer dead: the deadline, or with ``indirect`` the end of an
+        ask made for this silence (never before the ask)."""
+        if self.indirect is None:
+            return self.deadline
+        if self._asked is None or not self._asked_now():
+            return math.inf
+        return max(self.deadline, self._asked + self.indirect)
+
+    def _limit(self) -> float:
+        """The latest time the driver must feed us while the peer fails: the verdict, or the
+        ask before it."""
+        ask = self._ask_at()
+        return self._verdict_at() if ask is None else min(ask, self._verdict_at())
 
     @property
     def dead(self) -> bool:
@@ -274,6 +338,7 @@ class Liveness:
         """We stalled for ``stall`` seconds: none of it counts as the peer's silence."""
         self._due = None
         self._last_seen = min(self._now, self._last_seen + stall)
+        self._reached = min(self._now, self._reached + stall)
         if self._expires is not None and self._now >= self._expires:
             self._expires = self._suspect_at = None  # timed out while we slept: ask again
             self._next_ping = self._now
@@ -290,6 +355,9 @@ class Liveness:
             return self._failed(event.kind)
         if isinstance(event, Verdict):
             return self._die(event.reason)
+        if isinstance(event, Vouched):
+            self._reached = max(self._reached, event.now)  # no Trust: our way to it fails
+            return []  # deadlines only move later: the current wait holds
         if isinstance(event, Watch):
             if event.watched:
                 self._wake()  # as a new link does
@@ -363,16 +431,38 @@ class Liveness:
     def _attempt_failed(self, kind: FailureKind) -> list[Instruction]:
         if self._condemned:
             return self._die(f"declared dead by a watcher; our ping failed too ({kind})")
-        silent = self._now - self._last_seen
-        if silent >= self.timeout:
+        silent = self._now - self._alive_at()
+        if self.indirect is None and silent >= self.timeout:
             return self._die(f"silent for {silent:.1f}s (ping: {kind})")
+        if self._now >= self._verdict_at():
+            return self._die(f"silent for {silent:.1f}s, and no member we asked reached it "
+                             f"(ping: {kind})")
         self._failing = True
         pause = min(self.interval, LOST_PAUSE) if kind == "lost" else 0.0
         self._next_ping = self._now + pause + self.interval
         return [*self._suspect(f"ping failed ({kind})"),
-                WaitUntil(min(self._next_ping, self.deadline))]
+                WaitUntil(min(self._next_ping, self._limit()))]
 
     def _tick(self) -> list[Instruction]:
+        ask = self._ask()
+        return [*ask, *self._plan()] if ask else self._plan()
+
+    def _ask(self) -> list[Instruction]:
+        """Ask others about the current silence if it is time (``indirect``): the peer fails
+        us, or a Ping of ours is out."""
+        at = self._ask_at()
+        if (at is None or self._now < at or self.indirect is None
+                or not (self._failing or self._expires is not None)):
+            return []
+        self._asked, self._asked_for = self._now, self._alive_at()
+        return [AskOthers(self.indirect)]
+
+    def _clamp(self, t: float) -> float:
+        """``t``, or the time to ask others if that comes first while a Ping is out."""
+        ask = self._ask_at()
+        return t if ask is None else min(t, ask)
+
+    def _plan(self) -> list[Instruction]:
         if self._expires is not None:
             if self._suspect_at is not None and self._now >= self._suspect_at:
                 unanswered = self.suspect_after
@@ -380,28 +470,31 @@ class Liveness:
                     return self._die(f"declared dead by a watcher; no answer to our ping "
                                      f"for {unanswered}s")
                 return [*self._suspect(f"no answer to a ping for {unanswered}s"),
-                        WaitUntil(self._expires)]
+                        WaitUntil(self._clamp(self._expires))]
             if self._now < self._expires:
-                return [WaitUntil(self._expires if self._suspect_at is None
-                                  else min(self._expires, self._suspect_at))]
+                return [WaitUntil(self._clamp(self._expires if self._suspect_at is None
+                                              else min(self._expires, self._suspect_at)))]
             self._expires = self._suspect_at = None  # the driver did not bound its Ping:
             return self._attempt_failed("timeout")  # count it as timed out
-        if self._failing and self._now >= self.deadline:
-            silent = self._now - self._last_seen
-            return self._die(f"silent for {silent:.1f}s (no answer by the deadline)")
+        if self._failing and self._now >= self._verdict_at():
+            silent = self._now - self._alive_at()
+            asked = "" if self.indirect is None else ", and no member we asked reached it"
+            return self._die(f"silent for {silent:.1f}s{asked} (no answer by the deadline)")
         if not self._active():
             return [Idle()]
         if self._now < self._next_ping:
-            wake = min(self._next_ping, self.deadline) if self._failing else self._next_ping
+            wake = min(self._next_ping, self._limit()) if self._failing else self._next_ping
             return [WaitUntil(wake)]
         budget = self.timeout
-        if self._failing:  # > 0, or the deadline check above would have fired
-            budget = min(budget, self.deadline - self._now)
+        if self._failing:  # > 0, or the verdict check above would have fired
+            end = self.deadline if self._now < self.deadline else self._verdict_at()
+            budget = min(budget, end - self._now)
         self._expires = self._now + budget
-        if self.suspect_after is None or self._suspected or budget <= self.suspect_after:
-            return [SendPing(budget)]
-        self._suspect_at = self._now + self.suspect_after
-        return [SendPing(budget), WaitUntil(self._suspect_at)]
+        ask = self._ask_at()
+        if not (self.suspect_after is None or self._suspected or budget <= self.suspect_after):
+            self._suspect_at = self._now + self.suspect_after
+            ask = self._clamp(self._suspect_at)
+        return [SendPing(budget)] if ask is None else [SendPing(budget), WaitUntil(ask)]
 
     def _die(self, reason: str) -> list[Instruction]:
         self._dead = True

@@ -7,7 +7,9 @@ marked so in :class:`~.membership.Membership`, whose listeners move directory ow
 watcher that finds a member silent tells the members that do not watch it (Alarm), and each
 of them asks the member itself (docs/design.md §5, "Watchers"). A member that declared us
 dead and probes us (Probe, :mod:`.probing`) gets our live set, and the side rule decides
-which of us runs again as a new member (docs/design.md §5, "Partitions heal").
+which of us runs again as a new member (docs/design.md §5, "Partitions heal"). A member that
+cannot reach another asks us to ping it (PingFor) before it declares it dead (docs/design.md
+§5, "A link broken between two members").
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from hoplite_client.wire.messages import (
     MemberUp,
     Ok,
     Ping,
+    PingFor,
     Probe,
+    Reached,
     WireMessage,
 )
 from hoplited.cluster.links import Links
@@ -57,7 +61,7 @@ class ClusterService:
 
     def handlers(self) -> dict[type[WireMessage], Handler]:
         return {Join: self.on_join, MemberUp: self.on_member_up, Ping: self.on_ping,
-                Alarm: self.on_alarm, Probe: self.on_probe}
+                Alarm: self.on_alarm, Probe: self.on_probe, PingFor: self.on_ping_for}
 
     async def join(self, seeds: list[tuple[str, int]]) -> None:
         """Join through the first seed that answers; learn the whole membership from it."""
@@ -117,6 +121,19 @@ class ClusterService:
         alive = Alive(alive=list(self._membership.alive_ids()))
         self._fenced(peer, list(msg.alive))
         return alive
+
+    async def on_ping_for(self, peer: str, msg: PingFor, payload: memoryview | None) -> Reached:
+        """``peer`` cannot reach ``msg.node``: ping it over our own link and say whether it
+        answered, within the timeout asked (checked by the dispatcher, cut to our heartbeat
+        timeout). A member we hold dead, or do not know, is not reached; we are, trivially."""
+        limit = self._links.timeout
+        timeout = limit if msg.timeout is None else min(msg.timeout, limit)
+        if msg.node == self._identity.node_id:
+            return Reached(reached=True)
+        link = self._links.get(msg.node)
+        if link is None or link.liveness.dead:
+            return Reached(reached=False)
+        return Reached(reached=await link.reach(timeout))
 
     def warn(self, node: str, dead: bool) -> None:
         """We watch ``node`` and found it silent: tell the members that do not watch it."""

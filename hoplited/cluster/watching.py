@@ -25,6 +25,11 @@ from hoplited.cluster.membership import node_key
 # one event costs a few messages per member, not one per watcher (docs/design.md §5).
 ALARM_COPIES = 3
 
+# How many members are asked to ping a peer we cannot reach before we declare it dead: a few,
+# so that one helper cut off from it too, or dead, does not condemn it (docs/design.md §5,
+# "A link broken between two members").
+VOUCHERS = 3
+
 
 def _neighbours(node: str, alive: Iterable[str], watchers: int, step: int) -> list[str]:
     """The ``watchers`` members after ``node`` on the ring (``step`` 1) or before it (-1),
@@ -61,3 +66,19 @@ def to_alarm(me: str, node: str, alive: Iterable[str], watchers: int,
         return others
     at, k = around.index(me), len(around)
     return [other for j, other in enumerate(others) if (at - j) % k < copies]
+
+
+def vouchers(peer: str, trusted: Iterable[str], count: int = VOUCHERS,
+             turn: int = 0) -> list[str]:
+    """Whom to ask to ping ``peer`` for us: ``count`` of the ``trusted`` members (alive, not
+    suspected, not us), those that follow ``peer`` on the ring, the window moved on by
+    ``count`` at each ``turn`` so that successive asks try other members."""
+    if count < 1:
+        raise InvalidArgumentError(f"count must be at least 1, not {count}")
+    ring = sorted({*trusted, peer}, key=lambda n: (node_key(n), n))
+    at = ring.index(peer)
+    after = ring[at + 1:] + ring[:at]
+    if len(after) <= count:
+        return after
+    start = (turn * count) % len(after)
+    return [after[(start + i) % len(after)] for i in range(count)]

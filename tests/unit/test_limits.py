@@ -70,7 +70,7 @@ def with_timeout(cls: type[m.WireMessage], timeout: Any) -> Any:
               "exclude": [], "offset": 0, "size": 4, "dtype": "<f4", "shape": [1],
               "version": b"v", "stripes": 1, "stripe": 0, "gen": 0, "striped": True,
               "ring": False, "receivers": 0, "half": -1,
-              "index": -1, "window": None, "pair": False}
+              "index": -1, "window": None, "pair": False, "node": "n1"}
     fields = [f for f in cls.__dataclass_fields__ if f not in ("rid", "timeout")]
     return cls(rid=3, timeout=timeout, **{f: values[f] for f in fields})
 
@@ -78,7 +78,7 @@ def with_timeout(cls: type[m.WireMessage], timeout: Any) -> Any:
 def test_every_waiting_kind_is_covered() -> None:
     assert {c.__name__ for c in WITH_TIMEOUT} == {"Get", "Reduce", "ReducedInputs", "Locate",
                                                    "WaitObject", "Put", "Create", "Allreduce",
-                                                   "StripeTask"}
+                                                   "StripeTask", "PingFor"}
 
 
 @pytest.mark.parametrize("cls", WITH_TIMEOUT, ids=lambda c: c.__name__)

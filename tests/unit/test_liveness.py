@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -14,6 +15,7 @@ from hoplited.cluster.liveness import (
     LOST_PAUSE,
     Alarm,
     Answered,
+    AskOthers,
     Closed,
     DeclareDead,
     Event,
@@ -27,6 +29,7 @@ from hoplited.cluster.liveness import (
     Suspect,
     Tick,
     Trust,
+    Vouched,
     WaitUntil,
     Warn,
     Watch,
@@ -39,6 +42,8 @@ T = 5.0  # heartbeat timeout of most cases (the daemon's default)
 P = LOST_PAUSE  # the extra pause after a lost connection (min(I, LOST_PAUSE) with I = 1)
 
 S = 0.5  # suspicion after an unanswered ping of this long, in the suspicion cases
+B = 1.0  # others are asked this long before the deadline, in the indirect cases
+NOBODY = "no member we asked reached it"
 
 Step = tuple[Event, list[Instruction]]
 
@@ -56,6 +61,7 @@ class Case:
     suspect_after: float | None = None
     suspected: bool = False
     watched: bool = True
+    indirect: float | None = None
 
 
 CASES = [
@@ -311,6 +317,56 @@ CASES = [
         (Tick(50.1 + P + I), [SendPing(50.0 + T + I - (50.1 + P + I))]),
         (Answered(51.4, 0.1), [ReportRtt(0.1), Idle()]),
     ], last_seen=51.4, watched=False),
+    # --- indirect: others are asked before a verdict for silence ---
+    Case("others are asked B before the deadline; nobody vouches: dead at the deadline", [
+        (Tick(0.0), [WaitUntil(1.0)]),
+        (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
+        (Tick(1.5), [Warn(dead=False), Suspect(f"no answer to a ping for {S}s"),
+                     WaitUntil(T + I - B)]),  # the Ping expires at the deadline, 6.0
+        (Tick(T + I - B), [AskOthers(B), WaitUntil(T + I)]),
+        (Failed(T + I, "timeout"), [Warn(dead=True),
+                                    DeclareDead(f"silent for 6.0s, and {NOBODY} (ping: timeout)")]),
+    ], last_seen=0.0, dead=True, suspect_after=S, suspected=True, indirect=B),
+    Case("vouched for: no verdict, still suspected, others asked again before the next one", [
+        (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
+        (Tick(1.5), [Warn(dead=False), Suspect(f"no answer to a ping for {S}s"),
+                     WaitUntil(5.0)]),
+        (Tick(5.0), [AskOthers(B), WaitUntil(6.0)]),
+        (Vouched(5.1), []),  # silence now counts from 5.1: the deadline is 11.1
+        (Failed(6.0, "timeout"), [WaitUntil(7.0)]),
+        (Tick(7.0), [SendPing(11.1 - 7.0), WaitUntil(11.1 - B)]),
+        (Tick(11.1 - B), [AskOthers(B), WaitUntil(11.1)]),
+        (Failed(11.1, "timeout"), [Warn(dead=True),
+                                   DeclareDead(f"silent for 6.0s, and {NOBODY} (ping: timeout)")]),
+    ], last_seen=0.0, dead=True, suspect_after=S, suspected=True, indirect=B),
+    Case("vouched for, then it answers us again: trusted", [
+        (Tick(1.0), [SendPing(T), WaitUntil(1.5)]),
+        (Tick(1.5), [Warn(dead=False), Suspect(f"no answer to a ping for {S}s"),
+                     WaitUntil(5.0)]),
+        (Tick(5.0), [AskOthers(B), WaitUntil(6.0)]),
+        (Vouched(5.1), []),
+        (Failed(6.0, "timeout"), [WaitUntil(7.0)]),
+        (Tick(7.0), [SendPing(11.1 - 7.0), WaitUntil(11.1 - B)]),
+        (Answered(7.2, 0.2), [Trust(), ReportRtt(0.2), WaitUntil(8.2)]),
+    ], last_seen=7.2, suspect_after=S, indirect=B),
+    Case("woken late for the ask: the verdict waits until the ask has had its time", [
+        (Tick(1.0), [SendPing(T), WaitUntil(5.0)]),
+        (Tick(5.5), [AskOthers(B), WaitUntil(6.0)]),  # late by less than an interval
+        (Failed(6.0, "timeout"), [WaitUntil(6.5)]),
+        (Tick(6.5), [Warn(dead=True), DeclareDead(f"silent for 6.5s, and {NOBODY} (no answer "
+                                                  f"by the deadline)")]),
+    ], last_seen=0.0, dead=True, indirect=B),
+    Case("with others to ask, a refusal is still the verdict at once", [
+        (Tick(1.0), [SendPing(T), WaitUntil(5.0)]),
+        (Failed(1.1, "refused"), [Warn(dead=True), DeclareDead("refuses connections")]),
+    ], last_seen=0.0, dead=True, indirect=B),
+    Case("a healthy peer: others are never asked", [
+        (Tick(1.0), [SendPing(T), WaitUntil(5.0)]),
+        (Answered(1.1, 0.1), [ReportRtt(0.1), WaitUntil(2.1)]),
+        (Tick(2.1), [SendPing(T), WaitUntil(6.1)]),
+        (Seen(3.0), []),
+        (Answered(3.1, 1.0), [ReportRtt(1.0), WaitUntil(4.1)]),
+    ], last_seen=3.1, indirect=B),
     Case("an unwatched peer that refuses a dial is dead at once, with no Warn", [
         (Tick(0.0), [Idle()]),
         (Failed(0.5, "refused"), [DeclareDead("refuses connections")]),
@@ -321,7 +377,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_liveness_table(case: Case) -> None:
     live = Liveness(case.interval, case.timeout, now=0.0, suspect_after=case.suspect_after,
-                    watched=case.watched)
+                    watched=case.watched, indirect=case.indirect)
     got = [(event, live.handle(event)) for event, _ in case.steps]
     assert got == case.steps
     assert (live.last_seen, live.dead) == (case.last_seen, case.dead)
@@ -392,17 +448,27 @@ def test_silent_peer_dead_within_timeout_plus_interval(seed: int) -> None:
     assert all(b - a >= interval - 1e-9 for a, b in zip(sends, sends[1:]))  # never faster
 
 
-def drive_suspecting(live: Liveness, peer: Peer) -> tuple[float, float | None]:
+def drive_suspecting(live: Liveness, peer: Peer, vouch: float | None = None,
+                     until: float = 1e9) -> tuple[float, float | None]:
     """A driver that runs each Ping concurrently with its wake-ups (suspicion on): returns the
-    times of death and of the first suspicion."""
+    times of death and of the first suspicion. Others asked about the peer vouch for it
+    ``vouch`` seconds later (None: nobody does); ``until`` ends the run alive (death inf)."""
     pending: Event | None = None  # the outcome of the Ping in flight, when it will arrive
+    vouched: float | None = None  # when the others' answer arrives
     wake: float | None = 0.0
     suspected: float | None = None
-    for _ in range(10_000):
-        if pending is not None and (wake is None or pending.now <= wake):
+    for _ in range(100_000):
+        due = [t for t in (wake, None if pending is None else pending.now, vouched)
+               if t is not None]
+        assert due, "nothing to wait for"
+        if min(due) > until:
+            return math.inf, suspected
+        if pending is not None and pending.now == min(due):
             event, pending = pending, None
+        elif vouched is not None and vouched == min(due):
+            event, vouched = Vouched(vouched), None
         else:
-            assert wake is not None, "nothing to wait for"
+            assert wake is not None
             event, wake = Tick(wake), None
         for ins in live.handle(event):
             if isinstance(ins, DeclareDead):
@@ -413,6 +479,11 @@ def drive_suspecting(live: Liveness, peer: Peer) -> tuple[float, float | None]:
                 wake = ins.t
             if isinstance(ins, SendPing):
                 pending = peer.outcome(event.now, ins.timeout)
+            if isinstance(ins, AskOthers):
+                assert live.indirect is not None and ins.timeout == live.indirect
+                assert vouched is None, "asked again before the others answered"
+                if vouch is not None:
+                    vouched = event.now + vouch
     raise AssertionError("never declared dead")
 
 
@@ -429,6 +500,38 @@ def test_silent_peer_suspected_soon_and_dead_as_without_suspicion(seed: int) -> 
     assert timeout <= silent <= timeout + interval + 1e-9, (silent, peer)
     assert suspected is not None and peer.stop - peer.rtt <= suspected, (suspected, peer)
     assert suspected <= peer.stop + interval + suspect_after + 1e-9, (suspected, peer)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_asking_others_keeps_the_verdict_s_bounds_when_nobody_vouches(seed: int) -> None:
+    """With others asked before each verdict and none reaching the peer, the verdict keeps
+    its bounds: asking costs no time."""
+    rng = random.Random(seed)
+    interval, timeout, peer = random_peer(rng)
+    peer.seen = []
+    suspect_after = min(timeout / 2, rng.choice([0.1, 0.25, 0.5, 1.0]))
+    indirect = rng.choice([suspect_after, interval, timeout / 2])
+    live = Liveness(interval, timeout, now=0.0, suspect_after=suspect_after, indirect=indirect)
+    died, suspected = drive_suspecting(live, peer)
+    silent = died - live.last_seen
+    assert timeout <= silent <= timeout + interval + 1e-9, (silent, peer)
+    assert suspected is not None
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_a_peer_others_reach_is_never_declared_dead_by_its_silence_to_us(seed: int) -> None:
+    """Our way to the peer breaks for good, but the members we ask reach it: it stays
+    suspected and a member, however long that lasts."""
+    rng = random.Random(seed)
+    interval, timeout, peer = random_peer(rng)
+    peer.seen = []
+    suspect_after = min(timeout / 2, rng.choice([0.1, 0.25, 0.5, 1.0]))
+    indirect = rng.choice([suspect_after, interval, timeout / 2])
+    vouch = rng.uniform(0.0, indirect * 0.9)
+    live = Liveness(interval, timeout, now=0.0, suspect_after=suspect_after, indirect=indirect)
+    died, suspected = drive_suspecting(live, peer, vouch=vouch, until=peer.stop + 50 * timeout)
+    assert died == math.inf and not live.dead, peer
+    assert suspected is not None and live.suspected
 
 
 def test_healthy_peer_never_dies_and_pings_every_interval() -> None:

@@ -23,7 +23,7 @@ from hoplited.cluster.liveness import (
     WaitUntil,
     Warn,
 )
-from hoplited.cluster.watching import to_alarm, watched_by, watchers_of
+from hoplited.cluster.watching import VOUCHERS, to_alarm, vouchers, watched_by, watchers_of
 from hoplited.config import MAX_WATCHERS, DaemonConfig
 
 pytestmark = pytest.mark.unit
@@ -114,12 +114,54 @@ def test_a_death_moves_only_the_watching_next_to_it() -> None:
         assert after[me] - before[me] != set() and before[me] - after[me] == {dead}
 
 
+@pytest.mark.parametrize(("n", "turn", "expected"), [
+    (1, 0, []),  # nobody else to ask
+    (3, 0, 2),  # fewer trusted than VOUCHERS: all of them, every turn
+    (3, 5, 2),
+    (4, 0, 3),
+    (40, 0, 3),
+    (40, 7, 3),
+])
+def test_vouchers_are_trusted_members_other_than_the_peer(n: int, turn: int,
+                                                          expected: int | list[str]) -> None:
+    nodes = members(n)
+    peer = nodes[0]
+    asked = vouchers(peer, nodes[1:], turn=turn)
+    assert asked == expected if isinstance(expected, list) else len(asked) == expected
+    assert peer not in asked and len(set(asked)) == len(asked) and set(asked) <= set(nodes)
+    assert vouchers(peer, nodes, turn=turn) == asked  # the peer among them changes nothing
+
+
+@pytest.mark.parametrize("n", [5, 10, 41])
+def test_successive_asks_try_every_trusted_member_evenly(n: int) -> None:
+    """Helpers cut off from the peer too are not asked at every turn: the turns go round all
+    the trusted members, each asked as often as any other to within one."""
+    nodes = members(n)
+    peer, trusted = nodes[3], nodes[:3] + nodes[4:]
+    asked: Counter[str] = Counter()
+    for turn in range(n - 1):
+        asked.update(vouchers(peer, trusted, turn=turn))
+    assert set(asked) == set(trusted)
+    assert max(asked.values()) - min(asked.values()) <= 1
+    assert sum(asked.values()) == VOUCHERS * (n - 1)
+
+
+def test_vouchers_follow_the_peer_on_the_ring() -> None:
+    """The first turn asks the members after the peer on the ring, as its watchers' ring
+    puts them: the same few for every member that asks about it."""
+    nodes = members(30)
+    peer = nodes[12]
+    assert set(vouchers(peer, nodes, turn=0)) == watched_by(peer, nodes, VOUCHERS)
+
+
 @pytest.mark.parametrize("k", [0, -1])
 def test_rejects_fewer_than_one_watcher(k: int) -> None:
     with pytest.raises(InvalidArgumentError):
         watched_by("a", ["a", "b"], k)
     with pytest.raises(InvalidArgumentError):
         watchers_of("a", ["a", "b"], k)
+    with pytest.raises(InvalidArgumentError):
+        vouchers("a", ["a", "b"], k)
 
 
 def test_pure_module_imports_no_io() -> None:
