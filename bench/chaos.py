@@ -16,7 +16,9 @@ every survivor lets go of it all. The verdicts:
 - ``hung``: the run had not ended TRIAL_TIMEOUT seconds after the signal;
 - ``leak``: a survivor still held objects, entries, pins, transfers, reduce slots or
   allreduces LEAK_WAIT seconds after the deletes;
-- ``crash``: a survivor's daemon exited, or logged a traceback or an ERROR line.
+- ``crash``: a survivor's daemon exited, or logged a traceback or an ERROR line;
+- ``degraded`` (``--cut-link`` only): a survivor got a typed error, and nothing else went
+  wrong.
 
 Anything but ``ok`` keeps the trial's daemon logs (the path is printed). ``--emulate RATE``
 runs each trial in a fresh emulated cluster (network namespaces, links limited to RATE, as
@@ -30,6 +32,7 @@ land mid-transfer, where on loopback many land before or after. Usage:
     python -m bench.chaos --trials 30 --seed 16 --long-pause  # ... after being declared dead
     python -m bench.chaos --trials 30 --seed 17 --restart  # killed victims started again
     python -m bench.chaos --trials 30 --seed 19 --emulate 1Gbit --partition  # cut off, healed
+    python -m bench.chaos --trials 30 --seed 23 --emulate 1Gbit --cut-link  # one link cut
 
 ``--double`` signals a second node in each trial, at a moment of its own drawn from the same
 range, with the same signal (at least 5 nodes, no backup input; a broadcast's second victim
@@ -49,7 +52,13 @@ end either, and every member must list exactly the members' current ids alive.
 is cut off from all the others (blackhole routes) for 1 to 8 s, then joined again. A short
 cut makes it suspected, a long one declared dead on both sides of the cut, and then the
 smaller side (the victim) must come back as a new member (docs/design.md §5, "Partitions
-heal"); the views and the let-go are checked as above.
+heal"); the views and the let-go are checked as above. ``--cut-link`` (with ``--emulate``)
+cuts only the link between the victim's host and one other node's, drawn from the rest, for
+1 to 8 s: nobody is lost, so every node is a survivor. Requests that need that link may fail
+while it is cut (docs/design.md §5, "A link broken between two members"), so a typed error is
+``degraded`` there, not ``error``; either way the trial then checks that every node kept its
+id and lists all the others alive and trusted within REJOIN_WAIT, and the let-go and logs as
+above.
 """
 
 from __future__ import annotations
@@ -126,6 +135,7 @@ class Trial:
     resume_after: float | None = None  # --resume: a stopped victim's pause, in seconds
     long_pause: bool = False  # --long-pause: that pause is past the heartbeat timeout
     restart_after: float | None = None  # --restart: a killed victim started again, seconds
+    link_to: int | None = None  # --cut-link: the other end of the cut link
 
     @property
     def mid_run(self) -> bool:
@@ -145,16 +155,21 @@ class Trial:
         if self.signal == "CUT":
             return (f"{self.op} n={self.nodes} {size} node {self.victim} cut off at "
                     f"{self.kill_after:.2f} s for {self.resume_after:.1f} s{extra}")
+        if self.signal == "LINK":
+            return (f"{self.op} n={self.nodes} {size} link {self.victim}-{self.link_to} cut "
+                    f"at {self.kill_after:.2f} s for {self.resume_after:.1f} s{extra}")
         return (f"{self.op} n={self.nodes} {size} SIG{self.signal} node "
                 f"{self.victim} at {self.kill_after:.2f} s{also}{pause}{extra}")
 
 
 def draw(seed: int, number: int, double: bool = False, resume: bool = False,
-         long_pause: bool = False, restart: bool = False, partition: bool = False) -> Trial:
+         long_pause: bool = False, restart: bool = False, partition: bool = False,
+         cut_link: bool = False) -> Trial:
     """Trial ``number`` of ``seed``: the same draw on every machine (``double``: with a
     second victim; ``resume``: a stopped victim runs again; ``long_pause``: only after it was
     declared dead; ``restart``: a killed victim is started again; ``partition``: the victim
-    is cut off instead of signalled; every other draw unchanged)."""
+    is cut off instead of signalled; ``cut_link``: only its link to one other node is; every
+    other draw unchanged)."""
     rng = random.Random(seed * 100_003 + number)
     op = rng.choice(OPS)
     nodes = rng.randint(4, 6)
@@ -178,9 +193,11 @@ def draw(seed: int, number: int, double: bool = False, resume: bool = False,
         trial.long_pause = long_pause and trial.resume_after is not None
     if restart and trial.signal == "KILL":
         trial.restart_after = RESTART[0] + (RESTART[1] - RESTART[0]) * rng.random()
-    if partition:
-        trial.signal = "CUT"
+    if partition or cut_link:
+        trial.signal = "LINK" if cut_link else "CUT"
         trial.resume_after = CUT_FOR[0] + (CUT_FOR[1] - CUT_FOR[0]) * rng.random()
+    if cut_link:
+        trial.link_to = rng.choice([i for i in range(trial.nodes) if i != victim])
     return trial
 
 
@@ -228,7 +245,7 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
                                                   trial.kill_after, trial.signal,
                                                   trial.backup, trial.victim_owns, made,
                                                   second, trial.resume_after,
-                                                  trial.restart_after)
+                                                  trial.restart_after, trial.link_to)
         except TimeoutError:
             return _ended(trial, "hung", f"not over {TRIAL_TIMEOUT:g} s after the signal",
                           workdir)
@@ -236,21 +253,28 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
             return _ended(trial, "error", f"{type(exc).__name__}: {exc}", workdir)
         trial.outcomes = [asdict(o) for o in outcomes]
         verdict, detail = _judge(outcomes)
+        if trial.signal == "LINK" and verdict == "error":
+            verdict = "degraded"  # a request that needed the cut link: a typed error
         victims = (trial.victim, trial.second)
-        if (trial.long_pause or trial.restart_after is not None
+        if trial.signal == "LINK" and verdict in ("ok", "degraded"):
+            kept, detail = await _views_agree(cluster, {}, detail, old_ids)
+            verdict = verdict if kept == "ok" else kept
+        elif (trial.long_pause or trial.restart_after is not None
                 or trial.signal == "CUT") and verdict == "ok":
             verdict, detail = await _views_agree(
                 cluster, {i: old_ids[i] for i in victims if i is not None}, detail)
         # a victim that ran again, or was started again, must let go of everything too
         again = trial.resume_after is not None or trial.restart_after is not None
-        survivors = [i for i in range(trial.nodes) if i not in victims or again]
+        survivors = [i for i in range(trial.nodes)
+                     if i not in victims or again or trial.signal == "LINK"]
         for i in survivors:
             await clients[i].close()
-        if verdict == "ok":
+        if verdict in ("ok", "degraded"):
             checker = await hoplite_client.connect(cluster.sockets[survivors[0]])
             try:
                 await _delete(checker, made)
-                verdict, left = await _let_go(cluster, survivors)
+                let_go, left = await _let_go(cluster, survivors)
+                verdict = verdict if let_go == "ok" else let_go
                 detail = f"{detail}, {left}"
             finally:
                 await checker.close()
@@ -258,7 +282,7 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
         if dead:
             verdict, detail = "crash", f"daemons {dead} exited"
         bad = _bad_log_lines(workdir, [cluster.nodes[i].log_path for i in survivors])
-        if bad and verdict in ("ok", "leak"):
+        if bad and verdict in ("ok", "degraded", "leak"):
             verdict, detail = "crash", bad
     return _ended(trial, verdict, detail, workdir)
 
@@ -281,12 +305,13 @@ async def _delete(client: hoplite_client.Client, oids: list[hoplite_client.Objec
             pass  # never made (a failed run), or gone with its only holder
 
 
-async def _views_agree(cluster: LocalCluster, paused: dict[int, str],
-                    detail: str) -> tuple[str, str]:
+async def _views_agree(cluster: LocalCluster, paused: dict[int, str], detail: str,
+                       kept: list[str] | None = None) -> tuple[str, str]:
     """Whether every member, within REJOIN_WAIT, lists exactly the members' current node ids
     alive: a victim paused past the heartbeat timeout (``paused``: its index and old node
     id) is back under a new id, which all list alive, and its old id is listed dead. (A
-    victim whose signal came after the run ended was never stopped: its id is unchanged.)"""
+    victim whose signal came after the run ended was never stopped: its id is unchanged.)
+    ``kept``: every node must still have that id, and suspect nobody."""
     deadline = time.monotonic() + REJOIN_WAIT
     last = "no answer"
     while time.monotonic() < deadline:
@@ -299,13 +324,16 @@ async def _views_agree(cluster: LocalCluster, paused: dict[int, str],
                 finally:
                     await client.close()
                 views[i] = (local["node_id"],
-                            {n["node_id"] for n in local["members"] if n["alive"]})
+                            {n["node_id"] for n in local["members"]
+                             if n["alive"] and not (kept and n["suspected"])})
         except HopliteError as exc:  # a victim between its two lives
             last = str(exc)
             await asyncio.sleep(0.5)
             continue
         current = {node_id for node_id, _ in views.values()}
         last = f"views {views}"
+        if kept is not None and [views[i][0] for i in range(cluster.size)] != kept:
+            return "error", f"a node runs under a new id: {views}"
         if all(alive == current for _, alive in views.values()):
             back = [i for i, old in paused.items() if views[i][0] != old]
             return "ok", f"{detail}, {len(back)} back as a new member"
@@ -371,10 +399,11 @@ def _ended(trial: Trial, verdict: str, detail: str, workdir: str) -> Trial:
 async def campaign(seed: int, numbers: list[int], json_path: str | None,
                    rate_bps: int | None = None, double: bool = False,
                    resume: bool = False, long_pause: bool = False,
-                   restart: bool = False, partition: bool = False) -> int:
+                   restart: bool = False, partition: bool = False,
+                   cut_link: bool = False) -> int:
     trials = []
     for number in numbers:
-        trial = draw(seed, number, double, resume, long_pause, restart, partition)
+        trial = draw(seed, number, double, resume, long_pause, restart, partition, cut_link)
         started = time.monotonic()
         trial = await run_trial(trial, rate_bps)
         trials.append(trial)
@@ -393,7 +422,7 @@ async def campaign(seed: int, numbers: list[int], json_path: str | None,
         with open(json_path, "w") as f:
             json.dump({"seed": seed, "rate_bps": rate_bps,
                        "trials": [asdict(t) for t in trials]}, f, indent=1)
-    return 0 if set(counts) <= {"ok"} else 1
+    return 0 if set(counts) <= {"ok", "degraded"} else 1
 
 
 def main() -> None:
@@ -415,16 +444,20 @@ def main() -> None:
                         help="a SIGKILLed victim is started again 0.2-3 s later")
     parser.add_argument("--partition", action="store_true",
                         help="cut the victim off for 1-8 s instead of a signal (--emulate)")
+    parser.add_argument("--cut-link", action="store_true",
+                        help="cut only the victim's link to one other node (--emulate)")
     args = parser.parse_args()
-    if args.partition and (args.emulate is None or args.double or args.resume
-                           or args.long_pause or args.restart):
-        parser.error("--partition needs --emulate, and goes with no other failure option")
+    cuts = args.partition or args.cut_link
+    if cuts and (args.emulate is None or args.double or args.resume or args.long_pause
+                 or args.restart or (args.partition and args.cut_link)):
+        parser.error("--partition and --cut-link need --emulate, and go with no other "
+                     "failure option")
     numbers = ([args.only] if args.only is not None
                else list(range(args.first, args.first + args.trials)))
     rate = None if args.emulate is None else parse_rate(args.emulate)
     raise SystemExit(uvloop.run(campaign(args.seed, numbers, args.json_path, rate,
                                          args.double, args.resume, args.long_pause,
-                                         args.restart, args.partition)))
+                                         args.restart, args.partition, args.cut_link)))
 
 
 if __name__ == "__main__":

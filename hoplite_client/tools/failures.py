@@ -141,7 +141,8 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
                            made: list[hoplite_client.ObjectID] | None = None,
                            second: tuple[int, float] | None = None,
                            resume_after: float | None = None,
-                           restart_after: float | None = None) -> list[Outcome]:
+                           restart_after: float | None = None,
+                           link_to: int | None = None) -> list[Outcome]:
     """Run ``op`` once, signalling node ``victim`` ``kill_after`` seconds in (``sig`` None:
     the same run without the signal); survivors' outcomes, in node order. ``backup``: a
     reduce's lost input is replaced by a backup. ``victim_owns``: the victim's shard owns
@@ -154,7 +155,10 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     as a supervisor would (a new member, joining while the run may still go on); the run
     counts as over once it has joined, and a failed start raises its error. ``sig`` "CUT"
     (an emulated cluster only, one victim): the victim's host is cut off from every other
-    host for ``resume_after`` seconds, then joined again (``Testbed.partition``)."""
+    host for ``resume_after`` seconds, then joined again (``Testbed.partition``). ``sig``
+    "LINK" (emulated, one victim): only the link between the victim's host and node
+    ``link_to``'s is cut for that long; nobody is lost, so every participant is a survivor and
+    no input is put again (docs/design.md §5, "A link broken between two members")."""
     clients = ctx.clients
     n = len(clients)
     owner = cluster.nodes[victim].node_id if victim_owns else None
@@ -162,17 +166,20 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
                                               owner, [node.node_id for node in cluster.nodes],
                                               [] if made is None else made)
     moments = [(victim, kill_after)] + ([] if second is None else [second])
-    victims = [v for v, _ in moments]
+    victims = [] if sig == "LINK" else [v for v, _ in moments]
     survivors = [i for i in participants if i not in victims]
     t0 = time.perf_counter()
 
-    helper = clients[helper_for(victims, n)]
+    helper = clients[helper_for([v for v, _ in moments], n)]
     resumes: list[float] = []  # when each paused victim runs again (the loop's clock)
     returns: list[asyncio.Future[Any]] = []  # each killed victim started again, or cut healed
-    cut = [[victim], [i for i in range(n) if i != victim]]
+    cut = [[victim], [i for i in range(n) if i != victim] if link_to is None else [link_to]]
     testbed = cluster.testbed if isinstance(cluster, EmulatedCluster) else None
-    if sig == "CUT" and (testbed is None or second is not None or resume_after is None):
-        raise InvalidArgumentError("a cut needs an emulated cluster, one victim and its length")
+    if sig in ("CUT", "LINK") and (testbed is None or second is not None or resume_after is None
+                                   or (sig == "LINK") != (link_to is not None)
+                                   or link_to == victim):
+        raise InvalidArgumentError("a cut needs an emulated cluster, one victim and its length "
+                                   "(a cut link: the other end, another node)")
 
     async def restart(node: int) -> None:
         assert restart_after is not None
@@ -188,8 +195,10 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     async def signal_one(node: int, after: float) -> None:
         assert sig is not None
         await asyncio.sleep(max(0.0, t0 + after - time.perf_counter()))
-        if sig == "CUT":  # its own task: once begun, a cut is made and healed in full
+        if sig in ("CUT", "LINK"):  # its own task: once begun, made and healed in full
             returns.append(asyncio.ensure_future(cut_then_heal()))
+            if sig == "LINK":
+                return  # nothing is lost
         else:
             cluster.kill(node, SIGNALS[sig])
         if resume_after is not None and sig == "STOP":
