@@ -171,6 +171,7 @@ class Daemon:
                 worker.node_died(node)
                 fetcher.source_died(node)
                 sender.peer_died(node)
+            rpc.views_changed()  # a suspected member dead: no object moves, yet waits end
 
         def owners_changed(previous: OwnerSet) -> None:
             """Objects moved between shards (a death, a join, a suspicion raised or

@@ -6,7 +6,12 @@ from a peer (the peer :class:`~hoplited.dispatch.Dispatcher`, called directly); 
 member it goes over our control link to it. ``call_owner`` follows ownership while membership
 moves: a shard that is not (or no longer) the owner, or a dead one, is retried at the new owner
 for as long as it takes to detect a death and move ownership, and a request pending at an
-owner that falls under suspicion is sent again to the member standing in for it.
+owner that falls under suspicion is sent again to the member standing in for it. A stand-in
+that answers "not the owner", naming a member only we suspect, does so because our views
+differ through our own suspicion, which may last as long as a broken link to that member: the
+request is asked again, as within the window, for as long as we suspect that member (until it
+is trusted again, or dead), bounded only by its caller's timeout (docs/design.md §5, "A link
+broken between two members").
 
 Inbound (:meth:`Rpc.listen`): every TCP connection starts with the authenticated handshake
 (inside TLS when the node has certificates: docs/security.md);
@@ -56,6 +61,15 @@ def owner_moved(exc: HopliteError) -> bool:
     request's outcome, even when its type is one of these (a failed reduce's record is)."""
     return isinstance(exc, NotOwnerError) or (isinstance(exc, _UNREACHABLE)
                                               and not exc.reported)
+
+
+def named_owner(exc: HopliteError) -> str | None:
+    """The member a shard's "not the owner" answer names as the owner, if it is one."""
+    if not isinstance(exc, NotOwnerError):
+        return None
+    owner = exc.data.get("owner")
+    return owner if isinstance(owner, str) else None
+
 
 DataServer = Callable[[FrameProtocol, str], Awaitable[None]]  # the connection, the peer
 
@@ -115,6 +129,7 @@ class Rpc:
         loop = asyncio.get_running_loop()
         give_up: float | None = None
         attempt = 0
+        differ = False  # a shard named an owner we suspect: our views differ through it
         while True:
             owner = self._membership.owner(oid)
             try:
@@ -124,13 +139,23 @@ class Rpc:
                     continue
                 return frame
             except HopliteError as exc:
+                pause = min(RETRY_PAUSE_MAX, 0.02 * 2 ** attempt)
+                attempt += 1
+                named = named_owner(exc)
+                if (named is not None and named != owner and self._membership.is_alive(named)
+                        and named in self._membership.suspected):
+                    if not differ:
+                        log.info("shard %s says %s owns %s, which we suspect: asking again "
+                                 "until our views agree", owner, named, oid.short())
+                    differ = True  # as long as that lasts: trusted again, or dead
+                    await asyncio.wait([self._next_move()], timeout=pause)
+                    continue
                 if give_up is None:
                     give_up = loop.time() + self._retry_window
                 if not owner_moved(exc) or loop.time() >= give_up:
                     raise
                 log.info("owner %s of %s unreachable (%s); retrying", owner, oid.short(), exc)
-                await asyncio.sleep(min(RETRY_PAUSE_MAX, 0.02 * 2 ** attempt))
-                attempt += 1
+                await asyncio.sleep(pause)
 
     async def _call_while_owner(self, oid: ObjectID, owner: str, msg: Request[R],
                                 payload: Any, timeout: float | None) -> Frame[R] | None:
@@ -158,6 +183,11 @@ class Rpc:
         moved, self._moved = self._moved, None
         if moved is not None and not moved.done():
             moved.set_result(None)
+
+    def views_changed(self) -> None:
+        """The live set changed (a death or a join), whether or not objects moved: a request
+        waiting for our views to agree about an owner we suspect asks again."""
+        self.owners_changed()
 
     def _next_move(self) -> asyncio.Future[None]:
         """Done at the next move of objects between shards."""

@@ -58,8 +58,9 @@ def owned_by(owner: str, ids: list[str], start: int) -> ObjectID:
 async def test_a_link_broken_between_two_members_declares_neither_dead() -> None:
     """Break the link between P and X for three heartbeat timeouts past their suspicion: every
     member keeps its id and pid and lists all four alive, only P and X suspect each other, and
-    objects move around the broken link; once it works again the two trust each other and an
-    object crosses it."""
+    objects move around the broken link, and a get on P of an object X's shard owns waits;
+    once the link works again the two trust each other, that get ends, and an object crosses
+    it."""
     async with emulated_cluster(N, RATE, capacity="512MiB", daemon_args=FAST_HEARTBEAT,
                                 log_level="info") as cluster:
         ids = [node.node_id for node in cluster.nodes]
@@ -75,7 +76,13 @@ async def test_a_link_broken_between_two_members_declares_neither_dead() -> None
                     return views[P][2][ids[X]][1] and views[X][2][ids[P]][1]
 
                 await eventually(split, timeout=60, what="P and X suspecting each other")
+                # an object X's shard owns: P's view of ownership differs from the others'
+                # until the link works again, and P's get waits for that
+                waited = np.full(MiB, 9, dtype=np.int16)
+                waited_id = await clients[2].put(waited, owned_by(ids[X], ids, 40_000))
+                waiting = asyncio.ensure_future(clients[P].get(waited_id, timeout=4 * IO_TIMEOUT))
                 await asyncio.sleep(3 * TIMEOUT)  # three verdicts' time, before this fix
+                assert not waiting.done(), waiting
                 for i, (node_id, pid, members) in enumerate(
                         [await view(s) for s in cluster.sockets]):
                     assert (node_id, pid) == (ids[i], pids[i]), f"node {i} ran again"
@@ -103,6 +110,7 @@ async def test_a_link_broken_between_two_members_declares_neither_dead() -> None
                 return not any(suspected for v in views for _, suspected in v[2].values())
 
             await eventually(trusted, timeout=60, what="P and X trusting each other again")
+            assert np.array_equal(await waiting, waited)
             assert np.array_equal(await clients[P].get(only_on_x_id, timeout=IO_TIMEOUT),
                                   only_on_x)
             assert [(await view(s))[:2] for s in cluster.sockets] == list(zip(ids, pids))

@@ -13,7 +13,7 @@ from hoplite_client.wire.errors import (
     PeerUnavailableError,
     error_from_wire,
 )
-from hoplited.rpc import owner_moved
+from hoplited.rpc import named_owner, owner_moved
 
 
 @pytest.mark.parametrize("error,retry", [
@@ -30,3 +30,16 @@ from hoplited.rpc import owner_moved
         "answered-unavailable", "answered-timeout", "not-found", "timeout"])
 def test_owner_moved(error: HopliteError, retry: bool) -> None:
     assert owner_moved(error) is retry
+
+
+@pytest.mark.parametrize("error,owner", [
+    (NotOwnerError("not mine", owner="b"), "b"),
+    (error_from_wire("not_owner", "not mine", {"owner": "b"}), "b"),
+    (error_from_wire("not_owner", "not mine", {}), None),
+    (error_from_wire("not_owner", "not mine", {"owner": 7}), None),  # a peer's odd answer
+    (PeerUnavailableError("a is dead", node="a"), None),
+], ids=["not-owner", "reported", "no-owner", "not-a-name", "other-error"])
+def test_named_owner(error: HopliteError, owner: str | None) -> None:
+    """The member a "not the owner" answer names: a request waits for our views to agree
+    when we suspect it (docs/design.md §5, "A link broken between two members")."""
+    assert named_owner(error) == owner
