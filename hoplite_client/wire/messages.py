@@ -643,6 +643,7 @@ class ReduceDone(WireMessage):
 class ReduceChildLost(WireMessage):
     """Tree node to coordinator: slot ``slot``'s pull of child ``child`` (at ``version``) broke
     at ``offset`` bytes; ``source_dead``: this node's membership says the source is dead;
+    ``source_suspected``: alive, but suspected here (silent to us, or our link to it broken);
     ``consumer``: the version of the reporting task's output (a report from a task replaced
     since is stale)."""
 
@@ -655,6 +656,7 @@ class ReduceChildLost(WireMessage):
     consumer: bytes
     code: str
     message: str
+    source_suspected: bool = False
 
 
 # --- 64-65: a holder short of memory asks the owner shard to let its copy go ---

@@ -135,7 +135,9 @@ class ChildLost:
     """The consumer of slot ``child`` (its parent slot ``parent``; None: the pull of the root
     into the result) stopped receiving its output (at ``version``) at ``offset`` bytes;
     ``source_dead``: the consumer's node has declared the child's node dead; ``consumer``: the
-    version of the reporting task's output (None for the root pull)."""
+    version of the reporting task's output (None for the root pull); ``source_suspected``: the
+    consumer's node holds the child's node alive but suspects it (its own link to it may be
+    broken while ours works: docs/design.md §5, "A link broken between two members")."""
 
     parent: int | None
     child: int
@@ -144,6 +146,7 @@ class ChildLost:
     source_dead: bool
     error: HopliteError
     consumer: bytes | None = None
+    source_suspected: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -891,15 +894,17 @@ class ReducePlan:
 
     def _reconnect(self, ev: ChildLost, node: str) -> list[Instruction]:
         """A pull from ``node``, which looks alive, broke: try again after a backoff, until
-        the delays add up to the plan's patience."""
+        the delays add up to the plan's patience. While the consumer suspects ``node``, which
+        we do not, the wait does not count: our views differ, and end when the consumer trusts
+        it again (its link to it works) or when our own suspicion or verdict repairs it."""
         tries, waited = self._reconnects.get(ev.child, (0, 0.0))
-        if waited >= self.patience:
+        if waited >= self.patience and not ev.source_suspected:
             return self._fail(PeerUnavailableError(
                 f"slot {ev.child} on node {node} of reduce {self.result.hex()}: its "
                 f"output could not be received after {tries} reconnections: {ev.error}",
                 node=node, slot=ev.child))
         delay = min(RECONNECT_DELAY * 2 ** tries, RECONNECT_MAX)
-        self._reconnects[ev.child] = (tries + 1, waited + delay)
+        self._reconnects[ev.child] = (tries + 1, waited + (0.0 if ev.source_suspected else delay))
         self._broken[ev.child] = ev.offset
         return [After(delay, Retry(ev.child, ev.version))]
 

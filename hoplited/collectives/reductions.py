@@ -189,6 +189,7 @@ class Reductions:
             error = error_from_wire(msg.code, f"slot {msg.slot} lost child {msg.child}: "
                                               f"{msg.message}", {})
             coordinator.feed(p.ChildLost(msg.slot, msg.child, msg.version, msg.offset,
-                                         msg.source_dead, error, msg.consumer))
+                                         msg.source_dead, error, msg.consumer,
+                                         msg.source_suspected))
 
 

@@ -115,13 +115,15 @@ class ReduceWorker:
     """Runs the tree-node tasks this node was given."""
 
     def __init__(self, store: ObjectStore, arena: Arena, fetcher: Fetcher, tell: Tell,
-                 tasks: Tasks, is_alive: Callable[[str], bool]) -> None:
+                 tasks: Tasks, is_alive: Callable[[str], bool],
+                 is_trusted: Callable[[str], bool]) -> None:
         self._store = store
         self._arena = arena
         self._fetcher = fetcher
         self._tell = tell
         self._tasks = tasks
         self._is_alive = is_alive
+        self._is_trusted = is_trusted
         self.slots: dict[tuple[ObjectID, int], SlotTask] = {}
         self.folds = 0  # lost inputs folded into a slot here, ever (status, metrics)
 
@@ -352,7 +354,9 @@ class ReduceWorker:
             self._tell(task.coordinator, ReduceChildLost(
                 reduce_id=msg.reduce_id, slot=msg.slot, child=msg.child, version=msg.version,
                 offset=buf.received, source_dead=not self._is_alive(msg.node),
-                consumer=task.out.version, code=error.code, message=str(error)))
+                consumer=task.out.version, code=error.code, message=str(error),
+                source_suspected=(self._is_alive(msg.node)
+                                  and not self._is_trusted(msg.node))))
 
     def _populate(self, task: SlotTask, buf: StoredObject) -> None:
         """Back a buffer of ``task`` with memory; if there is none, the buffer fails (so nothing

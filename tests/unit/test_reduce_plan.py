@@ -528,6 +528,22 @@ CASES = [
             f"slot 1 on node n1 of reduce {R.hex()}: its output could not be received after "
             f"6 reconnections: {BROKEN}", node="n1", slot=1)), Release(("n1", "n2"))]),
     ]),
+    Case("a-consumer-that-suspects-the-source-reconnects-past-the-patience", k=3, patience=3.0,
+         steps=[
+        *RUNNING_CHAIN,
+        # the consumer's link to n1 is broken while ours works: no count against the patience
+        *[step for delay in (0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0, 1.0) for step in (
+            (ChildLost(2, 1, t(1), 10, False, BROKEN, t(2), True),
+             [After(delay, Retry(1, t(1)))]),
+            (Retry(1, t(1)), [conn(2, "n2", 1, "n1", out(1), t(1))]))],
+        # trusted there again, and still broken: the patience counts from here
+        *[step for _ in range(3) for step in (
+            (ChildLost(2, 1, t(1), 10, False, BROKEN, t(2)), [After(1.0, Retry(1, t(1)))]),
+            (Retry(1, t(1)), [conn(2, "n2", 1, "n1", out(1), t(1))]))],
+        (ChildLost(2, 1, t(1), 10, False, BROKEN, t(2)), [Fail(PeerUnavailableError(
+            f"slot 1 on node n1 of reduce {R.hex()}: its output could not be received after "
+            f"11 reconnections: {BROKEN}", node="n1", slot=1)), Release(("n1", "n2"))]),
+    ]),
     Case("root-pull-broken-repairs-the-root", k=3, steps=[
         *RUNNING_CHAIN,
         (ChildLost(None, 2, t(2), 900, True, BROKEN), [WaitInput(I[2], ("n2",))]),
