@@ -62,8 +62,9 @@ waiting for it; each verdict now rests on silence we were awake to see (docs/des
 
 Asking others first, optional (``indirect``). A peer silent to us may be silent to us only:
 the link between us broke while both of us reach everyone else. Declaring it dead then would
-make it run again as a new member every heartbeat timeout, and lose its objects each time
-(fencing, docs/design.md §5). So ``indirect`` seconds before the deadline the core says
+split our views (each of us holds the other dead, nobody else does), and once the link worked
+again the side rule would send one of us back as a new member, its objects lost (fencing,
+docs/design.md §5). So ``indirect`` seconds before the deadline the core says
 ``AskOthers``: a few other members ping the peer for us, each answer within that time. If one
 reached it (``Vouched``), the peer runs: its silence counts from then, it stays suspected (our
 own way to it is broken), and the core asks again before the next deadline. A verdict for
