@@ -199,6 +199,8 @@ class Daemon:
         membership.owner_listeners.append(owners_changed)
         rpc.listen(sock)
         prober.start()
+        # anti-entropy: a member missed by a lost MemberUp is learned within a few timeouts
+        tasks.spawn(cluster.exchange_rosters(cfg.heartbeat_timeout), name="rosters")
         listener.start()
         if cfg.metrics_port is not None:
             self._metrics = MetricsServer(registry_for(status.local), cfg.host, cfg.metrics_port)

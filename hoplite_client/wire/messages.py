@@ -502,6 +502,17 @@ class Reached(Reply):
     reached: bool
 
 
+@message(85, shape="request", roles=(PEER,))
+class Roster(Request["Members"]):
+    """Anti-entropy: ``digest`` is the sender's digest of its live set
+    (``hoplited/cluster/membership.py``, ``roster_digest``). The receiver answers with its
+    live members if its own digest differs, else with none; the sender learns of any it did
+    not know (docs/design.md §5, "Membership converges")."""
+
+    rid: int = 0
+    digest: bytes
+
+
 @message(50, shape="request", roles=(PEER,))
 class Drop(Request["Ok"]):
     """The directory tells a holder to drop its copy of a deleted object (the delete returns

@@ -199,6 +199,12 @@ class Membership:
                 listener(previous)
 
 
+def roster_digest(alive: Iterable[str]) -> bytes:
+    """A short digest of a live set: two members whose digests are equal list the same
+    members alive (docs/design.md §5, "Membership converges")."""
+    return hashlib.blake2b("\n".join(sorted(alive)).encode(), digest_size=16).digest()
+
+
 def rejoin_seeds(membership: Membership, by: str) -> list[tuple[str, int]]:
     """Where this node, declared dead by ``by``, joins again as a new member: ``by`` first
     (it answered just now), then every other member alive in our view, in id order, each

@@ -9,11 +9,15 @@ of them asks the member itself (docs/design.md §5, "Watchers"). A member that d
 dead and probes us (Probe, :mod:`.probing`) gets our live set, and the side rule decides
 which of us runs again as a new member (docs/design.md §5, "Partitions heal"). A member that
 cannot reach another asks us to ping it (PingFor) before it declares it dead (docs/design.md
-§5, "A link broken between two members").
+§5, "A link broken between two members"). Now and then each member compares its live set with
+another's (Roster) and learns of the members it missed: a MemberUp lost with a broken link or
+refused by a member that had declared its sender dead (docs/design.md §5, "Membership
+converges").
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -38,12 +42,13 @@ from hoplite_client.wire.messages import (
     PingFor,
     Probe,
     Reached,
+    Roster,
     WireMessage,
 )
 from hoplited.cluster.links import Links
-from hoplited.cluster.membership import Membership
+from hoplited.cluster.membership import Membership, roster_digest
 from hoplited.cluster.partitions import plausible
-from hoplited.cluster.watching import to_alarm
+from hoplited.cluster.watching import roster_partner, to_alarm
 from hoplited.dispatch import Handler
 
 log = logging.getLogger("hoplited.cluster")
@@ -61,7 +66,8 @@ class ClusterService:
 
     def handlers(self) -> dict[type[WireMessage], Handler]:
         return {Join: self.on_join, MemberUp: self.on_member_up, Ping: self.on_ping,
-                Alarm: self.on_alarm, Probe: self.on_probe, PingFor: self.on_ping_for}
+                Alarm: self.on_alarm, Probe: self.on_probe, PingFor: self.on_ping_for,
+                Roster: self.on_roster}
 
     async def join(self, seeds: list[tuple[str, int]]) -> None:
         """Join through the first seed that answers; learn the whole membership from it."""
@@ -134,6 +140,37 @@ class ClusterService:
         if link is None or link.liveness.dead:
             return Reached(reached=False)
         return Reached(reached=await link.reach(timeout))
+
+    def on_roster(self, peer: str, msg: Roster, payload: memoryview | None) -> Members:
+        """``peer`` compares live sets: our live members if they differ from its, else none."""
+        alive = self._membership.alive_ids()
+        if roster_digest(alive) == msg.digest:
+            return Members(members=[])
+        return Members(members=[self._membership.members[n] for n in alive])
+
+    async def exchange_rosters(self, period: float) -> None:
+        """Every ``period`` seconds, compare our live set with the next trusted member's on the
+        ring and add the members it lists that we never heard of (a member we declared dead
+        stays dead: ``add_member``)."""
+        turn = 0
+        while True:
+            await asyncio.sleep(period)
+            partner = roster_partner(self._identity.node_id, self._links.trusted(), turn)
+            turn += 1
+            link = None if partner is None else self._links.get(partner)
+            if link is None:
+                continue
+            digest = roster_digest(self._membership.alive_ids())
+            try:
+                frame = await link.request(Roster(digest=digest), timeout=period)
+            except HopliteError as exc:
+                log.info("could not compare live sets with %s: %s", partner, exc)
+                continue
+            for member in frame.msg.members:
+                if member.node_id not in self._membership.members:
+                    log.info("member %s at %s:%d, alive for %s, was unknown here: added",
+                             member.node_id, member.host, member.port, partner)
+                    self.add_member(member, announce=False)
 
     def warn(self, node: str, dead: bool) -> None:
         """We watch ``node`` and found it silent: tell the members that do not watch it."""

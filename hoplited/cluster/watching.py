@@ -82,3 +82,14 @@ def vouchers(peer: str, trusted: Iterable[str], count: int = VOUCHERS,
         return after
     start = (turn * count) % len(after)
     return [after[(start + i) % len(after)] for i in range(count)]
+
+
+def roster_partner(me: str, trusted: Iterable[str], turn: int) -> str | None:
+    """Whom to compare live sets with at ``turn`` (docs/design.md §5, "Membership converges"):
+    the ``turn``-th trusted member after us on the ring, round and round, so that each is asked
+    once every len(trusted) turns. None when we trust nobody else."""
+    ring = sorted({*trusted, me}, key=lambda n: (node_key(n), n))
+    if len(ring) < 2:
+        return None
+    at = ring.index(me)
+    return ring[(at + 1 + turn % (len(ring) - 1)) % len(ring)]

@@ -17,6 +17,7 @@ from hoplited.cluster.membership import (
     Membership,
     rejoin_seeds,
     rendezvous_owner,
+    roster_digest,
 )
 
 pytestmark = pytest.mark.unit
@@ -347,3 +348,16 @@ def test_only_a_member_declared_dead_is_refused_and_the_refusal_carries_our_live
     refusal = m.refusal("c")
     assert refusal is not None and refusal.code == "declared_dead"
     assert refusal.data == {"by": ME, "alive": "a,b,d"}
+
+
+@pytest.mark.parametrize(("a", "b", "same"), [
+    (["a", "b", "c"], ["c", "a", "b"], True),  # the order does not matter
+    (["a", "b", "c"], ["a", "b"], False),
+    (["a", "b"], ["a", "b", "c"], False),
+    (["ab", "c"], ["a", "bc"], False),  # ids are kept apart
+    ([], [], True),
+])
+def test_roster_digests_are_equal_exactly_for_equal_live_sets(a: list[str], b: list[str],
+                                                              same: bool) -> None:
+    assert (roster_digest(a) == roster_digest(b)) is same
+    assert len(roster_digest(a)) == 16

@@ -23,7 +23,14 @@ from hoplited.cluster.liveness import (
     WaitUntil,
     Warn,
 )
-from hoplited.cluster.watching import VOUCHERS, to_alarm, vouchers, watched_by, watchers_of
+from hoplited.cluster.watching import (
+    VOUCHERS,
+    roster_partner,
+    to_alarm,
+    vouchers,
+    watched_by,
+    watchers_of,
+)
 from hoplited.config import MAX_WATCHERS, DaemonConfig
 
 pytestmark = pytest.mark.unit
@@ -152,6 +159,22 @@ def test_vouchers_follow_the_peer_on_the_ring() -> None:
     nodes = members(30)
     peer = nodes[12]
     assert set(vouchers(peer, nodes, turn=0)) == watched_by(peer, nodes, VOUCHERS)
+
+
+@pytest.mark.parametrize(("n", "expected"), [(1, None), (2, 1), (5, 4), (40, 39)])
+def test_roster_partners_go_round_every_trusted_member(n: int, expected: int | None) -> None:
+    """Each trusted member is asked once every len(trusted) turns, never ourselves; with
+    nobody else trusted there is nobody to ask."""
+    nodes = members(n)
+    me = nodes[0]
+    asked = [roster_partner(me, nodes[1:], turn) for turn in range(2 * max(1, n - 1))]
+    if expected is None:
+        assert set(asked) == {None}
+        return
+    first = asked[:n - 1]
+    assert len(set(first)) == expected and me not in first and None not in first
+    assert asked[n - 1:] == first  # round and round, in the same order
+    assert roster_partner(me, nodes, 0) == asked[0]  # ourselves among them changes nothing
 
 
 @pytest.mark.parametrize("k", [0, -1])
