@@ -142,8 +142,8 @@ class Rpc:
                 pause = min(RETRY_PAUSE_MAX, 0.02 * 2 ** attempt)
                 attempt += 1
                 named = named_owner(exc)
-                if (named is not None and named != owner and self._membership.is_alive(named)
-                        and named in self._membership.suspected):
+                # suspected means alive: a verdict takes a member out of ``suspected``
+                if named is not None and named != owner and named in self._membership.suspected:
                     if not differ:
                         log.info("shard %s says %s owns %s, which we suspect: asking again "
                                  "until our views agree", owner, named, oid.short())
