@@ -28,18 +28,21 @@ land mid-transfer, where on loopback many land before or after. Usage:
     python -m bench.chaos --seed 1 --only 17      # trial 17 of seed 1 again
     python -m bench.chaos --trials 30 --seed 7 --emulate 1Gbit
     python -m bench.chaos --trials 30 --seed 9 --double   # two victims per trial
+    python -m bench.chaos --trials 30 --seed 28 --victims 3   # three
     python -m bench.chaos --trials 30 --seed 13 --resume  # stopped victims run again
     python -m bench.chaos --trials 30 --seed 16 --long-pause  # ... after being declared dead
     python -m bench.chaos --trials 30 --seed 17 --restart  # killed victims started again
     python -m bench.chaos --trials 30 --seed 19 --emulate 1Gbit --partition  # cut off, healed
+    python -m bench.chaos --trials 30 --seed 29 --emulate 1Gbit --partition --victims 2
     python -m bench.chaos --trials 30 --seed 23 --emulate 1Gbit --cut-link  # one link cut
 
-``--double`` signals a second node in each trial, at a moment of its own drawn from the same
-range, with the same signal (at least 5 nodes, no backup input; a broadcast's second victim
-is neither of the two nodes holding the object before the run). The draws of every other
-parameter are those of the same seed without it. ``--resume`` sends a SIGSTOPped victim
-SIGCONT after a pause drawn from 0.5 to 3 s, below the heartbeat timeout: it is suspected and
-then trusted again, never declared dead, and takes its ids back. It is not a survivor whose
+``--victims K`` signals K nodes in each trial, each at a moment of its own drawn from the
+same range, with the same signal (at least K + 3 nodes, no backup input; a broadcast's later
+victims are neither of the two nodes holding the object before the run); ``--double`` is
+``--victims 2``. The draws of every other parameter are those of the same seed with one.
+``--resume`` sends a SIGSTOPped victim SIGCONT after a pause drawn from 0.5 to 3 s, below
+the heartbeat timeout: it is suspected and then trusted again, never declared dead, and takes
+its ids back. It is not a survivor whose
 result is checked, but once it runs again it must let go of everything too. ``--long-pause``
 is the same with a pause drawn from 5 to 8 s, past the heartbeat timeout: the victim is
 declared dead, runs again, and must come back as a new member (docs/design.md §5, "Declared
@@ -49,7 +52,9 @@ within REJOIN_WAIT and that every member then lists that id alive and the old on
 would: a new member that joins while the run may still go on. It must hold nothing at the
 end either, and every member must list exactly the members' current ids alive.
 ``--partition`` (with ``--emulate``) replaces each trial's signal by a cut: the victim's host
-is cut off from all the others (blackhole routes) for 1 to 8 s, then joined again. A short
+is cut off from all the others (blackhole routes) for 1 to 8 s, then joined again; with
+``--victims K`` the K victims' hosts are cut off at the first one's moment, as one side or
+each alone (drawn), and the rest, at least K + 1 nodes, is the largest side. A short
 cut makes it suspected, a long one declared dead on both sides of the cut, and then the
 smaller side (the victim) must come back as a new member (docs/design.md §5, "Partitions
 heal"); the views and the let-go are checked as above. ``--cut-link`` (with ``--emulate``)
@@ -82,7 +87,7 @@ import uvloop
 import hoplite_client
 from hoplite_client.tools.failures import (
     Outcome,
-    check_second,
+    check_others,
     check_victim,
     run_with_failure,
 )
@@ -130,8 +135,9 @@ class Trial:
     last: float | None = None  # seconds until the last survivor held its result
     outcomes: list[dict[str, Any]] = field(default_factory=list)
     logs: str | None = None
-    second: int | None = None  # --double: the second victim, and its moment (as kill_after)
-    second_after: float = 0.0
+    others: list[int] = field(default_factory=list)  # --victims K: the victims after the first
+    others_after: list[float] = field(default_factory=list)  # ... and their moments
+    apart: bool = False  # --partition with more victims: each cut off alone, not together
     resume_after: float | None = None  # --resume: a stopped victim's pause, in seconds
     long_pause: bool = False  # --long-pause: that pause is past the heartbeat timeout
     restart_after: float | None = None  # --restart: a killed victim started again, seconds
@@ -146,15 +152,18 @@ class Trial:
         extra = "".join([", victim owns", ", backup"][i] for i, on in
                         enumerate((self.victim_owns, self.backup)) if on)
         size = (f"{self.size >> 20} MiB" if self.size >= 1 << 20 else f"{self.size >> 10} KiB")
-        also = ("" if self.second is None
-                else f" and node {self.second} at {self.second_after:.2f} s")
+        also = "".join(f" and node {o} at {a:.2f} s"
+                       for o, a in zip(self.others, self.others_after))
         pause = ("" if self.resume_after is None
                  else f", SIGCONT {self.resume_after:.1f} s later")
         if self.restart_after is not None:
             pause = f", started again {self.restart_after:.1f} s later"
         if self.signal == "CUT":
-            return (f"{self.op} n={self.nodes} {size} node {self.victim} cut off at "
-                    f"{self.kill_after:.2f} s for {self.resume_after:.1f} s{extra}")
+            cut = ", ".join(str(v) for v in [self.victim, *self.others])
+            how = "" if not self.others else " each alone" if self.apart else " together"
+            return (f"{self.op} n={self.nodes} {size} node{'s' if self.others else ''} {cut} "
+                    f"cut off{how} at {self.kill_after:.2f} s for {self.resume_after:.1f} s"
+                    f"{extra}")
         if self.signal == "LINK":
             return (f"{self.op} n={self.nodes} {size} link {self.victim}-{self.link_to} cut "
                     f"at {self.kill_after:.2f} s for {self.resume_after:.1f} s{extra}")
@@ -162,14 +171,15 @@ class Trial:
                 f"{self.victim} at {self.kill_after:.2f} s{also}{pause}{extra}")
 
 
-def draw(seed: int, number: int, double: bool = False, resume: bool = False,
+def draw(seed: int, number: int, victims: int = 1, resume: bool = False,
          long_pause: bool = False, restart: bool = False, partition: bool = False,
          cut_link: bool = False) -> Trial:
-    """Trial ``number`` of ``seed``: the same draw on every machine (``double``: with a
-    second victim; ``resume``: a stopped victim runs again; ``long_pause``: only after it was
-    declared dead; ``restart``: a killed victim is started again; ``partition``: the victim
-    is cut off instead of signalled; ``cut_link``: only its link to one other node is; every
-    other draw unchanged)."""
+    """Trial ``number`` of ``seed``: the same draw on every machine (``victims``: how many
+    nodes fail, each at a moment of its own; ``resume``: a stopped victim runs again;
+    ``long_pause``: only after it was declared dead; ``restart``: a killed victim is started
+    again; ``partition``: the victims are cut off instead of signalled, together or each
+    alone; ``cut_link``: only one victim's link to one other node is; every other draw
+    unchanged)."""
     rng = random.Random(seed * 100_003 + number)
     op = rng.choice(OPS)
     nodes = rng.randint(4, 6)
@@ -180,12 +190,17 @@ def draw(seed: int, number: int, double: bool = False, resume: bool = False,
     trial = Trial(number, op, nodes, rng.choice(SIZES[op]), victim,
                   "KILL" if rng.random() < 0.7 else "STOP", rng.random() < 0.3, backup,
                   kill_after=rng.random())  # a fraction, scaled once the run is timed
-    if double:
-        trial.nodes, trial.backup = max(nodes, 5), False
+    if victims > 1:
+        # at least three survivors; a cut side smaller than the rest (docs/design.md §5)
+        trial.nodes = max(nodes, victims + 3, 2 * victims + 1 if partition else 0)
+        trial.backup = False
         lowest = 2 if base == "broadcast" else 1
-        trial.second = rng.choice([i for i in range(lowest, trial.nodes) if i != victim])
-        trial.second_after = rng.random()
-        check_second(base, victim, trial.second, trial.nodes, trial.backup)
+        for _ in range(victims - 1):
+            taken = [victim, *trial.others]
+            trial.others.append(rng.choice([i for i in range(lowest, trial.nodes)
+                                            if i not in taken]))
+            trial.others_after.append(rng.random())
+        check_others(base, victim, trial.others, trial.nodes, trial.backup)
     if resume or long_pause:
         low, high = LONG_PAUSE if long_pause else PAUSE
         pause = low + (high - low) * rng.random()
@@ -198,6 +213,8 @@ def draw(seed: int, number: int, double: bool = False, resume: bool = False,
         trial.resume_after = CUT_FOR[0] + (CUT_FOR[1] - CUT_FOR[0]) * rng.random()
     if cut_link:
         trial.link_to = rng.choice([i for i in range(trial.nodes) if i != victim])
+    if partition and trial.others:
+        trial.apart = rng.random() < 0.5
     return trial
 
 
@@ -227,25 +244,25 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
             made: list[hoplite_client.ObjectID] = []
             free = await run_with_failure(base, ctx, cluster, trial.victim, 0.0, None,
                                           trial.backup, trial.victim_owns, made,
-                                          None if trial.second is None
-                                          else (trial.second, 0.0))
+                                          [(o, 0.0) for o in trial.others])
             if any(o.error is not None for o in free):
                 return _ended(trial, "error", f"the failure-free run failed: {free}", workdir)
             trial.failure_free = max(o.seconds or 0.0 for o in free)
             await _delete(clients[0], made)
         trial.kill_after *= LATEST * trial.failure_free
-        trial.second_after *= LATEST * trial.failure_free
-        second = None if trial.second is None else (trial.second, trial.second_after)
+        trial.others_after = [a * LATEST * trial.failure_free for a in trial.others_after]
+        others = list(zip(trial.others, trial.others_after))
         old_ids = [node.node_id for node in cluster.nodes]
         made = []
         try:
-            async with asyncio.timeout(max(trial.kill_after, trial.second_after)
+            async with asyncio.timeout(max([trial.kill_after, *trial.others_after])
                                        + TRIAL_TIMEOUT):
                 outcomes = await run_with_failure(base, ctx, cluster, trial.victim,
                                                   trial.kill_after, trial.signal,
                                                   trial.backup, trial.victim_owns, made,
-                                                  second, trial.resume_after,
-                                                  trial.restart_after, trial.link_to)
+                                                  others, trial.resume_after,
+                                                  trial.restart_after, trial.link_to,
+                                                  trial.apart)
         except TimeoutError:
             return _ended(trial, "hung", f"not over {TRIAL_TIMEOUT:g} s after the signal",
                           workdir)
@@ -255,14 +272,14 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
         verdict, detail = _judge(outcomes)
         if trial.signal == "LINK" and verdict == "error":
             verdict = "degraded"  # a request that needed the cut link: a typed error
-        victims = (trial.victim, trial.second)
+        victims = (trial.victim, *trial.others)
         if trial.signal == "LINK" and verdict in ("ok", "degraded"):
             kept, detail = await _views_agree(cluster, {}, detail, old_ids)
             verdict = verdict if kept == "ok" else kept
         elif (trial.long_pause or trial.restart_after is not None
                 or trial.signal == "CUT") and verdict == "ok":
             verdict, detail = await _views_agree(
-                cluster, {i: old_ids[i] for i in victims if i is not None}, detail)
+                cluster, {i: old_ids[i] for i in victims}, detail)
         # a victim that ran again, or was started again, must let go of everything too
         again = trial.resume_after is not None or trial.restart_after is not None
         survivors = [i for i in range(trial.nodes)
@@ -397,13 +414,13 @@ def _ended(trial: Trial, verdict: str, detail: str, workdir: str) -> Trial:
 
 
 async def campaign(seed: int, numbers: list[int], json_path: str | None,
-                   rate_bps: int | None = None, double: bool = False,
+                   rate_bps: int | None = None, victims: int = 1,
                    resume: bool = False, long_pause: bool = False,
                    restart: bool = False, partition: bool = False,
                    cut_link: bool = False) -> int:
     trials = []
     for number in numbers:
-        trial = draw(seed, number, double, resume, long_pause, restart, partition, cut_link)
+        trial = draw(seed, number, victims, resume, long_pause, restart, partition, cut_link)
         started = time.monotonic()
         trial = await run_trial(trial, rate_bps)
         trials.append(trial)
@@ -434,8 +451,9 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--emulate", default=None, metavar="RATE",
                         help="run in an emulated cluster with links of RATE (e.g. 1Gbit)")
-    parser.add_argument("--double", action="store_true",
-                        help="signal a second node in each trial, at a moment of its own")
+    parser.add_argument("--victims", type=int, default=1, metavar="K",
+                        help="K nodes fail in each trial, each at a moment of its own")
+    parser.add_argument("--double", action="store_true", help="the same as --victims 2")
     parser.add_argument("--resume", action="store_true",
                         help="a SIGSTOPped victim gets SIGCONT after a pause of 0.5-3 s")
     parser.add_argument("--long-pause", action="store_true",
@@ -447,16 +465,19 @@ def main() -> None:
     parser.add_argument("--cut-link", action="store_true",
                         help="cut only the victim's link to one other node (--emulate)")
     args = parser.parse_args()
+    victims = 2 if args.double else args.victims
     cuts = args.partition or args.cut_link
-    if cuts and (args.emulate is None or args.double or args.resume or args.long_pause
-                 or args.restart or (args.partition and args.cut_link)):
+    if victims < 1 or (args.double and args.victims not in (1, 2)):
+        parser.error("--victims takes 1 or more (--double is --victims 2)")
+    if cuts and (args.emulate is None or args.resume or args.long_pause or args.restart
+                 or (args.partition and args.cut_link) or (args.cut_link and victims > 1)):
         parser.error("--partition and --cut-link need --emulate, and go with no other "
-                     "failure option")
+                     "failure option (--partition with --victims: a side of K nodes)")
     numbers = ([args.only] if args.only is not None
                else list(range(args.first, args.first + args.trials)))
     rate = None if args.emulate is None else parse_rate(args.emulate)
     raise SystemExit(uvloop.run(campaign(args.seed, numbers, args.json_path, rate,
-                                         args.double, args.resume, args.long_pause,
+                                         victims, args.resume, args.long_pause,
                                          args.restart, args.partition, args.cut_link)))
 
 

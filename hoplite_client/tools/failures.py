@@ -30,7 +30,7 @@ import asyncio
 import signal
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,15 +114,20 @@ def check_victim(op: str, victim: int, nodes: int, backup: bool = False) -> None
         raise InvalidArgumentError(f"--backup is for reduce and allreduce, not {op}")
 
 
-def check_second(op: str, victim: int, second: int, nodes: int, backup: bool) -> None:
-    """Refuse a second victim this run cannot measure: as for the first (``check_victim``),
-    and not the first itself. A broadcast's second victim is not node 0 or 1 (the holders
-    before the run: with both gone nothing is left to broadcast); no backup input (it
-    replaces one lost input only); at least 5 nodes, so that three survive."""
-    check_victim(op, second, nodes, backup)
-    if backup or nodes < 5 or second == victim or (op == "broadcast" and second < 2):
-        raise InvalidArgumentError(f"node {second} cannot be a second victim of a {op} on "
-                                   f"{nodes} nodes (first victim {victim}, backup {backup})")
+def check_others(op: str, victim: int, others: Sequence[int], nodes: int, backup: bool) -> None:
+    """Refuse victims beyond the first that this run cannot measure: each as the first
+    (``check_victim``), all distinct. A broadcast's later victims are not node 0 or 1 (the
+    holders before the run: with both gone nothing is left to broadcast); no backup input (it
+    replaces one lost input only); at least three nodes survive."""
+    if not others:
+        return
+    for other in others:
+        check_victim(op, other, nodes, backup)
+    victims = [victim, *others]
+    if (backup or nodes < len(victims) + 3 or len(set(victims)) < len(victims)
+            or (op == "broadcast" and min(others) < 2)):
+        raise InvalidArgumentError(f"nodes {list(others)} cannot be further victims of a {op} "
+                                   f"on {nodes} nodes (first victim {victim}, backup {backup})")
 
 
 def helper_for(victims: list[int], n: int) -> int:
@@ -139,23 +144,24 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
                            kill_after: float, sig: str | None, backup: bool = False,
                            victim_owns: bool = False,
                            made: list[hoplite_client.ObjectID] | None = None,
-                           second: tuple[int, float] | None = None,
+                           others: Sequence[tuple[int, float]] = (),
                            resume_after: float | None = None,
                            restart_after: float | None = None,
-                           link_to: int | None = None) -> list[Outcome]:
+                           link_to: int | None = None, apart: bool = False) -> list[Outcome]:
     """Run ``op`` once, signalling node ``victim`` ``kill_after`` seconds in (``sig`` None:
     the same run without the signal); survivors' outcomes, in node order. ``backup``: a
     reduce's lost input is replaced by a backup. ``victim_owns``: the victim's shard owns
     the ids that matter. ``made``: gets every id the run puts or makes, to delete after.
-    ``second``: another node, and its own moment, that gets the same signal
-    (``check_second``). ``resume_after``: a stopped victim runs again that many seconds
+    ``others``: more nodes, each with its own moment, that get the same signal
+    (``check_others``). ``resume_after``: a stopped victim runs again that many seconds
     after its SIGSTOP (a pause: suspected, then trusted again, never declared dead if
     shorter than the heartbeat timeout); it stays out of the survivors all the same.
     ``restart_after``: a killed victim is started again that many seconds after its SIGKILL,
     as a supervisor would (a new member, joining while the run may still go on); the run
     counts as over once it has joined, and a failed start raises its error. ``sig`` "CUT"
-    (an emulated cluster only, one victim): the victim's host is cut off from every other
-    host for ``resume_after`` seconds, then joined again (``Testbed.partition``). ``sig``
+    (an emulated cluster only): at ``kill_after`` the victims' hosts are cut off together
+    from every other host (``apart``: each from every other) for ``resume_after`` seconds,
+    then joined again (``Testbed.partition``); the others' moments are not used. ``sig``
     "LINK" (emulated, one victim): only the link between the victim's host and node
     ``link_to``'s is cut for that long; nobody is lost, so every participant is a survivor and
     no input is put again (docs/design.md §5, "A link broken between two members")."""
@@ -165,7 +171,7 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     setup, participants, ids = await _prepare(op, ctx, victim if backup else None, victim,
                                               owner, [node.node_id for node in cluster.nodes],
                                               [] if made is None else made)
-    moments = [(victim, kill_after)] + ([] if second is None else [second])
+    moments = [(victim, kill_after), *others]
     victims = [] if sig == "LINK" else [v for v, _ in moments]
     survivors = [i for i in participants if i not in victims]
     t0 = time.perf_counter()
@@ -173,13 +179,18 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     helper = clients[helper_for([v for v, _ in moments], n)]
     resumes: list[float] = []  # when each paused victim runs again (the loop's clock)
     returns: list[asyncio.Future[Any]] = []  # each killed victim started again, or cut healed
-    cut = [[victim], [i for i in range(n) if i != victim] if link_to is None else [link_to]]
+    cut_off = [v for v, _ in moments]
+    rest = [i for i in range(n) if i not in cut_off]
+    cut = ([[victim], [link_to]] if link_to is not None
+           else [*([v] for v in cut_off), rest] if apart else [cut_off, rest])
     testbed = cluster.testbed if isinstance(cluster, EmulatedCluster) else None
-    if sig in ("CUT", "LINK") and (testbed is None or second is not None or resume_after is None
+    if sig in ("CUT", "LINK") and (testbed is None or resume_after is None
                                    or (sig == "LINK") != (link_to is not None)
-                                   or link_to == victim):
-        raise InvalidArgumentError("a cut needs an emulated cluster, one victim and its length "
-                                   "(a cut link: the other end, another node)")
+                                   or (sig == "LINK" and (bool(others) or link_to == victim))
+                                   or len(rest) <= len(cut_off)):
+        raise InvalidArgumentError("a cut needs an emulated cluster, its length, and fewer "
+                                   "victims than others (a cut link: one victim, and the "
+                                   "other end, another node)")
 
     async def restart(node: int) -> None:
         assert restart_after is not None
@@ -193,20 +204,18 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
         await testbed.partition(cut, heal=True)
 
     async def signal_one(node: int, after: float) -> None:
-        assert sig is not None
+        assert sig in SIGNALS
         await asyncio.sleep(max(0.0, t0 + after - time.perf_counter()))
-        if sig in ("CUT", "LINK"):  # its own task: once begun, made and healed in full
-            returns.append(asyncio.ensure_future(cut_then_heal()))
-            if sig == "LINK":
-                return  # nothing is lost
-        else:
-            cluster.kill(node, SIGNALS[sig])
+        cluster.kill(node, SIGNALS[sig])
         if resume_after is not None and sig == "STOP":
             loop = asyncio.get_running_loop()
             loop.call_later(resume_after, cluster.kill, node, signal.SIGCONT)
             resumes.append(loop.time() + resume_after)
         if restart_after is not None and sig == "KILL":
             returns.append(asyncio.ensure_future(restart(node)))
+        await lost(node)
+
+    async def lost(node: int) -> None:
         if ids and not backup:  # the restarted task: the lost input again, elsewhere
             await put_again(helper, ids[node], ctx.data(node))
 
@@ -215,7 +224,13 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
             await helper.put(ctx.data(n), object_id=ids[n])
         if sig is None:
             return
-        await asyncio.gather(*(signal_one(node, after) for node, after in moments))
+        if sig not in ("CUT", "LINK"):
+            await asyncio.gather(*(signal_one(node, after) for node, after in moments))
+            return
+        await asyncio.sleep(max(0.0, t0 + kill_after - time.perf_counter()))
+        # the cut in a task of its own: once begun, made and healed in full
+        returns.append(asyncio.ensure_future(cut_then_heal()))
+        await asyncio.gather(*(lost(node) for node in victims))  # none for a cut link
 
     async def one(i: int) -> tuple[Outcome, Check | None]:
         try:
