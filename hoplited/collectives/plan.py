@@ -63,6 +63,7 @@ from hoplite_client.wire.errors import (
     ConnectionLostError,
     HopliteError,
     InvalidArgumentError,
+    ObjectNotFoundError,
     PeerUnavailableError,
 )
 from hoplite_client.wire.frames import INLINE_MAX
@@ -552,6 +553,9 @@ class ReducePlan:
         self._rewaiting: set[ObjectID] = set()  # backups waited for again, for a repair
         self.spares: list[InputReady] = []  # backups ready, not used (yet)
         self._reconnects: dict[int, tuple[int, float]] = {}  # slot -> (tries, delays summed)
+        # input -> nodes where a task found no complete copy of it: a stale holder, not asked
+        # for that input again
+        self._lacking: dict[ObjectID, set[str]] = {}
         # with backups, a lost slot may restart from 0; in a stripe, a fold's consumer may
         # have to pull the input's own bytes, which only a slot reads at the window's offset
         self._may_fold = len(inputs) == k and window is None
@@ -608,7 +612,7 @@ class ReducePlan:
         if isinstance(ev, NodeDied | NodeSuspected):
             return self._node_died(ev.node)
         if isinstance(ev, NodeTrusted):  # every lost input is waited for anew, it included
-            return [WaitInput(oid, tuple(sorted(self.dead))) for oid in self._wanted]
+            return [WaitInput(oid, self._excluded(oid)) for oid in self._wanted]
         if isinstance(ev, Folded):
             return self._folded(ev)
         if isinstance(ev, FoldFailed):
@@ -870,6 +874,13 @@ class ReducePlan:
         if placed is not None and isinstance(ev.error, UNREACHABLE) and not ev.error.reported:
             self.dead.add(placed.node)  # its node is gone for this reduce, before the verdict
             return self._node_died(placed.node)
+        if (placed is not None and placed.task and placed.version is None
+                and isinstance(ev.error, ObjectNotFoundError)
+                and ev.error.data.get("oid") == placed.input.hex()):
+            # the holder the input's shard named has no complete copy (any more): the slot
+            # is placed again on another holder, once one has it all (docs/design.md §5)
+            self._lacking.setdefault(placed.input, set()).add(placed.node)
+            return self._repair(ev.slot, placed.start)
         return self._fail(ev.error)
 
     def _child_lost(self, ev: ChildLost) -> list[Instruction]:
@@ -992,7 +1003,7 @@ class ReducePlan:
             return (yield self._swap_steps(slot, redo, spare))
         out = self._want(slot, redo)
         for oid in self._backups:
-            out.append(WaitInput(oid, tuple(sorted(self.dead))))
+            out.append(WaitInput(oid, self._excluded(oid)))
             self._rewaiting.add(oid)
         self._backups = []
         for child in shape.children[slot]:
@@ -1009,9 +1020,14 @@ class ReducePlan:
         out: list[Instruction] = []
         if redo.input not in self._wanted:
             self._wanted[redo.input] = []
-            out.append(WaitInput(redo.input, tuple(sorted(self.dead))))
+            out.append(WaitInput(redo.input, self._excluded(redo.input)))
         self._wanted[redo.input].append(slot)
         return out
+
+    def _excluded(self, oid: ObjectID) -> tuple[str, ...]:
+        """The nodes whose copies of input ``oid`` this reduce does not use: the dead, and
+        those found lacking it."""
+        return tuple(sorted(self.dead | self._lacking.get(oid, set())))
 
     def _usable(self, ev: InputReady) -> list[str]:
         """The live holders of a backup that fits the reduce (none: it cannot be used)."""
@@ -1110,9 +1126,10 @@ class ReducePlan:
         slots waiting for it on a live holder."""
         shape = self.shape
         assert self.meta is not None and shape is not None
-        alive = [n for n in ev.alive if n not in self.dead]
+        lacking = self._lacking.get(ev.oid, set())
+        alive = [n for n in ev.alive if n not in self.dead and n not in lacking]
         if not alive and self._fits(ev):  # the shard's view of deaths lags ours
-            return [WaitInput(ev.oid, tuple(sorted(self.dead)))]
+            return [WaitInput(ev.oid, self._excluded(ev.oid))]
         slots = self._wanted.pop(ev.oid)
         if not self._fits(ev):
             return self._fail(self._mismatch(ev))

@@ -145,7 +145,8 @@ class ReduceWorker:
         combiner = msg.input == msg.output
         own = None if combiner else store.get(msg.input)
         if not combiner and (own is None or not own.complete):
-            raise ObjectNotFoundError(f"input {msg.input.hex()} is not complete here")
+            raise ObjectNotFoundError(f"input {msg.input.hex()} is not complete here",
+                                      oid=msg.input.hex())
         size, shape = self._extent(msg) if own is None else self._extent_of(own, msg)
         if not 0 <= msg.start <= size or msg.children < (own is None):
             raise InvalidArgumentError(f"start {msg.start} outside 0..{size} or "

@@ -196,6 +196,9 @@ BACKUP_CHAIN: list[tuple[Event, list[Instruction]]] = [
     (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), cancel(3, 4)]),
 ]
 
+# A holder the input's shard named, whose task finds no complete copy of that input there.
+LACKING = error_from_wire("not_found", "input is not complete here", {"oid": I[1].hex()})
+
 CASES = [
     # --- choosing inputs and slots ---
     Case("k3-of-5-arrival-4-1-2-local-2-takes-root", k=3, n=5, depth=1, steps=[
@@ -206,6 +209,34 @@ CASES = [
         DONE,
         (Published(), [Release((ME,))]),
         (NodeDied("n4"), []),
+    ]),
+    # a node named as the input's holder has no complete copy when its task starts (a copy
+    # withdrawn or replaced since): the slot waits for the input on another node
+    Case("task-finds-its-input-lacking-placed-on-another-holder", k=3, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (ready(2, "n2"), [task(2, "n2", 2, out(2), 1)]),
+        (started(2), [PullRoot("n2", out(2), t(2))]),
+        (SlotFailed(1, 0, LACKING), [WaitInput(I[1], ("n1",))]),
+        (ready(1, "n1", "n5"), [task(1, "n5", 1, out(1, 1), 1, gen=1)]),
+        (SlotFailed(1, 0, LACKING), []),  # the first placement's, replaced since
+        (started(1, gen=1), [conn(2, "n2", 1, "n5", out(1, 1), t(1) + b".1"),
+                             conn(1, "n5", 0, "n0", I[0], v(0))]),
+        DONE,
+    ]),
+    Case("task-lacking-twice-waits-for-a-third-holder", k=3, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (SlotFailed(1, 0, LACKING), [WaitInput(I[1], ("n1",))]),
+        (ready(1, "n1", "n5"), [task(1, "n5", 1, out(1, 1), 1, gen=1)]),
+        (SlotFailed(1, 1, LACKING), [WaitInput(I[1], ("n1", "n5"))]),
+        (ready(1, "n1", "n5"), [WaitInput(I[1], ("n1", "n5"))]),  # none of them usable
+    ]),
+    # another input missing is not this slot's stale holder: the reduce fails as before
+    Case("task-lacking-another-input-fails", k=3, steps=[
+        (ready(0, "n0"), [OPEN]),
+        (ready(1, "n1"), [task(1, "n1", 1, out(1), 1)]),
+        (SlotFailed(1, 0, GONE), [cancel(2), Fail(GONE), Release(("n1",))]),
     ]),
     Case("chain-no-local-input", k=3, steps=[
         (ready(0, "n0"), [OPEN]),
