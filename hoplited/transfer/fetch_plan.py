@@ -14,7 +14,10 @@ dead source, or one that spoke garbage, is excluded for good. One that stalled (
 for the stall window), closed the stream or no longer has that copy may only be slow upstream
 or hold a newer copy: a partial holder re-attaching, a reduce's result waiting for a repaired
 slot or started again with a backup input (docs/design.md §5). It is avoided for
-``STALL_RETRY`` seconds; if the owner has nobody else by then, it is asked for again. A source
+``STALL_RETRY`` seconds; if the owner has nobody else by then, it is asked for again. So is a
+source this node only suspects (``silent`` on the pull's error), without counting against the
+attempts: it may answer again once a partition heals (``bench/chaos.py --partition --victims
+2``, seed 29, trial 12: excluded for good, the only holder of a stripe stalled a get 30 s). A source
 offering another version clears every exclusion: they were about copies of the old one. After
 ``max_attempts`` pulls that brought no byte, and no sooner than ``patience`` seconds after the
 first of them, the fetch gives up: ``patience`` is the time the membership may take to declare
@@ -350,7 +353,8 @@ class FetchPlan:
         return [*out, Pull(ev.source, self.watermark)]
 
     def _pull_ended(self, ev: PullEnded) -> list[Instruction]:
-        if ev.watermark <= self.watermark:
+        silent = isinstance(ev.error, PeerUnavailableError) and ev.error.data.get("silent") is True
+        if ev.watermark <= self.watermark and not silent:
             self.fruitless += 1
             if self.first_fruitless is None:
                 self.first_fruitless = ev.now
@@ -364,7 +368,7 @@ class FetchPlan:
             if fatal is not ev.error:
                 fatal.__cause__ = ev.error
             return [*out, Fail(fatal)]
-        if isinstance(ev.error, FORGIVEN):
+        if silent or isinstance(ev.error, FORGIVEN):
             if ev.source not in self.stalled:
                 self.stalled.append(ev.source)
         elif ev.source not in self.exclude:

@@ -475,8 +475,7 @@ class Fetcher:
                            version: bytes, how: _Stream) -> None:
         member = self._membership.members.get(source)
         if member is None or not self._membership.is_trusted(source):
-            raise PeerUnavailableError(f"source {source} is not a live member, or is silent",
-                                       node=source)
+            raise self._untrusted(source, "is not a live member, or is silent")
         idle = self._connections.take(source)
         if idle is not None:
             try:
@@ -505,7 +504,7 @@ class Fetcher:
         silent source again, waiting 10 s for the handshake."""
         if not self._membership.is_trusted(source):  # e.g. it fell silent while we used an
             # idle connection to it, which then closed unanswered
-            raise PeerUnavailableError(f"source {source} died", node=source)
+            raise self._untrusted(source, "died or fell silent")
         loop = asyncio.get_running_loop()
         death = self._deaths.get(source)
         if death is None or death.done():
@@ -519,8 +518,15 @@ class Fetcher:
             if not dial.done():
                 dial.cancel()  # the handshake aborts its connection
         if not dial.done() or dial.cancelled():
-            raise PeerUnavailableError(f"source {source} died", node=source)
+            raise self._untrusted(source, "died or fell silent")
         return dial.result()
+
+    def _untrusted(self, source: str, what: str) -> PeerUnavailableError:
+        """The error of a pull given up because ``source`` is not trusted. ``silent`` when it
+        is a member only suspected: the fetch may take it again once it answers (a partition
+        healed), where a dead one is excluded for good (:mod:`.fetch_plan`)."""
+        silent = source in self._membership.members and self._membership.is_alive(source)
+        return PeerUnavailableError(f"source {source} {what}", node=source, silent=silent)
 
     async def _stream(self, protocol: FrameProtocol, obj: StoredObject, source: str,
                       remote: ObjectID, version: bytes, how: _Stream) -> None:

@@ -52,6 +52,9 @@ SIZE = 1000
 V1, V2 = b"v1" * 4, b"v2" * 4
 LOST = ConnectionLostError("source closed the stream")
 DEAD = PeerUnavailableError("source b died", node="b")
+# a pull refused because its source is a member this node only suspects (a partition)
+SILENT = PeerUnavailableError("source a is not a live member, or is silent", node="a",
+                              silent=True)
 STALL = HopliteTimeoutError("source sent nothing for 1s")
 GONE = ObjectDeletedError("deleted")
 ALLOC = Allocate(SIZE, "<f4", (250,), V1)
@@ -117,6 +120,13 @@ CASES: dict[str, Case] = {
         (timed_out(6.0), [AskOwner((), 10, OWNER_POLL)]),
         (at("a", now=6.5), [Pull("a", 10)]),
         (ended("a", SIZE, now=9.0), [Report("a", True), Done()])]),
+    # chaos seed 29, trial 12: excluded for good, the only holder stalled a get for 30 s
+    "a source only suspected is avoided for a while, then taken again": Case(None, [
+        (at("a"), [ALLOC, Pull("a", 0)]),
+        (ended("a", 0, SILENT, now=1.0), [Report("a", False), AskOwner(("a",), 0, STALL_RETRY)]),
+        (timed_out(1.5), [AskOwner((), 0, OWNER_POLL)]),
+        (at("a", now=2.0), [Pull("a", 0)]),
+        (ended("a", SIZE, now=3.0), [Report("a", True), Done()])]),
     "a dead source stays excluded when the stalled one is forgiven": Case(30.0, [
         (at("a"), [ALLOC, Pull("a", 0)]),
         (ended("a", 10, DEAD, now=1.0), [Report("a", False), AskOwner(("a",), 10, OWNER_POLL)]),
@@ -279,6 +289,18 @@ def test_attempts_are_bounded() -> None:
     assert plan.outcome == out[-1] and plan.phase == "over"
     assert plan.stalled == ["a", "b", "c"]
     assert plan.handle(at("d")) == []  # over
+
+
+def test_refusals_of_a_suspected_source_use_no_attempt() -> None:
+    plan = FetchPlan(OID, ME, None, max_attempts=2)
+    plan.start(0.0)
+    for i in range(10):  # suspected for as long as a partition lasts
+        assert plan.handle(at("a", now=float(i)))[-1] == Pull("a", 0)
+        out = plan.handle(ended("a", 0, SILENT, now=i + 0.5))
+        assert out == [Report("a", complete=False), AskOwner(("a",), 0, STALL_RETRY)]
+    assert plan.fruitless == 0
+    plan.handle(at("a", now=11.0))
+    assert plan.handle(ended("a", SIZE, now=12.0)) == [Report("a", complete=True), Done()]
 
 
 def test_default_budget_is_eight_sources() -> None:
