@@ -549,6 +549,9 @@ class ReducePlan:
         self.redo: dict[int, Redo] = {}  # slots being placed again
         self._wanted: dict[ObjectID, list[int]] = {}  # lost input -> slots waiting for it
         self._broken: dict[int, int] = {}  # slot -> offset its consumer stopped at, node alive
+        # slot -> (its version, its consumer's, offset): a broken pull reported, or due to be
+        # retried, while this node suspects the consumer; resumed if it answers again
+        self._orphans: dict[int, tuple[bytes, bytes, int]] = {}
         self._backups: list[ObjectID] = []  # inputs not used, once k are chosen (tree only)
         self._rewaiting: set[ObjectID] = set()  # backups waited for again, for a repair
         self.spares: list[InputReady] = []  # backups ready, not used (yet)
@@ -612,7 +615,8 @@ class ReducePlan:
         if isinstance(ev, NodeDied | NodeSuspected):
             return self._node_died(ev.node)
         if isinstance(ev, NodeTrusted):  # every lost input is waited for anew, it included
-            return [WaitInput(oid, self._excluded(oid)) for oid in self._wanted]
+            return ([WaitInput(oid, self._excluded(oid)) for oid in self._wanted]
+                    + self._resume_orphans())
         if isinstance(ev, Folded):
             return self._folded(ev)
         if isinstance(ev, FoldFailed):
@@ -893,10 +897,11 @@ class ReducePlan:
             return []  # stale: the slot was placed again since, or the report makes no sense
         if ev.parent is not None:
             consumer = self.slots.get(ev.parent)
-            if consumer is None or consumer.node in self.dead:
-                return []  # the consumer itself is lost: its repair redoes this slot
-            if ev.consumer != consumer.version:
-                return []  # from a consumer task started again since
+            if consumer is None or ev.consumer != consumer.version:
+                return []  # the consumer was placed again since: it connects its children
+            if consumer.node in self.dead:  # if it is lost, its repair redoes this slot
+                self._orphan(ev.child, placed.version, consumer, ev.offset)
+                return []
         if ev.source_dead:
             self.dead.add(placed.node)
         if placed.node in self.dead:
@@ -943,8 +948,9 @@ class ReducePlan:
                 return []
             return self._extra_connect(fold)
         placed = self.slots.get(ev.child)
+        offset = self._broken.pop(ev.child, None)
         if (self.complete or shape is None or placed is None or placed.version != ev.version
-                or self._broken.pop(ev.child, None) is None):
+                or offset is None):
             return []
         parent = shape.parent[ev.child]
         if parent is None:
@@ -952,7 +958,44 @@ class ReducePlan:
         ps = self.slots.get(parent)
         if ps is None or ps.version is None:
             return []
+        if ps.node in self.dead:  # a pull to start on a node we suspect now
+            self._orphan(ev.child, placed.version, ps, offset)
+            return []
         return [Connect(parent, ps.node, ev.child, placed.node, placed.output, placed.version)]
+
+    def _orphan(self, child: int, version: bytes | None, consumer: Slot, offset: int) -> None:
+        """``child``'s consumer, on a node we suspect, has a broken pull of it: if that node
+        is declared dead the consumer's repair redoes ``child``; if it answers again, the
+        pull must resume (``_resume_orphans``), or the reduce would wait for it for good
+        (``bench/chaos.py --partition --victims 2``, seed 31, trial 2: hung)."""
+        if consumer.node not in self.declared and version is not None and consumer.version:
+            self._orphans[child] = (version, consumer.version, offset)
+
+    def _resume_orphans(self) -> list[Instruction]:
+        """Pulls broken while their consumer was suspected, whose consumer we trust again:
+        connected again, or their slot redone if its own node is lost since."""
+        shape = self.shape
+        out: list[Instruction] = []
+        if shape is None or self.complete:
+            return out
+        for child, (version, consumer_version, offset) in list(self._orphans.items()):
+            parent = shape.parent[child]
+            consumer = None if parent is None else self.slots.get(parent)
+            placed = self.slots.get(child)
+            if (consumer is None or consumer.version != consumer_version or placed is None
+                    or placed.version != version):
+                del self._orphans[child]  # placed again since: connected by that placement
+                continue
+            if consumer.node in self.dead:
+                continue  # still suspected
+            del self._orphans[child]
+            if placed.node in self.dead:
+                out += self._repair(child, offset)
+            else:
+                assert parent is not None
+                out.append(Connect(parent, consumer.node, child, placed.node, placed.output,
+                                   version))
+        return out
 
     def _node_died(self, node: str) -> list[Instruction]:
         """Slots on ``node`` whose consumer lacks bytes are redone: those it reported broken,
@@ -1357,6 +1400,7 @@ class ReducePlan:
         self.absorbed.clear()
         self._may_fold = False
         self._broken.clear()
+        self._orphans.clear()
         self._reconnects.clear()
         self.shape = shape = self._new_shape()
         self._low, self._fill, self._fill_at = 0, None, 0  # its root may be another slot

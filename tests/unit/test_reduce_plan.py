@@ -210,6 +210,30 @@ CASES = [
         (Published(), [Release((ME,))]),
         (NodeDied("n4"), []),
     ]),
+    # chaos seed 31, trial 2: a consumer's report of a broken pull came while we suspected
+    # the consumer; it answered again, and the pull must resume (it hung for good)
+    Case("pull-broken-while-its-consumer-is-suspected-resumes-when-trusted", k=3, steps=[
+        *RUNNING_CHAIN,
+        (NodeSuspected("n1"), []),
+        (ChildLost(1, 0, v(0), 500, False, BROKEN, t(1)), []),
+        (NodeTrusted("n1"), [conn(1, "n1", 0, "n0", I[0], v(0))]),
+        (NodeTrusted("n1"), []),  # once
+        DONE,
+    ]),
+    Case("retry-due-while-its-consumer-is-suspected-waits-for-it", k=3, steps=[
+        *RUNNING_CHAIN,
+        (ChildLost(1, 0, v(0), 500, False, BROKEN, t(1)), [After(0.1, Retry(0, v(0)))]),
+        (NodeSuspected("n1"), []),
+        (Retry(0, v(0)), []),
+        (NodeTrusted("n1"), [conn(1, "n1", 0, "n0", I[0], v(0))]),
+    ]),
+    Case("broken-pull-of-a-suspected-consumer-whose-child-died-meanwhile-is-redone", k=3, steps=[
+        *RUNNING_CHAIN,
+        (NodeSuspected("n1"), []),
+        (ChildLost(1, 0, v(0), 500, False, BROKEN, t(1)), []),
+        (NodeDied("n0"), []),  # its consumer is lost to us, for now
+        (NodeTrusted("n1"), [WaitInput(I[0], ("n0",))]),
+    ]),
     # a node named as the input's holder has no complete copy when its task starts (a copy
     # withdrawn or replaced since): the slot waits for the input on another node
     Case("task-finds-its-input-lacking-placed-on-another-holder", k=3, steps=[
