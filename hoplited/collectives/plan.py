@@ -906,6 +906,11 @@ class ReducePlan:
             self.dead.add(placed.node)
         if placed.node in self.dead:
             return self._repair(ev.child, ev.offset)
+        if not placed.task and isinstance(ev.error, ObjectNotFoundError):
+            # a leaf's node has no copy of its input any more (withdrawn after a partition,
+            # its id put again elsewhere): redone from the offset on another holder
+            self._lacking.setdefault(placed.input, set()).add(placed.node)
+            return self._repair(ev.child, ev.offset)
         return self._reconnect(ev, placed.node)
 
     def _reconnect(self, ev: ChildLost, node: str) -> list[Instruction]:

@@ -617,8 +617,11 @@ class Fetcher:
             self._link_model.observe_bandwidth((obj.received - start)
                                                / max(time.monotonic() - began, 1e-6))
         if frame is not None and isinstance(frame.msg, Error):
-            raise PeerUnavailableError(f"source {source} refused: {frame.msg.message}",
-                                       node=source)
+            # "no copy here" stays what it is: the source may hold a newer copy soon, and a
+            # reduce redoes a leaf whose node lost its input (docs/design.md §5)
+            refusal = (ObjectNotFoundError if frame.msg.code == ObjectNotFoundError.code
+                       else PeerUnavailableError)
+            raise refusal(f"source {source} refused: {frame.msg.message}", node=source)
 
     async def _watch(self, protocol: FrameProtocol, obj: StoredObject,
                      done: asyncio.Future[Frame[DataStream | Error] | None],

@@ -196,6 +196,8 @@ BACKUP_CHAIN: list[tuple[Event, list[Instruction]]] = [
     (ready(2, "n2"), [task(2, "n2", 2, out(2), 1), cancel(3, 4)]),
 ]
 
+# A source that answers a pull with "no copy of that version here".
+NO_COPY = error_from_wire("not_found", "source n0 refused: no copy here", {})
 # A holder the input's shard named, whose task finds no complete copy of that input there.
 LACKING = error_from_wire("not_found", "input is not complete here", {"oid": I[1].hex()})
 
@@ -233,6 +235,17 @@ CASES = [
         (ChildLost(1, 0, v(0), 500, False, BROKEN, t(1)), []),
         (NodeDied("n0"), []),  # its consumer is lost to us, for now
         (NodeTrusted("n1"), [WaitInput(I[0], ("n0",))]),
+    ]),
+    # chaos seed 31, trial 2 (after the fix above): a leaf's node withdrew its copy of the
+    # input once healed (the id was put again elsewhere); reconnecting could never succeed
+    Case("leaf-whose-node-lost-its-input-is-redone-on-another-holder", k=3, steps=[
+        *RUNNING_CHAIN,
+        (ChildLost(1, 0, v(0), 500, False, NO_COPY, t(1)), [WaitInput(I[0], ("n0",))]),
+        (ready(0, "n0", "n7"), [conn(1, "n1", 0, "n7", I[0], v(0))]),
+    ]),
+    Case("task-output-missing-is-reconnected-as-before", k=3, steps=[
+        *RUNNING_CHAIN,
+        (ChildLost(2, 1, t(1), 500, False, NO_COPY, t(2)), [After(0.1, Retry(1, t(1)))]),
     ]),
     # a node named as the input's holder has no complete copy when its task starts (a copy
     # withdrawn or replaced since): the slot waits for the input on another node
