@@ -205,8 +205,10 @@ class ReduceCoordinator:
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)
         elif isinstance(ins, p.Connect):
+            plain = ins.start == 0 and ins.until == 0  # not a fold's part of a child
             self._spawn(self._connect(ins), f"reduce-connect-{ins.parent_slot}",
-                        functools.partial(p.SlotFailed, ins.parent_slot, None))
+                        functools.partial(p.SlotFailed, ins.parent_slot, None,
+                                          child=ins.child_slot if plain else None))
         elif isinstance(ins, p.Fold):
             self._spawn(self._fold(ins), f"reduce-fold-{ins.slot}",
                         functools.partial(p.FoldFailed, ins.slot))

@@ -124,11 +124,13 @@ class TaskStarted:
 @dataclass(frozen=True, slots=True)
 class SlotFailed:
     """The task of ``slot`` could not start, could not be connected, or failed later; ``gen``
-    None: whichever placement is current."""
+    None: whichever placement is current. ``child``: telling it where that child's output is
+    failed (a plain ``Connect``)."""
 
     slot: int
     gen: int | None
     error: HopliteError
+    child: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -874,6 +876,10 @@ class ReducePlan:
         if placed is not None and ev.gen is not None and placed.gen != ev.gen:
             return []  # an earlier placement's task, replaced since
         if placed is not None and placed.node in self.dead:
+            child = None if ev.child is None else self.slots.get(ev.child)
+            if ev.child is not None and child is not None:  # a connect to a node we
+                # suspect: sent again if it answers
+                self._orphan(ev.child, child.version, placed, placed.start)
             return []  # its death is handled as such (a repair if its output is still needed)
         if placed is not None and isinstance(ev.error, UNREACHABLE) and not ev.error.reported:
             self.dead.add(placed.node)  # its node is gone for this reduce, before the verdict

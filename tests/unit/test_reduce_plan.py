@@ -229,6 +229,14 @@ CASES = [
         (Retry(0, v(0)), []),
         (NodeTrusted("n1"), [conn(1, "n1", 0, "n0", I[0], v(0))]),
     ]),
+    Case("connect-to-a-consumer-suspected-meanwhile-is-sent-again-when-trusted", k=3, steps=[
+        *RUNNING_CHAIN,
+        (ChildLost(1, 0, v(0), 500, False, BROKEN, t(1)), [After(0.1, Retry(0, v(0)))]),
+        (Retry(0, v(0)), [conn(1, "n1", 0, "n0", I[0], v(0))]),
+        (NodeSuspected("n1"), []),
+        (SlotFailed(1, None, BROKEN, child=0), []),
+        (NodeTrusted("n1"), [conn(1, "n1", 0, "n0", I[0], v(0))]),
+    ]),
     Case("broken-pull-of-a-suspected-consumer-whose-child-died-meanwhile-is-redone", k=3, steps=[
         *RUNNING_CHAIN,
         (NodeSuspected("n1"), []),
