@@ -207,10 +207,15 @@ def roster_digest(alive: Iterable[str]) -> bytes:
 
 def rejoin_seeds(membership: Membership, by: str) -> list[tuple[str, int]]:
     """Where this node, declared dead by ``by``, joins again as a new member: ``by`` first
-    (it answered just now), then every other member alive in our view, in id order, each
-    address once (docs/design.md §5, "Declared dead, then running again")."""
+    (it answered just now), then every other member alive in our view, in id order, then
+    those we declared dead, each address once (docs/design.md §5, "Declared dead, then
+    running again"). A node cut off alone has declared everyone else dead, and ``by`` may be
+    another node cut off alone, itself about to run again: the rest of the cluster is then
+    among the dead (``bench/chaos.py --partition --victims 2``, seed 31, trial 5)."""
     me = membership.me.node_id
-    order = [by] + [n for n in membership.alive_ids() if n not in (by, me)]
+    alive = [n for n in membership.alive_ids() if n not in (by, me)]
+    dead = sorted(n for n in membership.members if n not in (by, me) and n not in alive)
+    order = [by, *alive, *dead]
     seeds: list[tuple[str, int]] = []
     for node in order:
         member = membership.members.get(node)

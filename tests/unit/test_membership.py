@@ -321,7 +321,9 @@ def test_remembered_owners_follow_every_change_of_the_owner_set() -> None:
 REJOIN = [
     # (members besides us (b), their ports, the dead among them, the fencer, seeds in order)
     (["a", "c", "d"], {}, set(), "c", [("h", 3), ("h", 1), ("h", 4)]),  # the fencer first
-    (["a", "c", "d"], {}, {"a"}, "d", [("h", 4), ("h", 3)]),  # the dead are no seeds
+    (["a", "c", "d"], {}, {"a"}, "d", [("h", 4), ("h", 3), ("h", 1)]),  # the dead last
+    # cut off alone, fenced by another node cut off alone: the rest is among our dead
+    (["a", "c", "d"], {}, {"a", "d"}, "c", [("h", 3), ("h", 1), ("h", 4)]),
     (["a", "c"], {"c": 1}, set(), "a", [("h", 1)]),  # an address once
     (["a"], {}, set(), "a", [("h", 1)]),
 ]
