@@ -78,7 +78,9 @@ from hoplited.collectives.tree import tree_depth
 MIN_STRIPE = 1 << 20
 # How many rings one allreduce may run: the first, and one more after it gave way (a member
 # died or fell silent; the node that took a lost input put again adds it too). A second
-# failure is taken by the stripes or the reduce, which repair around a loss.
+# failure is taken by the stripes or the reduce, which repair around a loss, unless a node
+# would add several inputs: the ring is tried again then (``crowded``), since stripes take a
+# buffer per input and stripe there (docs/design.md §4, "Several inputs on one node").
 RING_TRIES = 2
 # How long a ring run again waits for its inputs, in times the object takes to cross a link
 # (at least the configured wait): a lost input is put again after its node was declared dead
@@ -268,7 +270,7 @@ class AllreducePlan:
                  link: tuple[float, float] = (DEFAULT_BANDWIDTH, DEFAULT_LATENCY),
                  suspected: frozenset[str] = frozenset(), rings: int = RING_TRIES,
                  cap_wait: bool = True, pair: bool = False,
-                 nodes: tuple[str, ...] = ()) -> None:
+                 nodes: tuple[str, ...] = (), crowded: bool = False) -> None:
         if not inputs:
             raise InvalidArgumentError("an allreduce needs at least one input")
         check_op(op)
@@ -279,6 +281,8 @@ class AllreducePlan:
         # for a lost input put again, which takes what it takes)
         self.cap_wait = cap_wait
         self.rings = rings  # how many more times a ring may be tried
+        # past them, a ring still where some node adds several inputs (a plan run again)
+        self.crowded = crowded
         self.suspected: set[str] = set(suspected)  # fell silent: no ring goes through them
         self.striped = striped  # False: no ring means the plain reduce (then gets)
         self.link = link  # the links' bandwidth (bytes/s) and latency (s), for ring_pays
@@ -352,8 +356,8 @@ class AllreducePlan:
             except (InvalidArgumentError, TypeError):
                 self.phase = "plain"  # the plain reduce reports the error
                 return [Plain()]
-            if self.ring_wait > 0 and self.rings > 0 and ev.size > INLINE_MAX and ring_pays(
-                    n, ev.size, *self.link):
+            if (self.ring_wait > 0 and (self.rings > 0 or self.crowded)
+                    and ev.size > INLINE_MAX and ring_pays(n, ev.size, *self.link)):
                 self.phase, self.held = "gathering", [ev]
                 return [Arm(self._wait_for_next())]
             return self._choose_stripes()
@@ -403,16 +407,21 @@ class AllreducePlan:
             members = ring_members({index[h.oid]: [n for n in h.alive if n not in self.lost
                                                    and n not in self.suspected]
                                     for h in self.held}, len(self.inputs))
-            if members is not None and ring_pays(len(members), self.held[0].size, *self.link):
+            if members is not None and self._ring_allowed(members) and ring_pays(
+                    len(members), self.held[0].size, *self.link):
                 self.phase, self.ring = "ring", [node for node, _ in members]
                 count = Counter(self.listed)
                 return [StartRing(tuple(
                     (node, tuple(self.inputs[i] for i in adds for _ in range(count[
                         self.inputs[i]]))) for node, adds in members))]
-        if self._pair_pays():
+        if self.rings > 0 and self._pair_pays():
             self.phase = "pairing"
             return self._pair_or_wait()
         return self._release_held()
+
+    def _ring_allowed(self, members: list[tuple[str, tuple[int, ...]]]) -> bool:
+        """A ring try is left, or (past them) some member would add several inputs."""
+        return self.rings > 0 or any(len(adds) > 1 for _, adds in members)
 
     def _pair_pays(self) -> bool:
         """Whether inputs still awaited once the ring's wait ran out should be held for a
@@ -523,7 +532,7 @@ class AllreducePlan:
         return AllreducePlan(self.result, self.listed, self.op, self.min_stripe, wait,
                              frozenset(self.lost), self.striped, self.link,
                              frozenset(self.suspected), self.rings - 1, cap_wait=False,
-                             pair=self.pair, nodes=self.nodes)
+                             pair=self.pair, nodes=self.nodes, crowded=True)
 
     def _live_ring(self) -> tuple[str, ...]:
         return tuple(n for n in self.ring if n not in self.lost)
