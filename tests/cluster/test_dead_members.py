@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -146,14 +147,29 @@ async def test_a_send_to_a_receiver_declared_dead_ends_and_lets_go_of_the_object
     (docs/design.md §5, "Sends to the dead")."""
     cluster = await make_cluster(3, capacity="1GiB", daemon_args=FAST_HEARTBEAT)
     sender, receiver = await connect(cluster.sockets[0]), await connect(cluster.sockets[1])
-    oid = await sender.put(np.ones(384 * MiB // 8))
-    pulling = asyncio.ensure_future(receiver.get(oid, timeout=IO_TIMEOUT))
+    data = np.ones(384 * MiB // 8)
 
-    async def mid_transfer() -> bool:
-        return any(t["received"] > 0 for t in (await receiver.status())["local"]["transfers"])
+    async def caught_mid_transfer() -> tuple[ObjectID, asyncio.Future[Any]] | None:
+        """A get of a new object, once node 1 holds part of it; None if it ended first (on
+        a quiet machine loopback moves 384 MiB between two polls of a slower loop)."""
+        oid = await sender.put(data)
+        pulling = asyncio.ensure_future(receiver.get(oid, timeout=IO_TIMEOUT))
+        while not pulling.done():
+            transfers = (await receiver.status())["local"]["transfers"]
+            if any(t["received"] > 0 for t in transfers):
+                return oid, pulling
+        await pulling
+        await sender.delete(oid)
+        return None
 
+    caught = None
+    for _ in range(5):
+        caught = await caught_mid_transfer()
+        if caught is not None:
+            break
+    assert caught is not None, "five gets of 384 MiB ended before node 1 was seen receiving"
+    oid, pulling = caught
     try:
-        await eventually(mid_transfer, what="node 1 receiving")
         cluster.kill(1, signal.SIGSTOP)
         await wait_member_dead(sender, cluster.nodes[1].node_id)
         await sender.delete(oid)
