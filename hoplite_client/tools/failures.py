@@ -172,22 +172,26 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
                                               owner, [node.node_id for node in cluster.nodes],
                                               [] if made is None else made)
     moments = [(victim, kill_after), *others]
-    victims = [] if sig == "LINK" else [v for v, _ in moments]
+    hit = [v for v, _ in moments]  # signalled, or cut off
+    victims = [] if sig == "LINK" else hit
     survivors = [i for i in participants if i not in victims]
     t0 = time.perf_counter()
 
-    helper = clients[helper_for([v for v, _ in moments], n)]
+    helper = clients[helper_for(hit, n)]
     resumes: list[float] = []  # when each paused victim runs again (the loop's clock)
     returns: list[asyncio.Future[Any]] = []  # each killed victim started again, or cut healed
-    cut_off = [v for v, _ in moments]
-    rest = [i for i in range(n) if i not in cut_off]
-    cut = ([[victim], [link_to]] if link_to is not None
-           else [*([v] for v in cut_off), rest] if apart else [cut_off, rest])
+    rest = [i for i in range(n) if i not in hit]
+    if link_to is not None:
+        cut = [[victim], [link_to]]
+    elif apart:
+        cut = [*([v] for v in hit), rest]
+    else:
+        cut = [hit, rest]
     testbed = cluster.testbed if isinstance(cluster, EmulatedCluster) else None
     if sig in ("CUT", "LINK") and (testbed is None or resume_after is None
                                    or (sig == "LINK") != (link_to is not None)
                                    or (sig == "LINK" and (bool(others) or link_to == victim))
-                                   or len(rest) <= len(cut_off)):
+                                   or len(rest) <= len(hit)):
         raise InvalidArgumentError("a cut needs an emulated cluster, its length, and fewer "
                                    "victims than others (a cut link: one victim, and the "
                                    "other end, another node)")

@@ -889,8 +889,7 @@ class ReducePlan:
                 and ev.error.data.get("oid") == placed.input.hex()):
             # the holder the input's shard named has no complete copy (any more): the slot
             # is placed again on another holder, once one has it all (docs/design.md §5)
-            self._lacking.setdefault(placed.input, set()).add(placed.node)
-            return self._repair(ev.slot, placed.start)
+            return self._redo_lacking(ev.slot, placed, placed.start)
         return self._fail(ev.error)
 
     def _child_lost(self, ev: ChildLost) -> list[Instruction]:
@@ -915,8 +914,7 @@ class ReducePlan:
         if not placed.task and isinstance(ev.error, ObjectNotFoundError):
             # a leaf's node has no copy of its input any more (withdrawn after a partition,
             # its id put again elsewhere): redone from the offset on another holder
-            self._lacking.setdefault(placed.input, set()).add(placed.node)
-            return self._repair(ev.child, ev.offset)
+            return self._redo_lacking(ev.child, placed, ev.offset)
         return self._reconnect(ev, placed.node)
 
     def _reconnect(self, ev: ChildLost, node: str) -> list[Instruction]:
@@ -1077,6 +1075,12 @@ class ReducePlan:
             out.append(WaitInput(redo.input, self._excluded(redo.input)))
         self._wanted[redo.input].append(slot)
         return out
+
+    def _redo_lacking(self, slot: int, placed: Slot, start: int) -> list[Instruction]:
+        """``slot``'s node has no copy of its input: never that node for that input again,
+        and the slot redone from ``start`` elsewhere."""
+        self._lacking.setdefault(placed.input, set()).add(placed.node)
+        return self._repair(slot, start)
 
     def _excluded(self, oid: ObjectID) -> tuple[str, ...]:
         """The nodes whose copies of input ``oid`` this reduce does not use: the dead, and
