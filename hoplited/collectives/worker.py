@@ -415,11 +415,33 @@ class ReduceWorker:
                 raise InvalidArgumentError(f"slot {task.slot} has nothing to add at byte {pos}")
             args = (task.op, task.dtype, parts[0], parts[1:], task.out.buffer[pos:end])
             if end - pos >= THREAD_BLOCK:
-                await loop.run_in_executor(None, combine, *args)
+                await self._combine_in_thread(loop, task, live, args)
             else:
                 combine(*args)
             task.out.advance(end)
             pos = end
+
+    async def _combine_in_thread(self, loop: asyncio.AbstractEventLoop, task: SlotTask,
+                                 live: list[StoredObject], args: tuple[Any, ...]) -> None:
+        """``combine(*args)`` in a worker thread. A task released meanwhile (placed again, or
+        its reduce over) stops waiting, but the thread writes on until its block is done: the
+        objects it reads and writes stay pinned until then, so no new object gets their
+        memory under it (a slot placed again at once reuses the same sizes)."""
+        store = self._store
+        held = [task.out, *live, *(x for _, x in task.extras)]
+        if task.own is not None:
+            held.append(task.own)
+        for obj in held:
+            store.pin(obj)
+        def finished(future: asyncio.Future[None]) -> None:
+            for obj in held:
+                store.unpin(obj)
+            if not future.cancelled():
+                future.exception()  # read: raised below, unless nobody waits any more
+
+        done = loop.run_in_executor(None, combine, *args)
+        done.add_done_callback(finished)
+        await asyncio.shield(done)
 
     @staticmethod
     def _inputs_at(task: SlotTask, pos: int) -> tuple[list[StoredObject], int]:
