@@ -2,9 +2,10 @@
 
 Each of ``--nodes`` daemons puts ``--per-node`` float32 inputs of ``--size``, one per node in
 turn (``--grouped``: each node's inputs listed together), and node 0 reduces them all and gets
-the sum, checked. Prints the median time over ``--repeat`` runs after a warm-up and its ratio
-to S/RATE: a node's link should carry its partial sum once, whatever its number of inputs
-(docs/design.md §4, "Several inputs on one node").
+the sum, checked. Prints the median time over ``--repeat`` runs after a warm-up, its ratio to
+S/RATE and how many inputs were merged into another's slot per run: a node's link should
+carry its partial sum once, whatever its number of inputs (docs/design.md §4, "Several inputs
+on one node"). ``--compare`` runs the same reduces again on daemons started ``--no-merge``.
 
 Usage: python bench/colocated_reduce.py --nodes 4 --per-node 4 --size 32MiB --rate 1Gbit
 """
@@ -25,13 +26,16 @@ from hoplite_client.wire.units import parse_size
 
 
 async def measure(nodes: int, per_node: int, size: int, rate_bps: int, repeat: int,
-                  grouped: bool) -> list[float]:
-    """Seconds of each timed reduce (put excluded, get of the result included)."""
+                  grouped: bool, merge: bool) -> list[tuple[float, int]]:
+    """Seconds of each timed reduce (put excluded, get of the result included), and the
+    inputs it merged."""
     n = nodes * per_node
     arrays = [np.full(size // 4, i + 1, dtype=np.float32) for i in range(n)]
-    times: list[float] = []
+    runs: list[tuple[float, int]] = []
+    merged = 0
     async with emulated_cluster(nodes, rate_bps, capacity=f"{3 * per_node * size + (1 << 28)}",
-                                log_level="warning") as cluster:
+                                log_level="warning",
+                                daemon_args=[] if merge else ["--no-merge"]) as cluster:
         clients = [await hoplite_client.connect(s) for s in cluster.sockets]
         try:
             for run in range(repeat + 1):
@@ -48,13 +52,15 @@ async def measure(nodes: int, per_node: int, size: int, rate_bps: int, repeat: i
                 del got
                 for oid in [*ids, result]:
                     await clients[0].delete(oid)
+                status = await clients[0].status()
+                before, merged = merged, sum(n.get("reduce_merges", 0) for n in status["nodes"])
                 if run:  # the first warms connections and memory up
-                    times.append(seconds)
+                    runs.append((seconds, merged - before))
                 await asyncio.sleep(0.3)
         finally:
             for client in clients:
                 await client.close()
-    return times
+    return runs
 
 
 def main() -> None:
@@ -66,16 +72,18 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--grouped", action="store_true",
                         help="list each node's inputs together")
+    parser.add_argument("--compare", action="store_true",
+                        help="run the reduces again on daemons that merge no inputs")
     args = parser.parse_args()
     size, rate = parse_size(args.size), parse_rate(args.rate)
-    times = uvloop.run(measure(args.nodes, args.per_node, size, rate, args.repeat,
-                               args.grouped))
-    median = statistics.median(times)
-    print(f"{args.nodes} nodes x {args.per_node} inputs of {args.size} at {args.rate}"
-          f"{' (grouped)' if args.grouped else ''}: median {median:.3f} s, "
-          f"{median / (size * 8 / rate):.2f}x S/RATE; runs "
-          + ", ".join(f"{t:.3f}" for t in times))
-
+    for merge in (True, False) if args.compare else (True,):
+        runs = uvloop.run(measure(args.nodes, args.per_node, size, rate, args.repeat,
+                                  args.grouped, merge))
+        median = statistics.median(t for t, _ in runs)
+        print(f"{args.nodes} nodes x {args.per_node} inputs of {args.size} at {args.rate}"
+              f"{' (grouped)' if args.grouped else ''}{'' if merge else ', --no-merge'}: "
+              f"median {median:.3f} s, {median / (size * 8 / rate):.2f}x S/RATE; runs "
+              + ", ".join(f"{t:.3f} ({m} merged)" for t, m in runs))
 
 if __name__ == "__main__":
     main()

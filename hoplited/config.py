@@ -49,6 +49,10 @@ class DaemonConfig:
     # until two are missing, for a pair of combiners (docs/design.md §4, "A pair for the
     # last two inputs").
     pair: bool = True
+    # Whether a reduce's slot adds the other inputs ready on its node while it has combined
+    # nothing, so the node's link carries one stream (docs/design.md §4, "Several inputs on
+    # one node"); off only to measure against.
+    merge: bool = True
     # Twice a second: a Ping to each member is a small frame, and a frozen member's Ping
     # goes unanswered at most half a second sooner (suspicion, below).
     heartbeat_interval: float = 0.5

@@ -123,6 +123,10 @@ async def watch_users(fd: int, stop: Callable[[], None]) -> None:
 @click.option("--pair/--no-pair", default=True, show_default=True,
               help="Let an allreduce whose inputs come further apart than the ring's wait "
                    "end as a pair of combiners, one per half (docs/design.md §4).")
+@click.option("--merge/--no-merge", default=True, show_default=True,
+              help="Let a reduce's slot add the other inputs ready on its node, so that the "
+                   "node's link carries one stream (docs/design.md §4, \"Several inputs on "
+                   "one node\").")
 @click.option("--advertise", default=None, help="Address peers should use to reach us.")
 @click.option("--heartbeat-interval", default=0.5, show_default=True, type=float)
 @click.option("--heartbeat-timeout", default=5.0, show_default=True, type=float,
@@ -162,7 +166,7 @@ async def watch_users(fd: int, stop: Callable[[], None]) -> None:
                    "host sharing this daemon, as hoplite_client.dask's do).")
 def main(listen: str, socket_path: str | None, join: tuple[str, ...],
          token_file: str | None, insecure: bool, capacity: str | None, fanout: int,
-         two_trees: str, ring_wait: float, pair: bool, advertise: str | None,
+         two_trees: str, ring_wait: float, pair: bool, merge: bool, advertise: str | None,
          heartbeat_interval: float,
          heartbeat_timeout: float,
          suspect_after: float, watchers: int, stall_timeout: float, log_level: str,
@@ -180,7 +184,7 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
                               join=[parse_address(j) for j in (*rejoin, *join)],
                               insecure=insecure,
                               fanout=fanout, two_trees=two_trees, ring_wait=ring_wait,
-                              pair=pair,
+                              pair=pair, merge=merge,
                               heartbeat_interval=heartbeat_interval,
                               heartbeat_timeout=heartbeat_timeout,
                               suspect_after=suspect_after or None, watchers=watchers,

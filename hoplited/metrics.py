@@ -96,6 +96,9 @@ def families(info: Mapping[str, Any]) -> list[Metric]:
          "idle for the next pull (docs/design.md §3)."),
         ("reduce_folds", CounterMetricFamily, "Lost reduce inputs folded into a slot on this "
          "node (docs/design.md §5)."),
+        ("reduce_merges", CounterMetricFamily, "Reduce inputs that a reduce coordinated on "
+         "this node added in the slot of another input on the same node (docs/design.md §4, "
+         "\"Several inputs on one node\")."),
         ("reduces_in_halves", CounterMetricFamily, "Reduces coordinated on this node as two "
          "trees of halves (docs/design.md §4)."),
         ("gets_in_halves", CounterMetricFamily, "Objects this node received as two halves, "

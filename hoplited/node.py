@@ -115,7 +115,7 @@ class Daemon:
         reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, directory, rpc,
                                                 fetcher, link_model, membership.is_alive,
                                                 tasks, patience=verdict_within),
-                                cfg.two_trees)
+                                cfg.two_trees, cfg.merge)
         async def connect(node: str) -> FrameProtocol:
             """An idle data connection to ``node``, or a new one."""
             member = membership.members[node]
@@ -136,7 +136,7 @@ class Daemon:
         cluster = ClusterService(self.identity, membership, links, prober.fenced)
         status = NodeStatus(membership, store, shard, link_model, traffic, rpc, gauges={
             "clients": lambda: len(listener), "reduce_tasks": lambda: len(worker.slots),
-            "reduce_folds": lambda: worker.folds,
+            "reduce_folds": lambda: worker.folds, "reduce_merges": lambda: reductions.merges,
             "reduces_in_halves": lambda: reductions.halved, "allreduces": lambda: len(allreduces),
             "gets_in_halves": lambda: fetcher.halved,
             "allreduces_as_ring": lambda: allreduces.counts.run,

@@ -572,7 +572,7 @@ class ReduceTask(Request["TaskStarted"]):
     """Compute slot ``slot``: ``output`` = ``input`` combined with ``children`` child outputs,
     from byte ``start`` on (a repaired slot's consumer already holds the bytes before it).
     ``hi`` > 0: a stripe, the inputs' bytes ``lo..hi`` only (``dtype``/``shape``: the
-    stripe's, a flat array)."""
+    stripe's, a flat array). ``extras``: more inputs held on the node, added like ``input``."""
 
     rid: int = 0
     reduce_id: ObjectID
@@ -586,6 +586,7 @@ class ReduceTask(Request["TaskStarted"]):
     start: int
     lo: int
     hi: int
+    extras: list[ObjectID]
 
 
 @message(57, shape="reply")
@@ -598,7 +599,8 @@ class TaskStarted(Reply):
 class ReduceChild(Request["Ok"]):
     """Where the output of slot ``slot``'s child ``child`` is: ``node`` holds ``oid`` at
     ``version``; it adds bytes ``start`` to ``until`` (0: to the end) to the slot's sums. Sent
-    again after a repair: the pull resumes where the last one stopped."""
+    again after a repair: the pull resumes where the last one stopped. ``slot_version``: the
+    version of the slot's task output it is meant for (a task placed again refuses it)."""
 
     rid: int = 0
     reduce_id: ObjectID
@@ -609,6 +611,7 @@ class ReduceChild(Request["Ok"]):
     version: bytes
     start: int
     until: int
+    slot_version: bytes
 
 
 @message(59, shape="oneway", roles=(PEER,))

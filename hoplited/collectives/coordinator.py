@@ -194,8 +194,11 @@ class ReduceCoordinator:
     # --- instructions out ---
     def _execute(self, ins: p.Instruction) -> None:
         d = self.d
-        if isinstance(ins, p.WaitInput | p.After | p.Fold | p.Reshape | p.RestartResult) or (
-                isinstance(ins, p.StartTask) and ins.gen > 0):
+        merge = (isinstance(ins, p.Fold) and ins.slot in self.plan.merged) or (
+            isinstance(ins, p.StartTask) and bool(ins.extras))  # not a repair: several inputs
+        if not merge and (isinstance(ins, p.WaitInput | p.After | p.Fold | p.Reshape
+                                     | p.RestartResult)
+                          or (isinstance(ins, p.StartTask) and ins.gen > 0)):
             log.info("reduce %s repair: %s", self.result.short(), ins)
         if isinstance(ins, p.OpenResult):
             self._open_result(ins)
@@ -208,10 +211,11 @@ class ReduceCoordinator:
             plain = ins.start == 0 and ins.until == 0  # not a fold's part of a child
             self._spawn(self._connect(ins), f"reduce-connect-{ins.parent_slot}",
                         functools.partial(p.SlotFailed, ins.parent_slot, None,
-                                          child=ins.child_slot if plain else None))
+                                          child=ins.child_slot if plain else None,
+                                          version=ins.parent_version))
         elif isinstance(ins, p.Fold):
             self._spawn(self._fold(ins), f"reduce-fold-{ins.slot}",
-                        functools.partial(p.FoldFailed, ins.slot))
+                        functools.partial(p.FoldFailed, ins.slot, version=ins.version))
         elif isinstance(ins, p.Reshape):
             self._spawn(self._reshape(ins), f"reduce-reshape-{ins.parent}",
                         functools.partial(p.SlotFailed, ins.parent, None))
@@ -311,20 +315,20 @@ class ReduceCoordinator:
         frame = await self.d.rpc.call_node(ins.node, ReduceTask(
             reduce_id=self.result, slot=ins.slot, input=ins.input, output=ins.output,
             op=ins.op, dtype=ins.dtype, shape=list(ins.shape), children=ins.children,
-            start=ins.start, lo=ins.lo, hi=ins.hi))
+            start=ins.start, lo=ins.lo, hi=ins.hi, extras=list(ins.extras)))
         self.feed(p.TaskStarted(ins.slot, ins.gen, frame.msg.version))
 
     async def _connect(self, ins: p.Connect) -> None:
         await self.d.rpc.call_node(ins.parent_node, ReduceChild(
             reduce_id=self.result, slot=ins.parent_slot, child=ins.child_slot,
             node=ins.child_node, oid=ins.child_output, version=ins.child_version,
-            start=ins.start, until=ins.until))
+            start=ins.start, until=ins.until, slot_version=ins.parent_version))
 
     async def _fold(self, ins: p.Fold) -> None:
         frame = await self.d.rpc.call_node(ins.node, ReduceFold(
             reduce_id=self.result, slot=ins.into, version=ins.version, input=ins.input,
             input_version=ins.input_version, at=ins.at))
-        self.feed(p.Folded(ins.slot, ins.into, frame.msg.at))
+        self.feed(p.Folded(ins.slot, ins.into, frame.msg.at, ins.version))
 
     async def _reshape(self, ins: p.Reshape) -> None:
         frame = await self.d.rpc.call_node(ins.parent_node, ReduceReshape(

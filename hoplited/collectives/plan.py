@@ -35,6 +35,17 @@ only a leaf runs, the lost slot is placed there and takes the leaf's input over 
 the leaf's consumer stopped adding it. Either way that node's link carries one stream. A later
 loss that a fold relies on starts the result again from byte 0 (``_restart_all``).
 
+Several inputs on one node (docs/design.md §4). An input ready on a node that already has a
+slot is added by that slot instead of taking one of its own, so the node's link carries one
+stream: the slot it would have taken leaves the tree (its children hang on its parent) and
+the host adds it from its start, by a ``Fold`` while the host's task has not been told of
+every child (it cannot have combined a byte), or else by placing the host again with the
+input among its ``extras``, together with the slots above it up to one whose consumer has
+read nothing (at most ``MERGE_REACH``). Losing a host loses all its inputs: the result starts
+again from byte 0, each of them waited for as an input of its own (``_restart_all``). Each
+edge names the placement of its parent it is meant for, so a task placed again never resumes
+a pull of the old value.
+
 Backups. With ``k`` below the number of inputs, a repair also waits again for the inputs not
 used (their waits were cancelled once ``k`` were chosen); whichever comes first takes the lost
 slot: the same id (resumed as above) or a backup, and a backup already ready is used at once.
@@ -55,7 +66,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -86,6 +97,10 @@ HISTORY_MAX = 256
 # docs/design.md §5): a dead node is then redone, a live one has been given every chance.
 RECONNECT_DELAY = 0.1
 RECONNECT_MAX = 1.0
+# The most slots placed again so that a slot adds an input put on its node: it and those
+# above it whose consumers have read nothing yet, each pulling its children again from byte
+# 0 (docs/design.md §4, "Several inputs on one node").
+MERGE_REACH = 4
 # Errors of a request to a tree node that mean the node could not be reached at all.
 UNREACHABLE = (PeerUnavailableError, ConnectionLostError)
 
@@ -124,13 +139,14 @@ class TaskStarted:
 @dataclass(frozen=True, slots=True)
 class SlotFailed:
     """The task of ``slot`` could not start, could not be connected, or failed later; ``gen``
-    None: whichever placement is current. ``child``: telling it where that child's output is
-    failed (a plain ``Connect``)."""
+    None: whichever placement is current (or the one whose output has ``version``, if given).
+    ``child``: telling it where that child's output is failed (a plain ``Connect``)."""
 
     slot: int
     gen: int | None
     error: HopliteError
     child: int | None = None
+    version: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,19 +201,23 @@ class NodeTrusted:
 
 @dataclass(frozen=True, slots=True)
 class Folded:
-    """Lost slot ``slot``'s input now enters slot ``into``'s sums from byte ``at`` on."""
+    """Slot ``slot``'s input (lost, or merged) now enters slot ``into``'s sums from byte
+    ``at`` on; ``version``: the output of ``into``'s task that said so."""
 
     slot: int
     into: int
     at: int
+    version: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
 class FoldFailed:
-    """Slot ``slot``'s input could not be folded into another slot (that task is gone)."""
+    """Slot ``slot``'s input could not be folded into another slot (that task is gone, or the
+    input is not complete on its node); ``version``: the task's output it was sent to."""
 
     slot: int
     error: HopliteError
+    version: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,12 +280,15 @@ class StartTask:
     start: int
     lo: int = 0  # a stripe: the slot reads its inputs' bytes lo..hi (hi 0: all of them)
     hi: int = 0
+    extras: tuple[ObjectID, ...] = ()  # more inputs on ``node`` it adds, from ``start`` too
 
 
 @dataclass(frozen=True, slots=True)
 class Connect:
     """Tell ``parent_node`` (``ReduceChild``) where child ``child_slot``'s output is; failure:
-    SlotFailed of the parent. The child adds bytes ``start`` to ``until`` (0: to the end)."""
+    SlotFailed of the parent. The child adds bytes ``start`` to ``until`` (0: to the end).
+    ``parent_version``: the parent task's output (set by ``handle``); a task placed again
+    since refuses the edge, which was another placement's."""
 
     parent_slot: int
     parent_node: str
@@ -275,6 +298,7 @@ class Connect:
     child_version: bytes
     start: int = 0
     until: int = 0
+    parent_version: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,11 +405,25 @@ Instruction = (OpenResult | StartTask | Connect | Fold | Reshape | PullRoot | Wa
                | CancelWaits | RestartResult | CombineInline | Publish | Fail | Release)
 
 
+@dataclass(frozen=True, slots=True)
+class Merge:
+    """Input ``input`` (at ``version``) came ready on the node of slot ``host``, which adds
+    it: slot ``slot``, which it would have taken, left the tree (docs/design.md §4, "Several
+    inputs on one node")."""
+
+    slot: int
+    host: int
+    input: ObjectID
+    version: bytes
+
+
 @dataclass(slots=True)
 class Slot:
     """A placed slot: its node, input and output; ``version`` is None until its task started;
     ``gen`` counts its placements, ``start`` is the byte its output is computed from, and
-    ``connected`` says whether its consumer was told where its output is."""
+    ``connected`` says whether its consumer was told where its output is. ``extras``: the
+    merges whose inputs it adds as well, the first ``told`` of them known to its task;
+    ``fed``: the children its task was told of (it combines nothing before it has all)."""
 
     node: str
     input: ObjectID
@@ -395,6 +433,9 @@ class Slot:
     gen: int = 0
     start: int = 0
     connected: bool = False
+    extras: tuple[Merge, ...] = ()
+    told: int = 0
+    fed: set[int] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -502,13 +543,15 @@ class ReducePlan:
     soon as the size is known, over a chain of the first ``k - 2`` inputs and a leaf for each
     of the last two (``pair_shape``): a stripe of an allreduce's pair, whose partial sum
     reaches this node before this node's input exists (docs/design.md §4, "A pair for the
-    last two inputs")."""
+    last two inputs"). ``merge``: an input ready on a node whose slot has combined nothing
+    yet is added by that slot, which takes it in place of a slot of its own (docs/design.md
+    §4, "Several inputs on one node")."""
 
     def __init__(self, result: ObjectID, inputs: list[ObjectID], k: int, op: str, me: str,
                  depth: Callable[[int, int], int], patience: float = 6.0,
                  window: tuple[int, int] | None = None, ring: tuple[str, ...] = (),
                  everyone: bool = False, half: int | None = None, here: bool = False,
-                 combiner: bool = False) -> None:
+                 combiner: bool = False, merge: bool = True) -> None:
         if not inputs or not 1 <= k <= len(inputs):
             raise InvalidArgumentError(f"num_objects must be between 1 and the "
                                        f"{len(inputs)} inputs")
@@ -542,6 +585,14 @@ class ReducePlan:
         self.shape: TreeShape | None = None
         self.slots: dict[int, Slot] = {}  # by _set_slot, _drop_slot (and _restart_all: emptied)
         self._leaves: dict[str, set[int]] = {}  # placed slots without a task, by node
+        self._hosts: dict[str, set[int]] = {}  # placed slots with a task, by node
+        # slot -> the merge that took it out of the tree, in the order they were made
+        self.merged: dict[int, Merge] = {}
+        self.merges = 0  # inputs merged into another's slot so far (status, metrics)
+        # merges add an input from the host's start: never once a slot computes from a later
+        # byte (its consumer holds earlier sums without the input); with backups a lost
+        # host's inputs are waited for as themselves (a restart), which backups could replace
+        self._may_merge = merge and not combiner and half is None and len(inputs) == k
         self.task_nodes: list[str] = []
         self.dead: set[str] = set()  # nodes this reduce no longer uses
         self.declared: set[str] = set()  # those of them this node's membership declared dead
@@ -586,8 +637,21 @@ class ReducePlan:
             self.dead.discard(event.node)
         if self.error is None and not self.published:
             out = self._handle(event)
+        out = [edge for ins in out if (edge := self._addressed(ins)) is not None]
         self.history.append((event, tuple(out)))
         return out
+
+    def _addressed(self, ins: Instruction) -> Instruction | None:
+        """``ins``, a ``Connect`` addressed to its parent's current task (which, told of every
+        child, may have combined: no merge into it then); None for an edge to a parent placed
+        again in the same event, whose new task is told of its children once it exists."""
+        if not isinstance(ins, Connect):
+            return ins
+        parent = self.slots.get(ins.parent_slot)
+        if parent is None or parent.version is None or parent.node != ins.parent_node:
+            return None
+        parent.fed.add(ins.child_slot)
+        return replace(ins, parent_version=parent.version)
 
     def _handle(self, ev: Event) -> list[Instruction]:
         if isinstance(ev, InputReady):
@@ -607,7 +671,7 @@ class ReducePlan:
                 return [Fold(ev.slot, ev.slot, slot.node, ev.version, absorb.leaf_input,
                              absorb.leaf_version, absorb.cut)]
             slot.version = ev.version
-            return self._links(ev.slot)
+            return self._tell_extras(ev.slot) + self._links(ev.slot)
         if isinstance(ev, SlotFailed):
             return self._slot_failed(ev)
         if isinstance(ev, ChildLost):
@@ -722,7 +786,138 @@ class ReducePlan:
             slot = self._ring_slot(node, first)
         else:
             slot = shape.root
+        host = self._host(node) if node in ev.alive and self._removable(slot) else None
+        if host is not None:
+            return self._merge(Merge(slot, host[0], ev.oid, ev.version), host[1])
         return self._put(slot, node, ev.oid, ev.version, gen=0, start=0)
+
+    # --- several inputs on one node (docs/design.md §4, "Several inputs on one node") ---
+    def _host(self, node: str) -> tuple[int, list[int]] | None:
+        """A slot on ``node`` that can still add another input from its start, so that
+        ``node``'s link carries one stream, and the slots to place again for it: none for a
+        task that cannot have combined a byte yet (it was not told of every child), else the
+        slot and those above it up to one whose consumer has read nothing (``_unread``).
+        None: there is no such slot."""
+        shape = self.shape
+        if not self._may_merge or shape is None or node in self.dead:
+            return None
+        for slot in sorted(self._hosts.get(node, set()) | self._leaves.get(node, set())):
+            placed = self.slots[slot]
+            if placed.input == self.result or self._folded_into(slot):
+                continue  # a combiner adds no input; a lost input's fold relies on it
+            if placed.task and any(c not in placed.fed for c in shape.children[slot]):
+                return slot, []
+            path = self._unread(slot)
+            if path:
+                return slot, path
+        return None
+
+    def _unread(self, slot: int) -> list[int]:
+        """``slot`` and the slots above it, up to the first whose consumer has read nothing
+        of it; placed again from byte 0, they drop nothing anyone holds ([]: there are more
+        than ``MERGE_REACH``, or the root's sums have reached the result already)."""
+        shape = self.shape
+        assert shape is not None
+        path = [slot]
+        while True:
+            top = path[-1]
+            placed = self.slots[top]
+            if placed.output == self.result:  # the root computed in place: its sums are
+                # the result's bytes, read by gets; none yet while it has combined nothing
+                return path if any(c not in placed.fed for c in shape.children[top]) else []
+            if not placed.connected:
+                return path
+            parent = shape.parent[top]
+            above = None if parent is None else self.slots.get(parent)
+            if (parent is None or above is None or not above.task or above.node in self.dead
+                    or self._folded_into(parent) or len(path) >= MERGE_REACH):
+                return []
+            path.append(parent)
+
+    def _removable(self, slot: int) -> bool:
+        """``slot`` can leave the tree, its children hung on its parent: it is free, not the
+        root, and its parent's task (if placed) keeps its number of children."""
+        shape = self.shape
+        assert shape is not None
+        parent = shape.parent[slot]
+        if not self._may_merge or parent is None or self._taken(slot):
+            return False
+        return not self._taken(parent) or len(shape.children[slot]) == 1
+
+    def _remove(self, slot: int) -> None:
+        """Take free ``slot`` out of the tree: its children take its place under its parent.
+        The plan's shape is its own from the first removal on (a shape is shared by nobody,
+        but it is built once per plan, and a restart builds it anew)."""
+        shape = self.shape
+        assert shape is not None
+        parent = shape.parent[slot]
+        assert parent is not None
+        siblings = shape.children[parent]
+        at = siblings.index(slot)
+        siblings[at:at + 1] = shape.children[slot]
+        for child in shape.children[slot]:
+            shape.parent[child] = parent
+        shape.children[slot] = []
+        shape.parent[slot] = None
+
+    def _merge(self, merge: Merge, again: list[int]) -> list[Instruction]:
+        """Input ``merge.input`` is added by the slot already on its node: ``merge.slot``
+        leaves the tree, and the host's task adds the input from its start: a ``Fold`` once
+        the task exists, or (``again``: the host and the slots above it that may hold its
+        sums, none read) placed again with it, from byte 0."""
+        shape = self.shape
+        assert shape is not None
+        children = list(shape.children[merge.slot])
+        parent = shape.parent[merge.slot]
+        self._remove(merge.slot)
+        self.merged[merge.slot] = merge
+        self.merges += 1
+        host = self.slots[merge.host]
+        host.extras += (merge,)
+        out: list[Instruction] = []
+        for slot in again:  # the host first, a task that adds every input from byte 0
+            out += drive(self._restart_steps(slot))
+        if not again:  # it has combined nothing yet
+            out += self._tell_extras(merge.host)
+        assert parent is not None
+        consumer = self.slots.get(parent)
+        for child in children:  # the parent reads them now, wherever the slot was to be
+            placed = self.slots.get(child)
+            if (consumer is not None and consumer.version is not None and placed is not None
+                    and placed.version is not None):
+                placed.connected = True
+                out.append(Connect(parent, consumer.node, child, placed.node, placed.output,
+                                   placed.version))
+        return out
+
+    def _tell_extras(self, slot: int) -> list[Instruction]:
+        """Folds of the inputs merged into ``slot`` that its task does not know yet, from its
+        start (none before the task exists: they follow its ``TaskStarted``)."""
+        placed = self.slots[slot]
+        if placed.version is None:
+            return []
+        out: list[Instruction] = [
+            Fold(m.slot, slot, placed.node, placed.version, m.input, m.version,
+                 self._aligned(placed.start)) for m in placed.extras[placed.told:]]
+        placed.told = len(placed.extras)
+        return out
+
+    def _merge_answered(self, ev: Folded | FoldFailed) -> list[Instruction]:
+        """A merge's fold into the current task took effect late (its host combined first:
+        the input's first bytes are in no sum) or failed: the result starts again from byte
+        0, every merge still possible made again, the others' inputs placed as slots."""
+        merge = self.merged[ev.slot]
+        host = self.slots.get(merge.host)
+        if (self.complete or host is None or host.version != ev.version
+                or host.node in self.dead):
+            return []  # a task placed again since knew its extras; a death is handled as such
+        if isinstance(ev, Folded):
+            if ev.at <= self._aligned(host.start):
+                return []
+        elif isinstance(ev.error, ObjectNotFoundError) and ev.error.data.get(
+                "oid") == merge.input.hex():
+            self._lacking.setdefault(merge.input, set()).add(host.node)
+        return self._restart_all()
 
     def _taken(self, slot: int) -> bool:
         """``slot`` has an input: placed, waiting to be placed again, folded, or taking a
@@ -730,7 +925,7 @@ class ReducePlan:
         the free slots only shrink and placement scans each slot about once: a reduce of
         10,000 inputs places them in well under a second (bench/plan_scale.py)."""
         return (slot in self.slots or slot in self.redo or slot in self.folding
-                or slot in self.folds or slot in self.absorbing)
+                or slot in self.folds or slot in self.absorbing or slot in self.merged)
 
     def _first_free(self) -> int | None:
         """The lowest free slot other than the root (None if there is none)."""
@@ -777,39 +972,44 @@ class ReducePlan:
         return first
 
     def _put(self, slot: int, node: str, oid: ObjectID, version: bytes, gen: int,
-             start: int) -> list[Instruction]:
+             start: int, extras: tuple[Merge, ...] = ()) -> list[Instruction]:
         """``_put_steps``, run to its end."""
-        return drive(self._put_steps(slot, node, oid, version, gen, start))
+        return drive(self._put_steps(slot, node, oid, version, gen, start, extras))
 
     def _put_steps(self, slot: int, node: str, oid: ObjectID, version: bytes, gen: int,
-                   start: int) -> Steps:
-        """Place ``slot`` on ``node`` with input ``oid``: a leaf's output is its input, any
-        other slot starts a task (the root on this node computes the result in place). A
-        child that computes only from a later byte than ``start`` (redone after an earlier
-        loss) starts again: this slot reads it from ``start``; if a fold relies on that child,
-        the result starts again from byte 0 instead (a restarted child would lose its cut)."""
+                   start: int, extras: tuple[Merge, ...] = ()) -> Steps:
+        """Place ``slot`` on ``node`` with input ``oid`` (and the inputs of ``extras``, held
+        there too): a leaf's output is its input, any other slot starts a task (the root on
+        this node computes the result in place). A child that computes only from a later byte
+        than ``start`` (redone after an earlier loss) starts again: this slot reads it from
+        ``start``; if a fold relies on that child, the result starts again from byte 0
+        instead (a restarted child would lose its cut)."""
         shape = self.shape
         assert shape is not None and self.meta is not None
         late = [c for c in shape.children[slot] if (placed := self.slots.get(c)) is not None
                 and placed.task and placed.node not in self.dead
                 and self._aligned(placed.start) > self._aligned(start)]
-        if any(self._fold_relies_on(c) for c in late):  # this slot is placed by the restart
+        if any(self._folded_into(c) for c in late):  # this slot is placed by the restart
             self._set_slot(slot, Slot(node, oid, oid, version, task=False, gen=gen, start=start))
             return self._restart_all()
+        if start > 0:
+            self._may_merge = False
         children = len(shape.children[slot])
         in_place = slot == shape.root and node == self.me
-        if children == 0 and not in_place and self.window is None:  # a stripe's leaf copies
-            # its bytes into an output of its own, which its parent pulls from byte 0
+        if children == 0 and not in_place and self.window is None and not extras:  # a
+            # stripe's leaf copies its bytes into an output of its own, pulled from byte 0
             self._set_slot(slot, Slot(node, oid, oid, version, task=False, gen=gen, start=start))
             return self._links(slot)
         output = self.result if in_place else derived_id(self.result, slot, b"out%d" % gen)
-        self._set_slot(slot, Slot(node, oid, output, None, task=True, gen=gen, start=start))
+        self._set_slot(slot, Slot(node, oid, output, None, task=True, gen=gen, start=start,
+                                  extras=extras, told=len(extras)))
         if node not in self.task_nodes:
             self.task_nodes.append(node)
         m = self.meta
         lo, hi = self.window or (0, 0)
         out: list[Instruction] = [StartTask(slot, gen, node, oid, output, self.op, m.dtype,
-                                            m.shape, children, start, lo, hi)]
+                                            m.shape, children, start, lo, hi,
+                                            tuple(x.input for x in extras))]
         for child in shape.children[slot]:
             if self.slots.get(child) is None and child in self.redo:  # placed from here later
                 self.redo[child].start = min(self.redo[child].start, start)
@@ -822,14 +1022,14 @@ class ReducePlan:
         if slot in self.slots:
             self._drop_slot(slot)
         self.slots[slot] = placed
-        if not placed.task:
-            self._leaves.setdefault(placed.node, set()).add(slot)
+        by_node = self._hosts if placed.task else self._leaves
+        by_node.setdefault(placed.node, set()).add(slot)
 
     def _drop_slot(self, slot: int) -> Slot:
         """``slot`` is placed no more: its placement."""
         placed = self.slots.pop(slot)
-        if not placed.task:
-            self._leaves[placed.node].discard(slot)
+        by_node = self._hosts if placed.task else self._leaves
+        by_node[placed.node].discard(slot)
         return placed
 
     def _links(self, slot: int) -> list[Instruction]:
@@ -873,7 +1073,8 @@ class ReducePlan:
         placed = self.slots.get(ev.slot)
         if self.complete or (placed is None and ev.slot in self.redo):
             return []
-        if placed is not None and ev.gen is not None and placed.gen != ev.gen:
+        if placed is not None and (ev.gen is not None and placed.gen != ev.gen
+                                   or ev.version is not None and placed.version != ev.version):
             return []  # an earlier placement's task, replaced since
         if placed is not None and placed.node in self.dead:
             child = None if ev.child is None else self.slots.get(ev.child)
@@ -1154,7 +1355,8 @@ class ReducePlan:
             return (yield self._repair_steps(slot, 0))
         self._reconnects.pop(slot, None)
         self._broken.pop(slot, None)
-        out = yield self._put_steps(slot, placed.node, placed.input, b"", placed.gen + 1, 0)
+        out = yield self._put_steps(slot, placed.node, placed.input, b"", placed.gen + 1, 0,
+                                    placed.extras)
         return out + (yield self._from_zero_below_steps(slot))
 
     def _from_zero_below_steps(self, slot: int) -> Steps:
@@ -1320,6 +1522,8 @@ class ReducePlan:
 
     def _folded(self, ev: Folded) -> list[Instruction]:
         """The input is in ``into``'s sums from ``ev.at``: reshape the consumer."""
+        if ev.slot in self.merged:
+            return self._merge_answered(ev)
         if ev.slot in self.absorbing:
             return self._absorbed(ev)
         fold = self.folding.get(ev.slot)
@@ -1334,6 +1538,8 @@ class ReducePlan:
     def _fold_failed(self, ev: FoldFailed) -> list[Instruction]:
         """The slot to fold into is gone: the lost slot is placed as usual after all (a leaf's
         consumer already stopped adding its input: everything starts again)."""
+        if ev.slot in self.merged:
+            return self._merge_answered(ev)
         if ev.slot in self.absorbing and not self.complete:
             return self._restart_all()
         fold = self.folding.pop(ev.slot, None)
@@ -1397,6 +1603,13 @@ class ReducePlan:
         return nodes
 
     def _fold_relies_on(self, slot: int) -> bool:
+        """Losing ``slot`` loses more than its own input's bytes: a fold or a merge went into
+        it, or a fold's consumer or lost children are it."""
+        placed = self.slots.get(slot)
+        return self._folded_into(slot) or (placed is not None and bool(placed.extras))
+
+    def _folded_into(self, slot: int) -> bool:
+        """A lost input's fold or a leaf's absorption relies on ``slot``."""
         absorbs = [*self.absorbed.values(), *self.absorbing.values()]
         return any(slot in (f.into, f.parent) or (f.slot in self.folding and slot in f.children)
                    for f in [*self.folds.values(), *self.folding.values()]) or any(
@@ -1421,9 +1634,23 @@ class ReducePlan:
         self._low, self._fill, self._fill_at = 0, None, 0  # its root may be another slot
         out: list[Instruction] = [RestartResult()]
         placed, self.slots = self.slots, {}  # none is linked to before it is placed anew
-        self._leaves = {}
+        self._leaves, self._hosts = {}, {}
+        merges, self.merged = self.merged, {}
+        apart: list[tuple[Merge, str]] = []  # merges undone: their inputs take their slots
+        for merge in merges.values():  # made again in the new shape where the host lives on
+            host = placed.get(merge.host)
+            node = "" if host is None else host.node  # "": not placed (waited for anywhere)
+            lacking = {*self._lacking.get(merge.input, ()),
+                       *(() if host is None else self._lacking.get(host.input, ()))}
+            if host is None or node in self.dead or node in lacking:
+                apart.append((merge, node))
+            else:
+                self._remove(merge.slot)
+                self.merged[merge.slot] = merge
         for slot in range(shape.size):
             fold, old = folded.get(slot), placed.get(slot)
+            if slot in self.merged:
+                continue
             if isinstance(fold, Absorb):
                 node, oid, version, gen = fold.node, fold.input, fold.input_version, fold.gen + 1
             elif fold is not None:
@@ -1435,10 +1662,16 @@ class ReducePlan:
                 if slot in self.redo:
                     self.redo[slot].start = 0
                 continue
-            if node in self.dead:
+            extras = tuple(m for m in self.merged.values() if m.host == slot)
+            if node in self.dead or node in self._lacking.get(oid, ()):
                 out += self._want(slot, Redo(oid, node, gen, 0))
             else:
-                out += self._put(slot, node, oid, version, gen, 0)
+                out += self._put(slot, node, oid, version, gen, 0, extras)
+        for merge, node in apart:
+            if not node or node in self.dead or node in self._lacking.get(merge.input, ()):
+                out += self._want(merge.slot, Redo(merge.input, node, 0, 0))
+            else:
+                out += self._put(merge.slot, node, merge.input, merge.version, 0, 0)
         return out
 
     def _fail(self, error: HopliteError) -> list[Instruction]:

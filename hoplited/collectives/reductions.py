@@ -31,15 +31,19 @@ from hoplited.dispatch import Handler
 
 class Reductions:
     """The reduces coordinated on this node, by result id; owns their lifetime. ``two_trees``:
-    when a reduce of every input runs as two trees of halves (``tree.TWO_TREE_MODES``)."""
+    when a reduce of every input runs as two trees of halves (``tree.TWO_TREE_MODES``);
+    ``merge``: whether a slot adds the other inputs ready on its node (``plan.ReducePlan``)."""
 
-    def __init__(self, deps: CoordinatorDeps, two_trees: str = "auto") -> None:
+    def __init__(self, deps: CoordinatorDeps, two_trees: str = "auto",
+                 merge: bool = True) -> None:
         if two_trees not in TWO_TREE_MODES:
             raise ValueError(f"two-trees mode {two_trees!r}; one of "
                              f"{', '.join(TWO_TREE_MODES)}")
         self._deps = deps
         self._two_trees = two_trees
+        self._merge = merge
         self._running: dict[ObjectID, ReduceCoordinator] = {}  # by the id each reduces into
+        self._merges_forgotten = 0  # inputs merged by reduces no longer in ``_running``
         self._fronts: dict[ObjectID, HalvesReduce] = {}  # reduces of every input, by result
         self.halved = 0  # reduces run as two trees of halves so far
 
@@ -96,7 +100,7 @@ class Reductions:
         return p.ReducePlan(result, inputs, k, op, self._deps.me, depth=lambda n, size: (
             tree_depth(n, size, model.bandwidth, model.latency)), patience=self._deps.patience,
             window=window, ring=ring, everyone=everyone, half=half, here=here,
-            combiner=combiner)
+            combiner=combiner, merge=self._merge)
 
     def _open(self, plan: p.ReducePlan, inputs: list[ObjectID], deadline: float | None,
               wait_inputs: bool) -> ReduceCoordinator:
@@ -135,6 +139,12 @@ class Reductions:
             if error is not None and d.directory.moved(result, previous):
                 d.tasks.spawn(d.directory.fail(result, error), name="refail")
 
+    @property
+    def merges(self) -> int:
+        """Inputs that reduces coordinated here added in another input's slot, on its node
+        (docs/design.md §4, "Several inputs on one node")."""
+        return self._merges_forgotten + sum(c.plan.merges for c in self._running.values())
+
     def forget(self, result: ObjectID) -> bool:
         """The result was deleted: a reduce still running into it stops (its input waits
         end, its tree nodes are told to release) and nothing about it is kept. Returns
@@ -151,6 +161,7 @@ class Reductions:
         coordinator = self._running.pop(oid, None)
         if coordinator is None:
             return False
+        self._merges_forgotten += coordinator.plan.merges
         if not coordinator.ended.is_set():
             coordinator.deleted = True
             coordinator.feed(p.ResultFailed(ObjectDeletedError(

@@ -8,15 +8,17 @@ to the coordinator, which decides what happens to the reduce. A child's pull tha
 its bytes and is reported (``ReduceChildLost``): the coordinator reconnects it or places the
 child again, and the next ``ReduceChild`` for it resumes where the pull stopped. A repaired
 slot's task computes only from ``start`` on, because its consumer already holds the bytes
-before (docs/design.md §5). A fold changes a running task's shape: ``ReduceFold`` adds a
-second input from the first byte not combined yet, ``ReduceReshape`` ends a lost child's range
-and announces children that take over from there; each child and input covers a byte range,
-and the combine loop re-reads them whenever they change. A *combiner* (a task whose input is
-its output, the result computed in place) adds no input of its own, only its children: the
-root of one half of an allreduce's pair, started before this node's input exists
-(docs/design.md §4, "A pair for the last two inputs"). It reads a child whose output is in
-this store (this node's input, once put) where it is, with no pull.
-"""
+before (docs/design.md §5). A slot may add several inputs held here (``ReduceTask.extras``,
+docs/design.md §4, "Several inputs on one node"). A fold changes a running task's shape:
+``ReduceFold`` adds another input from the first byte not combined yet, ``ReduceReshape``
+ends a lost child's range and announces children that take over from there; each child and
+input covers a byte range, and the combine loop re-reads them whenever they change. A
+*combiner* (a task whose input is its output, the result computed in place) adds no input of
+its own, only its children: the root of one half of an allreduce's pair, started before this
+node's input exists (docs/design.md §4, "A pair for the last two inputs"). It reads a child
+whose output is in this store (this node's input, once put) where it is, with no pull. A
+combine in a worker thread keeps what it reads and writes pinned until it ends, even if its
+task was released meanwhile."""
 
 from __future__ import annotations
 
@@ -151,6 +153,7 @@ class ReduceWorker:
         if not 0 <= msg.start <= size or msg.children < (own is None):
             raise InvalidArgumentError(f"start {msg.start} outside 0..{size} or "
                                        f"{msg.children} children")
+        extras = [self._extra(own, oid) for oid in msg.extras]
         dtype = np.dtype(msg.dtype)
         self._release(msg.reduce_id, msg.slot)  # a slot placed here again replaces its task
         # whole elements from the element holding byte ``start``: the bytes below it that
@@ -170,9 +173,12 @@ class ReduceWorker:
             out.advance(start)  # never read below: the consumer holds those bytes
         if own is not None:
             store.pin(own)
+        for extra in extras:
+            store.pin(extra)
         store.pin(out)
         task = SlotTask(msg.reduce_id, msg.slot, coordinator, msg.op, dtype, own, out,
-                        msg.children, start, msg.lo if msg.hi else 0, combined=start)
+                        msg.children, start, msg.lo if msg.hi else 0, combined=start,
+                        extras=[(start, extra) for extra in extras])
         task.check_children()
         self.slots[(msg.reduce_id, msg.slot)] = task
         if out.temporary:
@@ -180,6 +186,18 @@ class ReduceWorker:
         task.runner = self._tasks.spawn(self._run(task), name=f"reduce-{msg.slot}",
                                         on_error=functools.partial(self._failed, task))
         return TaskStarted(version=out.version)
+
+    def _extra(self, own: StoredObject | None, oid: ObjectID) -> StoredObject:
+        """Another input a task adds beside its own: complete here, and like its own."""
+        extra = self._store.get(oid)
+        if extra is None or not extra.complete:
+            raise ObjectNotFoundError(f"input {oid.hex()} is not complete here", oid=oid.hex())
+        if own is None or (extra.size, extra.dtype, extra.shape) != (own.size, own.dtype,
+                                                                     own.shape):
+            raise InvalidArgumentError(
+                f"input {oid.hex()} is {extra.dtype}{extra.shape}, not like the slot's own"
+                + ("" if own is None else f" {own.dtype}{own.shape}"), oid=oid.hex())
+        return extra
 
     @staticmethod
     def _extent(msg: ReduceTask) -> tuple[int, list[int]]:
@@ -222,8 +240,10 @@ class ReduceWorker:
 
     def on_child(self, peer: str, msg: ReduceChild, payload: memoryview | None) -> Ok:
         """A child of one of our slots is placed: pull its output into a buffer of ours (again:
-        resume the buffer from where the last pull stopped, from the child's new place)."""
-        task = self._task(msg.reduce_id, msg.slot)
+        resume the buffer from where the last pull stopped, from the child's new place). An
+        edge meant for another placement of the slot is refused: its buffer would mix two
+        values."""
+        task = self._task(msg.reduce_id, msg.slot, msg.slot_version)
         size = task.out.size
         until = msg.until or size
         if not 0 <= msg.start <= until <= size:
@@ -274,18 +294,16 @@ class ReduceWorker:
                                                   on_error=functools.partial(self._failed, task))
 
     def on_fold(self, peer: str, msg: ReduceFold, payload: memoryview | None) -> Folded:
-        """Add a lost slot's input, held here, to one of our slots' sums from the first byte
-        it has not combined yet (``at`` at the earliest); the reply says which byte."""
+        """Add another input held here (a lost slot's, or one merged into the slot) to one of
+        our slots' sums from the first byte it has not combined yet (``at`` at the
+        earliest); the reply says which byte."""
         task = self._task(msg.reduce_id, msg.slot, msg.version)
         if task.own is None:
             raise InvalidArgumentError(f"slot {msg.slot} adds no input: nothing to fold into")
-        extra = self._store.get(msg.input)
-        if extra is None or not extra.complete or extra.version != msg.input_version:
-            raise ObjectNotFoundError(f"input {msg.input.hex()} is not complete here")
-        if (extra.size, extra.dtype, extra.shape) != (task.own.size, task.own.dtype,
-                                                      task.own.shape):
-            raise InvalidArgumentError(f"input {msg.input.hex()} is {extra.dtype}{extra.shape}, "
-                                       f"not {task.own.dtype}{task.own.shape}")
+        extra = self._extra(task.own, msg.input)
+        if extra.version != msg.input_version:
+            raise ObjectNotFoundError(f"input {msg.input.hex()} is not complete here",
+                                      oid=msg.input.hex())
         if not 0 <= msg.at <= task.out.size or msg.at % task.dtype.itemsize:
             raise InvalidArgumentError(f"fold at {msg.at}: not a whole element of "
                                        f"0..{task.out.size}")
@@ -433,6 +451,7 @@ class ReduceWorker:
             held.append(task.own)
         for obj in held:
             store.pin(obj)
+
         def finished(future: asyncio.Future[None]) -> None:
             for obj in held:
                 store.unpin(obj)

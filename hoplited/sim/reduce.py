@@ -132,6 +132,9 @@ class ReduceRun:
         elif isinstance(ins, p.CombineInline):
             self._create(self.me, self.result, ins.size).fill(c.clock.now)
             self.feed(p.ResultComplete())
+        elif isinstance(ins, p.Fold):  # a merged input held where the slot runs: no link
+            self._hop(lambda: self._hop(lambda: self.feed(
+                p.Folded(ins.slot, ins.into, ins.at, ins.version))))
         elif isinstance(ins, p.CancelWaits):
             self._cancelled.update(ins.oids)
         elif isinstance(ins, p.Fail):  # the shard records it: gets of the result fail with it

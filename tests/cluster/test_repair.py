@@ -117,6 +117,28 @@ async def test_a_lost_input_put_again_where_a_slot_runs_is_folded_into_it(
     assert folds == {i: int(again_on == i) for i in range(VICTIM)}, into
 
 
+async def test_a_killed_node_holding_merged_inputs_loses_them_all_and_the_sum_is_right(
+        proxied: Cluster) -> None:
+    """Node 3 holds two inputs, which one slot there adds (docs/design.md §4, "Several inputs
+    on one node"): it is SIGKILLed while that slot's output streams. Both inputs are put
+    again on node 1 and every survivor gets the exact sum of all five."""
+    cluster, proxy, clients = proxied
+    homes = [0, 1, 2, VICTIM, VICTIM]
+    ids = [await clients[node].put(value(i)) for i, node in enumerate(homes)]
+    result = await clients[0].reduce(ids)
+    gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
+    await asyncio.sleep(0.7)
+    node0 = cluster.nodes[0].node_id
+    merged = (await every_node_stats(clients[0], [node0]))[node0]["reduce_merges"]
+    assert merged == 1, "node 3's second input took a slot of its own"
+    cluster.kill(VICTIM)
+    for i, node in enumerate(homes):
+        if node == VICTIM:
+            await put_again(clients[1], ids[i], value(i))
+    check(list(await asyncio.gather(*gets)), range(len(homes)))
+    assert proxy.bytes_forwarded < value(VICTIM).nbytes, "node 3's output was never all sent"
+
+
 async def test_root_slot_on_a_killed_node_is_placed_again(proxied: Cluster) -> None:
     """The coordinator holds no input, so the last input to be ready (node 3's) takes the
     root and node 0 pulls the root's output into the result; node 3 dies mid-stream and the

@@ -78,11 +78,14 @@ class World:
     """The cluster as the plan's driver would see it, one instruction or step at a time."""
 
     def __init__(self, rng: random.Random, k: int, depth: int, local: bool,
-                 everyone: bool = False) -> None:
+                 everyone: bool = False, hosts: int = 0) -> None:
         self.rng = rng
         self.versions = 0
         self.inputs = [ObjectID(bytes([i + 1]) * 20) for i in range(k)]
-        self.nodes = [ME if (local and i == 0) else f"n{i}" for i in range(k)]
+        # ``hosts``: inputs spread over that many nodes at random, several on some
+        names = [ME] * local + [f"n{j}" for j in range(hosts)]
+        self.nodes = [ME if (local and i == 0) else rng.choice(names) if hosts else f"n{i}"
+                      for i in range(k)]
         self.objects: dict[tuple[str, ObjectID], Obj] = {}
         for oid, node in zip(self.inputs, self.nodes, strict=True):
             self.put(node, oid)
@@ -163,8 +166,10 @@ class World:
             out = Obj(start, [Counter() for _ in range(ELEMENTS)], b"t%d" % self.versions)
             self.objects[(ins.node, ins.output)] = out
         assert (ins.node, ins.input) in self.objects, "a task's input is not on its node"
+        extras = [(start, self.objects[(ins.node, oid)]) for oid in ins.extras]
         self.tasks[(ins.node, ins.slot)] = Task(ins.node, ins.slot, ins.gen, ins.input, out,
-                                               ins.output, start, ins.children, start)
+                                               ins.output, start, ins.children, start,
+                                               extras=extras)
         self.events.append(p.TaskStarted(ins.slot, ins.gen, out.version))
 
     def _task(self, node: str, slot: int, version: bytes | None = None) -> Task | None:
@@ -174,7 +179,8 @@ class World:
         return task
 
     def _connect(self, ins: p.Connect) -> None:
-        task = self._task(ins.parent_node, ins.parent_slot)
+        assert ins.parent_version, "an edge names the placement it is meant for"
+        task = self._task(ins.parent_node, ins.parent_slot, ins.parent_version)
         if task is None:
             self.events.append(p.SlotFailed(ins.parent_slot, None, PeerUnavailableError("x")))
             return
@@ -196,12 +202,13 @@ class World:
         task = self._task(ins.node, ins.into, ins.version)
         extra = self.objects.get((ins.node, ins.input))
         if task is None or extra is None or extra.version != ins.input_version:
-            self.events.append(p.FoldFailed(ins.slot, ObjectNotFoundError("no such task")))
+            self.events.append(p.FoldFailed(ins.slot, ObjectNotFoundError("no such task"),
+                                            ins.version))
             return
         assert ins.at % ITEM == 0
         at = max(ins.at, task.combined)
         task.extras.append((at, extra))
-        self.events.append(p.Folded(ins.slot, ins.into, at))
+        self.events.append(p.Folded(ins.slot, ins.into, at, ins.version))
 
     def _reshape(self, ins: p.Reshape) -> None:
         task = self._task(ins.parent_node, ins.parent, ins.version)
@@ -319,26 +326,31 @@ class World:
                 self.execute(ins)
 
 
-def run(seed: int, deaths: int, everyone: bool = False) -> tuple[World, str]:
+def run(seed: int, deaths: int, everyone: bool = False,
+        hosts: int = 0) -> tuple[World, str]:
     """One reduce with ``deaths`` nodes killed at random steps, each one's input put again on
     a random live node (or a new one) a random number of steps later. ``everyone``: an
-    allreduce whose first input to be ready is here (the root's last leaf, docs/design.md §4)."""
+    allreduce whose first input to be ready is here (the root's last leaf, docs/design.md §4).
+    ``hosts``: 4 to 12 inputs on that many nodes, several on some, becoming ready in bursts
+    between the daemons' steps (merges, docs/design.md §4, "Several inputs on one node")."""
     rng = random.Random(seed)
-    k = rng.randint(3, 7)
+    k = rng.randint(4, 12) if hosts else rng.randint(3, 7)
     depth = rng.choice([0, 0, 1, 2])
     local = rng.random() < 0.5
-    world = World(rng, k, depth, local=local or everyone, everyone=everyone)
+    world = World(rng, k, depth, local=local or everyone, everyone=everyone, hosts=hosts)
     order = list(range(k))
     rng.shuffle(order)
     if everyone:
         order.remove(0)
         order.insert(0, 0)
-    for i in order:  # inputs become ready in a random order
+    pending = order if hosts else []
+    for i in [] if hosts else order:  # inputs become ready in a random order
         ev = world.ready(world.inputs[i])
         assert ev is not None
         world.events.append(ev)
         world.drain()
-    victims = rng.sample([n for n in world.nodes if n != ME], deaths)
+    others = sorted({n for n in world.nodes if n != ME})
+    victims = rng.sample(others, min(deaths, len(others)))
     kills = sorted(rng.randint(1, 6 * ELEMENTS) for _ in victims)
     again: dict[int, list[ObjectID]] = {}
     story = f"k={k} depth={depth} nodes={world.nodes} kills={list(zip(victims, kills))}"
@@ -346,6 +358,14 @@ def run(seed: int, deaths: int, everyone: bool = False) -> tuple[World, str]:
     while not world.plan.published:
         steps += 1
         assert steps < 20000, f"no progress: {story}"
+        burst = rng.randint(0, 3) if pending and rng.random() < 0.3 else 0
+        released, pending[:burst] = pending[:burst], []
+        for i in released:  # queued together: a burst's TaskStarted come after it
+            ev = world.ready(world.inputs[i])
+            if ev is None:  # its node died first: ready once put again
+                pending.append(i)
+            else:
+                world.events.append(ev)
         for victim, at in zip(victims, kills, strict=True):
             if steps == at and victim not in world.dead:
                 lost = [o for (n, o) in world.objects if n == victim and o in world.inputs]
@@ -356,7 +376,7 @@ def run(seed: int, deaths: int, everyone: bool = False) -> tuple[World, str]:
             world.put(rng.choice(live), oid)
         world.check_waits()
         world.drain()
-        if not world.step() and not world.events and not again:
+        if not world.step() and not world.events and not again and not pending:
             world.check_waits()
             assert world.events or world.plan.published, (
                 f"stuck: {story}; {list(world.plan.history)[-5:]}")
@@ -400,3 +420,22 @@ FIXED_ALLREDUCE = [(244, 2), (892, 2), (1043, 2), (1106, 2), (1279, 1), (2194, 3
     (seed, deaths) for deaths in (1, 2) for seed in range(150)] + FIXED_ALLREDUCE)
 def test_an_allreduce_root_with_the_last_leaf_is_repaired_too(seed: int, deaths: int) -> None:
     check_every_byte(seed, deaths, everyone=True)
+
+
+@pytest.mark.parametrize("seed,deaths", [
+    (seed, deaths) for deaths in (0, 1, 2) for seed in range(200)])
+def test_inputs_several_to_a_node_are_merged_and_repaired(seed: int, deaths: int) -> None:
+    """Inputs several to a node, ready in bursts between the daemons' steps: a slot adds
+    the others on its node while it has combined nothing, and every byte still holds every
+    input once, whatever dies."""
+    world, story = run(seed, deaths, hosts=3)
+    want = Counter(world.inputs)
+    assert world.result is not None and world.result.valid == SIZE, story
+    for e, got in enumerate(world.result.data):
+        assert got == want, f"element {e}: {dict(got)} != {dict(want)}; {story}"
+
+
+def test_the_model_merges_inputs() -> None:
+    """The runs above do merge: most of their reduces add some input in another's slot."""
+    merged = [bool(run(seed, 0, hosts=3)[0].plan.merged) for seed in range(50)]
+    assert sum(merged) >= 25
