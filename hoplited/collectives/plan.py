@@ -801,6 +801,7 @@ class ReducePlan:
         shape = self.shape
         if not self._may_merge or shape is None or node in self.dead:
             return None
+        best: tuple[int, list[int]] | None = None  # the fewest slots placed again
         for slot in sorted(self._hosts.get(node, set()) | self._leaves.get(node, set())):
             placed = self.slots[slot]
             if placed.input == self.result or self._folded_into(slot):
@@ -808,9 +809,9 @@ class ReducePlan:
             if placed.task and any(c not in placed.fed for c in shape.children[slot]):
                 return slot, []
             path = self._unread(slot)
-            if path:
-                return slot, path
-        return None
+            if path and (best is None or len(path) < len(best[1])):
+                best = slot, path
+        return best
 
     def _unread(self, slot: int) -> list[int]:
         """``slot`` and the slots above it, up to the first whose consumer has read nothing
