@@ -846,9 +846,8 @@ class ReducePlan:
         return not self._taken(parent) or len(shape.children[slot]) == 1
 
     def _remove(self, slot: int) -> None:
-        """Take free ``slot`` out of the tree: its children take its place under its parent.
-        The plan's shape is its own from the first removal on (a shape is shared by nobody,
-        but it is built once per plan, and a restart builds it anew)."""
+        """Take free ``slot`` out of the tree: its children take its place under its parent
+        (the shape is this plan's own: built for it, and anew by a restart)."""
         shape = self.shape
         assert shape is not None
         parent = shape.parent[slot]
