@@ -24,7 +24,6 @@ import numpy as np
 
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import (
-    ConnectionLostError,
     HopliteError,
     HopliteTimeoutError,
     InvalidArgumentError,
@@ -512,13 +511,7 @@ class Orchestrator:
         self._timer = asyncio.get_running_loop().call_later(RESTART_GRACE, self._wait_all)
 
     def _unassigned(self, ins: s.Assign, error: HopliteError) -> s.Event:
-        """A stripe task that could not be delivered: an unreachable node is lost to us, and
-        so is one whose connection broke before it answered (killed while the task was on its
-        way, before the membership heard: ``bench/chaos.py --victims 3``, seed 28, trial 24)."""
-        lost = isinstance(error, ConnectionLostError) and not error.reported
-        if isinstance(error, PeerUnavailableError) or lost or not self.d.is_alive(ins.node):
-            return s.NodeLost(ins.node)
-        return s.StripeFailed(ins.node, ins.stripe, ins.gen, error)
+        return s.undelivered(ins.node, ins.stripe, ins.gen, error, self.d.is_alive(ins.node))
 
     async def _assign(self, ins: s.Assign) -> None:
         first = self.plan.first

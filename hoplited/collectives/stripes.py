@@ -65,7 +65,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, PeerUnavailableError
+from hoplite_client.wire.errors import (
+    ConnectionLostError,
+    HopliteError,
+    InvalidArgumentError,
+    PeerUnavailableError,
+)
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplited.cluster.link_model import DEFAULT_BANDWIDTH, DEFAULT_LATENCY
@@ -173,6 +178,18 @@ class RingFailed:
 
 Event = (InputReady | InputFailed | NodeLost | MemberDone | StripeFailed | GatherOver
          | RingDone | RingFailed | NodeSuspected)
+
+
+def undelivered(node: str, stripe: int, gen: int, error: HopliteError, alive: bool) -> Event:
+    """The event for a stripe task that ``node`` never answered with success. An unreachable
+    node is lost to the allreduce, and so is one whose connection broke before it answered
+    (killed while its task was on the way, before the membership heard: ``bench/chaos.py
+    --victims 3``, seed 28, trial 24), or one the membership no longer lists alive. An error
+    a live node itself answered with fails that stripe, and the plan judges it."""
+    unreached = isinstance(error, (ConnectionLostError, PeerUnavailableError))
+    if (unreached and not error.reported) or not alive:
+        return NodeLost(node)
+    return StripeFailed(node, stripe, gen, error)
 
 
 # --- instructions ---

@@ -10,9 +10,13 @@ from helpers import top_level_imports
 
 import hoplited.collectives.stripes as stripes_module
 from hoplite_client.wire.errors import (
+    ConnectionLostError,
+    HopliteError,
     HopliteTimeoutError,
     InvalidArgumentError,
     PeerUnavailableError,
+    UnreachableError,
+    error_from_wire,
 )
 from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.layout import ALIGN, stripe_bounds
@@ -43,6 +47,7 @@ from hoplited.collectives.stripes import (
     WaitAgain,
     Withdraw,
     stripe_id,
+    undelivered,
 )
 
 pytestmark = pytest.mark.unit
@@ -475,3 +480,26 @@ def test_no_pair_where_the_link_model_takes_a_tree_for_the_early_inputs() -> Non
                          pair=True, nodes=("n0", "n1", "n2", "n3", "n4", "n5"))
     assert len(plan.handle(ready(0, "n0"))) == 1  # the wait for a ring
     assert plan.handle(GatherOver()) == [Plain()]
+
+
+def _reported(error: HopliteError) -> HopliteError:
+    """``error`` as it reaches us when the node itself answered with it."""
+    return error_from_wire(error.code, str(error), {})
+
+
+@pytest.mark.parametrize("error, alive, lost", [
+    # nothing reached the node, or it is gone: the node is lost to the allreduce
+    (UnreachableError("nothing listens"), True, True),
+    (PeerUnavailableError("declared dead"), True, True),
+    (ConnectionLostError("reset before an answer"), True, True),
+    (HopliteTimeoutError("no answer"), False, True),
+    (_reported(InvalidArgumentError("bad stripe")), False, True),
+    # the node answered with an error: that stripe failed, the plan judges it
+    (HopliteTimeoutError("no answer"), True, False),
+    (_reported(InvalidArgumentError("bad stripe")), True, False),
+    (_reported(ConnectionLostError("its own link to another broke")), True, False),
+    (_reported(PeerUnavailableError("another member is dead")), True, False),
+], ids=lambda v: type(v).__name__ if isinstance(v, HopliteError) else str(v))
+def test_a_stripe_task_not_delivered(error: HopliteError, alive: bool, lost: bool) -> None:
+    got = undelivered("n2", 1, 3, error, alive)
+    assert got == (NodeLost("n2") if lost else StripeFailed("n2", 1, 3, error))
