@@ -379,6 +379,8 @@ async def _let_go(cluster: LocalCluster, survivors: list[int]) -> tuple[str, str
                     "reduce_tasks": local["reduce_tasks"], "allreduces": local["allreduces"]}
             if any(left.values()):
                 held[i] = {k: v for k, v in left.items() if v}
+                if left["entries"]:  # which ids, their holders and stories: why they stayed
+                    held[i]["listed"] = local["directory"].get("sample", [])
         if not held:
             return "ok", "nothing left"
         if time.monotonic() > deadline:

@@ -50,7 +50,11 @@ async def test_locate_waits_for_publish() -> None:
     await parked(s, waiting)
     put(s, oid)
     assert (await waiting).node == "src"
-    assert s.stats() == {"entries": 1, "waiting_gets": 0}
+    stats = s.stats()
+    assert (stats["entries"], stats["waiting_gets"]) == (1, 0)
+    [described] = stats["sample"]
+    assert (described["oid"], described["holders"]) == (oid.hex(), {"src": SIZE, "r": 0})
+    assert described["story"] and all(isinstance(r, str) for r in described["story"])
 
 
 async def test_locate_times_out_saying_why() -> None:
