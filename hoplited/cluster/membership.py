@@ -114,6 +114,11 @@ class Membership:
     def is_alive(self, node_id: str) -> bool:
         return node_id in self.members and node_id not in self.dead
 
+    @property
+    def owner_set(self) -> OwnerSet:
+        """The members that own objects now; replaced, never changed, at each move."""
+        return self._owner_set
+
     def owner_ids(self) -> list[str]:
         """The members that own objects now: the trusted ones, sorted (never empty: a node
         never suspects itself)."""

@@ -181,10 +181,12 @@ class Fetcher:
         located: Frame[Located] | None = None
         populate: asyncio.Task[None] | None = None
         todo: deque[fp.Instruction] = deque(plan.start(loop.time()))
+        asked_under = self._membership.owner_set  # who owned the ids when we last asked
         try:
             while todo:
                 ins = todo.popleft()
                 if isinstance(ins, fp.AskOwner):
+                    asked_under = self._membership.owner_set
                     answer = await self._ask(oid, ins, obj, loop, ring, receivers)
                     if not isinstance(answer, Frame):
                         todo.extend(plan.handle(answer))
@@ -199,15 +201,18 @@ class Fetcher:
                 elif isinstance(ins, fp.StoreInline):
                     assert located is not None
                     result = await self._store_inline(oid, located.msg, located.payload)
+                    self._directory.announce_late(result, asked_under, self.pulling_from)
                 elif isinstance(ins, fp.Allocate):
                     obj = await self._space.create(oid, ins.size, ins.dtype, list(ins.shape),
                                                    ins.version)
+                    self._directory.announce_late(obj, asked_under, self.pulling_from)
                     populate = self._receive_into(obj)
                 elif isinstance(ins, fp.FetchHalves):
                     obj = await self._space.create(
                         oid, ins.size, ins.dtype, list(ins.shape), ins.version,
                         stripes=[(view_id(oid, h), lo, hi)
                                  for h, (lo, hi) in enumerate(ins.bounds)])
+                    self._directory.announce_late(obj, asked_under, self.pulling_from)
                     populate = self._receive_into(obj)
                     todo.extend(plan.handle(await self._fetch_halves(obj, ins, plan)))
                 elif isinstance(ins, fp.Discard):

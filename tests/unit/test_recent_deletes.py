@@ -17,8 +17,9 @@ WINDOW = 5.0
 Step = Callable[[RecentDeletes], object]
 
 
-def deleted(oid: ObjectID, version: bytes | None, at: float) -> Step:
-    return lambda r: r.deleted(oid, version, at)
+def deleted(oid: ObjectID, version: bytes | None, at: float, moved: bool = False) -> Step:
+    """``oid`` deleted at ``at``; ``moved``: owners changed while the delete was on its way."""
+    return lambda r: r.deleted(oid, version, at, moved)
 
 
 def moved(at: float, *oids: ObjectID) -> Step:
@@ -54,6 +55,14 @@ CASES = [
         (deleted(A, None, 0.0), None), (moved(1.0, A), [])]),
     Case("nor is an earlier delete of the id, once deleted again with no version", [
         (deleted(A, b"v1", 0.0), None), (deleted(A, None, 1.0), None), (moved(2.0, A), [])]),
+    # the move's resends ran before the answer came: a stand-in answered, the owner is back
+    Case("a delete answered after owners moved is sent again at once", [
+        (deleted(A, b"v1", 0.0, moved=True), Resend(A, b"v1")),
+        (moved(1.0, A), [Resend(A, b"v1")])]),
+    Case("and not at once if they did not", [
+        (deleted(A, b"v1", 0.0, moved=False), None), (moved(1.0, B), [])]),
+    Case("nor at once with no known version", [
+        (deleted(A, None, 0.0, moved=True), None), (moved(1.0, A), [])]),
     Case("the oldest are forgotten beyond the limit", [
         (deleted(A, b"v1", 0.0), None), (deleted(B, b"v2", 0.1), None),
         (deleted(C, b"v3", 0.2), None),
