@@ -91,7 +91,10 @@ class DirectoryClient:
 
     async def _republish(self, obj: StoredObject) -> None:
         """Publish a small copy to its new owner; one deleted meanwhile goes (the owner refused
-        it: docs/design.md §5, "Deletes and moving owners")."""
+        it: docs/design.md §5, "Deletes and moving owners"). A copy dropped before this task
+        ran is not published: its memory may be freed already."""
+        if self._store.get(obj.oid) is not obj:
+            return
         try:
             await self.publish(obj, moved=True)
         except ObjectDeletedError as exc:
