@@ -102,6 +102,7 @@ class StoredObject:
         self.received = 0
         self.pins = 0
         self.deleted = False
+        self.freed = False  # its memory went back to the arena (once, whatever pins it later)
         self.last_use = 0  # the store's use counter at its last put, get or send (LRU)
         # set while its shard is asked whether it may be evicted; its result says if it was
         self.evicting: asyncio.Future[bool] | None = None
@@ -349,7 +350,13 @@ class ObjectStore:
         return obj
 
     def _free(self, obj: StoredObject) -> None:
+        """Give ``obj``'s memory back, once: a pin taken on a copy already freed (a task that
+        kept it from before its delete) must not free its extent again under the object
+        allocated there since."""
         self._doomed.pop(id(obj), None)
+        if obj.freed:
+            return
+        obj.freed = True
         obj.buffer.release()
         if obj.whole is not None:  # a view: its memory is the composite's
             self.unpin(obj.whole)

@@ -176,3 +176,23 @@ async def test_a_sender_waiting_for_an_enrolled_copy_gets_it_once_created() -> N
     assert not len(store._arrivals)
     store.remove(oid)
     arena.close()
+
+
+def test_a_copy_pinned_after_it_was_freed_is_not_freed_twice() -> None:
+    """A task that kept a copy from before its delete pins and unpins it: the extent, given
+    to a new object since, stays that object's."""
+    arena = Arena(4 * SLOT)
+    store = ObjectStore(arena)
+    try:
+        old = store.create(ObjectID.random(), SLOT, "uint8", [SLOT])
+        store.remove(old.oid)
+        new = store.create(ObjectID.random(), SLOT, "uint8", [SLOT])
+        assert new.offset == old.offset  # the freed extent, reused
+        used = arena.used
+        store.pin(old)
+        store.unpin(old)
+        assert arena.used == used
+        other = store.create(ObjectID.random(), SLOT, "uint8", [SLOT])
+        assert other.offset != new.offset
+    finally:
+        arena.close()
