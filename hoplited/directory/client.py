@@ -182,11 +182,8 @@ class DirectoryClient:
         for obj in self._store.objects.values():
             if not _announceable(obj) or not self.moved(obj.oid, previous):
                 continue
-            if obj.size <= INLINE_MAX:
-                if obj.complete:
-                    self._tasks.spawn(self._republish(obj), name="republish")
-                continue
-            moved.append(obj.oid)
+            if not self._republish_if_small(obj):
+                moved.append(obj.oid)
         if moved:
             self._tasks.spawn(self._announce(moved, source_of, serving), name="reannounce")
 
@@ -200,11 +197,18 @@ class DirectoryClient:
         that move would have."""
         if self._membership.owner_set is asked_under or not _announceable(obj):
             return
-        if obj.size <= INLINE_MAX:
-            if obj.complete:
-                self._tasks.spawn(self._republish(obj), name="republish")
-            return
-        self._tasks.spawn(self._announce([obj.oid], source_of, lambda _: 0), name="reannounce")
+        if not self._republish_if_small(obj):
+            self._tasks.spawn(self._announce([obj.oid], source_of, lambda _: 0),
+                              name="reannounce")
+
+    def _republish_if_small(self, obj: StoredObject) -> bool:
+        """A small object goes to its new owner published with its bytes once complete (a
+        partial one, not at all); returns whether ``obj`` is small, so not announced."""
+        if obj.size > INLINE_MAX:
+            return False
+        if obj.complete:
+            self._tasks.spawn(self._republish(obj), name="republish")
+        return True
 
     def _holdings(self, oids: list[ObjectID], source_of: Callable[[ObjectID], str | None],
                   serving: Callable[[ObjectID], int]) -> list[Holding]:

@@ -46,7 +46,6 @@ STATS_SAMPLE = 3
 STATS_STORY = 12
 
 
-
 class DirectoryShard:
     """Entries for the object ids this node owns; ``is_alive`` filters dead holders."""
 
