@@ -110,7 +110,7 @@ class Daemon:
         fetcher = Fetcher(self.identity, store, arena, directory, membership, link_model,
                           traffic, tasks, cfg.stall_timeout, links.refused,
                           patience=verdict_within, space=space, connections=connections)
-        worker = ReduceWorker(store, arena, fetcher, rpc.tell, tasks, membership.is_alive,
+        worker = ReduceWorker(store, arena, space, fetcher, rpc.tell, tasks, membership.is_alive,
                               membership.is_trusted)
         reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, directory, rpc,
                                                 fetcher, link_model, membership.is_alive,

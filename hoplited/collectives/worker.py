@@ -55,6 +55,7 @@ from hoplite_client.wire.messages import (
 from hoplited.collectives.ops import check_reducible, combine, derived_id
 from hoplited.dispatch import Handler
 from hoplited.memory.arena import Arena
+from hoplited.memory.space import Space
 from hoplited.memory.store import ObjectStore, StoredObject, parse_dtype
 from hoplited.tasks import Tasks
 from hoplited.transfer.fetcher import Fetcher
@@ -68,6 +69,10 @@ THREAD_BLOCK = 512 * 1024
 
 # The most children a reshape may add: a lost slot's children and its folded input.
 MAX_NEW_CHILDREN = 3
+# How long a slot's buffer waits for memory once nothing more may be evicted: a restart places
+# every slot anew while the old placements' readers still hold their buffers for a moment
+# (docs/design.md §4, "Several inputs on one node").
+SPACE_WAIT = 10.0
 
 Tell = Callable[[str, WireMessage], None]
 
@@ -98,6 +103,8 @@ class SlotTask:
     pulls: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     borrowed: set[int] = field(default_factory=set)  # children read where they are, here
     sources: dict[int, ReduceChild] = field(default_factory=dict)  # child -> its last placing
+    # edges and reshapes in arrival order, while an edge's buffer waits for memory
+    edges: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def change(self) -> None:
         """A fold or reshape changed what the combine loop reads: it reads it again."""
@@ -116,11 +123,12 @@ class SlotTask:
 class ReduceWorker:
     """Runs the tree-node tasks this node was given."""
 
-    def __init__(self, store: ObjectStore, arena: Arena, fetcher: Fetcher, tell: Tell,
-                 tasks: Tasks, is_alive: Callable[[str], bool],
+    def __init__(self, store: ObjectStore, arena: Arena, space: Space, fetcher: Fetcher,
+                 tell: Tell, tasks: Tasks, is_alive: Callable[[str], bool],
                  is_trusted: Callable[[str], bool]) -> None:
         self._store = store
         self._arena = arena
+        self._space = space
         self._fetcher = fetcher
         self._tell = tell
         self._tasks = tasks
@@ -128,6 +136,8 @@ class ReduceWorker:
         self._is_trusted = is_trusted
         self.slots: dict[tuple[ObjectID, int], SlotTask] = {}
         self.folds = 0  # lost inputs folded into a slot here, ever (status, metrics)
+        self._placing: dict[tuple[ObjectID, int], object] = {}  # slot -> its newest task's
+        # output still waiting for memory
 
     def in_flight(self) -> list[dict[str, Any]]:
         """Every slot computed here: its reduce, its children (the tree's edges into it) and
@@ -140,22 +150,20 @@ class ReduceWorker:
         return {ReduceTask: self.on_task, ReduceChild: self.on_child, ReduceDone: self.on_done,
                 ReduceFold: self.on_fold, ReduceReshape: self.on_reshape}
 
-    def on_task(self, coordinator: str, msg: ReduceTask,
-                payload: memoryview | None) -> TaskStarted:
-        """Create the slot's output and start computing it; the reply carries its version."""
+    async def on_task(self, coordinator: str, msg: ReduceTask,
+                      payload: memoryview | None) -> TaskStarted:
+        """Create the slot's output and start computing it; the reply carries its version.
+        A slot placed here again replaces its task, whose memory is given back before the new
+        output is allocated; the output waits for memory if there is none yet."""
         store = self._store
-        combiner = msg.input == msg.output
-        own = None if combiner else store.get(msg.input)
-        if not combiner and (own is None or not own.complete):
-            raise ObjectNotFoundError(f"input {msg.input.hex()} is not complete here",
-                                      oid=msg.input.hex())
+        own, extras = self._inputs(msg)
         size, shape = self._extent(msg) if own is None else self._extent_of(own, msg)
         if not 0 <= msg.start <= size or msg.children < (own is None):
             raise InvalidArgumentError(f"start {msg.start} outside 0..{size} or "
                                        f"{msg.children} children")
-        extras = [self._extra(own, oid) for oid in msg.extras]
         dtype = np.dtype(msg.dtype)
-        self._release(msg.reduce_id, msg.slot)  # a slot placed here again replaces its task
+        key = (msg.reduce_id, msg.slot)
+        self._release(*key)
         # whole elements from the element holding byte ``start``: the bytes below it that
         # this rewrites are the same sums (children are combined in slot order)
         start = msg.start - msg.start % dtype.itemsize
@@ -169,7 +177,24 @@ class ReduceWorker:
                                            f"bytes, the task was to start at {msg.start} of "
                                            f"{size}")
         else:
-            out = store.create(msg.output, size, msg.dtype, shape, temporary=True)
+            placing = self._placing[key] = object()
+            try:
+                out = await self._space.create(msg.output, size, msg.dtype, shape,
+                                               temporary=True, wait=SPACE_WAIT)
+            finally:
+                if self._placing.get(key) is placing:
+                    del self._placing[key]
+            try:  # what the task reads may have changed while it waited for memory
+                if placing is not self._placing.get(key, placing) or key in self.slots:
+                    raise InvalidArgumentError(f"slot {msg.slot} was placed here again")
+                if not self._is_alive(coordinator):  # its tasks here were ended meanwhile
+                    raise InvalidArgumentError(f"coordinator {coordinator} died")
+                if (own, extras) != self._inputs(msg):
+                    raise ObjectNotFoundError(f"an input of slot {msg.slot} is not complete "
+                                              f"here any more", oid=msg.input.hex())
+            except HopliteError:
+                store.remove(out.oid)
+                raise
             out.advance(start)  # never read below: the consumer holds those bytes
         if own is not None:
             store.pin(own)
@@ -186,6 +211,14 @@ class ReduceWorker:
         task.runner = self._tasks.spawn(self._run(task), name=f"reduce-{msg.slot}",
                                         on_error=functools.partial(self._failed, task))
         return TaskStarted(version=out.version)
+
+    def _inputs(self, msg: ReduceTask) -> tuple[StoredObject | None, list[StoredObject]]:
+        """The task's own input (None: a combiner) and its extras, each complete here."""
+        own = None if msg.input == msg.output else self._store.get(msg.input)
+        if msg.input != msg.output and (own is None or not own.complete):
+            raise ObjectNotFoundError(f"input {msg.input.hex()} is not complete here",
+                                      oid=msg.input.hex())
+        return own, [self._extra(own, oid) for oid in msg.extras]
 
     def _extra(self, own: StoredObject | None, oid: ObjectID) -> StoredObject:
         """Another input a task adds beside its own: complete here, and like its own."""
@@ -238,12 +271,17 @@ class ReduceWorker:
                                        f"elements of input {msg.input.hex()} ({own.size} bytes)")
         return size, list(msg.shape)
 
-    def on_child(self, peer: str, msg: ReduceChild, payload: memoryview | None) -> Ok:
+    async def on_child(self, peer: str, msg: ReduceChild, payload: memoryview | None) -> Ok:
         """A child of one of our slots is placed: pull its output into a buffer of ours (again:
         resume the buffer from where the last pull stopped, from the child's new place). An
         edge meant for another placement of the slot is refused: its buffer would mix two
-        values."""
+        values. A task's edges and reshapes are handled one at a time, in arrival order, as
+        a new buffer may wait for memory."""
         task = self._task(msg.reduce_id, msg.slot, msg.slot_version)
+        async with task.edges:
+            return await self._child(self._task(msg.reduce_id, msg.slot, msg.slot_version), msg)
+
+    async def _child(self, task: SlotTask, msg: ReduceChild) -> Ok:
         size = task.out.size
         until = msg.until or size
         if not 0 <= msg.start <= until <= size:
@@ -266,8 +304,13 @@ class ReduceWorker:
                 task.borrowed.add(msg.child)
                 task.check_children()
                 return Ok()
-            buf = store.create(derived_id(msg.reduce_id, msg.slot, b"in%d" % msg.child),
-                               size, task.out.dtype, task.out.shape, temporary=True)
+            buf = await self._space.create(
+                derived_id(msg.reduce_id, msg.slot, b"in%d" % msg.child), size,
+                task.out.dtype, task.out.shape, temporary=True, wait=SPACE_WAIT)
+            if self.slots.get((task.reduce_id, task.slot)) is not task or task.out.error:
+                store.remove(buf.oid)  # released or failed while it waited for memory
+                raise ObjectNotFoundError(f"no task for slot {msg.slot} of "
+                                          f"{msg.reduce_id.hex()} any more")
             first = max(task.start, msg.start)
             buf.advance(first)  # the task computes from its start only
             store.pin(buf)
@@ -314,12 +357,15 @@ class ReduceWorker:
         self.folds += 1
         return Folded(at=at)
 
-    def on_reshape(self, peer: str, msg: ReduceReshape,
-                   payload: memoryview | None) -> ReshapeDone:
+    async def on_reshape(self, peer: str, msg: ReduceReshape,
+                         payload: memoryview | None) -> ReshapeDone:
         """A child's bytes end at ``until``, or at the first byte not combined yet if that is
         later (-1: there); ``more`` children take over from there. The reply says where the
-        child's bytes end."""
-        task = self._task(msg.reduce_id, msg.slot, msg.version)
+        child's bytes end. Waits for the edges that arrived before it."""
+        async with self._task(msg.reduce_id, msg.slot, msg.version).edges:
+            return self._reshape(self._task(msg.reduce_id, msg.slot, msg.version), msg)
+
+    def _reshape(self, task: SlotTask, msg: ReduceReshape) -> ReshapeDone:
         if (not -1 <= msg.until <= task.out.size or msg.until % task.dtype.itemsize
                 and msg.until != -1 or not 0 <= msg.more <= MAX_NEW_CHILDREN):
             raise InvalidArgumentError(f"reshape at {msg.until} with {msg.more} children")

@@ -35,7 +35,8 @@ async def views_released() -> None:
 
 
 async def until_waiting(watcher: hc.Client, put: asyncio.Task[Any]) -> None:
-    """Return once the daemon reports ``put`` waiting for room (it must not end first)."""
+    """Return once the daemon reports ``put`` (or a get) waiting for room (it must not end
+    first)."""
     async def waiting() -> bool:
         assert not put.done(), put
         return (await store_of(watcher))["waiting_for_space"] == 1
@@ -127,3 +128,51 @@ async def test_a_pinned_copy_is_never_evicted(make_cluster, connect) -> None:
         await asyncio.wait_for(a.put(value(30)), VERDICT)
     assert np.array_equal(view, value(0))
     del view
+
+
+def floats(i: int) -> np.ndarray[Any, np.dtype[np.float32]]:
+    return np.full(OBJ // 4, i, dtype=np.float32)
+
+
+async def test_a_reduce_buffer_waits_for_room_instead_of_failing(make_cluster, connect) -> None:
+    """A reduce into A, whose store the result fills: the buffer A's slot pulls B's input into
+    waits for room (docs/architecture.md §6) and the reduce completes once a sole copy there is
+    deleted. A restart after a failure needs that: its old placements give memory back only as
+    their readers let go."""
+    cluster = await make_cluster(2, capacity=CAPACITY)
+    a, b = [await connect(s) for s in cluster.sockets]
+    fillers = [await a.put(value(i)) for i in range(2)]
+    ids = [await a.put(floats(1)), await b.put(floats(2))]
+    result = await a.reduce(ids)
+    got = asyncio.create_task(a.get(result, timeout=VERDICT))
+    await until_waiting(a, got)
+    await a.delete(fillers[1])
+    assert np.array_equal(await got, floats(3))
+    assert (await store_of(a))["evictions"] == 0
+
+
+async def test_a_reduce_buffer_evicts_a_copy_held_elsewhere(make_cluster, connect) -> None:
+    """The same reduce, with one of A's other objects also held on B: the buffer evicts it
+    rather than failing the reduce."""
+    cluster = await make_cluster(2, capacity=CAPACITY)
+    a, b = [await connect(s) for s in cluster.sockets]
+    fillers = [await a.put(value(i)) for i in range(2)]
+    copy = await b.get(fillers[0], timeout=60)
+    del copy
+    ids = [await a.put(floats(1)), await b.put(floats(2))]
+    result = await a.reduce(ids)
+    assert np.array_equal(await a.get(result, timeout=VERDICT), floats(3))
+    assert (await store_of(a))["evictions"] == 1
+
+
+async def test_a_get_waits_for_room_within_its_timeout(make_cluster, connect) -> None:
+    """A get into a store of sole copies waits for room rather than failing at once, and
+    completes once one of them is deleted (docs/architecture.md §6)."""
+    cluster = await make_cluster(2, capacity=CAPACITY)
+    a, b = [await connect(s) for s in cluster.sockets]
+    oids = await fill(a)
+    remote = await b.put(value(9))
+    get = asyncio.create_task(a.get(remote, timeout=VERDICT))
+    await until_waiting(a, get)
+    await a.delete(oids[0])
+    assert np.array_equal(await get, value(9))
