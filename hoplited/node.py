@@ -112,7 +112,7 @@ class Daemon:
                           patience=verdict_within, space=space, connections=connections)
         worker = ReduceWorker(store, arena, space, fetcher, rpc.tell, tasks, membership.is_alive,
                               membership.is_trusted)
-        reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, directory, rpc,
+        reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, space, directory, rpc,
                                                 fetcher, link_model, membership.is_alive,
                                                 tasks, patience=verdict_within),
                                 cfg.two_trees, cfg.merge)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from hoplite_client.wire.errors import (
+    CapacityError,
     HopliteError,
     HopliteTimeoutError,
     ObjectNotFoundError,
@@ -41,6 +42,7 @@ from hoplited.collectives.input_wait import GiveUp, InputWait, Ready, Sleep, Ste
 from hoplited.collectives.ops import OPS
 from hoplited.directory.client import DirectoryClient
 from hoplited.memory.arena import Arena
+from hoplited.memory.space import Space
 from hoplited.memory.store import ObjectStore, StoredObject
 from hoplited.rpc import Rpc
 from hoplited.tasks import Tasks
@@ -48,6 +50,11 @@ from hoplited.transfer.fetch_plan import is_retriable
 from hoplited.transfer.fetcher import Fetcher
 
 log = logging.getLogger("hoplited.reduce")
+
+# How long the result waits for memory once nothing more may be evicted, at most (and never
+# past the reduce's deadline): what transfers and old placements pin is given back within
+# moments (docs/architecture.md §6).
+RESULT_SPACE_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class CoordinatorDeps:
     me: str
     store: ObjectStore
     arena: Arena
+    space: Space
     directory: DirectoryClient
     rpc: Rpc
     fetcher: Fetcher
@@ -123,6 +131,9 @@ class ReduceCoordinator:
         self._root_pull: asyncio.Task[None] | None = None
         self._starting: set[asyncio.Task[None]] = set()  # ReduceTask requests under way
         self._queue = p.EventQueue(plan, self._execute)
+        # the result waits for room: every instruction after its opening waits for it
+        self._opening: asyncio.Task[None] | None = None
+        self._held: list[p.Instruction] = []
         self._ended = False
         self.deleted = False  # its result was deleted while it ran: nothing to record
 
@@ -163,6 +174,10 @@ class ReduceCoordinator:
                 not self._ended):
             log.info("reduce %s: %s", self.result.short(), event)
         self._queue.feed(event)
+        self._end_if_over()
+
+    def _end_if_over(self) -> None:
+        """End the reduce here once the plan has published or failed it."""
         if (self.plan.error is not None or self.plan.published) and not self._ended:
             self._end()
 
@@ -193,6 +208,9 @@ class ReduceCoordinator:
 
     # --- instructions out ---
     def _execute(self, ins: p.Instruction) -> None:
+        if self._opening is not None or self._held:
+            self._held.append(ins)
+            return
         d = self.d
         merge = (isinstance(ins, p.Fold) and ins.slot in self.plan.merged) or (
             isinstance(ins, p.StartTask) and bool(ins.extras))  # not a repair: several inputs
@@ -244,13 +262,47 @@ class ReduceCoordinator:
             d.tasks.spawn(self._release(ins.nodes), name="reduce-release")
 
     def _open_result(self, ins: p.OpenResult) -> None:
-        """Create the result here and announce it at once, so gets can chain behind it."""
-        d = self.d
+        """Create the result here and announce it at once, so gets can chain behind it. Out of
+        room, it evicts and waits, and the instructions after it wait for it."""
         try:
-            out = d.store.create(self.result, ins.size, ins.dtype, list(ins.shape))
-        except HopliteError as exc:  # no room (CapacityError): the reduce fails with it
+            out = self.d.store.create(self.result, ins.size, ins.dtype, list(ins.shape))
+        except CapacityError:
+            self._opening = self.d.tasks.spawn(self._open_when_room(ins), name="reduce-open")
+            return
+        except HopliteError as exc:
             self.feed(p.ResultFailed(exc))
             return
+        self._opened(out, ins)
+
+    async def _open_when_room(self, ins: p.OpenResult) -> None:
+        """Create the result once there is room, then carry out what was held meanwhile; no
+        room by the deadline fails the reduce with the ``CapacityError``."""
+        d = self.d
+        loop = asyncio.get_running_loop()
+        wait = RESULT_SPACE_WAIT if self._deadline is None else max(
+            0.0, min(RESULT_SPACE_WAIT, self._deadline - loop.time()))
+        out: StoredObject | None = None
+        error: HopliteError | None = None
+        try:
+            out = await d.space.create(self.result, ins.size, ins.dtype, list(ins.shape),
+                                       wait=wait)
+        except HopliteError as exc:
+            error = exc
+        finally:
+            self._opening = None
+        if out is None:
+            assert error is not None
+            self.feed(p.ResultFailed(error))  # held: after what the plan said before it
+        elif self._ended:  # failed meanwhile: nothing will read or end it
+            d.store.remove(self.result)
+        else:
+            self._opened(out, ins)
+        held, self._held = self._held, []
+        self._queue.resume(held)
+        self._end_if_over()
+
+    def _opened(self, out: StoredObject, ins: p.OpenResult) -> None:
+        d = self.d
         self.out = out
         d.store.pin(out)
         out.producing = True  # if this node dies first, its shard fails the result's gets

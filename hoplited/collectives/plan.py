@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -1705,10 +1705,16 @@ class EventQueue:
 
     def feed(self, event: Event) -> None:
         self._events.append(event)
-        if self._draining:
-            return
+        if not self._draining:
+            self.resume(())
+
+    def resume(self, held: Iterable[Instruction]) -> None:
+        """Carry out instructions the driver held back (in order, as if the event that made
+        them were being handled now), then the events fed meanwhile."""
         self._draining = True
         try:
+            for instruction in held:
+                self._execute(instruction)
             while self._events:
                 for instruction in self._plan.handle(self._events.popleft()):
                     self._execute(instruction)

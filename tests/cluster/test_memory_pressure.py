@@ -176,3 +176,40 @@ async def test_a_get_waits_for_room_within_its_timeout(make_cluster, connect) ->
     await until_waiting(a, get)
     await a.delete(oids[0])
     assert np.array_equal(await get, value(9))
+
+
+async def test_a_reduce_result_evicts_copies_held_elsewhere(make_cluster, connect) -> None:
+    """A reduce into a store full of copies also held on B: the result and the buffer it
+    pulls B's input into evict two of them."""
+    cluster = await make_cluster(2, capacity=CAPACITY)
+    a, b = [await connect(s) for s in cluster.sockets]
+    fillers = [await a.put(value(i)) for i in range(SLOTS - 1)]
+    for oid in fillers:
+        copy = await b.get(oid, timeout=60)
+        del copy
+    ids = [await a.put(floats(1)), await b.put(floats(2))]
+    result = await a.reduce(ids)
+    assert np.array_equal(await a.get(result, timeout=VERDICT), floats(3))
+    assert (await store_of(a))["evictions"] == 2
+
+
+async def test_a_reduce_with_no_room_for_its_result_fails_and_leaves_nothing(
+        make_cluster, connect) -> None:
+    """A's store holds only sole copies: the result waits for room until the reduce's timeout,
+    then the reduce fails with a CapacityError, and every buffer and pin it took is gone."""
+    cluster = await make_cluster(2, capacity=CAPACITY)
+    a, b = [await connect(s) for s in cluster.sockets]
+    for i in range(SLOTS - 1):
+        await a.put(value(i))
+    ids = [await a.put(floats(1)), await b.put(floats(2))]
+    before = await store_of(a)
+    result = await a.reduce(ids, timeout=1.0)
+    with pytest.raises(hc.CapacityError):
+        await a.reduced_inputs(result, timeout=VERDICT)
+    with pytest.raises(hc.CapacityError):
+        await a.get(result, timeout=VERDICT)
+
+    async def released() -> bool:
+        st = await store_of(a)
+        return all(st[k] == before[k] for k in ("objects", "arena_used", "pinned_deleted"))
+    await eventually(released, what="the reduce's memory given back")
