@@ -8,7 +8,9 @@ reply. A ``timeout`` field is checked before any handler sees it (``wire/timeout
 negative is an ``invalid`` error, inf becomes None), whoever sent it. Handlers take ``(origin,
 message, payload)``; a request handler returns its reply (or ``(reply, payload)``), whose
 request id the dispatcher stamps. Synchronous handlers run inline (cheap notices such as
-Progress); coroutine handlers run as owned tasks. Errors become ``Error`` replies: typed errors
+Progress); coroutine handlers run as owned tasks. A synchronous handler that must wait (for
+memory, say) returns an awaitable, which then runs as such a task: what the handler did on
+arrival keeps its order with the frames after it. Errors become ``Error`` replies: typed errors
 as themselves, anything else as "internal" with a traceback in the log. A reply that cannot be
 encoded is logged and answered ``protocol``, so its requester never waits for nothing. A
 ``Cancel`` from the connection a ``cancellable`` request (a wait) came on stops that request's
@@ -86,21 +88,32 @@ class Dispatcher:
         if msg is not frame.msg:
             frame = Frame(msg, frame.payload)
         if cls in self._async:
-            task = self._tasks.spawn(self._run_async(handler, origin, frame, respond),
-                                     name=f"{self.role}-{cls.__name__}")
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-            if cls.CANCELLABLE and respond is not None:
-                key = (respond, msg.rid)
-                self._waits[key] = task
-                task.add_done_callback(lambda _: self._waits.pop(key, None))
+            self._start(msg, cast(Awaitable[Answer], handler(origin, msg, frame.payload)),
+                        respond)
             return
         try:
             answer = handler(origin, msg, frame.payload)
         except Exception as exc:  # every failure becomes an Error reply, never a crash
             self._answer_error(msg, exc, respond)
             return
-        self._answer(msg, answer, respond)  # type: ignore[arg-type]
+        if inspect.isawaitable(answer):  # it waits: the rest runs as a task
+            self._start(msg, answer, respond)
+            return
+        self._answer(msg, answer, respond)
+
+    def _start(self, msg: WireMessage, answer: Awaitable[Answer],
+               respond: Respond | None) -> None:
+        """Await a handler's answer in an owned task (cancellable if ``msg`` is a wait)."""
+        task = self._tasks.spawn(self._run_async(msg, answer, respond),
+                                 name=f"{self.role}-{type(msg).__name__}")
+        if inspect.iscoroutine(answer):  # cancelled before it ran: closed, not left unawaited
+            task.add_done_callback(lambda _: answer.close())
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        if type(msg).CANCELLABLE and respond is not None:
+            key = (respond, cast(Any, msg).rid)
+            self._waits[key] = task
+            task.add_done_callback(lambda _: self._waits.pop(key, None))
 
     def _cancel(self, respond: Respond, rid: int) -> None:
         """Stop the wait request ``rid`` from the connection that ``respond`` answers, if it
@@ -116,14 +129,14 @@ class Dispatcher:
         for task in list(self._running):
             task.cancel()
 
-    async def _run_async(self, handler: Handler, origin: str, frame: Frame[Any],
+    async def _run_async(self, msg: WireMessage, answer: Awaitable[Answer],
                          respond: Respond | None) -> None:
         try:
-            answer = await handler(origin, frame.msg, frame.payload)  # type: ignore[misc]
+            reply = await answer
         except Exception as exc:
-            self._answer_error(frame.msg, exc, respond)
+            self._answer_error(msg, exc, respond)
             return
-        self._answer(frame.msg, answer, respond)
+        self._answer(msg, reply, respond)
 
     async def call(self, origin: str, msg: WireMessage,
                    payload: memoryview | None) -> Frame[Any]:

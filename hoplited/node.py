@@ -122,7 +122,8 @@ class Daemon:
             return connections.take(node) or await connections.dial(member.host, member.port)
 
         allreduces = Allreduces(AllreduceDeps(
-            self.node_id, store, directory, rpc, fetcher, reductions, membership.is_alive,
+            self.node_id, store, space, directory, rpc, fetcher, reductions,
+            membership.is_alive,
             tasks, membership.alive_ids,
             RingDeps(self.node_id, store, directory, rpc.tell, connect, connections.give_back,
                      lambda node: connections.probe(node, membership.members[node].host,

@@ -16,7 +16,7 @@ import asyncio
 import functools
 import logging
 import os
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ import numpy as np
 
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import (
+    CapacityError,
     HopliteError,
     HopliteTimeoutError,
     InvalidArgumentError,
@@ -55,6 +56,7 @@ from hoplited.collectives.reductions import Reductions
 from hoplited.collectives.ring_member import OPEN_TIMEOUT, RingDeps, RingMember
 from hoplited.directory.client import DirectoryClient
 from hoplited.dispatch import Handler
+from hoplited.memory.space import Space
 from hoplited.memory.store import VERSION_SIZE, CopyWithdrawn, ObjectStore, check_meta
 from hoplited.rpc import Rpc
 from hoplited.tasks import Tasks
@@ -71,6 +73,10 @@ RESTART_GRACE = 0.05
 STRIPE_RETRY = 0.2
 # How often a pair's combiner looks again for its own half, before it fetches the other.
 OWN_POLL = 1.0
+# How long a member's result waits for memory once nothing more may be evicted: what
+# transfers and a ring that gave way pin is given back within moments (docs/architecture.md
+# §6). An allreduce whose tasks changed meanwhile refuses the task (the caller decides).
+RESULT_SPACE_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,7 @@ class AllreduceDeps:
 
     me: str
     store: ObjectStore
+    space: Space
     directory: DirectoryClient
     rpc: Rpc
     fetcher: Fetcher
@@ -115,6 +122,8 @@ class Allreduces:
         self._members: dict[ObjectID, Member] = {}
         self._rings: dict[ObjectID, RingMember] = {}
         self._ring_arrivals: dict[ObjectID, asyncio.Event] = {}  # streams awaiting their task
+        self._changes = 0  # failures, ends, deletes and deaths seen: a task that waited for
+        # memory refuses if any came meanwhile (what it checked may be stale)
         self.counts = AllreduceCounts()
 
     def handlers(self) -> dict[type[WireMessage], Handler]:
@@ -143,6 +152,7 @@ class Allreduces:
 
     def forget(self, result: ObjectID) -> bool:
         """``result`` was deleted: whatever runs into it here stops. Whether anything did."""
+        self._changes += 1
         orchestrator = self._orchestrators.pop(result, None)
         member = self._members.pop(result, None)
         ring = self._rings.pop(result, None)
@@ -167,6 +177,7 @@ class Allreduces:
         the result anywhere then fail with that error instead of waiting out their timeouts
         (a result already complete somewhere is left alone). A member only suspected keeps
         its stripes (docs/design.md §4)."""
+        self._changes += 1
         for orchestrator in list(self._orchestrators.values()):
             orchestrator.feed(s.NodeLost(node))
         for member in [m for m in self._members.values() if m.caller == node]:
@@ -195,12 +206,22 @@ class Allreduces:
         except HopliteError as exc:  # its shard died too: gets there time out as before
             log.warning("allreduce %s: failure not recorded: %s", result.short(), exc)
 
-    def on_stripe_task(self, peer: str, msg: StripeTask, payload: memoryview | None) -> Ok:
-        member = self._members.get(msg.result)
+    def on_stripe_task(self, peer: str, msg: StripeTask,
+                       payload: memoryview | None) -> Ok | Awaitable[Ok]:
+        """Take part in a striped allreduce: allocate the result and reduce the stripe the
+        task names, if any. Out of room, the result evicts and waits (docs/architecture.md
+        §6)."""
         check_task(msg)
         ring = self._rings.pop(msg.result, None)
         if ring is not None and ring.caller == peer:  # the ring gave way to the stripes
             ring.stop(CopyWithdrawn(f"the allreduce into {msg.result.hex()} runs in stripes"))
+        if (msg.result in self._members or self._d.store.get(msg.result) is not None
+                or self._d.space.fits(msg.size)):
+            return self._stripe_task(peer, msg)
+        return self._when_room(msg.size, self._changes, lambda: self._stripe_task(peer, msg))
+
+    def _stripe_task(self, peer: str, msg: StripeTask) -> Ok:
+        member = self._members.get(msg.result)
         if member is None:
             existing = self._d.store.get(msg.result)
             if existing is not None:  # complete here already, or fetched the plain way
@@ -225,6 +246,7 @@ class Allreduces:
                                              error_from_wire(msg.code, msg.message, {})))
 
     def on_failed(self, peer: str, msg: AllreduceFailed, payload: memoryview | None) -> None:
+        self._changes += 1
         member = self._members.get(msg.result)
         if member is not None and member.caller == peer:
             member.stop(error_from_wire(msg.code, msg.message, {}))
@@ -233,22 +255,43 @@ class Allreduces:
             ring.stop(error_from_wire(msg.code, msg.message, {}))
 
     # --- the ring (docs/design.md §4, "Ring allreduce") ---
-    def on_ring_task(self, peer: str, msg: RingTask, payload: memoryview | None) -> Ok:
+    def on_ring_task(self, peer: str, msg: RingTask,
+                     payload: memoryview | None) -> Ok | Awaitable[Ok]:
         """Take part in a ring: allocate the result and start the stream to the successor.
         A ring the same caller ran before into the same result gave way: its copy goes (the
-        notice saying so may come later)."""
+        notice saying so may come later). Out of room, the result evicts and waits."""
         old = self._rings.get(msg.result)
         if old is not None and old.caller == peer and old.version != msg.version:
             self._withdraw_ring(msg.result)
-        if msg.result in self._rings or msg.result in self._members:
-            raise ObjectExistsError(f"an allreduce into {msg.result.hex()} runs here already",
-                                    oid=msg.result.hex())
+        self._check_ring_free(msg.result)
+        check_meta(msg.dtype, list(msg.shape), msg.size)
+        if self._d.space.fits(msg.size):
+            return self._ring_task(peer, msg)
+        return self._when_room(msg.size, self._changes, lambda: self._ring_task(peer, msg))
+
+    def _check_ring_free(self, result: ObjectID) -> None:
+        if result in self._rings or result in self._members:
+            raise ObjectExistsError(f"an allreduce into {result.hex()} runs here already",
+                                    oid=result.hex())
+
+    def _ring_task(self, peer: str, msg: RingTask) -> Ok:
+        self._check_ring_free(msg.result)
         ring = RingMember(self._d.ring, msg, peer, lambda: self._forget_ring(msg.result, ring))
         self._rings[msg.result] = ring
         arrival = self._ring_arrivals.pop(msg.result, None)
         if arrival is not None:
             arrival.set()
         return Ok()
+
+    async def _when_room(self, size: int, changes: int, then: Callable[[], Ok]) -> Ok:
+        """Evict and wait until a result of ``size`` bytes fits here, then do ``then``; refuse
+        if a failure, an end, a delete or a death came since the task arrived (``changes``
+        was the count then): what the task found on arrival may be stale."""
+        await self._d.space.room(size, RESULT_SPACE_WAIT)
+        if self._changes != changes:
+            raise CapacityError(f"no room for a result of {size} bytes here until the "
+                                f"allreduces here changed", requested=size)
+        return then()
 
     def _withdraw_ring(self, result: ObjectID) -> None:
         """The ring into ``result`` gave way: this node's member drops its copy now, before
@@ -276,6 +319,7 @@ class Allreduces:
             orchestrator.feed(s.RingFailed(peer, error_from_wire(msg.code, msg.message, {})))
 
     def on_ring_end(self, peer: str, msg: RingEnd, payload: memoryview | None) -> None:
+        self._changes += 1
         ring = self._rings.get(msg.result)
         if ring is None or ring.caller != peer or ring.version != msg.version:
             return

@@ -18,16 +18,18 @@ its own, only its children: the root of one half of an allreduce's pair, started
 node's input exists (docs/design.md §4, "A pair for the last two inputs"). It reads a child
 whose output is in this store (this node's input, once put) where it is, with no pull. A
 combine in a worker thread keeps what it reads and writes pinned until it ends, even if its
-task was released meanwhile."""
+task was released meanwhile. Buffers that do not fit evict and wait for memory; the
+handlers stay synchronous otherwise (docs/architecture.md §6)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -36,6 +38,7 @@ from hoplite_client.wire.errors import (
     HopliteError,
     InvalidArgumentError,
     ObjectNotFoundError,
+    PeerUnavailableError,
 )
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
@@ -75,6 +78,7 @@ MAX_NEW_CHILDREN = 3
 SPACE_WAIT = 10.0
 
 Tell = Callable[[str, WireMessage], None]
+T = TypeVar("T")
 
 
 @dataclass
@@ -103,7 +107,9 @@ class SlotTask:
     pulls: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     borrowed: set[int] = field(default_factory=set)  # children read where they are, here
     sources: dict[int, ReduceChild] = field(default_factory=dict)  # child -> its last placing
-    # edges and reshapes in arrival order, while an edge's buffer waits for memory
+    # edges and reshapes in arrival order while an edge's buffer waits for memory: those
+    # queued behind it (or it), and the turn they take
+    queued: int = 0
     edges: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def change(self) -> None:
@@ -150,23 +156,21 @@ class ReduceWorker:
         return {ReduceTask: self.on_task, ReduceChild: self.on_child, ReduceDone: self.on_done,
                 ReduceFold: self.on_fold, ReduceReshape: self.on_reshape}
 
-    async def on_task(self, coordinator: str, msg: ReduceTask,
-                      payload: memoryview | None) -> TaskStarted:
+    def on_task(self, coordinator: str, msg: ReduceTask,
+                payload: memoryview | None) -> TaskStarted | Awaitable[TaskStarted]:
         """Create the slot's output and start computing it; the reply carries its version.
         A slot placed here again replaces its task, whose memory is given back before the new
-        output is allocated; the output waits for memory if there is none yet."""
+        output is allocated; out of room, the output evicts and waits (docs/architecture.md
+        §6)."""
         store = self._store
         own, extras = self._inputs(msg)
         size, shape = self._extent(msg) if own is None else self._extent_of(own, msg)
         if not 0 <= msg.start <= size or msg.children < (own is None):
             raise InvalidArgumentError(f"start {msg.start} outside 0..{size} or "
                                        f"{msg.children} children")
-        dtype = np.dtype(msg.dtype)
         key = (msg.reduce_id, msg.slot)
         self._release(*key)
-        # whole elements from the element holding byte ``start``: the bytes below it that
-        # this rewrites are the same sums (children are combined in slot order)
-        start = msg.start - msg.start % dtype.itemsize
+        self._placing.pop(key, None)  # an earlier placement still waiting for memory: stale
         if msg.output == msg.reduce_id:  # the root computed in place, into the result here
             out = store.get(msg.output)
             if out is None:  # the reduce failed (or its result was deleted) meanwhile: a
@@ -176,25 +180,50 @@ class ReduceWorker:
                 raise InvalidArgumentError(f"the result holds {out.received} of {out.size} "
                                            f"bytes, the task was to start at {msg.start} of "
                                            f"{size}")
-        else:
-            placing = self._placing[key] = object()
-            try:
-                out = await self._space.create(msg.output, size, msg.dtype, shape,
-                                               temporary=True, wait=SPACE_WAIT)
-            finally:
-                if self._placing.get(key) is placing:
-                    del self._placing[key]
-            try:  # what the task reads may have changed while it waited for memory
-                if placing is not self._placing.get(key, placing) or key in self.slots:
-                    raise InvalidArgumentError(f"slot {msg.slot} was placed here again")
-                if not self._is_alive(coordinator):  # its tasks here were ended meanwhile
-                    raise InvalidArgumentError(f"coordinator {coordinator} died")
-                if (own, extras) != self._inputs(msg):
-                    raise ObjectNotFoundError(f"an input of slot {msg.slot} is not complete "
-                                              f"here any more", oid=msg.input.hex())
-            except HopliteError:
-                store.remove(out.oid)
-                raise
+            return self._begin(coordinator, msg, own, extras, out)
+        try:
+            out = store.create(msg.output, size, msg.dtype, shape, temporary=True)
+        except CapacityError:
+            return self._begin_when_room(coordinator, msg, own, extras, size, shape)
+        return self._begin(coordinator, msg, own, extras, out)
+
+    async def _begin_when_room(self, coordinator: str, msg: ReduceTask,
+                               own: StoredObject | None, extras: list[StoredObject], size: int,
+                               shape: list[int]) -> TaskStarted:
+        """Allocate the output once there is room, then start the task, unless what it was
+        to read changed meanwhile."""
+        key = (msg.reduce_id, msg.slot)
+        placing = self._placing[key] = object()
+        try:
+            out = await self._space.create(msg.output, size, msg.dtype, shape, temporary=True,
+                                           wait=SPACE_WAIT)
+        finally:
+            current = self._placing.get(key) is placing
+            if current:
+                del self._placing[key]
+        try:
+            if not current:
+                raise InvalidArgumentError(f"slot {msg.slot} was placed again or released "
+                                           f"while its output waited for memory")
+            if not self._is_alive(coordinator):  # its tasks here were ended meanwhile
+                raise PeerUnavailableError(f"coordinator {coordinator} died", node=coordinator)
+            if (own, extras) != self._inputs(msg):
+                raise ObjectNotFoundError(f"an input of slot {msg.slot} is not complete here "
+                                          f"any more", oid=msg.input.hex())
+        except HopliteError:
+            self._store.remove(out.oid)
+            raise
+        return self._begin(coordinator, msg, own, extras, out)
+
+    def _begin(self, coordinator: str, msg: ReduceTask, own: StoredObject | None,
+               extras: list[StoredObject], out: StoredObject) -> TaskStarted:
+        """Start the slot's task into ``out``, its output."""
+        store = self._store
+        dtype = np.dtype(msg.dtype)
+        # whole elements from the element holding byte ``start``: the bytes below it that
+        # this rewrites are the same sums (children are combined in slot order)
+        start = msg.start - msg.start % dtype.itemsize
+        if out.temporary:
             out.advance(start)  # never read below: the consumer holds those bytes
         if own is not None:
             store.pin(own)
@@ -271,17 +300,23 @@ class ReduceWorker:
                                        f"elements of input {msg.input.hex()} ({own.size} bytes)")
         return size, list(msg.shape)
 
-    async def on_child(self, peer: str, msg: ReduceChild, payload: memoryview | None) -> Ok:
+    def on_child(self, peer: str, msg: ReduceChild,
+                 payload: memoryview | None) -> Ok | Awaitable[Ok]:
         """A child of one of our slots is placed: pull its output into a buffer of ours (again:
         resume the buffer from where the last pull stopped, from the child's new place). An
         edge meant for another placement of the slot is refused: its buffer would mix two
-        values. A task's edges and reshapes are handled one at a time, in arrival order, as
-        a new buffer may wait for memory."""
+        values. A new buffer out of room evicts and waits; the task's later edges and
+        reshapes wait for it, in arrival order."""
         task = self._task(msg.reduce_id, msg.slot, msg.slot_version)
-        async with task.edges:
-            return await self._child(self._task(msg.reduce_id, msg.slot, msg.slot_version), msg)
+        if task.queued:
+            return self._later(task, lambda: self._child(
+                self._task(msg.reduce_id, msg.slot, msg.slot_version), msg))
+        answer = self._child(task, msg)
+        if isinstance(answer, Ok):
+            return answer
+        return self._later(task, lambda: answer)
 
-    async def _child(self, task: SlotTask, msg: ReduceChild) -> Ok:
+    def _child(self, task: SlotTask, msg: ReduceChild) -> Ok | Awaitable[Ok]:
         size = task.out.size
         until = msg.until or size
         if not 0 <= msg.start <= until <= size:
@@ -290,41 +325,71 @@ class ReduceWorker:
         if msg.child in task.borrowed:  # its output was here; it cannot move and stay here
             raise InvalidArgumentError(f"child {msg.child} of slot {msg.slot} was read here "
                                        f"and cannot be pulled from {msg.node} now")
-        if buf is None:
-            if msg.child in task.cut or len(task.children) + len(task.cut) >= task.expected:
-                raise InvalidArgumentError(f"slot {msg.slot} has all its {task.expected} "
-                                           f"children; {msg.child} is not one")
-            store = self._store
-            here = None if task.own is not None else store.get(msg.oid)
-            if (here is not None and here.version == msg.version and here.size == size
-                    and here is not task.out and here.error is None):
-                store.pin(here)  # a child computed on this node: read in place, no pull
-                task.children[msg.child] = here
-                task.ranges[msg.child] = (max(task.start, msg.start), until)
-                task.borrowed.add(msg.child)
-                task.check_children()
-                return Ok()
-            buf = await self._space.create(
-                derived_id(msg.reduce_id, msg.slot, b"in%d" % msg.child), size,
-                task.out.dtype, task.out.shape, temporary=True, wait=SPACE_WAIT)
-            if self.slots.get((task.reduce_id, task.slot)) is not task or task.out.error:
-                store.remove(buf.oid)  # released or failed while it waited for memory
-                raise ObjectNotFoundError(f"no task for slot {msg.slot} of "
-                                          f"{msg.reduce_id.hex()} any more")
-            first = max(task.start, msg.start)
-            buf.advance(first)  # the task computes from its start only
-            store.pin(buf)
-            task.children[msg.child] = buf
-            task.ranges[msg.child] = (first, until)
-            self._populate(task, buf)
-        else:  # pulled again, from a new placement: resume at a whole element, never mix
-            # one element's bytes from two values (docs/design.md §5, "Resuming inside an
-            # element"); the slot has combined only whole elements, so nothing it used goes
+        if buf is not None:  # pulled again, from a new placement: resume at a whole element,
+            # never mix one element's bytes from two values (docs/design.md §5, "Resuming
+            # inside an element"); the slot has combined only whole elements, so nothing it
+            # used goes
             item = task.dtype.itemsize
             buf.rewind(max(task.ranges[msg.child][0], buf.received - buf.received % item))
+            return self._pull_from(task, buf, msg)
+        if msg.child in task.cut or len(task.children) + len(task.cut) >= task.expected:
+            raise InvalidArgumentError(f"slot {msg.slot} has all its {task.expected} "
+                                       f"children; {msg.child} is not one")
+        store = self._store
+        here = None if task.own is not None else store.get(msg.oid)
+        if (here is not None and here.version == msg.version and here.size == size
+                and here is not task.out and here.error is None):
+            store.pin(here)  # a child computed on this node: read in place, no pull
+            task.children[msg.child] = here
+            task.ranges[msg.child] = (max(task.start, msg.start), until)
+            task.borrowed.add(msg.child)
+            task.check_children()
+            return Ok()
+        oid = derived_id(msg.reduce_id, msg.slot, b"in%d" % msg.child)
+        try:
+            buf = store.create(oid, size, task.out.dtype, task.out.shape, temporary=True)
+        except CapacityError:
+            return self._child_when_room(task, msg, oid)
+        return self._child_buffer(task, msg, buf)
+
+    async def _child_when_room(self, task: SlotTask, msg: ReduceChild, oid: ObjectID) -> Ok:
+        """The child's buffer, once there is room, unless the task ended meanwhile."""
+        buf = await self._space.create(oid, task.out.size, task.out.dtype, task.out.shape,
+                                       temporary=True, wait=SPACE_WAIT)
+        if self.slots.get((task.reduce_id, task.slot)) is not task or task.out.error:
+            self._store.remove(buf.oid)  # released or failed while it waited for memory
+            raise ObjectNotFoundError(f"no task for slot {msg.slot} of "
+                                      f"{msg.reduce_id.hex()} any more")
+        return self._child_buffer(task, msg, buf)
+
+    def _child_buffer(self, task: SlotTask, msg: ReduceChild, buf: StoredObject) -> Ok:
+        """Pull the child into ``buf``, its new buffer."""
+        first = max(task.start, msg.start)
+        buf.advance(first)  # the task computes from its start only
+        self._store.pin(buf)
+        task.children[msg.child] = buf
+        task.ranges[msg.child] = (first, msg.until or task.out.size)
+        self._populate(task, buf)
+        return self._pull_from(task, buf, msg)
+
+    def _pull_from(self, task: SlotTask, buf: StoredObject, msg: ReduceChild) -> Ok:
         self._pull(task, buf, msg)
         task.check_children()
         return Ok()
+
+    def _later(self, task: SlotTask, work: Callable[[], T | Awaitable[T]]) -> Awaitable[T]:
+        """Do ``work`` once the task's edges and reshapes that came before it are done (one
+        of them waits for memory); counted at once, so those after it wait too."""
+        task.queued += 1
+        return self._in_turn(task, work)
+
+    async def _in_turn(self, task: SlotTask, work: Callable[[], T | Awaitable[T]]) -> T:
+        try:
+            async with task.edges:
+                answer = work()
+                return await answer if inspect.isawaitable(answer) else answer
+        finally:
+            task.queued -= 1
 
     def _pull(self, task: SlotTask, buf: StoredObject, msg: ReduceChild) -> None:
         """(Re)start pulling child ``msg.child`` into ``buf`` as ``msg`` says."""
@@ -357,13 +422,16 @@ class ReduceWorker:
         self.folds += 1
         return Folded(at=at)
 
-    async def on_reshape(self, peer: str, msg: ReduceReshape,
-                         payload: memoryview | None) -> ReshapeDone:
+    def on_reshape(self, peer: str, msg: ReduceReshape,
+                   payload: memoryview | None) -> ReshapeDone | Awaitable[ReshapeDone]:
         """A child's bytes end at ``until``, or at the first byte not combined yet if that is
         later (-1: there); ``more`` children take over from there. The reply says where the
-        child's bytes end. Waits for the edges that arrived before it."""
-        async with self._task(msg.reduce_id, msg.slot, msg.version).edges:
-            return self._reshape(self._task(msg.reduce_id, msg.slot, msg.version), msg)
+        child's bytes end. Waits for the edges that came before it and wait for memory."""
+        task = self._task(msg.reduce_id, msg.slot, msg.version)
+        if task.queued:
+            return self._later(task, lambda: self._reshape(
+                self._task(msg.reduce_id, msg.slot, msg.version), msg))
+        return self._reshape(task, msg)
 
     def _reshape(self, task: SlotTask, msg: ReduceReshape) -> ReshapeDone:
         if (not -1 <= msg.until <= task.out.size or msg.until % task.dtype.itemsize
@@ -547,9 +615,12 @@ class ReduceWorker:
         return None if got.cancelled() else got.result()
 
     def on_done(self, peer: str, msg: ReduceDone, payload: memoryview | None) -> None:
-        """The reduce ended: stop its tasks here and free their buffers."""
+        """The reduce ended: stop its tasks here and free their buffers (an output still
+        waiting for memory is dropped once it has some)."""
         for reduce_id, slot in [k for k in self.slots if k[0] == msg.reduce_id]:
             self._release(reduce_id, slot)
+        for key in [k for k in self._placing if k[0] == msg.reduce_id]:
+            del self._placing[key]
 
     def node_died(self, node: str) -> None:
         """A coordinator died: nobody will end its reduces' tasks here, so end them now."""

@@ -52,14 +52,10 @@ class Space:
         """A new, empty object, evicting other copies to make room; waits at most ``wait`` s
         (None: forever) for memory to be freed. An object larger than the whole store, or
         bad metadata, fails at once. ``stripes``: a composite of those (``create_composite``)."""
-        store, arena = self._store, self._store.arena
+        store = self._store
         check_meta(dtype, shape, size)
-        if _pages(size) > arena.capacity:
-            raise CapacityError(f"object of {size} bytes is larger than the store "
-                                f"({arena.capacity} bytes)", requested=size,
-                                free=arena.capacity - arena.used)
-        loop = asyncio.get_running_loop()
-        deadline = None if wait is None else loop.time() + wait
+        self._within_capacity(size)
+        deadline = self._deadline(wait)
         while True:
             seen = store.space_events
             try:
@@ -68,16 +64,49 @@ class Space:
                 return store.create(oid, size, dtype, shape, version, temporary)
             except CapacityError:
                 pass
-            if await self.make_room(size) or store.space_events != seen:
-                continue  # room made, or memory freed while the shards were asked
-            remaining = None if deadline is None else deadline - loop.time()
-            if remaining is not None and remaining <= 0:
-                free = arena.capacity - arena.used
-                raise CapacityError(
-                    f"object store full: {size} bytes requested, {free} of {arena.capacity} "
-                    f"free (largest extent {arena.largest_free()}) after waiting {wait}s; "
-                    f"nothing else here may be evicted", requested=size, free=free)
-            await store.wait_space(remaining)
+            await self._evict_or_wait(size, seen, deadline, wait)
+
+    def fits(self, size: int) -> bool:
+        """Whether an object of ``size`` bytes can be allocated here now, evicting nothing."""
+        return self._store.arena.largest_free() >= _pages(size)
+
+    async def room(self, size: int, wait: float | None = 0.0) -> None:
+        """Return once an object of ``size`` bytes fits (:meth:`fits`), evicting and waiting
+        as :meth:`create` does, for a caller that then allocates without yielding."""
+        self._within_capacity(size)
+        deadline = self._deadline(wait)
+        while True:
+            seen = self._store.space_events
+            if self.fits(size):
+                return
+            await self._evict_or_wait(size, seen, deadline, wait)
+
+    def _within_capacity(self, size: int) -> None:
+        arena = self._store.arena
+        if _pages(size) > arena.capacity:
+            raise CapacityError(f"object of {size} bytes is larger than the store "
+                                f"({arena.capacity} bytes)", requested=size,
+                                free=arena.capacity - arena.used)
+
+    @staticmethod
+    def _deadline(wait: float | None) -> float | None:
+        return None if wait is None else asyncio.get_running_loop().time() + wait
+
+    async def _evict_or_wait(self, size: int, seen: int, deadline: float | None,
+                             wait: float | None) -> None:
+        """``size`` bytes did not fit: evict, or else wait for a free or an unpin here (the
+        store's ``space_events`` was ``seen`` when it was tried); past ``deadline``, fail."""
+        store, arena = self._store, self._store.arena
+        if await self.make_room(size) or store.space_events != seen:
+            return  # room made, or memory freed while the shards were asked
+        remaining = None if deadline is None else deadline - asyncio.get_running_loop().time()
+        if remaining is not None and remaining <= 0:
+            free = arena.capacity - arena.used
+            raise CapacityError(
+                f"object store full: {size} bytes requested, {free} of {arena.capacity} "
+                f"free (largest extent {arena.largest_free()}) after waiting {wait}s; "
+                f"nothing else here may be evicted", requested=size, free=free)
+        await store.wait_space(remaining)
 
     async def make_room(self, size: int) -> bool:
         """Evict until an extent of ``size`` bytes is free; whether one is now."""

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import eventually
+from helpers import eventually, every_node_stats
 
 import hoplite_client as hc
 from hoplite_client.client import PUT_TIMEOUT
@@ -213,3 +213,28 @@ async def test_a_reduce_with_no_room_for_its_result_fails_and_leaves_nothing(
         st = await store_of(a)
         return all(st[k] == before[k] for k in ("objects", "arena_used", "pinned_deleted"))
     await eventually(released, what="the reduce's memory given back")
+
+
+@pytest.mark.parametrize("shape", ["ring", "stripes"])
+async def test_an_allreduce_evicts_copies_held_elsewhere(make_cluster, connect,
+                                                         shape: str) -> None:
+    """Both stores are full of copies the other node holds too: each member's result, in a
+    ring or in stripes, evicts what it needs instead of failing the allreduce. A ring needs
+    the result's room; stripes also a stripe's partial sum and its child's buffer, so they
+    get one copy fewer to evict from (two nodes cannot both evict the same one)."""
+    args = ["--ring-wait", "5" if shape == "ring" else "0"]
+    cluster = await make_cluster(2, capacity=CAPACITY, daemon_args=args)
+    a, b = [await connect(s) for s in cluster.sockets]
+    fillers = SLOTS - 1 if shape == "ring" else SLOTS - 2
+    shared = [await a.put(value(i)) for i in range(fillers)]
+    for oid in shared:
+        copy = await b.get(oid, timeout=60)
+        del copy
+    ids = [await a.put(floats(1)), await b.put(floats(2))]
+    result = await a.allreduce(ids, striped=True)
+    for client in (a, b):
+        assert np.array_equal(await client.get(result, timeout=VERDICT), floats(3))
+        assert (await store_of(client))["evictions"] >= 1
+    node = cluster.nodes[0].node_id
+    rings = (await every_node_stats(a, [node]))[node]["allreduces_as_ring"]
+    assert rings == (shape == "ring")
