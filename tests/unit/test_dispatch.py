@@ -114,3 +114,38 @@ def test_every_frame_of_a_member_declared_dead_is_refused() -> None:
     assert sent == [Error(rid=5, code="declared_dead", message="declared dead",
                           data={"by": "me"}), Ok(rid=5)]
     assert handled == ["alive"]
+
+
+async def test_a_sync_handler_that_must_wait_returns_an_awaitable_and_keeps_its_order() -> None:
+    """A synchronous handler runs on arrival; one that must wait hands back an awaitable,
+    answered once it is done (its error typed), while a frame after it is handled at once;
+    one cancelled before it ran (its connection closed) is closed, never left unawaited."""
+    arrived: list[int] = []
+    gate = asyncio.Event()
+
+    async def later(rid: int) -> StatusReply:
+        await gate.wait()
+        if rid == 2:
+            raise ObjectNotFoundError("went while waiting")
+        return StatusReply(info={"rid": rid})
+
+    def stats(origin: str, msg: Stats, payload: Any) -> Any:
+        arrived.append(msg.rid)
+        return StatusReply(info={"rid": msg.rid}) if msg.rid == 3 else later(msg.rid)
+
+    tasks = Tasks()
+    dispatcher = Dispatcher(PEER, full_table(PEER, Stats=stats), tasks)
+    sent: list[Any] = []
+    for rid in (1, 2, 3):
+        dispatcher.deliver("peer-3", Frame(Stats(rid=rid)), lambda m, p: sent.append(m))
+    assert arrived == [1, 2, 3]  # every handler ran on arrival, in order
+    assert sent == [StatusReply(rid=3, info={"rid": 3})] and len(tasks) == 2
+    gate.set()
+    await asyncio.sleep(0.01)
+    assert sent[1:] == [StatusReply(rid=1, info={"rid": 1}),
+                        Error(rid=2, code="not_found", message="went while waiting", data={})]
+    gate.clear()
+    dispatcher.deliver("peer-3", Frame(Stats(rid=4)), lambda m, p: sent.append(m))
+    dispatcher.close()
+    await asyncio.sleep(0.01)
+    assert len(sent) == 3 and len(tasks) == 0
