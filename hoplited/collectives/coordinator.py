@@ -288,6 +288,9 @@ class ReduceCoordinator:
                                        wait=wait)
         except HopliteError as exc:
             error = exc
+        except Exception as exc:  # a bug must still end the reduce, typed
+            log.error("reduce %s: opening the result crashed", self.result.short(), exc_info=exc)
+            error = HopliteError(f"reduce-open: {type(exc).__name__}: {exc}")
         finally:
             self._opening = None
         if out is None:
