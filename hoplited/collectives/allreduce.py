@@ -56,7 +56,7 @@ from hoplited.collectives.reductions import Reductions
 from hoplited.collectives.ring_member import OPEN_TIMEOUT, RingDeps, RingMember
 from hoplited.directory.client import DirectoryClient
 from hoplited.dispatch import Handler
-from hoplited.memory.space import Space
+from hoplited.memory.space import BRIEF_WAIT, Space
 from hoplited.memory.store import VERSION_SIZE, CopyWithdrawn, ObjectStore, check_meta
 from hoplited.rpc import Rpc
 from hoplited.tasks import Tasks
@@ -73,10 +73,6 @@ RESTART_GRACE = 0.05
 STRIPE_RETRY = 0.2
 # How often a pair's combiner looks again for its own half, before it fetches the other.
 OWN_POLL = 1.0
-# How long a member's result waits for memory once nothing more may be evicted: what
-# transfers and a ring that gave way pin is given back within moments (docs/architecture.md
-# §6). An allreduce whose tasks changed meanwhile refuses the task (the caller decides).
-RESULT_SPACE_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -263,10 +259,10 @@ class Allreduces:
         old = self._rings.get(msg.result)
         if old is not None and old.caller == peer and old.version != msg.version:
             self._withdraw_ring(msg.result)
-        self._check_ring_free(msg.result)
         check_meta(msg.dtype, list(msg.shape), msg.size)
         if self._d.space.fits(msg.size):
             return self._ring_task(peer, msg)
+        self._check_ring_free(msg.result)  # refused before waiting, and again after
         return self._when_room(msg.size, self._changes, lambda: self._ring_task(peer, msg))
 
     def _check_ring_free(self, result: ObjectID) -> None:
@@ -287,7 +283,7 @@ class Allreduces:
         """Evict and wait until a result of ``size`` bytes fits here, then do ``then``; refuse
         if a failure, an end, a delete or a death came since the task arrived (``changes``
         was the count then): what the task found on arrival may be stale."""
-        await self._d.space.room(size, RESULT_SPACE_WAIT)
+        await self._d.space.room(size, BRIEF_WAIT)
         if self._changes != changes:
             raise CapacityError(f"no room for a result of {size} bytes here until the "
                                 f"allreduces here changed", requested=size)

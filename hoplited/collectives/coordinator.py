@@ -42,7 +42,7 @@ from hoplited.collectives.input_wait import GiveUp, InputWait, Ready, Sleep, Ste
 from hoplited.collectives.ops import OPS
 from hoplited.directory.client import DirectoryClient
 from hoplited.memory.arena import Arena
-from hoplited.memory.space import Space
+from hoplited.memory.space import Space, brief_wait
 from hoplited.memory.store import ObjectStore, StoredObject
 from hoplited.rpc import Rpc
 from hoplited.tasks import Tasks
@@ -50,11 +50,6 @@ from hoplited.transfer.fetch_plan import is_retriable
 from hoplited.transfer.fetcher import Fetcher
 
 log = logging.getLogger("hoplited.reduce")
-
-# How long the result waits for memory once nothing more may be evicted, at most (and never
-# past the reduce's deadline): what transfers and old placements pin is given back within
-# moments (docs/architecture.md §6).
-RESULT_SPACE_WAIT = 10.0
 
 
 @dataclass(frozen=True)
@@ -132,7 +127,7 @@ class ReduceCoordinator:
         self._starting: set[asyncio.Task[None]] = set()  # ReduceTask requests under way
         self._queue = p.EventQueue(plan, self._execute)
         # the result waits for room: every instruction after its opening waits for it
-        self._opening: asyncio.Task[None] | None = None
+        self._opening = False
         self._held: list[p.Instruction] = []
         self._ended = False
         self.deleted = False  # its result was deleted while it ran: nothing to record
@@ -208,7 +203,7 @@ class ReduceCoordinator:
 
     # --- instructions out ---
     def _execute(self, ins: p.Instruction) -> None:
-        if self._opening is not None or self._held:
+        if self._opening or self._held:
             self._held.append(ins)
             return
         d = self.d
@@ -267,7 +262,8 @@ class ReduceCoordinator:
         try:
             out = self.d.store.create(self.result, ins.size, ins.dtype, list(ins.shape))
         except CapacityError:
-            self._opening = self.d.tasks.spawn(self._open_when_room(ins), name="reduce-open")
+            self._opening = True
+            self.d.tasks.spawn(self._open_when_room(ins), name="reduce-open")
             return
         except HopliteError as exc:
             self.feed(p.ResultFailed(exc))
@@ -278,21 +274,18 @@ class ReduceCoordinator:
         """Create the result once there is room, then carry out what was held meanwhile; no
         room by the deadline fails the reduce with the ``CapacityError``."""
         d = self.d
-        loop = asyncio.get_running_loop()
-        wait = RESULT_SPACE_WAIT if self._deadline is None else max(
-            0.0, min(RESULT_SPACE_WAIT, self._deadline - loop.time()))
         out: StoredObject | None = None
         error: HopliteError | None = None
         try:
             out = await d.space.create(self.result, ins.size, ins.dtype, list(ins.shape),
-                                       wait=wait)
+                                       wait=brief_wait(self._deadline))
         except HopliteError as exc:
             error = exc
         except Exception as exc:  # a bug must still end the reduce, typed
             log.error("reduce %s: opening the result crashed", self.result.short(), exc_info=exc)
             error = HopliteError(f"reduce-open: {type(exc).__name__}: {exc}")
         finally:
-            self._opening = None
+            self._opening = False
         if out is None:
             assert error is not None
             self.feed(p.ResultFailed(error))  # held: after what the plan said before it

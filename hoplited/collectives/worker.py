@@ -58,7 +58,7 @@ from hoplite_client.wire.messages import (
 from hoplited.collectives.ops import check_reducible, combine, derived_id
 from hoplited.dispatch import Handler
 from hoplited.memory.arena import Arena
-from hoplited.memory.space import Space
+from hoplited.memory.space import BRIEF_WAIT, Space
 from hoplited.memory.store import ObjectStore, StoredObject, parse_dtype
 from hoplited.tasks import Tasks
 from hoplited.transfer.fetcher import Fetcher
@@ -72,10 +72,6 @@ THREAD_BLOCK = 512 * 1024
 
 # The most children a reshape may add: a lost slot's children and its folded input.
 MAX_NEW_CHILDREN = 3
-# How long a slot's buffer waits for memory once nothing more may be evicted: a restart places
-# every slot anew while the old placements' readers still hold their buffers for a moment
-# (docs/design.md §4, "Several inputs on one node").
-SPACE_WAIT = 10.0
 
 Tell = Callable[[str, WireMessage], None]
 T = TypeVar("T")
@@ -196,7 +192,7 @@ class ReduceWorker:
         placing = self._placing[key] = object()
         try:
             out = await self._space.create(msg.output, size, msg.dtype, shape, temporary=True,
-                                           wait=SPACE_WAIT)
+                                           wait=BRIEF_WAIT)
         finally:
             current = self._placing.get(key) is placing
             if current:
@@ -355,7 +351,7 @@ class ReduceWorker:
     async def _child_when_room(self, task: SlotTask, msg: ReduceChild, oid: ObjectID) -> Ok:
         """The child's buffer, once there is room, unless the task ended meanwhile."""
         buf = await self._space.create(oid, task.out.size, task.out.dtype, task.out.shape,
-                                       temporary=True, wait=SPACE_WAIT)
+                                       temporary=True, wait=BRIEF_WAIT)
         if self.slots.get((task.reduce_id, task.slot)) is not task or task.out.error:
             self._store.remove(buf.oid)  # released or failed while it waited for memory
             raise ObjectNotFoundError(f"no task for slot {msg.slot} of "

@@ -28,8 +28,19 @@ log = logging.getLogger("hoplited.store")
 # A copy its shard refused to let go (last copy, or being sent) is not asked about again for
 # this long unless it is used meanwhile: a full store of sole copies costs no request storm.
 REFUSAL_MEMORY = 1.0
+# How long the daemon's own allocations (a get's copy, a collective's buffers) wait for memory
+# once nothing more may be evicted: what transfers and a restarted collective's old buffers
+# pin is given back within moments, a full store of sole copies is not.
+BRIEF_WAIT = 10.0
 
 MayDrop = Callable[[StoredObject], Awaitable[bool]]
+
+
+def brief_wait(deadline: float | None) -> float:
+    """:data:`BRIEF_WAIT`, but never past ``deadline`` (the event loop's clock; None: none)."""
+    if deadline is None:
+        return BRIEF_WAIT
+    return max(0.0, min(BRIEF_WAIT, deadline - asyncio.get_running_loop().time()))
 
 
 def _pages(size: int) -> int:

@@ -38,7 +38,7 @@ from hoplited.cluster.link_model import LinkModel
 from hoplited.cluster.membership import Membership
 from hoplited.directory.client import DirectoryClient
 from hoplited.memory.arena import Arena
-from hoplited.memory.space import Space
+from hoplited.memory.space import Space, brief_wait
 from hoplited.memory.store import CopyWithdrawn, ObjectStore, StoredObject, parse_dtype
 from hoplited.tasks import Tasks
 from hoplited.transfer import fetch_plan as fp
@@ -53,10 +53,6 @@ log = logging.getLogger("hoplited.transfer")
 PROGRESS_INTERVAL = 0.05
 # Transfers at least this big tell the daemon's link model how fast links are.
 BANDWIDTH_SAMPLE_MIN = 1 << 20
-# How long a copy waits for memory once nothing more may be evicted, at most (and never past
-# the fetch's deadline): memory that a transfer or a reduce's old placement still pins is
-# given back within moments, a full store of sole copies is not (docs/architecture.md §6).
-COPY_SPACE_WAIT = 10.0
 class Fetcher:
     """Fetches objects into this node's store; one fetch per object however many ask."""
 
@@ -208,13 +204,13 @@ class Fetcher:
                     self._directory.announce_late(result, asked_under, self.pulling_from)
                 elif isinstance(ins, fp.Allocate):
                     obj = await self._space.create(oid, ins.size, ins.dtype, list(ins.shape),
-                                                   ins.version, wait=_space_wait(plan, loop))
+                                                   ins.version, wait=brief_wait(plan.deadline))
                     self._directory.announce_late(obj, asked_under, self.pulling_from)
                     populate = self._receive_into(obj)
                 elif isinstance(ins, fp.FetchHalves):
                     obj = await self._space.create(
                         oid, ins.size, ins.dtype, list(ins.shape), ins.version,
-                        wait=_space_wait(plan, loop), stripes=[(view_id(oid, h), lo, hi)
+                        wait=brief_wait(plan.deadline), stripes=[(view_id(oid, h), lo, hi)
                                  for h, (lo, hi) in enumerate(ins.bounds)])
                     self._directory.announce_late(obj, asked_under, self.pulling_from)
                     populate = self._receive_into(obj)
@@ -668,13 +664,6 @@ class _Stream:
     until: int | None
     window: tuple[int, int] | None
     half: int
-
-
-def _space_wait(plan: fp.FetchPlan, loop: asyncio.AbstractEventLoop) -> float:
-    """How long the copy of ``plan`` may wait for memory: briefly, within its deadline."""
-    if plan.deadline is None:
-        return COPY_SPACE_WAIT
-    return max(0.0, min(COPY_SPACE_WAIT, plan.deadline - loop.time()))
 
 
 def _awaited(exc: BaseException) -> None:
