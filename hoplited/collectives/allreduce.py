@@ -433,6 +433,18 @@ class Orchestrator:
         """Whether ``version`` is the ring (or stripes) this allreduce runs now."""
         return version == self._version
 
+    async def _watch(self, version: bytes) -> None:
+        """Wait until a live node holds the whole result at its shard, with no deadline of
+        its own: the plan ends it (docs/design.md §4, "Ring allreduce")."""
+        await wait_ready(self.d.directory, self.d.is_alive, self.plan.result, None)
+        if self.runs(version):
+            self.feed(s.ResultReady())
+
+    def _unseen(self, error: HopliteError) -> s.Event:
+        log.info("allreduce %s: the result's shard is not watched: %s",
+                 self.plan.result.short(), error)
+        return s.ResultUnseen(error)
+
     async def _wait(self, oid: ObjectID, deadline: float | None,
                     exclude: tuple[str, ...] = ()) -> None:
         frame = await wait_ready(self.d.directory, self.d.is_alive, oid, deadline, exclude)
@@ -480,6 +492,8 @@ class Orchestrator:
             for node in ins.members:
                 d.rpc.tell(node, RingEnd(result=plan.result, version=self._version,
                                          commit=True))
+            self._waits.append(self._spawn(self._watch(self._version), "allreduce-watch",
+                                           self._unseen))
         elif isinstance(ins, s.Restart):
             self._restart(ins)
         elif isinstance(ins, s.Withdraw):
@@ -541,6 +555,7 @@ class Orchestrator:
         self._waits = []
         if self._timer is not None:  # the given-up ring's wait for its inputs
             self._timer.cancel()
+        retired = self._version
         self.plan = self.plan.again()
         self._version = os.urandom(VERSION_SIZE)
         # The members saw the stream break before the membership hears why: a killed node
@@ -548,7 +563,25 @@ class Orchestrator:
         # the shards still named it a holder, so its input took the chain's first slot and
         # blocked the survivors' partial sums until it was put again (docs/benchmarks.md,
         # "Ring allreduce"); after the grace it hangs on the root instead.
-        self._timer = asyncio.get_running_loop().call_later(RESTART_GRACE, self._wait_all)
+        if ins.retire:
+            self._waits.append(self._spawn(self._retire(retired), "allreduce-retire",
+                                           lambda error: None))
+        else:
+            self._timer = asyncio.get_running_loop().call_later(RESTART_GRACE, self._wait_all)
+
+    async def _retire(self, version: bytes) -> None:
+        """Delete the committed ring's ``version`` of the result at its shard, so a copy of
+        it published late is refused and dropped, then await the inputs again after the
+        grace: the next run publishes another version under the same id."""
+        begun = asyncio.get_running_loop().time()
+        try:
+            await self.d.directory.retire(self.plan.result, version)
+        except HopliteError as exc:  # its shard unreachable: a late copy's publish may
+            # clash with the next run's, which then fails that member, typed
+            log.warning("allreduce %s: the committed ring's copy not retired: %s",
+                        self.plan.result.short(), exc)
+        await asyncio.sleep(max(0.0, begun + RESTART_GRACE - asyncio.get_running_loop().time()))
+        self._wait_all()
 
     def _unassigned(self, ins: s.Assign, error: HopliteError) -> s.Event:
         return s.undelivered(ins.node, ins.stripe, ins.gen, error, self.d.is_alive(ins.node))

@@ -248,7 +248,12 @@ class RingMember:
         finally:
             watchdog.cancel()
         self.whole.temporary = False
-        await self.d.directory.publish(self.whole)
+        try:
+            await self.d.directory.publish(self.whole)
+        except HopliteError:  # refused (a version retired since: docs/design.md §4, "Ring
+            # allreduce") or not recorded: the copy goes with the member (``fail``)
+            self.whole.temporary = True
+            raise
         self._end()
 
     async def _send(self) -> None:

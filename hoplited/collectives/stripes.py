@@ -34,9 +34,16 @@ they arrive. If every input is ready before the timer fires and at least two liv
 have not fallen silent hold them, those nodes run the ring (``StartRing``;
 :func:`~.ring.ring_members`: inputs spread over as many nodes as they can be, a node holding
 several adding them all). The first member to hold the whole result makes the plan commit
-(``Commit``: every member publishes its copy once complete); from then on a member that fails
-only loses its copy, since the result exists, and a member falling silent has those not done
-yet drop theirs (``Withdraw``: their gets fetch the result from the others). A member lost,
+(``Commit``: every member publishes its copy once complete, and the caller watches the
+result's shard for a live copy); from then on a member that fails only loses its copy, since
+the result exists, and a member falling silent has those not done yet drop theirs
+(``Withdraw``: their gets fetch the result from the others). The plan ends once every member is
+over and the shard names a live copy (``ResultReady``). Until then the result exists only on
+the members that reported it whole: if every one of them dies (or fails) with nobody else left
+running, nothing holds it, and the allreduce starts over as below, the committed version first
+retired at the shard so that a copy of it published late is refused (``Restart`` with
+``retire``). A member done but only silent is waited for: it publishes once it answers, or is
+declared dead. A member lost,
 failed or fallen silent before the commit leaves nothing published: the members drop their
 copies and the allreduce starts over (``Restart``, :meth:`AllreducePlan.again`), waiting for
 the inputs again: as a ring once more (:data:`RING_TRIES`) without the nodes lost or silent, so
@@ -176,8 +183,22 @@ class RingFailed:
     error: HopliteError
 
 
+@dataclass(frozen=True, slots=True)
+class ResultReady:
+    """The result's shard names a live node holding all of it: a committed ring's copies are
+    published."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResultUnseen:
+    """The watch of the result's shard gave up with ``error`` (the shard unreachable): the
+    members that reported the result whole are trusted to publish it."""
+
+    error: HopliteError
+
+
 Event = (InputReady | InputFailed | NodeLost | MemberDone | StripeFailed | GatherOver
-         | RingDone | RingFailed | NodeSuspected)
+         | RingDone | RingFailed | NodeSuspected | ResultReady | ResultUnseen)
 
 
 def undelivered(node: str, stripe: int, gen: int, error: HopliteError, alive: bool) -> Event:
@@ -243,7 +264,8 @@ class StartRing:
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """Tell the ring's ``members`` to publish their copies once complete."""
+    """Tell the ring's ``members`` to publish their copies once complete, and watch the
+    result's shard until a live node holds it (``ResultReady``, or ``ResultUnseen``)."""
 
     members: tuple[str, ...]
 
@@ -259,10 +281,13 @@ class Withdraw:
 @dataclass(frozen=True, slots=True)
 class Restart:
     """Tell ``members`` to drop their ring copies; start the allreduce again, as
-    :meth:`AllreducePlan.again` says."""
+    :meth:`AllreducePlan.again` says. ``retire``: the ring had committed, so a copy of its
+    version may yet be published (by a member whose report of it was on its way): delete
+    that version at the result's shard before the inputs are awaited again."""
 
     members: tuple[str, ...]
     error: HopliteError
+    retire: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +334,10 @@ class AllreducePlan:
         self.held: list[InputReady] = []  # inputs ready while gathering, in order
         self.ring: list[str] = []  # the ring's nodes, in ring order
         self.ring_over: set[str] = set()  # ring members done, failed or lost
+        self.holders: set[str] = set()  # ring members that reported the result whole
         self.committed = False
+        self.published = False  # the result's shard named a live copy (after the commit)
+        self.unwatched = False  # the watch for that copy gave up: the holders are trusted
         self.inputs = list(dict.fromkeys(inputs))
         self.waiting = set(self.inputs)
         self.first: InputReady | None = None
@@ -341,7 +369,8 @@ class AllreducePlan:
             return self._release_held()
         if self.phase == "ring":
             return self._ring_event(ev)
-        if isinstance(ev, (GatherOver, RingDone, RingFailed, NodeSuspected)):
+        if isinstance(ev, (GatherOver, RingDone, RingFailed, NodeSuspected, ResultReady,
+                           ResultUnseen)):
             return []  # a timer or report of a ring since given up; stripes keep a silent
             # member's stripes (below)
         if isinstance(ev, InputReady):
@@ -511,34 +540,46 @@ class AllreducePlan:
 
     def _ring_event(self, ev: Event) -> list[Instruction]:
         if isinstance(ev, RingDone) and ev.node in self.ring:
+            if ev.node not in self.ring_over:  # one withdrawn may have dropped its copy
+                self.holders.add(ev.node)
             self.ring_over.add(ev.node)
             out: list[Instruction] = []
             if not self.committed:
                 self.committed = True
                 out.append(Commit(self._live_ring()))
-            self._ring_maybe_over()
-            return out
+            return out + self._ring_maybe_over()
+        if isinstance(ev, (ResultReady, ResultUnseen)):
+            return self._watched(ev)
         if isinstance(ev, NodeSuspected) and ev.node in self.ring and (
                 ev.node not in self.ring_over):
             if self.committed:  # whoever is not done waits on it: fetch from those done
                 waiting = tuple(n for n in self._live_ring() if n not in self.ring_over)
                 self.ring_over.update(waiting)
-                self._ring_maybe_over()
-                return [Withdraw(waiting)]
+                return [Withdraw(waiting), *self._ring_maybe_over(ev.node)]
             self.phase = "restart"
             return [Restart(self._live_ring(), PeerUnavailableError(
                 f"ring member {ev.node} fell silent", node=ev.node))]
         if isinstance(ev, (RingFailed, NodeLost)) and ev.node in self.ring:
             self.ring_over.add(ev.node)
-            if self.committed:  # the result exists: only this member's copy is lost, and
-                # the member, listed until the caller answers, is told to go
-                self._ring_maybe_over()
-                return [Withdraw((ev.node,))] if isinstance(ev, RingFailed) else []
+            self.holders.discard(ev.node)
+            if self.committed:  # only this member's copy is lost (unless it was the last
+                # one), and the member, listed until the caller answers, is told to go
+                told = [Withdraw((ev.node,))] if isinstance(ev, RingFailed) else []
+                return told + self._ring_maybe_over(ev.node)
             self.phase = "restart"
             error = ev.error if isinstance(ev, RingFailed) else PeerUnavailableError(
                 f"ring member {ev.node} died", node=ev.node)
             return [Restart(self._live_ring(), error)]
         return []
+
+    def _watched(self, ev: ResultReady | ResultUnseen) -> list[Instruction]:
+        """The watch of the result's shard answered. Unseen, the members that reported the
+        result whole are all there is to go by: a live one is taken for a published copy."""
+        if isinstance(ev, ResultReady):
+            self.published = True
+        else:
+            self.unwatched = True
+        return self._ring_maybe_over()
 
     def again(self) -> AllreducePlan:
         """The plan that runs this allreduce again once its ring gave way: one ring fewer to
@@ -554,10 +595,21 @@ class AllreducePlan:
     def _live_ring(self) -> tuple[str, ...]:
         return tuple(n for n in self.ring if n not in self.lost)
 
-    def _ring_maybe_over(self) -> None:
-        """Over once every live ring member is done or has failed."""
-        if set(self._live_ring()) <= self.ring_over:
+    def _ring_maybe_over(self, last: str = "") -> list[Instruction]:
+        """Over once every live ring member is done or has failed and, after the commit, a
+        live copy is published; started over if no live member holds the result by then
+        (``last``: the member whose loss or failure this follows)."""
+        if not set(self._live_ring()) <= self.ring_over:
+            return []
+        if not self.committed or self.published or (self.unwatched and self.holders):
             self.phase = "over"
+            return []
+        if self.holders:  # they publish once they answer, or are declared dead
+            return []
+        self.phase = "restart"
+        return [Restart(self._live_ring(), PeerUnavailableError(
+            f"every ring member holding {self.result.hex()} died or failed (last: {last})",
+            node=last), retire=True)]
 
     def _place(self, ev: InputReady) -> list[Instruction]:
         """Give input ``ev``'s stripe to the least loaded live node holding it."""

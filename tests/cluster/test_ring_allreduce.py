@@ -73,10 +73,15 @@ async def idle(client: hc.Client, objects: int) -> bool:
     return local["store"]["objects"] == objects and local["allreduces"] == 0
 
 
+async def no_allreduce(client: hc.Client) -> bool:
+    return bool((await client.status())["local"]["allreduces"] == 0)
+
+
 async def test_a_ring_gives_numpys_result_on_every_member(make_cluster, connect) -> None:
     """Sum, min, max and prod over 4 nodes, odd sizes and 2-D shapes, the caller with and
     without an input: each ran as a ring (every input was ready at once on its own node),
-    every member holds numpy's result, and deleting it leaves only the inputs."""
+    every member holds numpy's result, the caller's plan ends by itself, and deleting the
+    result leaves only the inputs."""
     cluster = await make_cluster(5)
     clients = [await connect(s) for s in cluster.sockets]
     cases = [(np.float32, "sum", (3 * MiB + 5,), 0, [0, 1, 2, 3]),
@@ -95,6 +100,8 @@ async def test_a_ring_gives_numpys_result_on_every_member(make_cluster, connect)
             del got
         counts = await ring_counts(clients[0], cluster, caller)
         assert counts == (sum(c[3] == caller for c in cases[:run]), 0)
+        # the plan ends once its members are and the result's shard names a copy
+        await eventually(lambda c=clients[caller]: no_allreduce(c), what="the plan ended")
         for oid in [*ids, result]:
             await clients[0].delete(oid)
     for c in clients:

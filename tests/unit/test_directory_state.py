@@ -461,6 +461,20 @@ CASES = [
         (moved("a"), [DropCopy("a", OID)]),
         (moved("b", version=b"v2"), WAKE), (holders(), {"b": full()}),
     ]),
+    # a committed ring that lost every holder retires its version before it runs again
+    # (DirectoryClient.retire, docs/design.md §4, "Ring allreduce"): a member's late publish of
+    # it is refused, waiters keep waiting, and the next run's version is the object
+    Case("a-retired-version-is-refused-and-the-next-run-is-put", [
+        (wait(), NOT_PUT), (delete_again(b"v1"), []),
+        (put("late"), [DropCopy("late", OID)]), (wait(), NOT_PUT),
+        (put("next", version=b"v2"), WAKE), (wait(), "ready"),
+        (put("late"), ObjectExistsError), (holders(), {"next": full()}),
+    ]),
+    Case("a-retired-version-published-already-goes-with-its-copies", [
+        (put("a"), WAKE), (locate("r"), "a"), (die("a"), None),
+        (delete_again(b"v1"), [DropCopy("a", OID), DropCopy("r", OID)]), (wait(), NOT_PUT),
+        (put("next", version=b"v2"), WAKE), (holders(), {"next": full()}),
+    ]),
     # a put again while the old version's holder was silent: that holder, once it runs again,
     # keeps a copy nobody would find or delete, so it drops it; a live receiver does not
     Case("a-re-put-has-the-silent-holders-of-the-old-version-drop-theirs", [

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.wire.errors import HopliteError, ObjectDeletedError
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import Ok, RingOpen, RingReport, RingTask, WireMessage
 from hoplited.collectives.ring import ring_schedule
@@ -37,8 +38,11 @@ class Directory:
     """The directory as a member sees it: records what the member publishes."""
 
     published: list[StoredObject] = field(default_factory=list)
+    refusal: HopliteError | None = None  # what the owner answers a publish with, if not Ok
 
     async def publish(self, obj: StoredObject, moved: bool = False) -> None:
+        if self.refusal is not None:
+            raise self.refusal
         self.published.append(obj)
 
 
@@ -197,3 +201,29 @@ async def test_a_member_still_receiving_fails_when_its_successor_dies(
         while not any(isinstance(m, RingReport) and m.code for m in a.told):
             await asyncio.sleep(0.01)
     assert not a.member.complete and a.member.ended
+
+
+@pytest.mark.parametrize("ring_of_two", [None], indirect=True)
+async def test_a_member_whose_copy_is_refused_drops_it_and_reports(ring_of_two: Ring) -> None:
+    """A committed ring's version retired at the shard (it lost every holder and runs again,
+    docs/design.md §4, "Ring allreduce"): a member publishing late keeps no copy nobody
+    lists, and reports the failure to the caller."""
+    refusal = ObjectDeletedError("object was deleted, or is another version now", oid="ab")
+    for node in ring_of_two.nodes.values():
+        node.directory.refusal = refusal
+    async with asyncio.timeout(WAIT):
+        while not all(reported(node) for node in ring_of_two.nodes.values()):
+            await asyncio.sleep(0.01)
+    for node in ring_of_two.nodes.values():
+        assert node.member is not None
+        node.member.commit()
+    async with asyncio.timeout(WAIT):
+        while not all(node.member is not None and node.member.ended
+                      for node in ring_of_two.nodes.values()):
+            await asyncio.sleep(0.01)
+    for name, node in ring_of_two.nodes.items():
+        failures = [m for m in node.told if isinstance(m, RingReport) and m.code]
+        assert [m.code for m in failures] == [refusal.code]
+        assert node.store.get(ring_of_two.result) is None
+        assert list(node.store.objects) == [ring_of_two.inputs[name]]
+        assert [o.pins for o in node.store.objects.values()] == [0]

@@ -40,6 +40,8 @@ from hoplited.collectives.stripes import (
     NodeSuspected,
     Plain,
     Restart,
+    ResultReady,
+    ResultUnseen,
     RingDone,
     RingFailed,
     StartRing,
@@ -82,6 +84,7 @@ class Case:
     striped: bool = True
     link: tuple[float, float] = (1.25e9, 1e-4)
     nodes: tuple[str, ...] = ()  # the cluster's, for a pair (default: one per input)
+    over: bool | None = None  # whether the plan is over after the last step, if checked
 
 
 CASES = [
@@ -153,6 +156,13 @@ def ring_ready() -> list[tuple[Event, list[Instruction]]]:
             (ready(3, "n3"), [RING4])]
 
 
+def silent_after_commit() -> list[tuple[Event, list[Instruction]]]:
+    """n1 done (the commit), n3 failed, then n1 and n2 silent: n0 and n2 drop theirs."""
+    return [*ring_ready(), (RingDone("n1"), [Commit(("n0", "n1", "n2", "n3"))]),
+            (RingFailed("n3", STOPPED), [Withdraw(("n3",))]), (NodeSuspected("n1"), []),
+            (NodeSuspected("n2"), [Withdraw(("n0", "n2"))])]
+
+
 def all_ready_ring_off() -> list[tuple[Event, list[Instruction]]]:
     """The wait ran out before any input but the first: stripes."""
     return [(ready(0, "n0"), [ARM]), (GatherOver(), [Assign("n0", 0, 0)]),
@@ -161,11 +171,19 @@ def all_ready_ring_off() -> list[tuple[Event, list[Instruction]]]:
 
 RING_CASES = [
     Case("every input ready in time on its own node: a ring in node order, whatever the "
-         "readiness order; the first member done commits; over once every member is",
+         "readiness order; the first member done commits; over once every member is and "
+         "the result's shard names a live copy",
          [(ready(3, "n3"), [ARM]), (ready(1, "n1", "n2"), [ARM]), (ready(0, "n0"), [ARM]),
           (ready(2, "n1", "n2"), [RING4]), (RingDone("n2"), [Commit(("n0", "n1", "n2", "n3"))]),
           (RingDone("n0"), []), (RingDone("n1"), []), (MemberDone("n1"), []),
-          (RingDone("n3"), []), (RingDone("n3"), [])]),
+          (RingDone("n3"), []), (RingDone("n3"), []), (ResultReady(), [])], over=True),
+    Case("a copy seen before every member is done: over once they are",
+         [*ring_ready(), (RingDone("n2"), [Commit(("n0", "n1", "n2", "n3"))]),
+          (ResultReady(), []), (RingDone("n0"), []), (RingDone("n1"), []),
+          (RingDone("n3"), [])], over=True),
+    Case("every member done but no copy seen yet: not over",
+         [*ring_ready(), *((RingDone(f"n{i}"), [Commit(("n0", "n1", "n2", "n3"))] if i == 0
+                            else []) for i in range(4))], over=False),
     Case("the wait runs out: stripes for the inputs ready so far, in their order, then on",
          [(ready(2, "n2"), [ARM]), (ready(0, "n0"), [ARM]),
           (GatherOver(), [Assign("n2", 0, 0), Assign("n0", 1, 0)]),
@@ -198,10 +216,31 @@ RING_CASES = [
          [*ring_ready(), (NodeSuspected("n9"), []),
           (NodeSuspected("n2"), [Restart(("n0", "n1", "n2", "n3"), PeerUnavailableError(
               "ring member n2 fell silent", node="n2"))]), (NodeSuspected("n1"), [])]),
-    Case("a member falling silent after the commit: those not done drop their copies",
-         [*ring_ready(), (RingDone("n1"), [Commit(("n0", "n1", "n2", "n3"))]),
-          (RingFailed("n3", STOPPED), [Withdraw(("n3",))]), (NodeSuspected("n1"), []),
-          (NodeSuspected("n2"), [Withdraw(("n0", "n2"))]), (RingDone("n0"), [])]),
+    Case("a member falling silent after the commit: those not done drop their copies, and "
+         "a member done but silent is waited for: it publishes once it answers",
+         [*silent_after_commit(), (RingDone("n0"), []), (ResultReady(), [])], over=True),
+    Case("seed 42, trial 15: every member done falls silent, then dies; nobody holds the "
+         "result: start again, the committed version retired",
+         [*silent_after_commit(), (RingDone("n0"), []),
+          (NodeLost("n1"), [Restart(("n0", "n2", "n3"), PeerUnavailableError(
+              f"every ring member holding {R.hex()} died or failed (last: n1)", node="n1"),
+              retire=True)]), (ResultReady(), []), (NodeLost("n0"), [])]),
+    Case("the last holder lost while others still run: they may finish, so wait for them",
+         [*ring_ready(), (RingDone("n0"), [Commit(("n0", "n1", "n2", "n3"))]),
+          (NodeLost("n0"), []), (RingDone("n1"), []), (NodeLost("n1"), []),
+          (RingFailed("n2", STOPPED), [Withdraw(("n2",))]),
+          (RingFailed("n3", STOPPED), [Withdraw(("n3",)), Restart(("n2", "n3"), PeerUnavailableError(
+              f"every ring member holding {R.hex()} died or failed (last: n3)", node="n3"),
+              retire=True)])]),
+    Case("a copy seen before every holder died: over, the result exists",
+         [*ring_ready(), (RingDone("n0"), [Commit(("n0", "n1", "n2", "n3"))]),
+          (ResultReady(), []), (NodeLost("n0"), []), (RingFailed("n1", STOPPED),
+                                                      [Withdraw(("n1",))]),
+          (NodeLost("n2"), []), (NodeLost("n3"), [])], over=True),
+    Case("the watch gave up: a live member done is taken for a published copy",
+         [*ring_ready(), (RingDone("n0"), [Commit(("n0", "n1", "n2", "n3"))]),
+          (ResultUnseen(PeerUnavailableError("shard gone")), []), (RingDone("n1"), []),
+          (RingDone("n2"), []), (RingDone("n3"), [])], over=True),
     Case("silence means nothing to stripes: a silent member keeps its stripes",
          [*all_ready_ring_off(), (NodeSuspected("n1"), [])]),
     Case("after the commit a member's failure or death only loses its copy; a member that "
@@ -209,10 +248,11 @@ RING_CASES = [
          [*ring_ready(), (RingDone("n0"), [Commit(("n0", "n1", "n2", "n3"))]),
           (RingFailed("n1", STOPPED), [Withdraw(("n1",))]), (NodeLost("n2"), []),
           (RingDone("n3"), [])]),
-    Case("the last member failing after the commit ends the plan, and is told to go",
+    Case("the last member failing after the commit is told to go; the plan ends once a copy "
+         "is seen",
          [*ring_ready(), (RingDone("n0"), [Commit(("n0", "n1", "n2", "n3"))]),
           (RingDone("n1"), []), (NodeLost("n2"), []),
-          (RingFailed("n3", STOPPED), [Withdraw(("n3",))])]),
+          (RingFailed("n3", STOPPED), [Withdraw(("n3",))]), (ResultReady(), [])], over=True),
     Case("an input that disagrees while gathering fails it; nothing was started",
          [(ready(0, "n0"), [ARM]), (ready(1, "n1", dtype="<i4"), [Fail(
              InvalidArgumentError(f"input {I[1].hex()} is <i4[{BIG // 4}] but the first input "
@@ -244,7 +284,8 @@ RING_CASES = [
 
 
 def norm(instructions: list[Instruction]) -> list[object]:
-    return [(type(x).__name__, type(x.error).__name__, str(x.error), x.error.data, x.members)
+    return [(type(x).__name__, type(x.error).__name__, str(x.error), x.error.data, x.members,
+             isinstance(x, Restart) and x.retire)
             if isinstance(x, (Fail, Restart)) else x for x in instructions]
 
 
@@ -272,8 +313,8 @@ def test_plan_with_a_ring(case: Case) -> None:
         arm = arm_for(case, first)
         expected = [arm if x == ARM else x for x in expected]
         assert norm(plan.handle(event)) == norm(expected), event
-    if case.id.startswith("every input ready"):
-        assert plan.over
+    if case.over is not None:
+        assert plan.over == case.over
 
 
 def test_an_input_listed_twice_is_added_twice_on_a_ring() -> None:
