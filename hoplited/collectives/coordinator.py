@@ -257,20 +257,26 @@ class ReduceCoordinator:
             d.tasks.spawn(self._release(ins.nodes), name="reduce-release")
 
     def _open_result(self, ins: p.OpenResult) -> None:
-        """Create the result here and announce it at once, so gets can chain behind it. Out of
-        room, it evicts and waits, and the instructions after it wait for it."""
+        """Create the result here and announce it at once, so gets can chain behind it."""
+        self._create_result(ins, lambda out: self._opened(out, ins))
+
+    def _create_result(self, ins: p.OpenResult | p.CombineInline,
+                       then: Callable[[StoredObject], None]) -> None:
+        """Create the result and do ``then`` with it. Out of room, it evicts and waits, and
+        the instructions after it wait for it (docs/architecture.md §6)."""
         try:
             out = self.d.store.create(self.result, ins.size, ins.dtype, list(ins.shape))
         except CapacityError:
             self._opening = True
-            self.d.tasks.spawn(self._open_when_room(ins), name="reduce-open")
+            self.d.tasks.spawn(self._create_when_room(ins, then), name="reduce-open")
             return
         except HopliteError as exc:
             self.feed(p.ResultFailed(exc))
             return
-        self._opened(out, ins)
+        then(out)
 
-    async def _open_when_room(self, ins: p.OpenResult) -> None:
+    async def _create_when_room(self, ins: p.OpenResult | p.CombineInline,
+                                then: Callable[[StoredObject], None]) -> None:
         """Create the result once there is room, then carry out what was held meanwhile; no
         room by the deadline fails the reduce with the ``CapacityError``."""
         d = self.d
@@ -292,7 +298,7 @@ class ReduceCoordinator:
         elif self._ended:  # failed meanwhile: nothing will read or end it
             d.store.remove(self.result)
         else:
-            self._opened(out, ins)
+            then(out)
         held, self._held = self._held, []
         self._queue.resume(held)
         self._end_if_over()
@@ -395,12 +401,14 @@ class ReduceCoordinator:
             self.feed(p.ResultFailed(HopliteError(f"input {missing[0].hex()} came without "
                                                   f"its bytes")))
             return
+        self._create_result(ins, lambda out: self._combined(out, ins))
+
+    def _combined(self, out: StoredObject, ins: p.CombineInline) -> None:
         dt = np.dtype(ins.dtype)
         arrays = [np.frombuffer(self._inline[oid], dtype=dt) for oid in ins.parts]
         total = functools.reduce(lambda a, b: OPS[ins.op](a, b), arrays[1:], arrays[0].copy())
-        store = self.d.store
-        self.out = out = store.create(self.result, ins.size, ins.dtype, list(ins.shape))
-        store.pin(out)
+        self.out = out
+        self.d.store.pin(out)
         np.frombuffer(out.buffer, dtype=np.uint8)[:] = np.ascontiguousarray(total, dtype=dt).view(
             np.uint8).reshape(-1)
         out.advance(out.size)

@@ -193,6 +193,22 @@ async def test_a_reduce_result_evicts_copies_held_elsewhere(make_cluster, connec
     assert (await store_of(a))["evictions"] == 2
 
 
+async def test_a_reduce_of_inline_inputs_evicts_for_its_result(make_cluster, connect) -> None:
+    """Inputs small enough to come with their shard's answer are combined on the caller's
+    node: a store full of copies also held on B evicts one for the result instead of
+    failing the reduce."""
+    cluster = await make_cluster(2, capacity=CAPACITY)
+    a, b = [await connect(s) for s in cluster.sockets]
+    for oid in await fill(a):
+        copy = await b.get(oid, timeout=60)
+        del copy
+    small = [np.full(4096, i, dtype=np.float32) for i in (1, 2)]
+    ids = [await b.put(x) for x in small]
+    result = await a.reduce(ids)
+    assert np.array_equal(await a.get(result, timeout=VERDICT), small[0] + small[1])
+    assert (await store_of(a))["evictions"] == 1
+
+
 async def test_a_reduce_with_no_room_for_its_result_fails_and_leaves_nothing(
         make_cluster, connect) -> None:
     """A's store holds only sole copies: the result waits for room until the reduce's timeout,
