@@ -192,6 +192,7 @@ class Daemon:
                 allreduces.node_suspected(node)
             else:
                 reductions.node_trusted(node)
+                allreduces.node_trusted(node)
                 member = membership.members[node]
                 connections.warm(node, member.host, member.port)  # dropped at the suspicion
 

@@ -438,12 +438,15 @@ class DeleteEntry(Request["Deleted"]):
     """Remove the entry and every copy. ``again``: sent once more by the deleter because the
     id's owner moved since its delete, which removed ``version`` (None if unknown): an entry
     of another version stays, and no entry is no error (docs/design.md §5, "Deletes and
-    moving owners")."""
+    moving owners"). ``retire``: as ``again``, for a version a collective makes once more
+    under the same id (docs/design.md §4, "Ring allreduce"): only complete copies drop, and
+    receivers of it go on to the next version."""
 
     rid: int = 0
     oid: ObjectID
     version: bytes | None = None
     again: bool = False
+    retire: bool = False
 
 
 @message(79, shape="reply")

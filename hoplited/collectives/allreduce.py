@@ -166,6 +166,11 @@ class Allreduces:
         for orchestrator in list(self._orchestrators.values()):
             orchestrator.feed(s.NodeSuspected(node))
 
+    def node_trusted(self, node: str) -> None:
+        """A member silent before answers again: a ring's result it holds is safe again."""
+        for orchestrator in list(self._orchestrators.values()):
+            orchestrator.feed(s.NodeTrusted(node))
+
     def node_died(self, node: str) -> None:
         """A member died: its stripes are reduced again elsewhere. A member whose caller's
         node died stops (nobody would reassign a stripe or end the allreduce any more) and
@@ -405,6 +410,7 @@ class Orchestrator:
         self._ended = False
         self._deadline: float | None = None
         self._timer: asyncio.TimerHandle | None = None  # the ring's wait for every input
+        self._watcher: asyncio.Task[None] | None = None  # the watch of the result's shard
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -433,14 +439,23 @@ class Orchestrator:
         """Whether ``version`` is the ring (or stripes) this allreduce runs now."""
         return version == self._version
 
-    async def _watch(self, version: bytes) -> None:
-        """Wait until a live node holds the whole result at its shard, with no deadline of
-        its own: the plan ends it (docs/design.md §4, "Ring allreduce")."""
-        await wait_ready(self.d.directory, self.d.is_alive, self.plan.result, None)
+    async def _watch(self, ins: s.Watch, version: bytes) -> None:
+        """Wait until a live node not excluded holds the whole result at its shard, for
+        ``ins.within`` at most; the plan ends an unbounded one (docs/design.md §4, "Ring
+        allreduce")."""
+        loop = asyncio.get_running_loop()
+        deadline = None if ins.within is None else loop.time() + ins.within
+        frame = await wait_ready(self.d.directory, self.d.is_alive, self.plan.result, deadline,
+                                 ins.exclude)
         if self.runs(version):
-            self.feed(s.ResultReady())
+            self.feed(s.ResultReady(tuple(n for n in frame.msg.holders if self.d.is_alive(n)
+                                          and n not in ins.exclude)))
 
-    def _unseen(self, error: HopliteError) -> s.Event:
+    def _unseen(self, ins: s.Watch, error: HopliteError) -> s.Event | None:
+        """A watch that ended without a copy: a bounded one ran out, or the shard could not
+        be asked (then the members done are trusted to publish)."""
+        if ins.within is not None and isinstance(error, HopliteTimeoutError):
+            return s.NoCopy()
         log.info("allreduce %s: the result's shard is not watched: %s",
                  self.plan.result.short(), error)
         return s.ResultUnseen(error)
@@ -492,8 +507,12 @@ class Orchestrator:
             for node in ins.members:
                 d.rpc.tell(node, RingEnd(result=plan.result, version=self._version,
                                          commit=True))
-            self._waits.append(self._spawn(self._watch(self._version), "allreduce-watch",
-                                           self._unseen))
+        elif isinstance(ins, s.Watch):
+            if self._watcher is not None:
+                self._watcher.cancel()
+            self._watcher = self._spawn(self._watch(ins, self._version), "allreduce-watch",
+                                        functools.partial(self._unseen, ins))
+            self._waits.append(self._watcher)
         elif isinstance(ins, s.Restart):
             self._restart(ins)
         elif isinstance(ins, s.Withdraw):

@@ -37,20 +37,20 @@ several adding them all). The first member to hold the whole result makes the pl
 (``Commit``: every member publishes its copy once complete, and the caller watches the
 result's shard for a live copy); from then on a member that fails only loses its copy, since
 the result exists, and a member falling silent has those not done yet drop theirs
-(``Withdraw``: their gets fetch the result from the others). The plan ends once every member is
-over and the shard names a live copy (``ResultReady``). Until then the result exists only on
-the members that reported it whole: if every one of them dies (or fails) with nobody else left
-running, nothing holds it, and the allreduce starts over as below, the committed version first
-retired at the shard so that a copy of it published late is refused (``Restart`` with
-``retire``). A member done but only silent is waited for: it publishes once it answers, or is
-declared dead. A member lost,
-failed or fallen silent before the commit leaves nothing published: the members drop their
-copies and the allreduce starts over (``Restart``, :meth:`AllreducePlan.again`), waiting for
-the inputs again: as a ring once more (:data:`RING_TRIES`) without the nodes lost or silent, so
-a lost input put again on a survivor is added by that survivor, and after that in stripes or as
-a reduce, which take a lost input put again as in any reduce, and a silent member's input once
-it answers. The timer firing first, or no ring to be had, give the stripes as above, fed the
-held events in order.
+(``Withdraw``: their gets fetch the result from the others). The plan ends once every member
+is over, the shard has named a live copy (``ResultReady``) and a member holding the result
+is live and not silent. Until then the result may exist only on the members that reported
+it whole: if every one of them dies (or fails) with nobody else left running, nothing holds
+it, and the allreduce starts over as below, the committed version first retired at the
+shard, so that a copy of it published late is refused and its receivers take the next
+(``Restart`` with ``retire``). A member done but only silent is waited for: it answers again
+(``NodeTrusted``), or is declared dead. A member lost, failed or fallen silent before the
+commit leaves nothing published: the members drop their copies and the allreduce starts over
+(``Restart``, :meth:`AllreducePlan.again`), waiting for the inputs again: as a ring once more
+(:data:`RING_TRIES`) without the nodes lost or silent, so a lost input put again on a survivor
+is added by that survivor, and after that in stripes or as a reduce, which take a lost input
+put again as in any reduce, and a silent member's input once it answers. The timer firing
+first, or no ring to be had, give the stripes as above, fed the held events in order.
 
 With ``pair`` and the cluster's ``nodes``, inputs that come further apart than the ring's
 wait are held on until exactly two are missing (docs/design.md §4, "A pair for the last two
@@ -109,6 +109,10 @@ RING_WAIT_FLOOR = 0.05
 # plain reduce meet at about one transfer; the measured bandwidth errs, and an emulated pair
 # at 1.1 transfers apart (0.3 s, 32 MiB) ran at 1.13-1.24x where the plain reduce took 1.04x.
 PAIR_GAP = 0.8
+# How long a committed ring that lost every member known to hold its result asks the result's
+# shard for a copy elsewhere (nodes that fetched it) before it runs again: a copy there is
+# named at once, so this is the answer's time on a loaded machine, paid only when none is.
+COPY_CHECK = 1.0
 
 
 def stripe_id(result: ObjectID, stripe: int) -> ObjectID:
@@ -169,6 +173,13 @@ class NodeSuspected:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeTrusted:
+    """A member suspected before answers again."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
 class RingDone:
     """Ring member ``node`` holds the whole result."""
 
@@ -185,8 +196,15 @@ class RingFailed:
 
 @dataclass(frozen=True, slots=True)
 class ResultReady:
-    """The result's shard names a live node holding all of it: a committed ring's copies are
-    published."""
+    """The result's shard names ``holders``, live nodes holding all of it (a committed ring's
+    members, or nodes that fetched it from them)."""
+
+    holders: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NoCopy:
+    """A bounded ``Watch`` ran out: no live node outside its exclusions holds the result."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +216,8 @@ class ResultUnseen:
 
 
 Event = (InputReady | InputFailed | NodeLost | MemberDone | StripeFailed | GatherOver
-         | RingDone | RingFailed | NodeSuspected | ResultReady | ResultUnseen)
+         | RingDone | RingFailed | NodeSuspected | NodeTrusted | ResultReady | ResultUnseen
+         | NoCopy)
 
 
 def undelivered(node: str, stripe: int, gen: int, error: HopliteError, alive: bool) -> Event:
@@ -264,10 +283,20 @@ class StartRing:
 
 @dataclass(frozen=True, slots=True)
 class Commit:
-    """Tell the ring's ``members`` to publish their copies once complete, and watch the
-    result's shard until a live node holds it (``ResultReady``, or ``ResultUnseen``)."""
+    """Tell the ring's ``members`` to publish their copies once complete."""
 
     members: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """Wait at the result's shard until a live node not in ``exclude`` holds all of it
+    (``ResultReady``; ``ResultUnseen`` if the shard cannot be asked), for at most ``within``
+    seconds if given (then ``NoCopy``); it replaces the watch before it, and the plan's end
+    ends it."""
+
+    exclude: tuple[str, ...]
+    within: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +329,7 @@ class WaitAgain:
 
 
 Instruction = (Plain | Assign | Cleanup | Fail | Arm | StartRing | Commit | Restart | Withdraw
-               | WaitAgain)
+               | WaitAgain | Watch)
 
 
 class AllreducePlan:
@@ -335,9 +364,13 @@ class AllreducePlan:
         self.ring: list[str] = []  # the ring's nodes, in ring order
         self.ring_over: set[str] = set()  # ring members done, failed or lost
         self.holders: set[str] = set()  # ring members that reported the result whole
+        self.copies: set[str] = set()  # nodes the result's shard named as holding it all
         self.committed = False
         self.published = False  # the result's shard named a live copy (after the commit)
-        self.unwatched = False  # the watch for that copy gave up: the holders are trusted
+        self.unwatched = False  # a watch for a copy gave up: the members done are trusted
+        self.watching: tuple[str, ...] | None = None  # the running watch's exclusions
+        self.checking = False  # that watch is bounded: a check before running again
+        self.gone = ""  # the last ring member lost or failed, named if the ring runs again
         self.inputs = list(dict.fromkeys(inputs))
         self.waiting = set(self.inputs)
         self.first: InputReady | None = None
@@ -359,6 +392,8 @@ class AllreducePlan:
             self.lost.add(ev.node)
         if isinstance(ev, NodeSuspected):
             self.suspected.add(ev.node)
+        if isinstance(ev, NodeTrusted):
+            self.suspected.discard(ev.node)
         if self.over:
             return []
         if self.phase == "gathering" and isinstance(ev, (InputReady, GatherOver)):
@@ -369,8 +404,8 @@ class AllreducePlan:
             return self._release_held()
         if self.phase == "ring":
             return self._ring_event(ev)
-        if isinstance(ev, (GatherOver, RingDone, RingFailed, NodeSuspected, ResultReady,
-                           ResultUnseen)):
+        if isinstance(ev, (GatherOver, RingDone, RingFailed, NodeSuspected, NodeTrusted,
+                           ResultReady, ResultUnseen, NoCopy)):
             return []  # a timer or report of a ring since given up; stripes keep a silent
             # member's stripes (below)
         if isinstance(ev, InputReady):
@@ -546,40 +581,51 @@ class AllreducePlan:
             out: list[Instruction] = []
             if not self.committed:
                 self.committed = True
-                out.append(Commit(self._live_ring()))
+                self.watching = ()
+                out += [Commit(self._live_ring()), Watch(())]
             return out + self._ring_maybe_over()
-        if isinstance(ev, (ResultReady, ResultUnseen)):
+        if isinstance(ev, (ResultReady, ResultUnseen, NoCopy)):
             return self._watched(ev)
+        if isinstance(ev, NodeTrusted):
+            return self._ring_maybe_over()
         if isinstance(ev, NodeSuspected) and ev.node in self.ring and (
                 ev.node not in self.ring_over):
             if self.committed:  # whoever is not done waits on it: fetch from those done
                 waiting = tuple(n for n in self._live_ring() if n not in self.ring_over)
                 self.ring_over.update(waiting)
-                return [Withdraw(waiting), *self._ring_maybe_over(ev.node)]
+                return [Withdraw(waiting), *self._ring_maybe_over()]
             self.phase = "restart"
             return [Restart(self._live_ring(), PeerUnavailableError(
                 f"ring member {ev.node} fell silent", node=ev.node))]
+        if isinstance(ev, NodeLost) and ev.node not in self.ring and self.committed:
+            self.copies.discard(ev.node)
+            return self._ring_maybe_over()
         if isinstance(ev, (RingFailed, NodeLost)) and ev.node in self.ring:
             self.ring_over.add(ev.node)
             self.holders.discard(ev.node)
+            self.gone = ev.node
+            if isinstance(ev, NodeLost):
+                self.copies.discard(ev.node)
             if self.committed:  # only this member's copy is lost (unless it was the last
                 # one), and the member, listed until the caller answers, is told to go
                 told = [Withdraw((ev.node,))] if isinstance(ev, RingFailed) else []
-                return told + self._ring_maybe_over(ev.node)
+                return told + self._ring_maybe_over()
             self.phase = "restart"
             error = ev.error if isinstance(ev, RingFailed) else PeerUnavailableError(
                 f"ring member {ev.node} died", node=ev.node)
             return [Restart(self._live_ring(), error)]
         return []
 
-    def _watched(self, ev: ResultReady | ResultUnseen) -> list[Instruction]:
+    def _watched(self, ev: ResultReady | ResultUnseen | NoCopy) -> list[Instruction]:
         """The watch of the result's shard answered. Unseen, the members that reported the
         result whole are all there is to go by: a live one is taken for a published copy."""
+        self.watching, self.checking = None, False
         if isinstance(ev, ResultReady):
             self.published = True
-        else:
+            self.copies.update(ev.holders)
+        elif isinstance(ev, ResultUnseen):
             self.unwatched = True
-        return self._ring_maybe_over()
+        return self._ring_maybe_over(missing=isinstance(ev, NoCopy))
 
     def again(self) -> AllreducePlan:
         """The plan that runs this allreduce again once its ring gave way: one ring fewer to
@@ -595,21 +641,35 @@ class AllreducePlan:
     def _live_ring(self) -> tuple[str, ...]:
         return tuple(n for n in self.ring if n not in self.lost)
 
-    def _ring_maybe_over(self, last: str = "") -> list[Instruction]:
+    def _ring_maybe_over(self, missing: bool = False) -> list[Instruction]:
         """Over once every live ring member is done or has failed and, after the commit, a
-        live copy is published; started over if no live member holds the result by then
-        (``last``: the member whose loss or failure this follows)."""
+        copy was seen published and a node holding the result is live and not silent. If
+        the only ones known are silent, watch for a copy elsewhere (members dropped after
+        they had published, or nodes that fetched it) while they answer again or are
+        declared dead. If none is known alive, ask for one for :data:`COPY_CHECK`, and start
+        over once that ran out (``missing``) with none found."""
         if not set(self._live_ring()) <= self.ring_over:
             return []
-        if not self.committed or self.published or (self.unwatched and self.holders):
+        known = (self.holders | self.copies) - self.lost
+        if not self.committed or ((known - self.suspected)
+                                  and (self.published or self.unwatched)):
             self.phase = "over"
             return []
-        if self.holders:  # they publish once they answer, or are declared dead
-            return []
+        exclude = tuple(sorted(self.suspected - self.lost))  # the dead are no source anyway
+        if known:
+            if self.unwatched or (self.watching == exclude and not self.checking):
+                return []
+            self.watching, self.checking = exclude, False
+            return [Watch(exclude)]
+        if not missing and not self.unwatched:
+            if self.checking:
+                return []
+            self.watching, self.checking = exclude, True
+            return [Watch(exclude, COPY_CHECK)]
         self.phase = "restart"
         return [Restart(self._live_ring(), PeerUnavailableError(
-            f"every ring member holding {self.result.hex()} died or failed (last: {last})",
-            node=last), retire=True)]
+            f"every ring member holding {self.result.hex()} died or failed (last: {self.gone})",
+            node=self.gone), retire=True)]
 
     def _place(self, ev: InputReady) -> list[Instruction]:
         """Give input ``ev``'s stripe to the least loaded live node holding it."""

@@ -129,13 +129,13 @@ class DirectoryClient:
         self._remember(oid, frame.msg.version or version, owners)
 
     async def retire(self, oid: ObjectID, version: bytes) -> None:
-        """Delete ``oid`` at ``version`` only: its entry goes if it is that version (its holders
-        drop their copies), and a copy of that version published later is refused, whatever
-        the shard holds now. Another version under the same id may then be put (a committed
-        ring that lost every holder runs again, docs/design.md §4, "Ring allreduce")."""
-        owners = self._membership.owner_set
-        await self._rpc.call_owner(oid, DeleteEntry(oid=oid, version=version, again=True))
-        self._remember(oid, version, owners)
+        """Delete ``oid`` at ``version`` only: its entry goes if it is that version (its
+        complete copies drop; its receivers locate the next version), and a copy of that
+        version published later is refused. Another version under the same id may then be put
+        (a committed ring that lost every holder runs again, docs/design.md §4, "Ring
+        allreduce"). Unlike a delete, it is not sent again if the id's owner moves soon
+        after."""
+        await self._rpc.call_owner(oid, DeleteEntry(oid=oid, version=version, retire=True))
 
     def _remember(self, oid: ObjectID, version: bytes | None, sent_under: OwnerSet) -> None:
         """Record a delete sent while ``sent_under`` owned the ids; if owners moved while it

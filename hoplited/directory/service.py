@@ -124,7 +124,7 @@ class DirectoryService:
                               payload: memoryview | None) -> Deleted:
         """Remove the entry and have every live holder drop its copy before answering with
         the version removed (the deleter sends it again if the owner moves soon after)."""
-        version, holders = self.shard.delete(msg.oid, msg.version, msg.again)
+        version, holders = self.shard.delete(msg.oid, msg.version, msg.again, msg.retire)
         await self._drop([(n, msg.oid) for n in holders if self._is_alive(n)])
         return Deleted(version=version)
 

@@ -185,11 +185,11 @@ class DirectoryShard:
         return self.state.may_drop(oid, holder, version)
 
     def delete(self, oid: ObjectID, version: bytes | None = None,
-               again: bool = False) -> tuple[bytes | None, list[str]]:
+               again: bool = False, retire: bool = False) -> tuple[bytes | None, list[str]]:
         """Remove the entry (``again``: a delete re-sent after the owner moved, of
-        ``version``); returns the version deleted (None if unknown) and the nodes that must
-        drop their copies."""
-        instructions = self.state.delete(oid, version, again)
+        ``version``; ``retire``: a version made again under the id); returns the version
+        deleted (None if unknown) and the nodes that must drop their copies."""
+        instructions = self.state.delete(oid, version, again, retire)
         self._apply(instructions)
         return (self.state.deleted.get(oid),
                 [ins.node for ins in instructions if isinstance(ins, DropCopy)])

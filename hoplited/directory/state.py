@@ -483,17 +483,21 @@ class DirectoryState:
         return [Wake(oid)]
 
     def delete(self, oid: ObjectID, version: bytes | None = None,
-               again: bool = False) -> list[Instruction]:
+               again: bool = False, retire: bool = False) -> list[Instruction]:
         """Remove the entry (or tombstone); each holder must drop its copy. The version
         removed is remembered (``deleted``), None if no entry was here: the object may exist
         and its copies not be announced here yet, so the copies re-announced after a move go
         too. ``again``: the deleter sends the delete once more because the id's owner moved
         since; ``version`` is the one its first delete removed. Only an entry of that
-        version goes (another is a put made since), and finding nothing is no error."""
+        version goes (another is a put made since), and finding nothing is no error.
+        ``retire``: the same for a version its maker replaces by another under the same id
+        (a committed ring run again): only complete copies drop, and its receivers, left
+        alone, locate again and take the next version."""
         self.check_owner(oid)
+        again = again or retire
         if again and version is None:
             raise InvalidArgumentError("a delete sent again names the version it removed")
-        event = "delete" + (" again" if again else "")
+        event = "retire" if retire else "delete" + (" again" if again else "")
         entry = self.entries.get(oid)
         if again and entry is not None and entry.version != version:
             self._record(oid, event, "kept: a put made since")
@@ -515,8 +519,9 @@ class DirectoryState:
             if again:
                 return []
             raise ObjectNotFoundError(f"object {oid.hex()} does not exist", oid=oid.hex())
-        self._record(oid, event, f"holders {sorted(entry.holders)} drop their copies")
-        return [DropCopy(node, oid) for node in entry.holders]
+        dropping = entry.complete_holders() if retire else list(entry.holders)
+        self._record(oid, event, f"holders {sorted(dropping)} drop their copies")
+        return [DropCopy(node, oid) for node in dropping]
 
     def forget_node(self, node: str) -> list[Instruction]:
         """A member died: its copies are gone and the transfers it was sending stop. An object

@@ -114,6 +114,11 @@ def delete_again(version: bytes | None, oid: ObjectID = OID) -> Step:
     return lambda w: w.state.delete(oid, version, again=True)
 
 
+def retire(version: bytes, oid: ObjectID = OID) -> Step:
+    """A committed ring that lost every holder retires its version before it runs again."""
+    return lambda w: w.state.delete(oid, version, retire=True)
+
+
 def forget(node: str) -> Step:
     def step(w: World) -> object:
         w.dead.add(node)
@@ -465,15 +470,20 @@ CASES = [
     # (DirectoryClient.retire, docs/design.md §4, "Ring allreduce"): a member's late publish of
     # it is refused, waiters keep waiting, and the next run's version is the object
     Case("a-retired-version-is-refused-and-the-next-run-is-put", [
-        (wait(), NOT_PUT), (delete_again(b"v1"), []),
+        (wait(), NOT_PUT), (retire(b"v1"), []),
         (put("late"), [DropCopy("late", OID)]), (wait(), NOT_PUT),
         (put("next", version=b"v2"), WAKE), (wait(), "ready"),
         (put("late"), ObjectExistsError), (holders(), {"next": full()}),
     ]),
-    Case("a-retired-version-published-already-goes-with-its-copies", [
-        (put("a"), WAKE), (locate("r"), "a"), (die("a"), None),
-        (delete_again(b"v1"), [DropCopy("a", OID), DropCopy("r", OID)]), (wait(), NOT_PUT),
-        (put("next", version=b"v2"), WAKE), (holders(), {"next": full()}),
+    # its complete copies go; a receiver keeps its fetch, which finds the next version
+    Case("a-retired-version-drops-its-copies-not-its-receivers", [
+        (put("a"), WAKE), (put("b"), WAKE), (locate("r"), "a"), (die("a"), None),
+        (retire(b"v1"), [DropCopy("a", OID), DropCopy("b", OID)]), (locate("r"), NOT_PUT),
+        (put("next", version=b"v2"), WAKE), (locate("r"), "next"),
+    ]),
+    Case("a-retire-keeps-another-version-and-needs-one", [
+        (put("src", version=b"v2"), WAKE), (retire(b"v1"), []), (holders(), {"src": full()}),
+        (lambda w: w.state.delete(OID, None, retire=True), InvalidArgumentError),
     ]),
     # a put again while the old version's holder was silent: that holder, once it runs again,
     # keeps a copy nobody would find or delete, so it drops it; a live receiver does not

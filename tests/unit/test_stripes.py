@@ -22,6 +22,7 @@ from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.layout import ALIGN, stripe_bounds
 from hoplited.collectives.ring import ring_saving
 from hoplited.collectives.stripes import (
+    COPY_CHECK,
     PAIR_GAP,
     RING_WAIT_FLOOR,
     AllreducePlan,
@@ -36,8 +37,10 @@ from hoplited.collectives.stripes import (
     InputReady,
     Instruction,
     MemberDone,
+    NoCopy,
     NodeLost,
     NodeSuspected,
+    NodeTrusted,
     Plain,
     Restart,
     ResultReady,
@@ -47,6 +50,7 @@ from hoplited.collectives.stripes import (
     StartRing,
     StripeFailed,
     WaitAgain,
+    Watch,
     Withdraw,
     stripe_id,
     undelivered,
@@ -156,11 +160,28 @@ def ring_ready() -> list[tuple[Event, list[Instruction]]]:
             (ready(3, "n3"), [RING4])]
 
 
+COMMITTED = [Commit(("n0", "n1", "n2", "n3")), Watch(())]
+
+
+def restarted(members: tuple[str, ...], last: str) -> Restart:
+    """Started over after the commit: nobody holds the result, and its version is retired."""
+    return Restart(members, PeerUnavailableError(
+        f"every ring member holding {R.hex()} died or failed (last: {last})", node=last),
+        retire=True)
+
+
 def silent_after_commit() -> list[tuple[Event, list[Instruction]]]:
-    """n1 done (the commit), n3 failed, then n1 and n2 silent: n0 and n2 drop theirs."""
-    return [*ring_ready(), (RingDone("n1"), [Commit(("n0", "n1", "n2", "n3"))]),
+    """n1 done (the commit), n3 failed, then n1 and n2 silent: n0 and n2 drop theirs, and
+    the only member holding the result is silent: a watch for a copy on anyone else."""
+    return [*ring_ready(), (RingDone("n1"), COMMITTED),
             (RingFailed("n3", STOPPED), [Withdraw(("n3",))]), (NodeSuspected("n1"), []),
-            (NodeSuspected("n2"), [Withdraw(("n0", "n2"))])]
+            (NodeSuspected("n2"), [Withdraw(("n0", "n2")), Watch(("n1", "n2"))])]
+
+
+def all_done() -> list[tuple[Event, list[Instruction]]]:
+    """Every member done, n0 first: committed, the watch running."""
+    return [*ring_ready(), (RingDone("n0"), COMMITTED),
+            *((RingDone(f"n{i}"), []) for i in range(1, 4))]
 
 
 def all_ready_ring_off() -> list[tuple[Event, list[Instruction]]]:
@@ -174,16 +195,16 @@ RING_CASES = [
          "readiness order; the first member done commits; over once every member is and "
          "the result's shard names a live copy",
          [(ready(3, "n3"), [ARM]), (ready(1, "n1", "n2"), [ARM]), (ready(0, "n0"), [ARM]),
-          (ready(2, "n1", "n2"), [RING4]), (RingDone("n2"), [Commit(("n0", "n1", "n2", "n3"))]),
+          (ready(2, "n1", "n2"), [RING4]), (RingDone("n2"), COMMITTED),
           (RingDone("n0"), []), (RingDone("n1"), []), (MemberDone("n1"), []),
-          (RingDone("n3"), []), (RingDone("n3"), []), (ResultReady(), [])], over=True),
+          (RingDone("n3"), []), (RingDone("n3"), []), (ResultReady(("n2",)), [])], over=True),
     Case("a copy seen before every member is done: over once they are",
-         [*ring_ready(), (RingDone("n2"), [Commit(("n0", "n1", "n2", "n3"))]),
-          (ResultReady(), []), (RingDone("n0"), []), (RingDone("n1"), []),
-          (RingDone("n3"), [])], over=True),
-    Case("every member done but no copy seen yet: not over",
-         [*ring_ready(), *((RingDone(f"n{i}"), [Commit(("n0", "n1", "n2", "n3"))] if i == 0
-                            else []) for i in range(4))], over=False),
+         [*ring_ready(), (RingDone("n2"), COMMITTED), (ResultReady(("n2",)), []),
+          (RingDone("n0"), []), (RingDone("n1"), []), (RingDone("n3"), [])], over=True),
+    Case("every member done but no copy seen yet: not over", all_done(), over=False),
+    Case("once over, a loss changes nothing: the result was on a live member",
+         [*all_done(), (ResultReady(("n0",)), []), (NodeLost("n0"), []),
+          (NodeLost("n1"), [])], over=True),
     Case("the wait runs out: stripes for the inputs ready so far, in their order, then on",
          [(ready(2, "n2"), [ARM]), (ready(0, "n0"), [ARM]),
           (GatherOver(), [Assign("n2", 0, 0), Assign("n0", 1, 0)]),
@@ -217,42 +238,59 @@ RING_CASES = [
           (NodeSuspected("n2"), [Restart(("n0", "n1", "n2", "n3"), PeerUnavailableError(
               "ring member n2 fell silent", node="n2"))]), (NodeSuspected("n1"), [])]),
     Case("a member falling silent after the commit: those not done drop their copies, and "
-         "a member done but silent is waited for: it publishes once it answers",
-         [*silent_after_commit(), (RingDone("n0"), []), (ResultReady(), [])], over=True),
-    Case("seed 42, trial 15: every member done falls silent, then dies; nobody holds the "
-         "result: start again, the committed version retired",
+         "a member done but silent is waited for, its copy seen or not, until it answers",
          [*silent_after_commit(), (RingDone("n0"), []),
-          (NodeLost("n1"), [Restart(("n0", "n2", "n3"), PeerUnavailableError(
-              f"every ring member holding {R.hex()} died or failed (last: n1)", node="n1"),
-              retire=True)]), (ResultReady(), []), (NodeLost("n0"), [])]),
+          (ResultReady(("n1",)), [Watch(("n1", "n2"))]),  # an answer to the watch before
+          (NodeTrusted("n2"), [Watch(("n1",))]), (NodeTrusted("n1"), [])], over=True),
+    Case("... or until a copy turns up elsewhere: a member that completed and published "
+         "before it was told to drop, or a node that fetched it",
+         [*silent_after_commit(), (ResultReady(("n0", "n9")), [])], over=True),
+    Case("seed 42, trial 19: the member done published, then fell silent for good; once it "
+         "is declared dead nobody is known to hold the result: a bounded check, then start "
+         "again, the version retired",
+         [*silent_after_commit(), (ResultReady(("n1",)), [Watch(("n1", "n2"))]),
+          (NodeLost("n1"), [Watch(("n2",), COPY_CHECK)]), (NodeLost("n1"), []),
+          (NoCopy(), [restarted(("n0", "n2", "n3"), "n1")]), (ResultReady(("n0",)), [])]),
+    Case("seed 42, trial 15: every member done falls silent, then dies, its copy never seen; "
+         "the check finds one on a node that fetched it: over",
+         [*silent_after_commit(), (RingDone("n0"), []),
+          (NodeLost("n1"), [Watch(("n2",), COPY_CHECK)]),
+          (ResultReady(("n7",)), [])], over=True),
     Case("the last holder lost while others still run: they may finish, so wait for them",
-         [*ring_ready(), (RingDone("n0"), [Commit(("n0", "n1", "n2", "n3"))]),
+         [*ring_ready(), (RingDone("n0"), COMMITTED),
           (NodeLost("n0"), []), (RingDone("n1"), []), (NodeLost("n1"), []),
           (RingFailed("n2", STOPPED), [Withdraw(("n2",))]),
-          (RingFailed("n3", STOPPED), [Withdraw(("n3",)), Restart(("n2", "n3"), PeerUnavailableError(
-              f"every ring member holding {R.hex()} died or failed (last: n3)", node="n3"),
-              retire=True)])]),
-    Case("a copy seen before every holder died: over, the result exists",
-         [*ring_ready(), (RingDone("n0"), [Commit(("n0", "n1", "n2", "n3"))]),
-          (ResultReady(), []), (NodeLost("n0"), []), (RingFailed("n1", STOPPED),
-                                                      [Withdraw(("n1",))]),
-          (NodeLost("n2"), []), (NodeLost("n3"), [])], over=True),
+          (RingFailed("n3", STOPPED), [Withdraw(("n3",)), Watch((), COPY_CHECK)]),
+          (NoCopy(), [restarted(("n2", "n3"), "n3")])]),
+    Case("a copy seen, then every node known to hold it lost: a check, then start again",
+         [*ring_ready(), (RingDone("n0"), COMMITTED), (ResultReady(("n0",)), []),
+          (NodeLost("n0"), []), (RingFailed("n1", STOPPED), [Withdraw(("n1",))]),
+          (NodeLost("n2"), []), (NodeLost("n3"), [Watch((), COPY_CHECK)]),
+          (NoCopy(), [restarted(("n1",), "n3")])]),
     Case("the watch gave up: a live member done is taken for a published copy",
-         [*ring_ready(), (RingDone("n0"), [Commit(("n0", "n1", "n2", "n3"))]),
+         [*ring_ready(), (RingDone("n0"), COMMITTED),
           (ResultUnseen(PeerUnavailableError("shard gone")), []), (RingDone("n1"), []),
           (RingDone("n2"), []), (RingDone("n3"), [])], over=True),
+    Case("the watch gave up and every member done was lost: no check to make, start again",
+         [*ring_ready(), (RingDone("n0"), COMMITTED),
+          (ResultUnseen(PeerUnavailableError("shard gone")), []), (NodeLost("n0"), []),
+          (RingFailed("n1", STOPPED), [Withdraw(("n1",))]),
+          (RingFailed("n2", STOPPED), [Withdraw(("n2",))]),
+          (RingFailed("n3", STOPPED), [Withdraw(("n3",)),
+                                       restarted(("n1", "n2", "n3"), "n3")])]),
     Case("silence means nothing to stripes: a silent member keeps its stripes",
          [*all_ready_ring_off(), (NodeSuspected("n1"), [])]),
     Case("after the commit a member's failure or death only loses its copy; a member that "
          "failed is told to go, as it waits for the caller's word",
-         [*ring_ready(), (RingDone("n0"), [Commit(("n0", "n1", "n2", "n3"))]),
+         [*ring_ready(), (RingDone("n0"), COMMITTED),
           (RingFailed("n1", STOPPED), [Withdraw(("n1",))]), (NodeLost("n2"), []),
           (RingDone("n3"), [])]),
     Case("the last member failing after the commit is told to go; the plan ends once a copy "
          "is seen",
-         [*ring_ready(), (RingDone("n0"), [Commit(("n0", "n1", "n2", "n3"))]),
+         [*ring_ready(), (RingDone("n0"), COMMITTED),
           (RingDone("n1"), []), (NodeLost("n2"), []),
-          (RingFailed("n3", STOPPED), [Withdraw(("n3",))]), (ResultReady(), [])], over=True),
+          (RingFailed("n3", STOPPED), [Withdraw(("n3",))]), (ResultReady(("n1",)), [])],
+         over=True),
     Case("an input that disagrees while gathering fails it; nothing was started",
          [(ready(0, "n0"), [ARM]), (ready(1, "n1", dtype="<i4"), [Fail(
              InvalidArgumentError(f"input {I[1].hex()} is <i4[{BIG // 4}] but the first input "
