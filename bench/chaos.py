@@ -20,7 +20,8 @@ every survivor lets go of it all. The verdicts:
 - ``degraded`` (``--cut-link`` only): a survivor got a typed error, and nothing else went
   wrong.
 
-Anything but ``ok`` keeps the trial's daemon logs (the path is printed). ``--emulate RATE``
+Anything but ``ok`` keeps the trial's daemon logs (the path is printed; ``--keep-logs``: every
+trial's, to see how a run that ended well got there). ``--emulate RATE``
 runs each trial in a fresh emulated cluster (network namespaces, links limited to RATE, as
 ``hoplite bench --emulate``; root only): transfers then last long enough for most signals to
 land mid-transfer, where on loopback many land before or after. Usage:
@@ -142,6 +143,7 @@ class Trial:
     long_pause: bool = False  # --long-pause: that pause is past the heartbeat timeout
     restart_after: float | None = None  # --restart: a killed victim started again, seconds
     link_to: int | None = None  # --cut-link: the other end of the cut link
+    keep_logs: bool = False  # --keep-logs: an ok trial's logs are kept too
 
     @property
     def mid_run(self) -> bool:
@@ -404,7 +406,7 @@ def _ended(trial: Trial, verdict: str, detail: str, workdir: str) -> Trial:
     trial.verdict, trial.detail = verdict, detail
     done = [o["seconds"] for o in trial.outcomes if o["error"] is None]
     trial.last = max(done) if done and verdict == "ok" else None
-    if verdict == "ok":
+    if verdict == "ok" and not trial.keep_logs:
         shutil.rmtree(workdir, ignore_errors=True)
     else:
         kept = tempfile.mkdtemp(prefix=f"hoplite-chaos-{trial.number}-")
@@ -419,10 +421,11 @@ async def campaign(seed: int, numbers: list[int], json_path: str | None,
                    rate_bps: int | None = None, victims: int = 1,
                    resume: bool = False, long_pause: bool = False,
                    restart: bool = False, partition: bool = False,
-                   cut_link: bool = False) -> int:
+                   cut_link: bool = False, keep_logs: bool = False) -> int:
     trials = []
     for number in numbers:
         trial = draw(seed, number, victims, resume, long_pause, restart, partition, cut_link)
+        trial.keep_logs = keep_logs
         started = time.monotonic()
         trial = await run_trial(trial, rate_bps)
         trials.append(trial)
@@ -466,6 +469,8 @@ def main() -> None:
                         help="cut the victim off for 1-8 s instead of a signal (--emulate)")
     parser.add_argument("--cut-link", action="store_true",
                         help="cut only the victim's link to one other node (--emulate)")
+    parser.add_argument("--keep-logs", action="store_true",
+                        help="keep every trial's daemon logs, not only those that went wrong")
     args = parser.parse_args()
     victims = 2 if args.double else args.victims
     cuts = args.partition or args.cut_link
@@ -480,7 +485,8 @@ def main() -> None:
     rate = None if args.emulate is None else parse_rate(args.emulate)
     raise SystemExit(uvloop.run(campaign(args.seed, numbers, args.json_path, rate,
                                          victims, args.resume, args.long_pause,
-                                         args.restart, args.partition, args.cut_link)))
+                                         args.restart, args.partition, args.cut_link,
+                                         args.keep_logs)))
 
 
 if __name__ == "__main__":

@@ -508,6 +508,11 @@ class Orchestrator:
                 d.rpc.tell(node, RingEnd(result=plan.result, version=self._version,
                                          commit=True))
         elif isinstance(ins, s.Watch):
+            if ins.exclude or ins.within is not None:
+                log.info("allreduce %s: no member known to hold the result answers; a copy "
+                         "elsewhere is looked for (%s, not on %s)", plan.result.short(),
+                         f"for {ins.within:g} s" if ins.within is not None
+                         else "until one answers again", list(ins.exclude))
             if self._watcher is not None:
                 self._watcher.cancel()
             self._watcher = self._spawn(self._watch(ins, self._version), "allreduce-watch",
