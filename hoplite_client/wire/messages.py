@@ -439,8 +439,8 @@ class DeleteEntry(Request["Deleted"]):
     id's owner moved since its delete, which removed ``version`` (None if unknown): an entry
     of another version stays, and no entry is no error (docs/design.md §5, "Deletes and
     moving owners"). ``retire``: as ``again``, for a version a collective makes once more
-    under the same id (docs/design.md §4, "Ring allreduce"): only complete copies drop, and
-    receivers of it go on to the next version."""
+    under the same id (docs/design.md §4, "Ring allreduce"): its copies are withdrawn
+    (``Drop.withdrawn``), and gets waiting on them take the next version."""
 
     rid: int = 0
     oid: ObjectID
@@ -519,10 +519,13 @@ class Roster(Request["Members"]):
 @message(50, shape="request", roles=(PEER,))
 class Drop(Request["Ok"]):
     """The directory tells a holder to drop its copy of a deleted object (the delete returns
-    once every live holder confirmed, so a get right after it cannot find a stale copy)."""
+    once every live holder confirmed, so a get right after it cannot find a stale copy).
+    ``withdrawn``: only that version goes, to be made again under the id (a retire): gets
+    waiting on the copy fetch the object anew instead of failing."""
 
     rid: int = 0
     oid: ObjectID
+    withdrawn: bool = False
 
 
 @message(51, shape="request", roles=(PEER, TOOL))
@@ -827,11 +830,13 @@ class RingReport(WireMessage):
 @message(75, shape="oneway", roles=(PEER,))
 class RingEnd(WireMessage):
     """Caller's node to the ring's members. ``commit``: the result exists, publish your copy
-    once whole; otherwise drop it (the allreduce starts over). ``version``: which ring."""
+    once whole; otherwise drop it (the allreduce starts over; ``fetch``: it is whole
+    elsewhere, fetch it from there). ``version``: which ring."""
 
     result: ObjectID
     version: bytes
     commit: bool
+    fetch: bool = False
 
 
 @message(76, shape="request", roles=(DATA,))

@@ -118,6 +118,8 @@ class Allreduces:
         self._members: dict[ObjectID, Member] = {}
         self._rings: dict[ObjectID, RingMember] = {}
         self._ring_arrivals: dict[ObjectID, asyncio.Event] = {}  # streams awaiting their task
+        # results fetched here after this node's ring copy was dropped: (task, caller)
+        self._fetches: dict[ObjectID, tuple[asyncio.Task[None], str]] = {}
         self._changes = 0  # failures, ends, deletes and deaths seen: a task that waited for
         # memory refuses if any came meanwhile (what it checked may be stale)
         self.counts = AllreduceCounts()
@@ -128,7 +130,8 @@ class Allreduces:
                 RingReport: self.on_ring_report, RingEnd: self.on_ring_end}
 
     def __len__(self) -> int:
-        return len(self._orchestrators) + len(self._members) + len(self._rings)
+        return (len(self._orchestrators) + len(self._members) + len(self._rings)
+                + len(self._fetches))
 
     def start(self, result: ObjectID, inputs: list[ObjectID], op: str,
               timeout: float | None, striped: bool) -> None:
@@ -149,6 +152,7 @@ class Allreduces:
     def forget(self, result: ObjectID) -> bool:
         """``result`` was deleted: whatever runs into it here stops. Whether anything did."""
         self._changes += 1
+        self._stop_fetch(result)
         orchestrator = self._orchestrators.pop(result, None)
         member = self._members.pop(result, None)
         ring = self._rings.pop(result, None)
@@ -179,6 +183,9 @@ class Allreduces:
         (a result already complete somewhere is left alone). A member only suspected keeps
         its stripes (docs/design.md §4)."""
         self._changes += 1
+        for result in [r for r, (_, caller) in self._fetches.items() if caller == node]:
+            self._stop_fetch(result)  # nobody waits for that copy any more (gets here
+            # fetch the result themselves)
         for orchestrator in list(self._orchestrators.values()):
             orchestrator.feed(s.NodeLost(node))
         for member in [m for m in self._members.values() if m.caller == node]:
@@ -248,6 +255,8 @@ class Allreduces:
 
     def on_failed(self, peer: str, msg: AllreduceFailed, payload: memoryview | None) -> None:
         self._changes += 1
+        if self._fetches.get(msg.result, (None, ""))[1] == peer:
+            self._stop_fetch(msg.result)
         member = self._members.get(msg.result)
         if member is not None and member.caller == peer:
             member.stop(error_from_wire(msg.code, msg.message, {}))
@@ -324,12 +333,43 @@ class Allreduces:
         ring = self._rings.get(msg.result)
         if ring is None or ring.caller != peer or ring.version != msg.version:
             return
+        if msg.commit and not ring.ended:
+            ring.commit()
+            return
         if ring.ended:  # failed here, and reported: the caller knows
             del self._rings[msg.result]
-        elif msg.commit:
-            ring.commit()
         else:
             self._withdraw_ring(msg.result)
+        if msg.fetch:
+            self._fetch_result(msg.result, peer)
+
+    def _fetch_result(self, result: ObjectID, caller: str) -> None:
+        """This node's ring copy was dropped after the commit: fetch the result from the
+        members that hold it, as the ring would have left it here (the caller's plan waits
+        for this copy; docs/design.md §4, "Ring allreduce"). It ends with the allreduce's
+        failure, the result's delete or the caller's death."""
+        if result in self._fetches:
+            return
+
+        async def fetch() -> None:
+            await self._d.fetcher.fetch(result, None)
+
+        def failed(exc: BaseException) -> None:
+            log.info("allreduce %s: the result not fetched: %s", result.short(), exc)
+
+        task = self._d.tasks.spawn(fetch(), name=f"allreduce-fetch-{result.short()}",
+                                   on_error=failed)
+        self._fetches[result] = (task, caller)
+        task.add_done_callback(lambda done: self._fetched(result, done))
+
+    def _fetched(self, result: ObjectID, task: asyncio.Task[None]) -> None:
+        if self._fetches.get(result, (None, ""))[0] is task:
+            del self._fetches[result]
+
+    def _stop_fetch(self, result: ObjectID) -> None:
+        fetch = self._fetches.pop(result, None)
+        if fetch is not None:
+            fetch[0].cancel()
 
     async def serve_ring(self, protocol: FrameProtocol, peer: str, msg: RingOpen) -> bool:
         """A predecessor opened its ring stream on a data connection: bind it to our member
@@ -523,7 +563,7 @@ class Orchestrator:
         elif isinstance(ins, s.Withdraw):
             for node in ins.members:
                 d.rpc.tell(node, RingEnd(result=plan.result, version=self._version,
-                                         commit=False))
+                                         commit=False, fetch=True))
         elif isinstance(ins, s.WaitAgain):
             self._waits.append(self._spawn(
                 self._wait(ins.oid, self._deadline, ins.exclude),

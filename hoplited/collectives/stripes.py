@@ -301,8 +301,8 @@ class Watch:
 
 @dataclass(frozen=True, slots=True)
 class Withdraw:
-    """The result exists, but a silent member stalls the ring: tell ``members``, not done
-    yet, to drop their copies (their nodes' gets fetch the result from those done)."""
+    """The result exists, but a silent member stalls the ring (or ``members`` failed): tell
+    them to drop their ring copies and fetch the result from those done."""
 
     members: tuple[str, ...]
 
@@ -366,7 +366,6 @@ class AllreducePlan:
         self.holders: set[str] = set()  # ring members that reported the result whole
         self.copies: set[str] = set()  # nodes the result's shard named as holding it all
         self.committed = False
-        self.published = False  # the result's shard named a live copy (after the commit)
         self.unwatched = False  # a watch for a copy gave up: the members done are trusted
         self.watching: tuple[str, ...] | None = None  # the running watch's exclusions
         self.checking = False  # that watch is bounded: a check before running again
@@ -581,8 +580,7 @@ class AllreducePlan:
             out: list[Instruction] = []
             if not self.committed:
                 self.committed = True
-                self.watching = ()
-                out += [Commit(self._live_ring()), Watch(())]
+                out.append(Commit(self._live_ring()))
             return out + self._ring_maybe_over()
         if isinstance(ev, (ResultReady, ResultUnseen, NoCopy)):
             return self._watched(ev)
@@ -621,7 +619,6 @@ class AllreducePlan:
         result whole are all there is to go by: a live one is taken for a published copy."""
         self.watching, self.checking = None, False
         if isinstance(ev, ResultReady):
-            self.published = True
             self.copies.update(ev.holders)
         elif isinstance(ev, ResultUnseen):
             self.unwatched = True
@@ -642,20 +639,23 @@ class AllreducePlan:
         return tuple(n for n in self.ring if n not in self.lost)
 
     def _ring_maybe_over(self, missing: bool = False) -> list[Instruction]:
-        """Over once every live ring member is done or has failed and, after the commit, a
-        copy was seen published and a node holding the result is live and not silent. If
-        the only ones known are silent, watch for a copy elsewhere (members dropped after
-        they had published, or nodes that fetched it) while they answer again or are
-        declared dead. If none is known alive, ask for one for :data:`COPY_CHECK`, and start
-        over once that ran out (``missing``) with none found."""
+        """Over once every live ring member is done or has failed and, after the commit,
+        every live member not silent holds the result: those done, and those told to drop
+        their ring copies, once they fetched it (the shard names them: ``Watch`` for each
+        next copy, excluding the nodes known to hold it and the silent). While no node known
+        to hold it answers, such a watch also finds a copy elsewhere, if there is one; while
+        none is known alive, ask the shard for one for :data:`COPY_CHECK` and start over once
+        that ran out (``missing``) with none found. Without a watch (the shard could not be
+        asked) a live member done that answers is enough."""
         if not set(self._live_ring()) <= self.ring_over:
             return []
         known = (self.holders | self.copies) - self.lost
+        needed = set(self._live_ring()) - self.suspected
         if not self.committed or ((known - self.suspected)
-                                  and (self.published or self.unwatched)):
+                                  and (self.unwatched or needed <= known)):
             self.phase = "over"
             return []
-        exclude = tuple(sorted(self.suspected - self.lost))  # the dead are no source anyway
+        exclude = tuple(sorted((known | self.suspected) - self.lost))
         if known:
             if self.unwatched or (self.watching == exclude and not self.checking):
                 return []

@@ -35,7 +35,7 @@ from hoplite_client.wire.messages import (
 from hoplited.cluster.membership import Membership, OwnerSet
 from hoplited.directory.recent_deletes import RecentDeletes
 from hoplited.dispatch import Handler
-from hoplited.memory.store import ObjectStore, StoredObject
+from hoplited.memory.store import CopyWithdrawn, ObjectStore, StoredObject
 from hoplited.rpc import RETRY_PAUSE_MAX, Rpc, owner_moved
 from hoplited.tasks import Tasks
 
@@ -130,7 +130,7 @@ class DirectoryClient:
 
     async def retire(self, oid: ObjectID, version: bytes) -> None:
         """Delete ``oid`` at ``version`` only: its entry goes if it is that version (its
-        complete copies drop; its receivers locate the next version), and a copy of that
+        copies are withdrawn: gets waiting on them take the next version), and a copy of that
         version published later is refused. Another version under the same id may then be put
         (a committed ring that lost every holder runs again, docs/design.md §4, "Ring
         allreduce"). Unlike a delete, it is not sent again if the id's owner moves soon
@@ -169,7 +169,9 @@ class DirectoryClient:
                                                half=half))
 
     def on_drop(self, peer: str, msg: Drop, payload: memoryview | None) -> Ok:
-        if self._store.remove(msg.oid) is not None:
+        withdrawn = CopyWithdrawn(f"the version of {msg.oid.hex()} here was retired: it is "
+                                  f"made again") if msg.withdrawn else None
+        if self._store.remove(msg.oid, withdrawn) is not None:
             log.debug("dropped %s", msg.oid.short())
         return Ok()
 

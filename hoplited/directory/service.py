@@ -125,7 +125,8 @@ class DirectoryService:
         """Remove the entry and have every live holder drop its copy before answering with
         the version removed (the deleter sends it again if the owner moves soon after)."""
         version, holders = self.shard.delete(msg.oid, msg.version, msg.again, msg.retire)
-        await self._drop([(n, msg.oid) for n in holders if self._is_alive(n)])
+        await self._drop([(n, msg.oid) for n in holders if self._is_alive(n)],
+                         withdrawn=msg.retire)
         return Deleted(version=version)
 
     def on_announce(self, peer: str, msg: Announce, payload: memoryview | None) -> Ok:
@@ -164,9 +165,11 @@ class DirectoryService:
             self._tasks.spawn(self._drop(copies, self._rpc.retry_window), name="drop-copies")
 
     async def _drop(self, copies: list[tuple[str, ObjectID]],
-                    timeout: float = DROP_TIMEOUT) -> None:
-        """Have each (node, id) holder drop its copy, and wait for it (``timeout`` each)."""
-        results = await asyncio.gather(*(self._rpc.call_node(node, Drop(oid=oid),
+                    timeout: float = DROP_TIMEOUT, withdrawn: bool = False) -> None:
+        """Have each (node, id) holder drop its copy, and wait for it (``timeout`` each);
+        ``withdrawn``: a version retired, not the object deleted."""
+        results = await asyncio.gather(*(self._rpc.call_node(node, Drop(oid=oid,
+                                                                        withdrawn=withdrawn),
                                                              timeout=timeout)
                                          for node, oid in copies), return_exceptions=True)
         for (node, oid), result in zip(copies, results):

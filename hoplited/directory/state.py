@@ -491,8 +491,8 @@ class DirectoryState:
         since; ``version`` is the one its first delete removed. Only an entry of that
         version goes (another is a put made since), and finding nothing is no error.
         ``retire``: the same for a version its maker replaces by another under the same id
-        (a committed ring run again): only complete copies drop, and its receivers, left
-        alone, locate again and take the next version."""
+        (a committed ring run again); the caller withdraws its copies rather than deletes
+        them, so that gets waiting on them take the next version."""
         self.check_owner(oid)
         again = again or retire
         if again and version is None:
@@ -519,9 +519,8 @@ class DirectoryState:
             if again:
                 return []
             raise ObjectNotFoundError(f"object {oid.hex()} does not exist", oid=oid.hex())
-        dropping = entry.complete_holders() if retire else list(entry.holders)
-        self._record(oid, event, f"holders {sorted(dropping)} drop their copies")
-        return [DropCopy(node, oid) for node in dropping]
+        self._record(oid, event, f"holders {sorted(entry.holders)} drop their copies")
+        return [DropCopy(node, oid) for node in entry.holders]
 
     def forget_node(self, node: str) -> list[Instruction]:
         """A member died: its copies are gone and the transfers it was sending stop. An object

@@ -475,11 +475,12 @@ CASES = [
         (put("next", version=b"v2"), WAKE), (wait(), "ready"),
         (put("late"), ObjectExistsError), (holders(), {"next": full()}),
     ]),
-    # its complete copies go; a receiver keeps its fetch, which finds the next version
-    Case("a-retired-version-drops-its-copies-not-its-receivers", [
+    # its copies go, a receiver's too (it is told they are withdrawn, not deleted: its get
+    # fetches the next version)
+    Case("a-retired-version-drops-its-copies-and-receivers", [
         (put("a"), WAKE), (put("b"), WAKE), (locate("r"), "a"), (die("a"), None),
-        (retire(b"v1"), [DropCopy("a", OID), DropCopy("b", OID)]), (locate("r"), NOT_PUT),
-        (put("next", version=b"v2"), WAKE), (locate("r"), "next"),
+        (retire(b"v1"), [DropCopy("a", OID), DropCopy("b", OID), DropCopy("r", OID)]),
+        (locate("r"), NOT_PUT), (put("next", version=b"v2"), WAKE), (locate("r"), "next"),
     ]),
     Case("a-retire-keeps-another-version-and-needs-one", [
         (put("src", version=b"v2"), WAKE), (retire(b"v1"), []), (holders(), {"src": full()}),

@@ -160,7 +160,7 @@ def ring_ready() -> list[tuple[Event, list[Instruction]]]:
             (ready(3, "n3"), [RING4])]
 
 
-COMMITTED = [Commit(("n0", "n1", "n2", "n3")), Watch(())]
+COMMITTED = [Commit(("n0", "n1", "n2", "n3"))]
 
 
 def restarted(members: tuple[str, ...], last: str) -> Restart:
@@ -171,8 +171,8 @@ def restarted(members: tuple[str, ...], last: str) -> Restart:
 
 
 def silent_after_commit() -> list[tuple[Event, list[Instruction]]]:
-    """n1 done (the commit), n3 failed, then n1 and n2 silent: n0 and n2 drop theirs, and
-    the only member holding the result is silent: a watch for a copy on anyone else."""
+    """n1 done (the commit), n3 failed, then n1 and n2 silent: n0 and n2 drop their ring
+    copies to fetch the result, and the plan watches for their copies (and any other)."""
     return [*ring_ready(), (RingDone("n1"), COMMITTED),
             (RingFailed("n3", STOPPED), [Withdraw(("n3",))]), (NodeSuspected("n1"), []),
             (NodeSuspected("n2"), [Withdraw(("n0", "n2")), Watch(("n1", "n2"))])]
@@ -192,19 +192,13 @@ def all_ready_ring_off() -> list[tuple[Event, list[Instruction]]]:
 
 RING_CASES = [
     Case("every input ready in time on its own node: a ring in node order, whatever the "
-         "readiness order; the first member done commits; over once every member is and "
-         "the result's shard names a live copy",
+         "readiness order; the first member done commits; over once every member is",
          [(ready(3, "n3"), [ARM]), (ready(1, "n1", "n2"), [ARM]), (ready(0, "n0"), [ARM]),
           (ready(2, "n1", "n2"), [RING4]), (RingDone("n2"), COMMITTED),
           (RingDone("n0"), []), (RingDone("n1"), []), (MemberDone("n1"), []),
-          (RingDone("n3"), []), (RingDone("n3"), []), (ResultReady(("n2",)), [])], over=True),
-    Case("a copy seen before every member is done: over once they are",
-         [*ring_ready(), (RingDone("n2"), COMMITTED), (ResultReady(("n2",)), []),
-          (RingDone("n0"), []), (RingDone("n1"), []), (RingDone("n3"), [])], over=True),
-    Case("every member done but no copy seen yet: not over", all_done(), over=False),
-    Case("once over, a loss changes nothing: the result was on a live member",
-         [*all_done(), (ResultReady(("n0",)), []), (NodeLost("n0"), []),
-          (NodeLost("n1"), [])], over=True),
+          (RingDone("n3"), []), (RingDone("n3"), [])], over=True),
+    Case("once over, a loss changes nothing: every member holds the result",
+         [*all_done(), (NodeLost("n0"), []), (NodeLost("n1"), [])], over=True),
     Case("the wait runs out: stripes for the inputs ready so far, in their order, then on",
          [(ready(2, "n2"), [ARM]), (ready(0, "n0"), [ARM]),
           (GatherOver(), [Assign("n2", 0, 0), Assign("n0", 1, 0)]),
@@ -237,60 +231,59 @@ RING_CASES = [
          [*ring_ready(), (NodeSuspected("n9"), []),
           (NodeSuspected("n2"), [Restart(("n0", "n1", "n2", "n3"), PeerUnavailableError(
               "ring member n2 fell silent", node="n2"))]), (NodeSuspected("n1"), [])]),
-    Case("a member falling silent after the commit: those not done drop their copies, and "
-         "a member done but silent is waited for, its copy seen or not, until it answers",
-         [*silent_after_commit(), (RingDone("n0"), []),
-          (ResultReady(("n1",)), [Watch(("n1", "n2"))]),  # an answer to the watch before
-          (NodeTrusted("n2"), [Watch(("n1",))]), (NodeTrusted("n1"), [])], over=True),
-    Case("... or until a copy turns up elsewhere: a member that completed and published "
-         "before it was told to drop, or a node that fetched it",
-         [*silent_after_commit(), (ResultReady(("n0", "n9")), [])], over=True),
-    Case("seed 42, trial 19: the member done published, then fell silent for good; once it "
-         "is declared dead nobody is known to hold the result: a bounded check, then start "
-         "again, the version retired",
-         [*silent_after_commit(), (ResultReady(("n1",)), [Watch(("n1", "n2"))]),
-          (NodeLost("n1"), [Watch(("n2",), COPY_CHECK)]), (NodeLost("n1"), []),
-          (NoCopy(), [restarted(("n0", "n2", "n3"), "n1")]), (ResultReady(("n0",)), [])]),
-    Case("seed 42, trial 15: every member done falls silent, then dies, its copy never seen; "
-         "the check finds one on a node that fetched it: over",
-         [*silent_after_commit(), (RingDone("n0"), []),
-          (NodeLost("n1"), [Watch(("n2",), COPY_CHECK)]),
-          (ResultReady(("n7",)), [])], over=True),
+    Case("a member falling silent after the commit: those not done drop their ring copies "
+         "and fetch the result from the member done; over once they hold it",
+         [*silent_after_commit(), (ResultReady(("n0",)), [Watch(("n0", "n1", "n2"))]),
+          (ResultReady(("n3",)), [])], over=True),
+    Case("the member done silent and nobody's copy yet: it is waited for, and a member "
+         "answering again must hold the result too",
+         [*silent_after_commit(), (RingDone("n0"), []), (NodeTrusted("n2"), [Watch(("n1",))]),
+          (NodeTrusted("n1"), []), (ResultReady(("n0", "n3")), [Watch(("n0", "n1", "n3"))]),
+          (ResultReady(("n2",)), [])], over=True),
+    Case("seed 42, trial 19: the member done fell silent for good; once it is declared dead "
+         "nobody is known to hold the result: a bounded check, then start again, the "
+         "version retired",
+         [*silent_after_commit(), (NodeLost("n1"), [Watch(("n2",), COPY_CHECK)]),
+          (NodeLost("n1"), []), (NoCopy(), [restarted(("n0", "n2", "n3"), "n1")]),
+          (ResultReady(("n0",)), [])]),
+    Case("seed 42, trial 15: the same, but the check finds a copy fetched in time: watch on",
+         [*silent_after_commit(), (NodeLost("n1"), [Watch(("n2",), COPY_CHECK)]),
+          (ResultReady(("n0",)), [Watch(("n0", "n2"))]), (ResultReady(("n3",)), [])],
+         over=True),
     Case("the last holder lost while others still run: they may finish, so wait for them",
          [*ring_ready(), (RingDone("n0"), COMMITTED),
           (NodeLost("n0"), []), (RingDone("n1"), []), (NodeLost("n1"), []),
           (RingFailed("n2", STOPPED), [Withdraw(("n2",))]),
           (RingFailed("n3", STOPPED), [Withdraw(("n3",)), Watch((), COPY_CHECK)]),
           (NoCopy(), [restarted(("n2", "n3"), "n3")])]),
-    Case("a copy seen, then every node known to hold it lost: a check, then start again",
-         [*ring_ready(), (RingDone("n0"), COMMITTED), (ResultReady(("n0",)), []),
-          (NodeLost("n0"), []), (RingFailed("n1", STOPPED), [Withdraw(("n1",))]),
-          (NodeLost("n2"), []), (NodeLost("n3"), [Watch((), COPY_CHECK)]),
-          (NoCopy(), [restarted(("n1",), "n3")])]),
-    Case("the watch gave up: a live member done is taken for a published copy",
+    Case("every member done lost; the check finds the copy a failed member fetched",
+         [*ring_ready(), (RingDone("n0"), COMMITTED), (NodeLost("n0"), []),
+          (RingFailed("n1", STOPPED), [Withdraw(("n1",))]), (NodeLost("n2"), []),
+          (NodeLost("n3"), [Watch((), COPY_CHECK)]), (ResultReady(("n1",)), [])], over=True),
+    Case("the watch gave up: a live member done is taken to be enough",
          [*ring_ready(), (RingDone("n0"), COMMITTED),
-          (ResultUnseen(PeerUnavailableError("shard gone")), []), (RingDone("n1"), []),
-          (RingDone("n2"), []), (RingDone("n3"), [])], over=True),
-    Case("the watch gave up and every member done was lost: no check to make, start again",
-         [*ring_ready(), (RingDone("n0"), COMMITTED),
-          (ResultUnseen(PeerUnavailableError("shard gone")), []), (NodeLost("n0"), []),
+          (RingFailed("n1", STOPPED), [Withdraw(("n1",))]), (RingDone("n2"), []),
+          (RingDone("n3"), [Watch(("n0", "n2", "n3"))]),
+          (ResultUnseen(PeerUnavailableError("shard gone")), [])], over=True),
+    Case("the watch gave up and nobody is known to hold the result: no check, start again",
+         [*ring_ready(), (RingDone("n0"), COMMITTED), (NodeLost("n0"), []),
           (RingFailed("n1", STOPPED), [Withdraw(("n1",))]),
           (RingFailed("n2", STOPPED), [Withdraw(("n2",))]),
-          (RingFailed("n3", STOPPED), [Withdraw(("n3",)),
-                                       restarted(("n1", "n2", "n3"), "n3")])]),
+          (RingFailed("n3", STOPPED), [Withdraw(("n3",)), Watch((), COPY_CHECK)]),
+          (ResultUnseen(PeerUnavailableError("shard gone")),
+           [restarted(("n1", "n2", "n3"), "n3")])]),
     Case("silence means nothing to stripes: a silent member keeps its stripes",
          [*all_ready_ring_off(), (NodeSuspected("n1"), [])]),
     Case("after the commit a member's failure or death only loses its copy; a member that "
-         "failed is told to go, as it waits for the caller's word",
+         "failed is told to drop it and fetch the result",
          [*ring_ready(), (RingDone("n0"), COMMITTED),
           (RingFailed("n1", STOPPED), [Withdraw(("n1",))]), (NodeLost("n2"), []),
-          (RingDone("n3"), [])]),
-    Case("the last member failing after the commit is told to go; the plan ends once a copy "
-         "is seen",
-         [*ring_ready(), (RingDone("n0"), COMMITTED),
-          (RingDone("n1"), []), (NodeLost("n2"), []),
-          (RingFailed("n3", STOPPED), [Withdraw(("n3",))]), (ResultReady(("n1",)), [])],
-         over=True),
+          (RingDone("n3"), [Watch(("n0", "n3"))]), (ResultReady(("n1",)), [])], over=True),
+    Case("the last member failing after the commit: the plan ends once it fetched the result",
+         [*ring_ready(), (RingDone("n0"), COMMITTED), (RingDone("n1"), []),
+          (NodeLost("n2"), []), (RingFailed("n3", STOPPED), [Withdraw(("n3",)),
+                                                              Watch(("n0", "n1"))]),
+          (ResultReady(("n3",)), [])], over=True),
     Case("an input that disagrees while gathering fails it; nothing was started",
          [(ready(0, "n0"), [ARM]), (ready(1, "n1", dtype="<i4"), [Fail(
              InvalidArgumentError(f"input {I[1].hex()} is <i4[{BIG // 4}] but the first input "
