@@ -34,17 +34,19 @@ they arrive. If every input is ready before the timer fires and at least two liv
 have not fallen silent hold them, those nodes run the ring (``StartRing``;
 :func:`~.ring.ring_members`: inputs spread over as many nodes as they can be, a node holding
 several adding them all). The first member to hold the whole result makes the plan commit
-(``Commit``: every member publishes its copy once complete, and the caller watches the
-result's shard for a live copy); from then on a member that fails only loses its copy, since
-the result exists, and a member falling silent has those not done yet drop theirs
-(``Withdraw``: their gets fetch the result from the others). The plan ends once every member
-is over, the shard has named a live copy (``ResultReady``) and a member holding the result
-is live and not silent. Until then the result may exist only on the members that reported
-it whole: if every one of them dies (or fails) with nobody else left running, nothing holds
-it, and the allreduce starts over as below, the committed version first retired at the
-shard, so that a copy of it published late is refused and its receivers take the next
-(``Restart`` with ``retire``). A member done but only silent is waited for: it answers again
-(``NodeTrusted``), or is declared dead. A member lost, failed or fallen silent before the
+(``Commit``: every member publishes its copy once complete); from then on a member that fails
+only loses its copy, since the result exists, and a member falling silent has those not done
+yet drop theirs; both fetch the result from the members done instead (``Withdraw``). The
+plan ends once every member is over and every live member not silent holds the result: the
+members done, and the others once the result's shard names them (``Watch``, answered by
+``ResultReady``; none runs when every member finished the ring). Until then the result may
+exist only on the members that reported it whole: while none of them answers, the watch
+also looks for a copy elsewhere; if every one of them dies (or fails) with nobody else left
+running, the shard is asked once more (:data:`COPY_CHECK`), and with no copy anywhere the
+allreduce starts over as below, the committed version first retired at the shard, so that a
+copy of it published late is refused and gets waiting on it take the next (``Restart`` with
+``retire``). A member done but only silent is waited for: it answers again (``NodeTrusted``),
+or is declared dead. A member lost, failed or fallen silent before the
 commit leaves nothing published: the members drop their copies and the allreduce starts over
 (``Restart``, :meth:`AllreducePlan.again`), waiting for the inputs again: as a ring once more
 (:data:`RING_TRIES`) without the nodes lost or silent, so a lost input put again on a survivor

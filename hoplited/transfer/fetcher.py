@@ -142,6 +142,11 @@ class Fetcher:
     async def _complete_copy_once(self, oid: ObjectID, deadline: float | None,
                                   ring: bool, receivers: int) -> StoredObject:
         running = self._fetches.get(oid)  # first: a fetch in progress has allocated already
+        if running is not None and running[0].done():  # it ended (the local copy it waited
+            # on was withdrawn), and is not forgotten yet: awaited again, it would raise at
+            # once, without a pause, for as long as we asked again
+            self._forget(oid, running[0])
+            running = None
         obj = self._store.get(oid)
         if running is not None or obj is None:
             if running is None:
