@@ -341,13 +341,14 @@ class Allreduces:
         else:
             self._withdraw_ring(msg.result)
         if msg.fetch:
-            self._fetch_result(msg.result, peer)
+            self._fetch_result(msg.result, peer, msg.version)
 
-    def _fetch_result(self, result: ObjectID, caller: str) -> None:
+    def _fetch_result(self, result: ObjectID, caller: str, version: bytes) -> None:
         """This node's ring copy was dropped after the commit: fetch the result from the
         members that hold it, as the ring would have left it here (the caller's plan waits
         for this copy; docs/design.md §4, "Ring allreduce"). It ends with the allreduce's
-        failure, the result's delete or the caller's death."""
+        failure, the result's delete or the caller's death; a fetch that fails on its own
+        is reported, and the plan no longer waits for it."""
         if result in self._fetches:
             return
 
@@ -356,6 +357,9 @@ class Allreduces:
 
         def failed(exc: BaseException) -> None:
             log.info("allreduce %s: the result not fetched: %s", result.short(), exc)
+            error = exc if isinstance(exc, HopliteError) else HopliteError(str(exc))
+            self._d.rpc.tell(caller, RingReport(result=result, version=version,
+                                                code=error.code, message=str(error)))
 
         task = self._d.tasks.spawn(fetch(), name=f"allreduce-fetch-{result.short()}",
                                    on_error=failed)

@@ -372,6 +372,7 @@ class AllreducePlan:
         self.watching: tuple[str, ...] | None = None  # the running watch's exclusions
         self.checking = False  # that watch is bounded: a check before running again
         self.gone = ""  # the last ring member lost or failed, named if the ring runs again
+        self.unfetched: set[str] = set()  # members whose fetch of the result failed
         self.inputs = list(dict.fromkeys(inputs))
         self.waiting = set(self.inputs)
         self.first: InputReady | None = None
@@ -600,6 +601,10 @@ class AllreducePlan:
         if isinstance(ev, NodeLost) and ev.node not in self.ring and self.committed:
             self.copies.discard(ev.node)
             return self._ring_maybe_over()
+        if (isinstance(ev, RingFailed) and self.committed and ev.node in self.ring_over
+                and ev.node not in self.holders):  # told to fetch the result, it could not:
+            self.unfetched.add(ev.node)  # not waited for (its gets will try again)
+            return self._ring_maybe_over()
         if isinstance(ev, (RingFailed, NodeLost)) and ev.node in self.ring:
             self.ring_over.add(ev.node)
             self.holders.discard(ev.node)
@@ -647,12 +652,13 @@ class AllreducePlan:
         next copy, excluding the nodes known to hold it and the silent). While no node known
         to hold it answers, such a watch also finds a copy elsewhere, if there is one; while
         none is known alive, ask the shard for one for :data:`COPY_CHECK` and start over once
-        that ran out (``missing``) with none found. Without a watch (the shard could not be
-        asked) a live member done that answers is enough."""
+        that ran out (``missing``) with none found. A member whose fetch failed is not waited
+        for. Without a watch (the shard could not be asked) a live member done that answers
+        is enough."""
         if not set(self._live_ring()) <= self.ring_over:
             return []
         known = (self.holders | self.copies) - self.lost
-        needed = set(self._live_ring()) - self.suspected
+        needed = set(self._live_ring()) - self.suspected - self.unfetched
         if not self.committed or ((known - self.suspected)
                                   and (self.unwatched or needed <= known)):
             self.phase = "over"

@@ -235,6 +235,10 @@ RING_CASES = [
          "and fetch the result from the member done; over once they hold it",
          [*silent_after_commit(), (ResultReady(("n0",)), [Watch(("n0", "n1", "n2"))]),
           (ResultReady(("n3",)), [])], over=True),
+    Case("a member told to fetch the result could not (its store full, say): the plan no "
+         "longer waits for its copy",
+         [*silent_after_commit(), (RingFailed("n0", STOPPED), []),
+          (ResultReady(("n3",)), [])], over=True),
     Case("the member done silent and nobody's copy yet: it is waited for, and a member "
          "answering again must hold the result too",
          [*silent_after_commit(), (RingDone("n0"), []), (NodeTrusted("n2"), [Watch(("n1",))]),
