@@ -644,8 +644,8 @@ class Orchestrator:
         begun = asyncio.get_running_loop().time()
         try:
             await self.d.directory.retire(self.plan.result, version)
-        except HopliteError as exc:  # its shard unreachable: a late copy's publish may
-            # clash with the next run's, which then fails that member, typed
+        except HopliteError as exc:  # its shard unreachable: a late copy of the committed
+            # version is then not refused there
             log.warning("allreduce %s: the committed ring's copy not retired: %s",
                         self.plan.result.short(), exc)
         await asyncio.sleep(max(0.0, begun + RESTART_GRACE - asyncio.get_running_loop().time()))

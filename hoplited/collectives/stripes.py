@@ -623,7 +623,7 @@ class AllreducePlan:
 
     def _watched(self, ev: ResultReady | ResultUnseen | NoCopy) -> list[Instruction]:
         """The watch of the result's shard answered. Unseen, the members that reported the
-        result whole are all there is to go by: a live one is taken for a published copy."""
+        result whole are all there is to go by: a live one that answers is enough."""
         self.watching, self.checking = None, False
         if isinstance(ev, ResultReady):
             self.copies.update(ev.holders)
