@@ -144,7 +144,7 @@ class Daemon:
             "rings_given_up": lambda: allreduces.counts.given_up,
             "allreduces_as_pair": lambda: allreduces.counts.pairs,
             "idle_data_connections": lambda: len(connections),
-            "watching": links.watching,
+            "watching": links.watching, "control_links": links.connected,
             "transfers": fetcher.in_flight, "reduce_slots": worker.in_flight},
             errors=errors)
         listener = self._listener = ClientListener(cfg.socket_path, self.node_id, arena,

@@ -107,8 +107,27 @@ class PeerLink:
         return self.member.node_id
 
     def start(self) -> None:
+        """Start the heartbeat, and dial the member now rather than at our first request to
+        it (docs/design.md §5, "Links dialled at a join")."""
         self._heartbeat = asyncio.create_task(self._beat(), name=f"heartbeat-{self.node_id}")
         self._heartbeat.add_done_callback(self._reap)
+        task = asyncio.create_task(self._dial_now(), name=f"dial-{self.node_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._reap)
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection to the member is open now."""
+        return self.channel is not None and self.channel.is_open
+
+    async def _dial_now(self) -> None:
+        """Open the connection in the background; if that fails, the next request or Ping
+        dials, as it would have without this (a refusal already counted in ``_ensure``)."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self._ensure()
+        except (TimeoutError, HopliteError, OSError) as exc:
+            log.info("no control link to %s yet: %s", self.node_id, exc)
 
     async def _ensure(self) -> Channel:
         if self.liveness.dead:
@@ -136,7 +155,7 @@ class PeerLink:
         """Send a request to this member and wait for its reply (typed errors re-raised).
         ``timeout`` bounds the whole of it, the dial included: a member we do not watch may
         have no connection yet, and a frozen one accepts the dial but never the handshake."""
-        if timeout is None or (self.channel is not None and self.channel.is_open):
+        if timeout is None or self.connected:
             channel = await self._ensure()
         else:
             started = time.monotonic()
@@ -370,6 +389,10 @@ class Links:
                         ask_others=self.ask_others)
         self._links[member.node_id] = link
         link.start()
+
+    def connected(self) -> int:
+        """How many members we have a connection open to (``hoplite status``, tests)."""
+        return sum(link.connected for link in self._links.values())
 
     def watching(self) -> int:
         """How many members we ping every interval."""

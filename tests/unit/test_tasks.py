@@ -25,7 +25,7 @@ from hoplited.tasks import Tasks
 # Modules of the daemon allowed to start tasks themselves, and why.
 OWNERS = {
     "tasks.py": "the owner itself",
-    "cluster/links.py": "a link's heartbeat and deferred notices, reaped by Link._reap",
+    "cluster/links.py": "a link's heartbeat, first dial and deferred notices, reaped by Link._reap",
 }
 STARTERS = {"create_task", "ensure_future"}
 
