@@ -6,6 +6,7 @@ import asyncio
 import fcntl
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from hoplited.collectives.tree import TWO_TREE_MODES
 from hoplited.config import DaemonConfig
 from hoplited.logs import FORMATS, log_to_stderr
 from hoplited.node import Daemon
+from hoplited.threads import started_executor
 
 log = logging.getLogger("hoplited")
 
@@ -42,6 +44,7 @@ async def run(config: DaemonConfig, exit_with_parent: bool = False,
     if a member declared us dead, else None."""
     daemon = Daemon(config)
     loop = asyncio.get_running_loop()
+    loop.set_default_executor(started_executor())  # closed by the runner when the loop ends
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.request_stop)
     # Both watches are cancelled with the daemon's other tasks when it stops.
@@ -57,6 +60,22 @@ async def run(config: DaemonConfig, exit_with_parent: bool = False,
     finally:
         await daemon.stop()
     return daemon.rejoin
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit, and return it: a
+    member keeps about four connections to every other member (docs/design.md §5, "Links
+    dialled at a join"), past the usual soft limit of 1024 from about 250 members."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open files limit from %d to %d: %s", soft, hard,
+                        exc)
+            return soft
+        return hard
+    return soft
 
 
 def run_again(seeds: list[tuple[str, int]]) -> None:
@@ -175,6 +194,7 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
          tls_ca: str | None, exit_with_parent: bool, users_lock: str | None) -> None:
     """Run the hoplite daemon for this host."""
     log_to_stderr(log_level, log_format)
+    log.info("open files limit: %d", raise_open_files_limit())
     rejoin = [a for a in os.environ.pop(REJOIN_ENV, "").split(",") if a]
     if rejoin:
         log.warning("running again as a new member, after a member declared us dead")
