@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, cast
@@ -27,6 +28,9 @@ log = logging.getLogger("hoplite.protocol")
 # link busy without holding much memory.
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1024 * 1024
+# Linux's option to acknowledge at once (None elsewhere: nothing to turn off there).
+QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
+
 # Over TLS a write is encrypted at once into a buffer that grows to hold it, then copied out:
 # an 8 MiB slice encrypted at 0.8 GB/s here, 256 KiB pieces at 2.1 GB/s. So bytes are handed
 # to TLS a piece at a time while its buffer stays small; a 1 GiB get went from 0.5-0.85 to
@@ -61,6 +65,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._held: deque[memoryview] | None = None
         self._close_when_written = False
         self._inbox: asyncio.Queue[Frame[WireMessage]] = asyncio.Queue()
+        self._quick_ack: Any = None  # the TCP socket told to acknowledge at once, after reads
 
     @property
     def handler(self) -> FrameHandler | None:
@@ -82,6 +87,22 @@ class FrameProtocol(asyncio.BufferedProtocol):
             self._limits = (TLS_WRITE_HIGH_WATER, TLS_WRITE_LOW_WATER)
         self.transport.set_write_buffer_limits(*self._limits)
 
+    def ack_quickly(self) -> None:
+        """Have the kernel acknowledge what arrives at once, not after its delayed-ACK timer,
+        renewed after every read since Linux drops back to delaying on its own. For the side
+        that receives object streams: a sender held up for that ACK stalled 20-50 ms in
+        about one 1 MiB broadcast in twenty (docs/design.md §3, "Data connections")."""
+        if QUICKACK is None or self.transport is None:
+            return  # not Linux
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            self._quick_ack = sock
+
+    @property
+    def acks_quickly(self) -> bool:
+        """Whether ``ack_quickly`` took effect (a TCP connection, on Linux)."""
+        return self._quick_ack is not None
+
     def set_stream_sink(self, sink: StreamSink | None) -> None:
         self.reader.expect_stream(sink)
 
@@ -89,6 +110,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
         return self.reader.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._quick_ack is not None:
+            try:
+                self._quick_ack.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
+            except OSError:  # closing under us: its end is reported through connection_lost
+                self._quick_ack = None
         try:
             events = self.reader.buffer_updated(nbytes)
         except ProtocolError as exc:

@@ -69,6 +69,7 @@ class DataConnections:
     async def dial(self, host: str, port: int) -> FrameProtocol:
         """A new authenticated data connection to the member at ``host:port``."""
         protocol, _ = await dial(host, port, "data", self._identity)
+        protocol.ack_quickly()  # the dialling side is the one that receives object streams
         return protocol
 
     def warm(self, node: str, host: str, port: int) -> None:

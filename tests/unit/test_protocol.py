@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import math
+import socket
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import HopliteTimeoutError, InvalidArgumentError
+from hoplite_client.wire.frames import encode
+from hoplite_client.wire.messages import Ping
 from hoplited.config import DaemonConfig
 
 
@@ -40,3 +47,52 @@ def test_heartbeat_settings_are_checked_at_start(interval: float, timeout: float
     config = DaemonConfig(heartbeat_interval=interval, heartbeat_timeout=timeout)
     with pytest.raises(InvalidArgumentError):
         config.check()
+
+
+
+async def _three_pings_to(connect: Callable[[Callable[[], FrameProtocol]], Awaitable[Any]]
+                          ) -> tuple[FrameProtocol, list[int]]:
+    """Connect a FrameProtocol told to ack quickly with ``connect``; the request ids of the
+    frames it then reads (the other end sends three Pings)."""
+    got: list[int] = []
+    _, protocol = await connect(lambda: FrameProtocol(lambda f: got.append(f.msg.rid),
+                                                      name="t"))
+    protocol.ack_quickly()
+    for _ in range(500):
+        if len(got) == 3:
+            break
+        await asyncio.sleep(0.01)
+    protocol.close()
+    await protocol.closed
+    return protocol, got
+
+
+async def _serve_three_pings(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    for rid in (1, 2, 3):
+        writer.writelines(encode(Ping(rid=rid)))
+    await writer.drain()
+    await reader.read()  # until the other end closes
+    writer.close()
+    await writer.wait_closed()
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_QUICKACK"), reason="Linux only")
+async def test_a_tcp_connection_acks_quickly_and_still_reads_every_frame() -> None:
+    loop = asyncio.get_running_loop()
+    async with await asyncio.start_server(_serve_three_pings, "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        protocol, got = await _three_pings_to(
+            lambda factory: loop.create_connection(factory, "127.0.0.1", port))
+    assert protocol.acks_quickly
+    assert got == [1, 2, 3]
+
+
+async def test_a_unix_connection_has_no_delayed_acks_to_turn_off() -> None:
+    loop = asyncio.get_running_loop()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "s")
+        async with await asyncio.start_unix_server(_serve_three_pings, path):
+            protocol, got = await _three_pings_to(
+                lambda factory: loop.create_unix_connection(factory, path))
+    assert not protocol.acks_quickly
+    assert got == [1, 2, 3]
