@@ -33,7 +33,7 @@ from hoplite_client.wire.messages import (
     WireMessage,
 )
 from hoplited.cluster.membership import Membership, OwnerSet
-from hoplited.directory.recent_deletes import RecentDeletes
+from hoplited.directory.recent_deletes import RecentDeletes, Resend
 from hoplited.dispatch import Handler
 from hoplited.memory.store import CopyWithdrawn, ObjectStore, StoredObject
 from hoplited.rpc import RETRY_PAUSE_MAX, Rpc, owner_moved
@@ -133,25 +133,30 @@ class DirectoryClient:
         copies are withdrawn: gets waiting on them take the next version), and a copy of that
         version published later is refused. Another version under the same id may then be put
         (a committed ring that lost every holder runs again, docs/design.md §4, "Ring
-        allreduce"). Unlike a delete, it is not sent again if the id's owner moves soon
-        after."""
+        allreduce"). Like a delete, it is sent again if the id's owner moves soon after."""
+        owners = self._membership.owner_set
         await self._rpc.call_owner(oid, DeleteEntry(oid=oid, version=version, retire=True))
+        self._remember(oid, version, owners, retire=True)
 
-    def _remember(self, oid: ObjectID, version: bytes | None, sent_under: OwnerSet) -> None:
-        """Record a delete sent while ``sent_under`` owned the ids; if owners moved while it
-        was on its way, send it again now (the move's resends did not know it yet)."""
+    def _remember(self, oid: ObjectID, version: bytes | None, sent_under: OwnerSet,
+                  retire: bool = False) -> None:
+        """Record a delete (``retire``: a retire) sent while ``sent_under`` owned the ids; if
+        owners moved while it was on its way, send it again now (the move's resends did not
+        know it yet)."""
         again = self._deletes.deleted(oid, version, asyncio.get_running_loop().time(),
-                                      moved=self._membership.owner_set is not sent_under)
+                                      moved=self._membership.owner_set is not sent_under,
+                                      retire=retire)
         if again is not None:
-            self._tasks.spawn(self._delete_again(again.oid, again.version), name="delete-again")
+            self._tasks.spawn(self._delete_again(again), name="delete-again")
 
-    async def _delete_again(self, oid: ObjectID, version: bytes) -> None:
-        """Send a delete again to the id's new owner (whatever it answers is only logged: the
-        first delete has already answered its caller)."""
+    async def _delete_again(self, again: Resend) -> None:
+        """Send a delete (or a retire) again to the id's new owner (whatever it answers is
+        only logged: the first one has already answered its caller)."""
         try:
-            await self._rpc.call_owner(oid, DeleteEntry(oid=oid, version=version, again=True))
+            await self._rpc.call_owner(again.oid, DeleteEntry(
+                oid=again.oid, version=again.version, again=True, retire=again.retire))
         except HopliteError as exc:
-            log.info("could not send the delete of %s again: %s", oid.short(), exc)
+            log.info("could not send the delete of %s again: %s", again.oid.short(), exc)
 
     async def may_drop(self, obj: StoredObject) -> bool:
         """Ask ``obj``'s owner shard whether this node may evict its copy; a yes means the
@@ -187,8 +192,7 @@ class DirectoryClient:
         ids whose owner moved again, to the new owner."""
         now = asyncio.get_running_loop().time()
         for again in self._deletes.owners_moved(lambda oid: self.moved(oid, previous), now):
-            self._tasks.spawn(self._delete_again(again.oid, again.version),
-                              name="delete-again")
+            self._tasks.spawn(self._delete_again(again), name="delete-again")
         moved: list[ObjectID] = []
         for obj in self._store.objects.values():
             if not _announceable(obj) or not self.moved(obj.oid, previous):

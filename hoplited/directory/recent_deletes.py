@@ -25,10 +25,12 @@ RECENT_MAX = 4096
 
 @dataclass(frozen=True, slots=True)
 class Resend:
-    """Send the delete of ``oid`` again to its new owner; ``version``: the one it removed."""
+    """Send the delete of ``oid`` again to its new owner; ``version``: the one it removed;
+    ``retire``: it was a retire (its copies are withdrawn, not deleted)."""
 
     oid: ObjectID
     version: bytes
+    retire: bool = False
 
 
 class RecentDeletes:
@@ -37,35 +39,39 @@ class RecentDeletes:
     def __init__(self, window: float, limit: int = RECENT_MAX) -> None:
         self.window = window
         self.limit = limit
-        self._deletes: OrderedDict[ObjectID, tuple[bytes, float]] = OrderedDict()
+        # id -> (the version removed, until when, a retire)
+        self._deletes: OrderedDict[ObjectID, tuple[bytes, float, bool]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._deletes)
 
     def deleted(self, oid: ObjectID, version: bytes | None, now: float,
-                moved: bool = False) -> Resend | None:
+                moved: bool = False, retire: bool = False) -> Resend | None:
         """This member deleted ``oid``, removing ``version``. A delete of no known version
         is not sent again: at the new owner it could not tell the deleted object from one
         put again since under the same id, and must never remove that. ``moved``: owners
         changed while the delete was on its way, so the resends of that move
         (``owners_moved``) ran before it was known here. It is sent again at once then: a
         stand-in had answered it, and the owner trusted again kept its entry
-        (``bench/chaos.py --victims 2 --resume``, seed 37, trial 2)."""
+        (``bench/chaos.py --victims 2 --resume``, seed 37, trial 2). ``retire``: a delete of
+        that version only, whose maker puts another under the same id (docs/design.md §4,
+        "Ring allreduce"); sent again the same way, so that a copy of the retired version
+        announced to the next owner is withdrawn too."""
         self._deletes.pop(oid, None)
         if version is None:
             return None
-        self._deletes[oid] = (version, now + self.window)
+        self._deletes[oid] = (version, now + self.window, retire)
         if len(self._deletes) > self.limit:
             self._deletes.popitem(last=False)
-        return Resend(oid, version) if moved else None
+        return Resend(oid, version, retire) if moved else None
 
     def owners_moved(self, moved: Callable[[ObjectID], bool], now: float) -> list[Resend]:
         """The deletes to send again now that owners changed (``moved``: whether an id's owner
         is another one now); forgets those older than the window."""
         while self._deletes:
-            oid, (_, until) = next(iter(self._deletes.items()))
+            oid, (_, until, _) = next(iter(self._deletes.items()))
             if until > now:
                 break
             del self._deletes[oid]
-        return [Resend(oid, version) for oid, (version, _) in self._deletes.items()
-                if moved(oid)]
+        return [Resend(oid, version, retire) for oid, (version, _, retire)
+                in self._deletes.items() if moved(oid)]

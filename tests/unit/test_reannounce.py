@@ -221,6 +221,22 @@ async def test_a_delete_is_sent_again_to_the_new_owner_when_its_owner_moves(
         (oid, True, obj if expected == "local" else expected)]
 
 
+async def test_a_retire_is_sent_again_as_a_retire_when_its_owner_moves(
+        store: ObjectStore) -> None:
+    """A committed ring that lost every holder retires its version and runs again; a copy of
+    that version announced to the id's next owner must be withdrawn there too, not deleted
+    (gets waiting on it take the next version: docs/design.md §4, "Ring allreduce")."""
+    oid = ObjectID.random()
+    owner = DeletingOwner(b"v-owner")
+    tasks = Tasks()
+    client = DirectoryClient(owner, store, Membership(), tasks)  # type: ignore[arg-type]
+    await client.retire(oid, b"v-ring")
+    client.reannounce(OwnerSet(["gone"]), lambda _: None, lambda _: 0)  # its owner died
+    await drain(tasks)
+    assert [(m.oid, m.again, m.retire, m.version) for m in owner.deletes] == [
+        (oid, False, True, b"v-ring"), (oid, True, True, b"v-ring")]
+
+
 class MovingMembership(Membership):
     """Owners that move (and move back) while ``DeletingOwner`` answers a delete."""
 

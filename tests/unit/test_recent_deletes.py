@@ -17,9 +17,11 @@ WINDOW = 5.0
 Step = Callable[[RecentDeletes], object]
 
 
-def deleted(oid: ObjectID, version: bytes | None, at: float, moved: bool = False) -> Step:
-    """``oid`` deleted at ``at``; ``moved``: owners changed while the delete was on its way."""
-    return lambda r: r.deleted(oid, version, at, moved)
+def deleted(oid: ObjectID, version: bytes | None, at: float, moved: bool = False,
+            retire: bool = False) -> Step:
+    """``oid`` deleted at ``at``; ``moved``: owners changed while the delete was on its way;
+    ``retire``: only that version was deleted, and another is put under the id."""
+    return lambda r: r.deleted(oid, version, at, moved, retire)
 
 
 def moved(at: float, *oids: ObjectID) -> Step:
@@ -63,6 +65,15 @@ CASES = [
         (deleted(A, b"v1", 0.0, moved=False), None), (moved(1.0, B), [])]),
     Case("nor at once with no known version", [
         (deleted(A, None, 0.0, moved=True), None), (moved(1.0, A), [])]),
+    # a committed ring run again: a copy of the retired version announced late is withdrawn
+    Case("a retire whose owner moves is sent again as a retire", [
+        (deleted(A, b"v1", 0.0, retire=True), None),
+        (moved(1.0, A), [Resend(A, b"v1", retire=True)])]),
+    Case("and at once if owners moved while it was on its way", [
+        (deleted(A, b"v1", 0.0, moved=True, retire=True), Resend(A, b"v1", retire=True))]),
+    Case("a delete after a retire of the id is sent again as a delete", [
+        (deleted(A, b"v1", 0.0, retire=True), None), (deleted(A, b"v2", 1.0), None),
+        (moved(2.0, A), [Resend(A, b"v2")])]),
     Case("the oldest are forgotten beyond the limit", [
         (deleted(A, b"v1", 0.0), None), (deleted(B, b"v2", 0.1), None),
         (deleted(C, b"v3", 0.2), None),
