@@ -3,7 +3,7 @@
 Arena pages are backed and reduces combined in threads (``run_in_executor``). asyncio's
 default executor starts a thread at a submit that finds none idle, and ``Thread.start`` holds
 the loop until the new thread runs: 1–6 ms on a loaded 2-core machine, paid in the first
-transfers of every daemon (docs/benchmarks.md, "The first broadcast").
+transfers of every daemon (docs/benchmarks.md, "The first broadcasts").
 """
 
 from __future__ import annotations
