@@ -57,7 +57,13 @@ from hoplited.collectives.ring_member import OPEN_TIMEOUT, RingDeps, RingMember
 from hoplited.directory.client import DirectoryClient
 from hoplited.dispatch import Handler
 from hoplited.memory.space import BRIEF_WAIT, Space
-from hoplited.memory.store import VERSION_SIZE, CopyWithdrawn, ObjectStore, check_meta
+from hoplited.memory.store import (
+    VERSION_SIZE,
+    CopyWithdrawn,
+    ObjectStore,
+    StoredObject,
+    check_meta,
+)
 from hoplited.rpc import Rpc
 from hoplited.tasks import Tasks
 from hoplited.transfer.fetcher import Fetcher
@@ -119,7 +125,7 @@ class Allreduces:
         self._rings: dict[ObjectID, RingMember] = {}
         self._ring_arrivals: dict[ObjectID, asyncio.Event] = {}  # streams awaiting their task
         # results fetched here after this node's ring copy was dropped: (task, caller)
-        self._fetches: dict[ObjectID, tuple[asyncio.Task[None], str]] = {}
+        self._fetches: dict[ObjectID, tuple[asyncio.Task[StoredObject], str]] = {}
         self._changes = 0  # failures, ends, deletes and deaths seen: a task that waited for
         # memory refuses if any came meanwhile (what it checked may be stale)
         self.counts = AllreduceCounts()
@@ -352,21 +358,18 @@ class Allreduces:
         if result in self._fetches:
             return
 
-        async def fetch() -> None:
-            await self._d.fetcher.fetch(result, None)
-
         def failed(exc: BaseException) -> None:
             log.info("allreduce %s: the result not fetched: %s", result.short(), exc)
             error = exc if isinstance(exc, HopliteError) else HopliteError(str(exc))
             self._d.rpc.tell(caller, RingReport(result=result, version=version,
                                                 code=error.code, message=str(error)))
 
-        task = self._d.tasks.spawn(fetch(), name=f"allreduce-fetch-{result.short()}",
-                                   on_error=failed)
+        task = self._d.tasks.spawn(self._d.fetcher.fetch(result, None),
+                                   name=f"allreduce-fetch-{result.short()}", on_error=failed)
         self._fetches[result] = (task, caller)
         task.add_done_callback(lambda done: self._fetched(result, done))
 
-    def _fetched(self, result: ObjectID, task: asyncio.Task[None]) -> None:
+    def _fetched(self, result: ObjectID, task: asyncio.Task[StoredObject]) -> None:
         if self._fetches.get(result, (None, ""))[0] is task:
             del self._fetches[result]
 
