@@ -120,7 +120,9 @@ class ReduceCoordinator:
         self._deadline = deadline  # the event loop's clock; None: no timeout
         self.ended = asyncio.Event()
         self.out: StoredObject | None = None
-        self._watch: asyncio.Task[None] | None = None
+        # the tasks about this version of the result: a restart ends them (an announcement
+        # of the old version still retrying would erase the new one's entry at a new owner)
+        self._about_out: list[asyncio.Task[None]] = []
         self._inline: dict[ObjectID, bytes] = {}
         self._waits: dict[ObjectID, asyncio.Task[None]] = {}
         self._root_pull: asyncio.Task[None] | None = None
@@ -309,21 +311,22 @@ class ReduceCoordinator:
         d.store.pin(out)
         out.producing = True  # if this node dies first, its shard fails the result's gets
         out.receivers = ins.receivers
+        tasks = self._about_out = []
         if not d.arena.backed(out.offset, out.size):
-            self._spawn(d.arena.populate(out.offset, out.size), "reduce-populate",
-                        p.ResultFailed)
-        self._spawn(d.directory.announce(out), "reduce-announce", p.ResultFailed)
-        self._watch = self._spawn(self._until_complete(out), "reduce-result", p.ResultFailed)
+            tasks.append(self._spawn(d.arena.populate(out.offset, out.size), "reduce-populate",
+                                     p.ResultFailed))
+        tasks.append(self._spawn(d.directory.announce(out), "reduce-announce", p.ResultFailed))
+        tasks.append(self._spawn(self._until_complete(out), "reduce-result", p.ResultFailed))
 
     def _restart_result(self) -> None:
         """Replace the result by an empty one of a new version (docs/design.md §5): streams
         of the old one end, and its getters start over once the new one is announced."""
         old, d = self.out, self.d
         assert old is not None
-        for task in (self._root_pull, self._watch):
+        for task in (self._root_pull, *self._about_out):
             if task is not None:
                 task.cancel()  # before the removal below fails what they wait on
-        self._root_pull = None
+        self._root_pull, self._about_out = None, []
         if d.store.get(self.result) is old:
             d.store.remove(self.result, ObjectNotFoundError(
                 f"reduce {self.result.hex()} started its result again: a backup input took "

@@ -242,27 +242,42 @@ class DirectoryClient:
                         serving: Callable[[ObjectID], int]) -> None:
         """Announce what we hold of ``oids`` to their owners, following ownership while it
         moves: a new owner that has not yet heard of the death that made it the owner refuses,
-        and is asked again shortly (for as long as a request to an owner would be)."""
+        and is asked again shortly (for as long as a request to an owner would be). The
+        owners are told at once, each batch read as it is sent: one read before an earlier
+        owner answered could carry a result's old version after the new one's announcement,
+        and erase it there (docs/design.md §5, "Ownership")."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self._rpc.retry_window
         attempt = 0
         while oids:
-            batches: dict[str, list[Holding]] = {}
-            for h in self._holdings(oids, source_of, serving):
-                batches.setdefault(self._membership.owner(h.oid), []).append(h)
-            oids = []
-            for owner, batch in batches.items():
-                try:
-                    await self._rpc.call_node(owner, Announce(holdings=batch, moved=True))
-                except HopliteError as exc:
-                    if not owner_moved(exc) or loop.time() >= give_up:
-                        log.info("could not announce %d objects to %s: %s", len(batch), owner,
-                                 exc)
-                        continue
-                    oids += [h.oid for h in batch]
+            by_owner: dict[str, list[ObjectID]] = {}
+            for oid in oids:
+                by_owner.setdefault(self._membership.owner(oid), []).append(oid)
+            refused = await asyncio.gather(*(
+                self._announce_to(owner, ids, source_of, serving, give_up)
+                for owner, ids in by_owner.items()))
+            oids = [oid for ids in refused for oid in ids]
             if oids:
                 await asyncio.sleep(min(RETRY_PAUSE_MAX, 0.02 * 2 ** attempt))
                 attempt += 1
+
+    async def _announce_to(self, owner: str, oids: list[ObjectID],
+                           source_of: Callable[[ObjectID], str | None],
+                           serving: Callable[[ObjectID], int],
+                           give_up: float) -> list[ObjectID]:
+        """Announce what we hold of ``oids`` to ``owner``, read in the same step as the request
+        is sent; the ids to ask about again (the owner refused as not yet the owner)."""
+        batch = self._holdings(oids, source_of, serving)
+        if not batch:
+            return []
+        try:
+            await self._rpc.call_node(owner, Announce(holdings=batch, moved=True))
+        except HopliteError as exc:
+            if not owner_moved(exc) or asyncio.get_running_loop().time() >= give_up:
+                log.info("could not announce %d objects to %s: %s", len(batch), owner, exc)
+                return []
+            return [h.oid for h in batch]
+        return []
 
 
 def _announceable(obj: StoredObject) -> bool:

@@ -115,6 +115,51 @@ async def test_a_retry_announces_what_the_store_holds_at_that_moment(
     assert holding.producing and holding.received == SIZE // 3
 
 
+class TwoOwners:
+    """Two new owner shards, ``a`` for ``x`` and ``b`` for the rest. While ``a`` has the
+    request, ``meanwhile`` runs (before it answers); each records the holdings it was sent
+    beside the versions the store held at that moment."""
+
+    def __init__(self, store: ObjectStore, x: ObjectID, meanwhile: Any) -> None:
+        self.store, self.x, self.meanwhile = store, x, meanwhile
+        self.sent: list[tuple[str, list[bytes], list[bytes]]] = []
+        self.retry_window = 30.0
+        self.owner_set = OwnerSet(["a", "b"])
+
+    def owner(self, oid: ObjectID) -> str:
+        return "a" if oid == self.x else "b"
+
+    async def call_node(self, node: str, msg: Announce) -> None:
+        held = []
+        for h in msg.holdings:
+            obj = self.store.get(h.oid)
+            held.append(b"" if obj is None else obj.version)
+        self.sent.append((node, [h.version for h in msg.holdings], held))
+        if node == "a":
+            self.meanwhile()
+            await asyncio.sleep(0.01)  # the round trip to a remote owner
+
+
+async def test_each_owner_is_sent_what_the_store_holds_as_its_batch_goes(
+        store: ObjectStore) -> None:
+    """Two ids change owners at once, and the reduce producing one starts its result again
+    while the other's new owner has its batch. The restarted result's owner must not be sent
+    the old version read before: arriving after the new version's own announcement, it
+    erased that entry, and the reduce's final publish was refused as "already exists" (CI,
+    tests/cluster/test_repair.py, the merged-inputs host killed: the shard was node 0)."""
+    x, y = ObjectID.random(), ObjectID.random()
+    produce(store, x)
+    produce(store, y)
+    owners = TwoOwners(store, x, lambda: restart(store, y))
+    tasks = Tasks()
+    client = DirectoryClient(owners, store, owners, tasks)  # type: ignore[arg-type]
+    client.reannounce(OwnerSet(["gone"]), lambda _: None, lambda _: 0)
+    await drain(tasks)
+    assert sorted(node for node, _, _ in owners.sent) == ["a", "b"]
+    for node, sent, held in owners.sent:
+        assert sent == held, f"{node} was sent a version the store no longer held"
+
+
 class SmallOwner:
     """The new owner of a small copy: while the copy is re-published to it, the copy is
     deleted here (``store.remove``); it then encodes the request as a link sends it, and
