@@ -24,7 +24,6 @@ from hoplite_client.wire.errors import (
     CapacityError,
     HopliteError,
     HopliteTimeoutError,
-    ObjectNotFoundError,
 )
 from hoplite_client.wire.frames import INLINE_MAX, Frame
 from hoplite_client.wire.ids import ObjectID
@@ -43,7 +42,7 @@ from hoplited.collectives.ops import OPS
 from hoplited.directory.client import DirectoryClient
 from hoplited.memory.arena import Arena
 from hoplited.memory.space import Space, brief_wait
-from hoplited.memory.store import ObjectStore, StoredObject
+from hoplited.memory.store import CopyWithdrawn, ObjectStore, StoredObject
 from hoplited.rpc import Rpc
 from hoplited.tasks import Tasks
 from hoplited.transfer.fetch_plan import is_retriable
@@ -106,6 +105,17 @@ async def reduce_ended(ended: asyncio.Event, result: ObjectID, timeout: float | 
     except TimeoutError:
         raise HopliteTimeoutError(f"reduce {result.hex()} has not completed within "
                                   f"{timeout}s") from None
+
+
+def withdraw_result(store: ObjectStore, old: StoredObject) -> None:
+    """Take the result's copy ``old`` out of the store as the reduce starts it again. Only
+    this copy goes, not the object: a get waiting on it (on this node, where it is
+    produced) fetches again and finds the new version, even while that one waits for room,
+    instead of failing (docs/design.md §5, "Backups")."""
+    if store.get(old.oid) is old:
+        store.remove(old.oid, CopyWithdrawn(
+            f"reduce {old.oid.hex()} started its result again: a backup input took a lost "
+            f"one's place"))
 
 
 class ReduceCoordinator:
@@ -327,10 +337,7 @@ class ReduceCoordinator:
             if task is not None:
                 task.cancel()  # before the removal below fails what they wait on
         self._root_pull, self._about_out = None, []
-        if d.store.get(self.result) is old:
-            d.store.remove(self.result, ObjectNotFoundError(
-                f"reduce {self.result.hex()} started its result again: a backup input took "
-                f"a lost one's place", oid=self.result.hex()))
+        withdraw_result(d.store, old)
         d.store.unpin(old)
         self.out = None
         self._open_result(p.OpenResult(old.size, old.dtype, tuple(old.shape), old.receivers))

@@ -9,11 +9,16 @@ new caller joined it, got ``CopyWithdrawn`` at once, asked again and joined it a
 and without a pause: the daemon answered no ping and was declared dead. The fetcher here is
 real, with a real store; the shard is a stand-in that names this node as the source (the
 requester holds it) and fails every later ask.
+
+A reduce's result started again is such a withdrawn copy too, on the node that produces it:
+a get there waiting on the old version fetches again and ends with the new one, even while
+that one does not exist yet (it waits for room).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import pytest
@@ -25,6 +30,7 @@ from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import Located, MemberInfo
 from hoplited.cluster.link_model import LinkModel
 from hoplited.cluster.membership import Membership
+from hoplited.collectives.coordinator import withdraw_result
 from hoplited.memory.arena import Arena
 from hoplited.memory.space import Space
 from hoplited.memory.store import VERSION_SIZE, CopyWithdrawn, ObjectStore, StoredObject
@@ -54,40 +60,101 @@ class Shard:
                              version=bytes(VERSION_SIZE)))
 
 
-@pytest.mark.timeout(60)  # a spin blocks the loop: only the plugin's alarm would end it
-async def test_a_fetch_joining_one_ended_by_a_withdrawn_copy_starts_anew() -> None:
+def make_fetcher(shard: object, store: ObjectStore, tasks: Tasks) -> Fetcher:
+    """The real fetcher of node ``me``, asking ``shard``."""
+    membership = Membership(MemberInfo(node_id="me", host="127.0.0.1", port=1, socket="",
+                                       host_id="h"))
+    identity = Identity("me", b"token")
+
+    async def may_drop(obj: StoredObject) -> bool:
+        return False
+
+    return Fetcher(identity, store, store.arena, cast(Any, shard), membership, LinkModel(),
+                   Traffic(), tasks, stall_timeout=30.0, refused=lambda node: None,
+                   space=Space(store, may_drop, tasks),
+                   connections=DataConnections(identity, tasks, membership.is_alive))
+
+
+@pytest.fixture
+async def node() -> AsyncIterator[tuple[ObjectStore, Tasks]]:
+    """A real store and the daemon's task owner, ended after the test."""
     tasks = Tasks()
     arena = Arena(1 << 20)
     try:
-        membership = Membership(MemberInfo(node_id="me", host="127.0.0.1", port=1, socket="",
-                                           host_id="h"))
-        identity = Identity("me", b"token")
-        store = ObjectStore(arena)
-
-        async def may_drop(obj: StoredObject) -> bool:
-            return False
-
-        shard = Shard()
-        fetcher = Fetcher(identity, store, arena, cast(Any, shard), membership, LinkModel(),
-                          Traffic(), tasks, stall_timeout=30.0, refused=lambda node: None,
-                          space=Space(store, may_drop, tasks),
-                          connections=DataConnections(identity, tasks, membership.is_alive))
-        oid = ObjectID.random()
-        first = asyncio.ensure_future(fetcher.fetch(oid, timeout=30.0))
-        await asyncio.sleep(0.05)  # its fetch asks the shard, which holds the answer
-        assert shard.asked == 1 and not first.done()
-        # a ring member's copy, being written here: the fetch is told to wait on it
-        store.create(oid, SIZE, "|u1", [SIZE], bytes(VERSION_SIZE), temporary=True)
-        shard.here.set()
-        await asyncio.sleep(0.05)
-        assert not first.done()
-        store.remove(oid, CopyWithdrawn("the ring was given up"))  # as a withdraw does,
-        second = asyncio.ensure_future(fetcher.fetch(oid, timeout=30.0))  # then fetches
-        async with asyncio.timeout(10.0):
-            for fetch in (first, second):
-                with pytest.raises(ObjectNotFoundError):
-                    await fetch
-        assert 2 <= shard.asked <= 3  # asked once more, by one new fetch per caller at most
+        yield ObjectStore(arena), tasks
     finally:
         await tasks.cancel_all()
         arena.close()
+
+
+@pytest.mark.timeout(60)  # a spin blocks the loop: only the plugin's alarm would end it
+async def test_a_fetch_joining_one_ended_by_a_withdrawn_copy_starts_anew(
+        node: tuple[ObjectStore, Tasks]) -> None:
+    store, tasks = node
+    shard = Shard()
+    fetcher = make_fetcher(shard, store, tasks)
+    oid = ObjectID.random()
+    first = asyncio.ensure_future(fetcher.fetch(oid, timeout=30.0))
+    await asyncio.sleep(0.05)  # its fetch asks the shard, which holds the answer
+    assert shard.asked == 1 and not first.done()
+    # a ring member's copy, being written here: the fetch is told to wait on it
+    store.create(oid, SIZE, "|u1", [SIZE], bytes(VERSION_SIZE), temporary=True)
+    shard.here.set()
+    await asyncio.sleep(0.05)
+    assert not first.done()
+    store.remove(oid, CopyWithdrawn("the ring was given up"))  # as a withdraw does,
+    second = asyncio.ensure_future(fetcher.fetch(oid, timeout=30.0))  # then fetches
+    async with asyncio.timeout(10.0):
+        for fetch in (first, second):
+            with pytest.raises(ObjectNotFoundError):
+                await fetch
+    assert 2 <= shard.asked <= 3  # asked once more, by one new fetch per caller at most
+
+
+class ResultShard:
+    """The shard of a reduce's result after its owner moved: it first names another node,
+    a receiver it learnt of before the producer (the fetch then finds the copy being
+    produced here and waits on it); later asks wait until the copy here is complete, which
+    it names then (the requester holds it)."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.named = asyncio.Event()
+        self.complete = asyncio.Event()
+
+    async def locate(self, oid: ObjectID, *args: Any) -> Frame[Located]:
+        self.asked += 1
+        first = self.asked == 1
+        await (self.named if first else self.complete).wait()
+        return Frame(Located(source="other" if first else "me", size=SIZE, dtype="|u1",
+                             shape=[SIZE], version=bytes(VERSION_SIZE)))
+
+
+@pytest.mark.timeout(60)
+async def test_a_get_where_the_result_is_produced_outlasts_its_restart(
+        node: tuple[ObjectStore, Tasks]) -> None:
+    """A get on the coordinator's node, sent before the result opened, fetches; after the
+    result's owner moved, the new shard names a receiver, so the fetch waits on the copy being
+    produced here. The restart takes that version away before the new one has room: the get
+    ends with the new version, where it failed with "not found"."""
+    store, tasks = node
+    shard = ResultShard()
+    fetcher = make_fetcher(shard, store, tasks)
+    oid = ObjectID.random()
+    get = asyncio.ensure_future(fetcher.fetch(oid, timeout=30.0))
+    await asyncio.sleep(0.05)  # before the result opened here: a fetch asks the shard
+    old = store.create(oid, SIZE, "|u1", [SIZE])
+    old.producing = True
+    store.pin(old)  # the coordinator's pin
+    shard.named.set()
+    await asyncio.sleep(0.05)
+    assert shard.asked == 1 and not get.done()  # waiting on the copy being produced
+    withdraw_result(store, old)
+    store.unpin(old)
+    await asyncio.sleep(0.05)  # the new version waits for room meanwhile
+    assert not get.done()
+    new = store.create(oid, SIZE, "|u1", [SIZE])
+    new.advance(SIZE)
+    shard.complete.set()
+    async with asyncio.timeout(10.0):
+        assert await get is new
