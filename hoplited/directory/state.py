@@ -342,8 +342,12 @@ class DirectoryState:
                 if moved:  # a receiver of the other version: it locates again, finds this
                     self._record(oid, event, "refused: another version exists")
                     return []
-                self._record(oid, event, "refused: exists with another version")
-                raise ObjectExistsError(f"object {oid.hex()} already exists", oid=oid.hex())
+                whole = [n for n in entry.complete_holders() if self.is_alive(n)]
+                why = (f"a complete copy of another version is on {whole[0]}" if whole
+                       else f"{entry.producer} is producing another version")
+                self._record(oid, event, f"refused: {why}")
+                raise ObjectExistsError(f"object {oid.hex()} already exists: {why}",
+                                        oid=oid.hex())
             # the old version's complete copies are on dead or silent nodes; one that is only
             # silent keeps a copy nobody would find or delete once it runs again: it drops
             # it (a live receiver of the old version is left alone: it locates again, and

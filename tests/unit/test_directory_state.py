@@ -633,7 +633,22 @@ def test_story_of_a_re_put_and_a_lifted_tombstone() -> None:
     assert [outcome for _, outcome in w.state.story(OID)] == [
         f"tombstone: {TOMBSTONE}", f"failed: {TOMBSTONE}", "new entry, tombstone lifted",
         "re-put: every copy was lost; ['a'] drop theirs",
-        "refused: exists with another version"]
+        "refused: a complete copy of another version is on b"]
+
+
+@pytest.mark.parametrize("first,why", [
+    (put("src"), "a complete copy of another version is on src"),
+    (put("p", received=10, producing=True), "p is producing another version"),
+], ids=["a complete copy", "a producer"])
+def test_a_refused_put_says_which_version_stands_and_where(first: Step, why: str) -> None:
+    """The error a refused put raises (and the story) name what holds the other version: a
+    reduce that failed so in CI could then be traced from its log alone."""
+    w = World(1)
+    first(w)
+    with pytest.raises(ObjectExistsError) as info:
+        put("x", version=b"v2")(w)
+    assert str(info.value) == f"object {OID.hex()} already exists: {why}"
+    assert w.state.story(OID)[-1][1] == f"refused: {why}"
 
 
 def test_story_is_bounded_per_oid_and_in_oids() -> None:
