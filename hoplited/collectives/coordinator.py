@@ -114,8 +114,7 @@ def withdraw_result(store: ObjectStore, old: StoredObject) -> None:
     instead of failing (docs/design.md §5, "Backups")."""
     if store.get(old.oid) is old:
         store.remove(old.oid, CopyWithdrawn(
-            f"reduce {old.oid.hex()} started its result again: a backup input took a lost "
-            f"one's place"))
+            f"reduce {old.oid.hex()} started its result again: a repair redid the path to it"))
 
 
 class ReduceCoordinator:
