@@ -149,5 +149,5 @@ def test_adapter_forwards_results() -> None:
     assert s.entries[oid].holders["src"].received == SIZE
     assert s.delete(oid) == (b"v1", ["src"])
     assert [outcome for _, outcome in s.story(oid)] == [
-        "new entry", "refused: exists with another version",
+        "new entry", "refused: a complete copy of another version is on src",
         "holders ['src'] drop their copies"]
