@@ -39,8 +39,8 @@ class RecentDeletes:
     def __init__(self, window: float, limit: int = RECENT_MAX) -> None:
         self.window = window
         self.limit = limit
-        # id -> (the version removed, until when, a retire)
-        self._deletes: OrderedDict[ObjectID, tuple[bytes, float, bool]] = OrderedDict()
+        # id -> (what a resend would send, until when it would)
+        self._deletes: OrderedDict[ObjectID, tuple[Resend, float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._deletes)
@@ -60,18 +60,18 @@ class RecentDeletes:
         self._deletes.pop(oid, None)
         if version is None:
             return None
-        self._deletes[oid] = (version, now + self.window, retire)
+        resend = Resend(oid, version, retire)
+        self._deletes[oid] = (resend, now + self.window)
         if len(self._deletes) > self.limit:
             self._deletes.popitem(last=False)
-        return Resend(oid, version, retire) if moved else None
+        return resend if moved else None
 
     def owners_moved(self, moved: Callable[[ObjectID], bool], now: float) -> list[Resend]:
         """The deletes to send again now that owners changed (``moved``: whether an id's owner
         is another one now); forgets those older than the window."""
         while self._deletes:
-            oid, (_, until, _) = next(iter(self._deletes.items()))
+            oid, (_, until) = next(iter(self._deletes.items()))
             if until > now:
                 break
             del self._deletes[oid]
-        return [Resend(oid, version, retire) for oid, (version, _, retire)
-                in self._deletes.items() if moved(oid)]
+        return [resend for oid, (resend, _) in self._deletes.items() if moved(oid)]
