@@ -36,6 +36,7 @@ land mid-transfer, where on loopback many land before or after. Usage:
     python -m bench.chaos --trials 30 --seed 19 --emulate 1Gbit --partition  # cut off, healed
     python -m bench.chaos --trials 30 --seed 29 --emulate 1Gbit --partition --victims 2
     python -m bench.chaos --trials 30 --seed 23 --emulate 1Gbit --cut-link  # one link cut
+    python -m bench.chaos --trials 30 --seed 61 --stagger  # inputs put one by one
 
 ``--victims K`` signals K nodes in each trial, each at a moment of its own drawn from the
 same range, with the same signal (at least K + 3 nodes, no backup input; a broadcast's later
@@ -64,7 +65,12 @@ cuts only the link between the victim's host and one other node's, drawn from th
 while it is cut (docs/design.md §5, "A link broken between two members"), so a typed error is
 ``degraded`` there, not ``error``; either way the trial then checks that every node kept its
 id and lists all the others alive and trusted within REJOIN_WAIT, and the let-go and logs as
-above.
+above. ``--stagger`` (any of the above) draws no broadcast and no backup input: the op
+begins first, and each node's task puts its input at its own moment, STAGGER apart (drawn
+per trial), then asks for the result (every node of an allreduce, node 0 of a reduce or a
+gather), as the staggered benchmarks do. The plans that wait for inputs (a ring's wait, the
+last input on the root, a pair of combiners, docs/design.md §4) are then what the failure
+hits; a victim signalled before its moment never puts, and its input is put again.
 """
 
 from __future__ import annotations
@@ -114,6 +120,9 @@ LONG_PAUSE = (5.0, 8.0)  # --long-pause: past the heartbeat timeout and its inte
 REJOIN_WAIT = 20.0  # --long-pause, --restart: from the end of the run until views agree
 RESTART = (0.2, 3.0)  # --restart: how long after its SIGKILL a victim is started again
 CUT_FOR = (1.0, 8.0)  # --partition: how long the victim's host is cut off
+# --stagger: seconds between two puts, log-uniform: from inputs closer than a transfer of
+# the smallest size on loopback to further apart than one of 32 MiB on 1 Gbit/s links
+STAGGER = (0.005, 0.3)
 BAD_LOG = ("Traceback", " ERROR ")
 
 
@@ -143,6 +152,7 @@ class Trial:
     long_pause: bool = False  # --long-pause: that pause is past the heartbeat timeout
     restart_after: float | None = None  # --restart: a killed victim started again, seconds
     link_to: int | None = None  # --cut-link: the other end of the cut link
+    interval: float = 0.0  # --stagger: seconds between one node's put and the next's
     keep_logs: bool = False  # --keep-logs: an ok trial's logs are kept too
 
     @property
@@ -153,6 +163,8 @@ class Trial:
     def describe(self) -> str:
         extra = "".join([", victim owns", ", backup"][i] for i, on in
                         enumerate((self.victim_owns, self.backup)) if on)
+        if self.interval:
+            extra += f", inputs {self.interval * 1e3:.0f} ms apart"
         size = (f"{self.size >> 20} MiB" if self.size >= 1 << 20 else f"{self.size >> 10} KiB")
         also = "".join(f" and node {o} at {a:.2f} s"
                        for o, a in zip(self.others, self.others_after))
@@ -175,15 +187,16 @@ class Trial:
 
 def draw(seed: int, number: int, victims: int = 1, resume: bool = False,
          long_pause: bool = False, restart: bool = False, partition: bool = False,
-         cut_link: bool = False) -> Trial:
+         cut_link: bool = False, stagger: bool = False) -> Trial:
     """Trial ``number`` of ``seed``: the same draw on every machine (``victims``: how many
     nodes fail, each at a moment of its own; ``resume``: a stopped victim runs again;
     ``long_pause``: only after it was declared dead; ``restart``: a killed victim is started
     again; ``partition``: the victims are cut off instead of signalled, together or each
     alone; ``cut_link``: only one victim's link to one other node is; every other draw
-    unchanged)."""
+    unchanged; ``stagger``: no broadcast or backup input, and the inputs are put one by one,
+    STAGGER apart, once the op has begun)."""
     rng = random.Random(seed * 100_003 + number)
-    op = rng.choice(OPS)
+    op = rng.choice(OPS[1:] if stagger else OPS)
     nodes = rng.randint(4, 6)
     base = "allreduce" if op.startswith("allreduce") else op
     backup = base == "reduce" and rng.random() < 0.3
@@ -217,6 +230,10 @@ def draw(seed: int, number: int, victims: int = 1, resume: bool = False,
         trial.link_to = rng.choice([i for i in range(trial.nodes) if i != victim])
     if partition and trial.others:
         trial.apart = rng.random() < 0.5
+    if stagger:
+        trial.backup = False
+        low, high = STAGGER
+        trial.interval = low * (high / low) ** rng.random()
     return trial
 
 
@@ -240,7 +257,7 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
     base = "allreduce" if trial.op.startswith("allreduce") else trial.op
     async with started_cluster(trial.nodes, workdir, rate_bps) as cluster:
         clients = [await hoplite_client.connect(s) for s in cluster.sockets]
-        ctx = BenchContext(clients, trial.size, 0.0, Progress(),
+        ctx = BenchContext(clients, trial.size, trial.interval, Progress(),
                            striped=trial.op == "allreduce-striped")
         for _ in range(2):  # the first warms connections and memory up; the second is timed
             made: list[hoplite_client.ObjectID] = []
@@ -421,10 +438,12 @@ async def campaign(seed: int, numbers: list[int], json_path: str | None,
                    rate_bps: int | None = None, victims: int = 1,
                    resume: bool = False, long_pause: bool = False,
                    restart: bool = False, partition: bool = False,
-                   cut_link: bool = False, keep_logs: bool = False) -> int:
+                   cut_link: bool = False, keep_logs: bool = False,
+                   stagger: bool = False) -> int:
     trials = []
     for number in numbers:
-        trial = draw(seed, number, victims, resume, long_pause, restart, partition, cut_link)
+        trial = draw(seed, number, victims, resume, long_pause, restart, partition, cut_link,
+                     stagger)
         trial.keep_logs = keep_logs
         started = time.monotonic()
         trial = await run_trial(trial, rate_bps)
@@ -471,6 +490,8 @@ def main() -> None:
                         help="cut only the victim's link to one other node (--emulate)")
     parser.add_argument("--keep-logs", action="store_true",
                         help="keep every trial's daemon logs, not only those that went wrong")
+    parser.add_argument("--stagger", action="store_true",
+                        help="inputs put one by one, 5-300 ms apart, once the op has begun")
     args = parser.parse_args()
     victims = 2 if args.double else args.victims
     cuts = args.partition or args.cut_link
@@ -486,7 +507,7 @@ def main() -> None:
     raise SystemExit(uvloop.run(campaign(args.seed, numbers, args.json_path, rate,
                                          victims, args.resume, args.long_pause,
                                          args.restart, args.partition, args.cut_link,
-                                         args.keep_logs)))
+                                         args.keep_logs, args.stagger)))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ the hardest placement, where the silent or dead node is also the id's owner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import statistics
 import time
@@ -164,18 +165,25 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     then joined again (``Testbed.partition``); the others' moments are not used. ``sig``
     "LINK" (emulated, one victim): only the link between the victim's host and node
     ``link_to``'s is cut for that long; nobody is lost, so every participant is a survivor and
-    no input is put again (docs/design.md §5, "A link broken between two members")."""
+    no input is put again (docs/design.md §5, "A link broken between two members").
+    ``ctx.interval`` > 0 (not broadcast, no backup): the collective begins first and node i
+    puts its input i·interval after the clock starts (``Arrivals``); a victim signalled
+    before its moment never puts, and its input is put again as above."""
     clients = ctx.clients
     n = len(clients)
     owner = cluster.nodes[victim].node_id if victim_owns else None
+    arrivals = Arrivals(ctx) if ctx.interval > 0 and op != "broadcast" else None
     setup, participants, ids = await _prepare(op, ctx, victim if backup else None, victim,
                                               owner, [node.node_id for node in cluster.nodes],
-                                              [] if made is None else made)
+                                              [] if made is None else made, arrivals)
     moments = [(victim, kill_after), *others]
     hit = [v for v, _ in moments]  # signalled, or cut off
     victims = [] if sig == "LINK" else hit
     survivors = [i for i in participants if i not in victims]
+    signalled: set[int] = set()  # victims whose signal has gone out
     t0 = time.perf_counter()
+    if arrivals is not None:
+        arrivals.start = t0
 
     helper = clients[helper_for(hit, n)]
     resumes: list[float] = []  # when each paused victim runs again (the loop's clock)
@@ -210,6 +218,7 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     async def signal_one(node: int, after: float) -> None:
         assert sig in SIGNALS
         await asyncio.sleep(max(0.0, t0 + after - time.perf_counter()))
+        signalled.add(node)
         cluster.kill(node, SIGNALS[sig])
         if resume_after is not None and sig == "STOP":
             loop = asyncio.get_running_loop()
@@ -243,12 +252,28 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
             return Outcome(i, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"), None
         return Outcome(i, seconds=time.perf_counter() - t0), check
 
+    async def victim_puts(node: int) -> None:
+        """A victim's own task puts its input at its moment, unless its node was signalled
+        first (the task is then restarted elsewhere: ``lost``); a node cut off is alive and
+        puts. Whatever the signal does to the put in flight is the victim's, not a
+        survivor's, outcome."""
+        assert arrivals is not None
+        await arrivals.wait(node)
+        if node in signalled:
+            return
+        with contextlib.suppress(HopliteError):
+            await arrivals.put(node)
+
     killer = asyncio.ensure_future(kill())
+    puts = [asyncio.ensure_future(victim_puts(v))
+            for v in (victims if arrivals is not None else [])]
     try:
         ended = await asyncio.gather(*(one(i) for i in survivors))
     finally:
         killer.cancel()  # a put again still under way is not needed any more
-        await asyncio.gather(killer, return_exceptions=True)
+        for put in puts:  # a victim's put that waits on its frozen daemon
+            put.cancel()
+        await asyncio.gather(killer, *puts, return_exceptions=True)
         if resumes:  # the paused victims run again before the run counts as over
             await asyncio.sleep(max(0.0, max(resumes) - asyncio.get_running_loop().time()))
         for back in returns:  # the killed ones have joined again, a cut is healed
@@ -275,6 +300,27 @@ Check = Callable[[], Awaitable[bool]]
 Step = Callable[[int, hoplite_client.Client], Awaitable[Check]]
 
 
+class Arrivals:
+    """Inputs that arrive one by one (``ctx.interval`` > 0): node i's task puts its input
+    i·interval after ``start``, once the collective has begun, as the staggered scenarios do
+    (docs/design.md §4); what a collective must then plan around as inputs come."""
+
+    def __init__(self, ctx: BenchContext) -> None:
+        self.ctx = ctx
+        self.ids: list[hoplite_client.ObjectID] = []
+        self.start = time.perf_counter()
+
+    async def wait(self, node: int) -> None:
+        """Until node ``node``'s moment."""
+        await asyncio.sleep(max(0.0, self.start + node * self.ctx.interval
+                                - time.perf_counter()))
+
+    async def put(self, node: int) -> None:
+        """Put node ``node``'s input through its own client, at its moment."""
+        await self.wait(node)
+        await self.ctx.clients[node].put(self.ctx.data(node), object_id=self.ids[node])
+
+
 async def put_again(client: hoplite_client.Client, oid: hoplite_client.ObjectID,
                     data: NDArray[Any]) -> None:
     """Put ``oid`` again, as a restarted task would; refused while the directory still counts
@@ -299,12 +345,15 @@ def owned_id(owner: str | None, nodes: list[str]) -> hoplite_client.ObjectID:
 
 
 async def _prepare(op: str, ctx: BenchContext, backup_for: int | None, victim: int,
-                   owner: str | None, nodes: list[str], made: list[hoplite_client.ObjectID]
+                   owner: str | None, nodes: list[str], made: list[hoplite_client.ObjectID],
+                   arrivals: Arrivals | None = None
                    ) -> tuple[Step, list[int], list[hoplite_client.ObjectID]]:
     """Put the op's inputs; returns what each participant does, who participates, and the
     inputs a restarted task puts again (none for broadcast). ``backup_for``: a reduce gets
     one more input, not put yet, to replace that node's. ``owner``: the shard of the
-    broadcast object, or of the victim's input. ``made`` gets every id put or made."""
+    broadcast object, or of the victim's input. ``made`` gets every id put or made.
+    ``arrivals``: the inputs are put one by one once the collective has begun
+    (``_staggered``)."""
     clients = ctx.clients
     n = len(clients)
     if op == "broadcast":
@@ -324,6 +373,11 @@ async def _prepare(op: str, ctx: BenchContext, backup_for: int | None, victim: i
         return get_one, receivers, []
     ids = [owned_id(owner if i == victim else None, nodes) for i in range(n)]
     made.extend(ids)
+    if arrivals is not None:
+        if backup_for is not None:
+            raise InvalidArgumentError("a backup input goes with inputs put at once, "
+                                       "not one by one")
+        return await _staggered(op, ctx, ids, made, arrivals)
     await put_all(ctx, ids)
     if op == "gather":
         async def gather(i: int, c: hoplite_client.Client) -> Check:
@@ -357,3 +411,43 @@ async def _prepare(op: str, ctx: BenchContext, backup_for: int | None, victim: i
         return check
     return get_sum, (list(range(n)) if op == "allreduce" else [0]), ids
 
+
+
+async def _staggered(op: str, ctx: BenchContext, ids: list[hoplite_client.ObjectID],
+                     made: list[hoplite_client.ObjectID], arrivals: Arrivals
+                     ) -> tuple[Step, list[int], list[hoplite_client.ObjectID]]:
+    """The collective begins before any input exists, and every node's task puts its input at
+    its moment (``arrivals``); then it asks for what it needs, as in the staggered scenarios:
+    an allreduce's every node the result, a reduce's or a gather's node 0 its result. Every
+    node is a participant: a put that fails is its outcome's error."""
+    clients = ctx.clients
+    arrivals.ids = ids
+    result: hoplite_client.ObjectID | None = None
+    if op == "allreduce":
+        result = await clients[0].allreduce(ids, "sum", timeout=FAILURE_TIMEOUT,
+                                            striped=ctx.striped)
+    elif op == "reduce":
+        result = await clients[0].reduce(ids, "sum", num_objects=len(ids),
+                                         timeout=FAILURE_TIMEOUT)
+    if result is not None:
+        made.append(result)
+
+    async def put_only() -> bool:
+        return True  # the put itself returned: all this node's task had to do
+
+    async def step(i: int, c: hoplite_client.Client) -> Check:
+        await arrivals.put(i)
+        if op == "gather" and i == 0:
+            arrays = await c.gather(ids, timeout=FAILURE_TIMEOUT)
+
+            async def gathered() -> bool:
+                return all(same_bytes(a, ctx.data(k)) for k, a in enumerate(arrays))
+            return gathered
+        if result is not None and (op == "allreduce" or i == 0):
+            got = await c.get(result, timeout=FAILURE_TIMEOUT)
+
+            async def summed() -> bool:
+                return reduced_ok(ctx, got)
+            return summed
+        return put_only
+    return step, list(range(len(ids))), ids

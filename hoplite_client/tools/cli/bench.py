@@ -213,6 +213,11 @@ def _make_command(op: str) -> click.Command:
         if kill_node is not None:
             if join is not None:
                 raise click.UsageError("--kill-node signals daemons it started; not with --join")
+            if arrival_interval > 0:
+                raise click.UsageError("--kill-node times its runs from the first put, "
+                                       "--arrival-interval from the last: run inputs that "
+                                       "arrive one by one under failures with "
+                                       "`python -m bench.chaos --stagger`")
             try:
                 check_victim(op, kill_node, nodes, backup)
             except HopliteError as exc:
