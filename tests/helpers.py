@@ -22,6 +22,7 @@ import numpy as np
 import hoplite_client
 from hoplite_client.daemon_process import cpu_seconds
 from hoplite_client.net.channel import Channel
+from hoplite_client.net.endpoints import parse_address
 from hoplite_client.net.handshake import Identity, dial
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.frames import (
@@ -37,6 +38,7 @@ from hoplite_client.wire.messages import (
     ClientHello,
     ClientWelcome,
     Error,
+    Stats,
 )
 
 # Small arenas keep eight daemons cheap.
@@ -308,3 +310,16 @@ async def dial_as_peer(cluster: Any, name: str, node: int = 0) -> tuple[FramePro
     host, port = cluster.nodes[node].listen.rsplit(":", 1)
     protocol, _ = await dial(host, int(port), "peer", me)
     return protocol, Channel(protocol)
+
+
+async def local_stats(node: Any, token: bytes) -> dict[str, Any]:
+    """``node``'s own record (a LocalCluster node), asked as a tool: a client's status would
+    ask every member itself, so it dials links and waits on a silent member."""
+    host, port = parse_address(node.listen)
+    protocol, _ = await dial(host, port, "tool", Identity("test-tool", token))
+    try:
+        frame = await Channel(protocol).request(Stats(), timeout=IO_TIMEOUT)
+    finally:
+        protocol.close()
+    info: dict[str, Any] = frame.msg.info
+    return info

@@ -181,6 +181,8 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     victims = [] if sig == "LINK" else hit
     survivors = [i for i in participants if i not in victims]
     signalled: set[int] = set()  # victims whose signal has gone out
+    reputs: list[asyncio.Future[None]] = []  # the lost inputs put again
+    reputs_stop = asyncio.Event()
     t0 = time.perf_counter()
     if arrivals is not None:
         arrivals.start = t0
@@ -230,7 +232,12 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
 
     async def lost(node: int) -> None:
         if ids and not backup:  # the restarted task: the lost input again, elsewhere
-            await put_again(helper, ids[node], ctx.data(node))
+            # a put once sent completes even if this run ends first (docs/design.md §2.2):
+            # the run's end stops the retries and waits for it, so no put lands after the
+            # deletes that follow
+            reputs.append(asyncio.ensure_future(put_again(helper, ids[node], ctx.data(node),
+                                                           reputs_stop)))
+            await asyncio.shield(reputs[-1])
 
     async def kill() -> None:
         if backup:  # a straggler's input: not chosen, ready before the node dies
@@ -267,17 +274,22 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     killer = asyncio.ensure_future(kill())
     puts = [asyncio.ensure_future(victim_puts(v))
             for v in (victims if arrivals is not None else [])]
+    # a victim that runs again (or was only cut off) completes the put it had sent
+    again = resume_after is not None or sig == "CUT"
     try:
         ended = await asyncio.gather(*(one(i) for i in survivors))
     finally:
-        killer.cancel()  # a put again still under way is not needed any more
-        for put in puts:  # a victim's put that waits on its frozen daemon
-            put.cancel()
-        await asyncio.gather(killer, *puts, return_exceptions=True)
+        killer.cancel()  # a signal still to come is not needed any more
+        reputs_stop.set()
+        if not again:
+            for put in puts:  # a victim's put that waits on its frozen daemon
+                put.cancel()
+        await asyncio.gather(killer, return_exceptions=True)
         if resumes:  # the paused victims run again before the run counts as over
             await asyncio.sleep(max(0.0, max(resumes) - asyncio.get_running_loop().time()))
         for back in returns:  # the killed ones have joined again, a cut is healed
             await back
+        await asyncio.gather(*reputs, *puts, return_exceptions=True)
     # checked once every survivor is done: a check takes a core for a moment, and done
     # inside the run it would hold up the next survivor's clock
     for outcome, check in ended:
@@ -322,9 +334,10 @@ class Arrivals:
 
 
 async def put_again(client: hoplite_client.Client, oid: hoplite_client.ObjectID,
-                    data: NDArray[Any]) -> None:
+                    data: NDArray[Any], stop: asyncio.Event | None = None) -> None:
     """Put ``oid`` again, as a restarted task would; refused while the directory still counts
-    the lost copy as live (a frozen node not yet declared dead), so retried until accepted."""
+    the lost copy as live (a frozen node not yet declared dead), so retried until accepted,
+    or until ``stop`` is set (the run is over: the put is not needed any more)."""
     deadline = time.monotonic() + FAILURE_TIMEOUT
     while True:
         try:
@@ -333,7 +346,11 @@ async def put_again(client: hoplite_client.Client, oid: hoplite_client.ObjectID,
         except hoplite_client.ObjectExistsError:
             if time.monotonic() > deadline:
                 raise
-            await asyncio.sleep(REPUT_POLL)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(REPUT_POLL):
+                    await (asyncio.Event() if stop is None else stop).wait()
+            if stop is not None and stop.is_set():
+                return
 
 
 def owned_id(owner: str | None, nodes: list[str]) -> hoplite_client.ObjectID:

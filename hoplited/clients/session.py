@@ -10,6 +10,7 @@ waits for room (:mod:`hoplited.memory.space`) up to the put's own timeout.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -197,10 +198,22 @@ class ClientSession:
                 del self.pins[oid]
 
     async def _publish(self, obj: StoredObject) -> None:
+        """Register a put's object with its owner shard. All its bytes are here, so the put
+        completes even if the client leaves meanwhile: the publish is a task of the daemon's
+        that the request only awaits. Cancelled with the request, a publish already sent
+        could land after the copy was removed, and the shard would list a copy nobody holds
+        (docs/design.md §2.2, "A put outlives its client")."""
+        await asyncio.shield(self.d.tasks.spawn(self._publish_or_remove(obj),
+                                                name=f"publish-{obj.oid.short()}",
+                                                on_error=_publish_failed))
+
+    async def _publish_or_remove(self, obj: StoredObject) -> None:
+        """Publish ``obj``; one that is refused, or whose owner cannot be reached, goes."""
         try:
             await self.d.directory.publish(obj)
         except BaseException:
-            self.d.store.remove(obj.oid)
+            if self.d.store.get(obj.oid) is obj:
+                self.d.store.remove(obj.oid)
             raise
 
     def cleanup(self) -> None:
@@ -214,6 +227,15 @@ class ClientSession:
         for oid in self.creating:
             self.d.store.remove(oid)
         self.creating.clear()
+
+
+def _publish_failed(exc: BaseException) -> None:
+    """A put's publish failed: a typed error went to the client that waited for it (one that
+    left has nobody to tell), anything else is a bug."""
+    if isinstance(exc, HopliteError):
+        log.debug("a put's publish failed: %s", exc)
+    else:
+        log.error("a put's publish crashed", exc_info=exc)
 
 
 # The client role's handler table (method names, bound per session); the listener checks it

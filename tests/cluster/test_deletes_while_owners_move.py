@@ -1,14 +1,18 @@
 """A delete made while an id's owner is away still removes every trace of the object once
-the owner is back (docs/design.md §5, "Deletes and moving owners")."""
+the owner is back (docs/design.md §5, "Deletes and moving owners"); a put whose publish waits
+on that owner completes though its client leaves (docs/design.md §2.2, "A put outlives its
+client")."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import signal
 from collections.abc import Awaitable, Callable
 
 import numpy as np
 import pytest
-from helpers import IO_TIMEOUT, MiB, eventually, every_node_stats
+from helpers import IO_TIMEOUT, MiB, eventually, every_node_stats, local_stats
 
 import hoplite_client
 from hoplite_client.tools.local_cluster import LocalCluster
@@ -127,4 +131,48 @@ async def test_a_copy_on_a_node_that_was_silent_goes_with_its_delete(
         await resume_until_trusted(cluster, clients, 2)
     np.testing.assert_array_equal(await clients[0].get(oid, timeout=IO_TIMEOUT), value)
     await clients[0].delete(oid)
+    await nothing_left(clients[0], members)
+
+
+async def test_a_put_whose_client_leaves_while_its_owner_is_silent_still_completes(
+        make_cluster: Callable[..., Awaitable[LocalCluster]],
+        connect: Callable[[str], Awaitable[hoplite_client.Client]]) -> None:
+    """Node 2 owns two ids and is frozen. A client of node 0 puts both, a small object (sent
+    whole) and a large one (written, then sealed); their publishes wait on node 2, and the
+    client leaves. Once the others suspect node 2 the puts complete at its stand-in: node 1
+    gets both. After the deletes, and node 2 back, no node keeps anything of them."""
+    cluster = await make_cluster(3, daemon_args=SUSPICION)
+    clients = [await connect(s) for s in cluster.sockets]
+    members = [n.node_id for n in cluster.nodes]
+    oids = []
+    while len(oids) < 2:
+        oid = ObjectID.random()
+        if rendezvous_owner(oid, members) == members[2]:
+            oids.append(oid)
+    values = [np.arange(1024, dtype=np.int32), np.arange(MiB // 8, dtype=np.int64)]
+
+    leaving = await hoplite_client.connect(cluster.sockets[0])
+    cluster.kill(2, signal.SIGSTOP)
+    try:
+        puts = [asyncio.ensure_future(leaving.put(v, object_id=oid))
+                for v, oid in zip(values, oids)]
+
+        with open(cluster.token_file, "rb") as f:
+            token = f.read().strip()
+
+        async def both_stored() -> bool:  # asked of node 0 alone: node 2 would not answer
+            stats = await local_stats(cluster.nodes[0], token)
+            return bool(stats["store"]["complete_objects"] == 2)
+
+        await eventually(both_stored, what="both objects stored on node 0")
+        await leaving.close()
+        for put in puts:
+            with contextlib.suppress(hoplite_client.HopliteError):
+                await put
+        for value, oid in zip(values, oids):
+            np.testing.assert_array_equal(await clients[1].get(oid, timeout=IO_TIMEOUT), value)
+    finally:
+        await resume_until_trusted(cluster, clients, 2)
+    for oid in oids:
+        await clients[1].delete(oid)
     await nothing_left(clients[0], members)

@@ -5,31 +5,13 @@ cluster starts must not wait for a handshake queued behind object bytes (docs/de
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
-from helpers import IO_TIMEOUT, eventually
+from helpers import IO_TIMEOUT, eventually, local_stats
 
-from hoplite_client.net.channel import Channel
-from hoplite_client.net.endpoints import parse_address
-from hoplite_client.net.handshake import Identity, dial
-from hoplite_client.tools.local_cluster import LocalCluster, Node
-from hoplite_client.wire.messages import Stats
+from hoplite_client.tools.local_cluster import LocalCluster
 
 # The first Ping goes out an interval after a link starts: far beyond this test's waits.
 SLOW_HEARTBEAT = ["--heartbeat-interval", "120", "--heartbeat-timeout", "600"]
-
-
-async def local_stats(node: Node, token: bytes) -> dict[str, Any]:
-    """``node``'s own record, asked as a tool: a client's status would ask every member
-    itself, and so dial the links this test waits for."""
-    host, port = parse_address(node.listen)
-    protocol, _ = await dial(host, port, "tool", Identity("test-tool", token))
-    try:
-        frame = await Channel(protocol).request(Stats(), timeout=IO_TIMEOUT)
-    finally:
-        protocol.close()
-    info: dict[str, Any] = frame.msg.info
-    return info
 
 
 async def test_every_member_dials_every_other_when_it_joins(
