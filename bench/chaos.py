@@ -37,6 +37,7 @@ land mid-transfer, where on loopback many land before or after. Usage:
     python -m bench.chaos --trials 30 --seed 29 --emulate 1Gbit --partition --victims 2
     python -m bench.chaos --trials 30 --seed 23 --emulate 1Gbit --cut-link  # one link cut
     python -m bench.chaos --trials 30 --seed 61 --stagger  # inputs put one by one
+    python -m bench.chaos --trials 30 --seed 69 --per-node 2  # two inputs on every node
 
 ``--victims K`` signals K nodes in each trial, each at a moment of its own drawn from the
 same range, with the same signal (at least K + 3 nodes, no backup input; a broadcast's later
@@ -71,6 +72,9 @@ per trial), then asks for the result (every node of an allreduce, node 0 of a re
 gather), as the staggered benchmarks do. The plans that wait for inputs (a ring's wait, the
 last input on the root, a pair of combiners, docs/design.md §4) are then what the failure
 hits; a victim signalled before its moment never puts, and its input is put again.
+``--per-node K`` (any of the above) draws no broadcast and no backup input either: each node
+puts K inputs, which a reduce merges on their node first (docs/design.md §4, "Several inputs
+on one node"), and a victim loses all K, put again together.
 """
 
 from __future__ import annotations
@@ -153,6 +157,7 @@ class Trial:
     restart_after: float | None = None  # --restart: a killed victim started again, seconds
     link_to: int | None = None  # --cut-link: the other end of the cut link
     interval: float = 0.0  # --stagger: seconds between one node's put and the next's
+    per_node: int = 1  # --per-node: inputs each node puts
     keep_logs: bool = False  # --keep-logs: an ok trial's logs are kept too
 
     @property
@@ -165,6 +170,8 @@ class Trial:
                         enumerate((self.victim_owns, self.backup)) if on)
         if self.interval:
             extra += f", inputs {self.interval * 1e3:.0f} ms apart"
+        if self.per_node > 1:
+            extra += f", {self.per_node} inputs a node"
         size = (f"{self.size >> 20} MiB" if self.size >= 1 << 20 else f"{self.size >> 10} KiB")
         also = "".join(f" and node {o} at {a:.2f} s"
                        for o, a in zip(self.others, self.others_after))
@@ -187,16 +194,17 @@ class Trial:
 
 def draw(seed: int, number: int, victims: int = 1, resume: bool = False,
          long_pause: bool = False, restart: bool = False, partition: bool = False,
-         cut_link: bool = False, stagger: bool = False) -> Trial:
+         cut_link: bool = False, stagger: bool = False, per_node: int = 1) -> Trial:
     """Trial ``number`` of ``seed``: the same draw on every machine (``victims``: how many
     nodes fail, each at a moment of its own; ``resume``: a stopped victim runs again;
     ``long_pause``: only after it was declared dead; ``restart``: a killed victim is started
     again; ``partition``: the victims are cut off instead of signalled, together or each
     alone; ``cut_link``: only one victim's link to one other node is; every other draw
     unchanged; ``stagger``: no broadcast or backup input, and the inputs are put one by one,
-    STAGGER apart, once the op has begun)."""
+    STAGGER apart, once the op has begun; ``per_node``: no broadcast or backup input, and
+    each node puts that many)."""
     rng = random.Random(seed * 100_003 + number)
-    op = rng.choice(OPS[1:] if stagger else OPS)
+    op = rng.choice(OPS[1:] if stagger or per_node > 1 else OPS)
     nodes = rng.randint(4, 6)
     base = "allreduce" if op.startswith("allreduce") else op
     backup = base == "reduce" and rng.random() < 0.3
@@ -230,6 +238,9 @@ def draw(seed: int, number: int, victims: int = 1, resume: bool = False,
         trial.link_to = rng.choice([i for i in range(trial.nodes) if i != victim])
     if partition and trial.others:
         trial.apart = rng.random() < 0.5
+    if per_node > 1:
+        trial.backup = False
+        trial.per_node = per_node
     if stagger:
         trial.backup = False
         low, high = STAGGER
@@ -263,7 +274,8 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
             made: list[hoplite_client.ObjectID] = []
             free = await run_with_failure(base, ctx, cluster, trial.victim, 0.0, None,
                                           trial.backup, trial.victim_owns, made,
-                                          [(o, 0.0) for o in trial.others])
+                                          [(o, 0.0) for o in trial.others],
+                                          per_node=trial.per_node)
             if any(o.error is not None for o in free):
                 return _ended(trial, "error", f"the failure-free run failed: {free}", workdir)
             trial.failure_free = max(o.seconds or 0.0 for o in free)
@@ -281,7 +293,7 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
                                                   trial.backup, trial.victim_owns, made,
                                                   others, trial.resume_after,
                                                   trial.restart_after, trial.link_to,
-                                                  trial.apart)
+                                                  trial.apart, trial.per_node)
         except TimeoutError:
             return _ended(trial, "hung", f"not over {TRIAL_TIMEOUT:g} s after the signal",
                           workdir)
@@ -439,11 +451,11 @@ async def campaign(seed: int, numbers: list[int], json_path: str | None,
                    resume: bool = False, long_pause: bool = False,
                    restart: bool = False, partition: bool = False,
                    cut_link: bool = False, keep_logs: bool = False,
-                   stagger: bool = False) -> int:
+                   stagger: bool = False, per_node: int = 1) -> int:
     trials = []
     for number in numbers:
         trial = draw(seed, number, victims, resume, long_pause, restart, partition, cut_link,
-                     stagger)
+                     stagger, per_node)
         trial.keep_logs = keep_logs
         started = time.monotonic()
         trial = await run_trial(trial, rate_bps)
@@ -492,9 +504,13 @@ def main() -> None:
                         help="keep every trial's daemon logs, not only those that went wrong")
     parser.add_argument("--stagger", action="store_true",
                         help="inputs put one by one, 5-300 ms apart, once the op has begun")
+    parser.add_argument("--per-node", type=int, default=1, metavar="K",
+                        help="each node puts K inputs (no broadcast)")
     args = parser.parse_args()
     victims = 2 if args.double else args.victims
     cuts = args.partition or args.cut_link
+    if args.per_node < 1:
+        parser.error("--per-node takes 1 or more")
     if victims < 1 or (args.double and args.victims not in (1, 2)):
         parser.error("--victims takes 1 or more (--double is --victims 2)")
     if cuts and (args.emulate is None or args.resume or args.long_pause or args.restart
@@ -507,7 +523,7 @@ def main() -> None:
     raise SystemExit(uvloop.run(campaign(args.seed, numbers, args.json_path, rate,
                                          victims, args.resume, args.long_pause,
                                          args.restart, args.partition, args.cut_link,
-                                         args.keep_logs, args.stagger)))
+                                         args.keep_logs, args.stagger, args.per_node)))
 
 
 if __name__ == "__main__":

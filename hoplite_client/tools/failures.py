@@ -148,7 +148,8 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
                            others: Sequence[tuple[int, float]] = (),
                            resume_after: float | None = None,
                            restart_after: float | None = None,
-                           link_to: int | None = None, apart: bool = False) -> list[Outcome]:
+                           link_to: int | None = None, apart: bool = False,
+                           per_node: int = 1) -> list[Outcome]:
     """Run ``op`` once, signalling node ``victim`` ``kill_after`` seconds in (``sig`` None:
     the same run without the signal); survivors' outcomes, in node order. ``backup``: a
     reduce's lost input is replaced by a backup. ``victim_owns``: the victim's shard owns
@@ -168,14 +169,18 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     no input is put again (docs/design.md §5, "A link broken between two members").
     ``ctx.interval`` > 0 (not broadcast, no backup): the collective begins first and node i
     puts its input i·interval after the clock starts (``Arrivals``); a victim signalled
-    before its moment never puts, and its input is put again as above."""
+    before its moment never puts, and its input is put again as above. ``per_node`` (not
+    broadcast, no backup): every node puts that many inputs (``inputs_of``), which a reduce
+    merges on their node (docs/design.md §4, "Several inputs on one node"); a victim's are
+    all lost, and put again together."""
     clients = ctx.clients
     n = len(clients)
     owner = cluster.nodes[victim].node_id if victim_owns else None
-    arrivals = Arrivals(ctx) if ctx.interval > 0 and op != "broadcast" else None
+    arrivals = Arrivals(ctx, per_node) if ctx.interval > 0 and op != "broadcast" else None
     setup, participants, ids = await _prepare(op, ctx, victim if backup else None, victim,
                                               owner, [node.node_id for node in cluster.nodes],
-                                              [] if made is None else made, arrivals)
+                                              [] if made is None else made, arrivals,
+                                              per_node)
     moments = [(victim, kill_after), *others]
     hit = [v for v, _ in moments]  # signalled, or cut off
     victims = [] if sig == "LINK" else hit
@@ -235,9 +240,10 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
             # a put once sent completes even if this run ends first (docs/design.md §2.2):
             # the run's end stops the retries and waits for it, so no put lands after the
             # deletes that follow
-            reputs.append(asyncio.ensure_future(put_again(helper, ids[node], ctx.data(node),
-                                                           reputs_stop)))
-            await asyncio.shield(reputs[-1])
+            again = [asyncio.ensure_future(put_again(helper, ids[m], ctx.data(m), reputs_stop))
+                     for m in inputs_of(node, n, per_node)]
+            reputs.extend(again)
+            await asyncio.shield(asyncio.gather(*again))
 
     async def kill() -> None:
         if backup:  # a straggler's input: not chosen, ready before the node dies
@@ -317,8 +323,9 @@ class Arrivals:
     i·interval after ``start``, once the collective has begun, as the staggered scenarios do
     (docs/design.md §4); what a collective must then plan around as inputs come."""
 
-    def __init__(self, ctx: BenchContext) -> None:
+    def __init__(self, ctx: BenchContext, per_node: int = 1) -> None:
         self.ctx = ctx
+        self.per_node = per_node
         self.ids: list[hoplite_client.ObjectID] = []
         self.start = time.perf_counter()
 
@@ -328,9 +335,12 @@ class Arrivals:
                                 - time.perf_counter()))
 
     async def put(self, node: int) -> None:
-        """Put node ``node``'s input through its own client, at its moment."""
+        """Put node ``node``'s inputs through its own client, at its moment."""
         await self.wait(node)
-        await self.ctx.clients[node].put(self.ctx.data(node), object_id=self.ids[node])
+        client = self.ctx.clients[node]
+        await asyncio.gather(*(client.put(self.ctx.data(m), object_id=self.ids[m])
+                               for m in inputs_of(node, len(self.ctx.clients),
+                                                  self.per_node)))
 
 
 async def put_again(client: hoplite_client.Client, oid: hoplite_client.ObjectID,
@@ -363,14 +373,14 @@ def owned_id(owner: str | None, nodes: list[str]) -> hoplite_client.ObjectID:
 
 async def _prepare(op: str, ctx: BenchContext, backup_for: int | None, victim: int,
                    owner: str | None, nodes: list[str], made: list[hoplite_client.ObjectID],
-                   arrivals: Arrivals | None = None
+                   arrivals: Arrivals | None = None, per_node: int = 1
                    ) -> tuple[Step, list[int], list[hoplite_client.ObjectID]]:
     """Put the op's inputs; returns what each participant does, who participates, and the
     inputs a restarted task puts again (none for broadcast). ``backup_for``: a reduce gets
     one more input, not put yet, to replace that node's. ``owner``: the shard of the
     broadcast object, or of the victim's input. ``made`` gets every id put or made.
     ``arrivals``: the inputs are put one by one once the collective has begun
-    (``_staggered``)."""
+    (``_staggered``). ``per_node``: inputs on each node (``inputs_of``)."""
     clients = ctx.clients
     n = len(clients)
     if op == "broadcast":
@@ -388,14 +398,18 @@ async def _prepare(op: str, ctx: BenchContext, backup_for: int | None, victim: i
                 return same_bytes(got, ctx.data(0))
             return check
         return get_one, receivers, []
-    ids = [owned_id(owner if i == victim else None, nodes) for i in range(n)]
+    ids = [owned_id(owner if m % n == victim else None, nodes) for m in range(n * per_node)]
     made.extend(ids)
+    if backup_for is not None and (arrivals is not None or per_node > 1):
+        raise InvalidArgumentError("a backup input goes with one input per node, "
+                                   "put at once")
     if arrivals is not None:
-        if backup_for is not None:
-            raise InvalidArgumentError("a backup input goes with inputs put at once, "
-                                       "not one by one")
         return await _staggered(op, ctx, ids, made, arrivals)
-    await put_all(ctx, ids)
+    if per_node == 1:
+        await put_all(ctx, ids)
+    else:
+        await asyncio.gather(*(clients[m % n].put(ctx.data(m), object_id=oid)
+                               for m, oid in enumerate(ids)))
     if op == "gather":
         async def gather(i: int, c: hoplite_client.Client) -> Check:
             arrays = await c.gather(ids, timeout=FAILURE_TIMEOUT)
@@ -413,7 +427,8 @@ async def _prepare(op: str, ctx: BenchContext, backup_for: int | None, victim: i
         result = await clients[0].allreduce(ids, "sum", timeout=FAILURE_TIMEOUT,
                                             striped=ctx.striped)
     else:  # an allreduce with a backup needs k of the inputs: a reduce every node gets
-        result = await clients[0].reduce(ids, "sum", num_objects=n, timeout=FAILURE_TIMEOUT)
+        result = await clients[0].reduce(ids, "sum", num_objects=n * per_node,
+                                         timeout=FAILURE_TIMEOUT)
     made.append(result)
 
     async def get_sum(i: int, c: hoplite_client.Client) -> Check:
@@ -421,13 +436,12 @@ async def _prepare(op: str, ctx: BenchContext, backup_for: int | None, victim: i
 
         async def check() -> bool:
             if backup_for is None:
-                return reduced_ok(ctx, got)
+                return reduced_ok(ctx, got, tuple(range(len(ids))))
             # the backup is used only if the node died before the result was complete
             used = await clients[0].reduced_inputs(result, timeout=FAILURE_TIMEOUT)
             return reduced_ok(ctx, got, tuple(sorted(ids.index(oid) for oid in used)))
         return check
     return get_sum, (list(range(n)) if op == "allreduce" else [0]), ids
-
 
 
 async def _staggered(op: str, ctx: BenchContext, ids: list[hoplite_client.ObjectID],
@@ -464,7 +478,12 @@ async def _staggered(op: str, ctx: BenchContext, ids: list[hoplite_client.Object
             got = await c.get(result, timeout=FAILURE_TIMEOUT)
 
             async def summed() -> bool:
-                return reduced_ok(ctx, got)
+                return reduced_ok(ctx, got, tuple(range(len(ids))))
             return summed
         return put_only
-    return step, list(range(len(ids))), ids
+    return step, list(range(len(clients))), ids
+
+
+def inputs_of(node: int, nodes: int, per_node: int) -> list[int]:
+    """The indices, among every input, of the ``per_node`` inputs node ``node`` puts."""
+    return [node + j * nodes for j in range(per_node)]
