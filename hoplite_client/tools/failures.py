@@ -281,13 +281,13 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     puts = [asyncio.ensure_future(victim_puts(v))
             for v in (victims if arrivals is not None else [])]
     # a victim that runs again (or was only cut off) completes the put it had sent
-    again = resume_after is not None or sig == "CUT"
+    runs_again = resume_after is not None or sig == "CUT"
     try:
         ended = await asyncio.gather(*(one(i) for i in survivors))
     finally:
         killer.cancel()  # a signal still to come is not needed any more
         reputs_stop.set()
-        if not again:
+        if not runs_again:
             for put in puts:  # a victim's put that waits on its frozen daemon
                 put.cancel()
         await asyncio.gather(killer, return_exceptions=True)
