@@ -35,6 +35,7 @@ from hoplite_client.wire.errors import (
     ConnectionLostError,
     HopliteError,
     NotOwnerError,
+    ObjectDeletedError,
     PeerUnavailableError,
 )
 from hoplite_client.wire.frames import Frame
@@ -122,15 +123,22 @@ class Rpc:
         return await link.request(msg, payload, timeout)
 
     async def call_owner(self, oid: ObjectID, msg: Request[R], payload: Any = None,
-                         timeout: float | None = None) -> Frame[R]:
+                         timeout: float | None = None,
+                         wanted: Callable[[], bool] | None = None) -> Frame[R]:
         """Send a request about ``oid`` to its owner shard, following ownership changes for
         a retry window counted from the first failure to reach an owner (a long poll may have
-        waited at an owner that then died for longer than the window)."""
+        waited at an owner that then died for longer than the window). ``wanted``: asked
+        before each attempt; once False (a publish whose copy went from here meanwhile) the
+        request is not sent again, and ObjectDeletedError says so: landing later, it would
+        list a copy nobody holds (docs/design.md §5, "Deletes and moving owners")."""
         loop = asyncio.get_running_loop()
         give_up: float | None = None
         attempt = 0
         differ = False  # a shard named an owner we suspect: our views differ through it
         while True:
+            if wanted is not None and not wanted():
+                raise ObjectDeletedError(f"object {oid.hex()} went from this node before an "
+                                         f"owner had its {type(msg).__name__}", oid=oid.hex())
             owner = self._membership.owner(oid)
             try:
                 frame = await self._call_while_owner(oid, owner, msg, payload, timeout)
