@@ -38,6 +38,7 @@ land mid-transfer, where on loopback many land before or after. Usage:
     python -m bench.chaos --trials 30 --seed 23 --emulate 1Gbit --cut-link  # one link cut
     python -m bench.chaos --trials 30 --seed 61 --stagger  # inputs put one by one
     python -m bench.chaos --trials 30 --seed 69 --per-node 2  # two inputs on every node
+    python -m bench.chaos --trials 30 --seed 73 --beside  # a broadcast during the op
 
 ``--victims K`` signals K nodes in each trial, each at a moment of its own drawn from the
 same range, with the same signal (at least K + 3 nodes, no backup input; a broadcast's later
@@ -74,7 +75,10 @@ last input on the root, a pair of combiners, docs/design.md §4) are then what t
 hits; a victim signalled before its moment never puts, and its input is put again.
 ``--per-node K`` (any of the above) draws no broadcast and no backup input either: each node
 puts K inputs, which a reduce merges on their node first (docs/design.md §4, "Several inputs
-on one node"), and a victim loses all K, put again together.
+on one node"), and a victim loses all K, put again together. ``--beside`` draws no broadcast
+op: node 0 also broadcasts an object of the trial's size to every node but the victims while
+the op runs (its id owned by the victim's shard if the draw says so), and those gets are
+judged with the op's.
 """
 
 from __future__ import annotations
@@ -158,6 +162,7 @@ class Trial:
     link_to: int | None = None  # --cut-link: the other end of the cut link
     interval: float = 0.0  # --stagger: seconds between one node's put and the next's
     per_node: int = 1  # --per-node: inputs each node puts
+    beside: bool = False  # --beside: a broadcast from node 0 runs beside the op
     keep_logs: bool = False  # --keep-logs: an ok trial's logs are kept too
 
     @property
@@ -172,6 +177,8 @@ class Trial:
             extra += f", inputs {self.interval * 1e3:.0f} ms apart"
         if self.per_node > 1:
             extra += f", {self.per_node} inputs a node"
+        if self.beside:
+            extra += ", a broadcast beside"
         size = (f"{self.size >> 20} MiB" if self.size >= 1 << 20 else f"{self.size >> 10} KiB")
         also = "".join(f" and node {o} at {a:.2f} s"
                        for o, a in zip(self.others, self.others_after))
@@ -194,7 +201,8 @@ class Trial:
 
 def draw(seed: int, number: int, victims: int = 1, resume: bool = False,
          long_pause: bool = False, restart: bool = False, partition: bool = False,
-         cut_link: bool = False, stagger: bool = False, per_node: int = 1) -> Trial:
+         cut_link: bool = False, stagger: bool = False, per_node: int = 1,
+         beside: bool = False) -> Trial:
     """Trial ``number`` of ``seed``: the same draw on every machine (``victims``: how many
     nodes fail, each at a moment of its own; ``resume``: a stopped victim runs again;
     ``long_pause``: only after it was declared dead; ``restart``: a killed victim is started
@@ -202,9 +210,10 @@ def draw(seed: int, number: int, victims: int = 1, resume: bool = False,
     alone; ``cut_link``: only one victim's link to one other node is; every other draw
     unchanged; ``stagger``: no broadcast or backup input, and the inputs are put one by one,
     STAGGER apart, once the op has begun; ``per_node``: no broadcast or backup input, and
-    each node puts that many)."""
+    each node puts that many; ``beside``: no broadcast op, and a broadcast from node 0 runs
+    beside the op)."""
     rng = random.Random(seed * 100_003 + number)
-    op = rng.choice(OPS[1:] if stagger or per_node > 1 else OPS)
+    op = rng.choice(OPS[1:] if stagger or per_node > 1 or beside else OPS)
     nodes = rng.randint(4, 6)
     base = "allreduce" if op.startswith("allreduce") else op
     backup = base == "reduce" and rng.random() < 0.3
@@ -241,6 +250,7 @@ def draw(seed: int, number: int, victims: int = 1, resume: bool = False,
     if per_node > 1:
         trial.backup = False
         trial.per_node = per_node
+    trial.beside = beside
     if stagger:
         trial.backup = False
         low, high = STAGGER
@@ -275,7 +285,7 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
             free = await run_with_failure(base, ctx, cluster, trial.victim, 0.0, None,
                                           trial.backup, trial.victim_owns, made,
                                           [(o, 0.0) for o in trial.others],
-                                          per_node=trial.per_node)
+                                          per_node=trial.per_node, beside=trial.beside)
             if any(o.error is not None for o in free):
                 return _ended(trial, "error", f"the failure-free run failed: {free}", workdir)
             trial.failure_free = max(o.seconds or 0.0 for o in free)
@@ -293,7 +303,8 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
                                                   trial.backup, trial.victim_owns, made,
                                                   others, trial.resume_after,
                                                   trial.restart_after, trial.link_to,
-                                                  trial.apart, trial.per_node)
+                                                  trial.apart, trial.per_node,
+                                                  trial.beside)
         except TimeoutError:
             return _ended(trial, "hung", f"not over {TRIAL_TIMEOUT:g} s after the signal",
                           workdir)
@@ -451,11 +462,11 @@ async def campaign(seed: int, numbers: list[int], json_path: str | None,
                    resume: bool = False, long_pause: bool = False,
                    restart: bool = False, partition: bool = False,
                    cut_link: bool = False, keep_logs: bool = False,
-                   stagger: bool = False, per_node: int = 1) -> int:
+                   stagger: bool = False, per_node: int = 1, beside: bool = False) -> int:
     trials = []
     for number in numbers:
         trial = draw(seed, number, victims, resume, long_pause, restart, partition, cut_link,
-                     stagger, per_node)
+                     stagger, per_node, beside)
         trial.keep_logs = keep_logs
         started = time.monotonic()
         trial = await run_trial(trial, rate_bps)
@@ -506,6 +517,8 @@ def main() -> None:
                         help="inputs put one by one, 5-300 ms apart, once the op has begun")
     parser.add_argument("--per-node", type=int, default=1, metavar="K",
                         help="each node puts K inputs (no broadcast)")
+    parser.add_argument("--beside", action="store_true",
+                        help="node 0 broadcasts another object during the op (no broadcast)")
     args = parser.parse_args()
     victims = 2 if args.double else args.victims
     cuts = args.partition or args.cut_link
@@ -523,7 +536,8 @@ def main() -> None:
     raise SystemExit(uvloop.run(campaign(args.seed, numbers, args.json_path, rate,
                                          victims, args.resume, args.long_pause,
                                          args.restart, args.partition, args.cut_link,
-                                         args.keep_logs, args.stagger, args.per_node)))
+                                         args.keep_logs, args.stagger, args.per_node,
+                                         args.beside)))
 
 
 if __name__ == "__main__":

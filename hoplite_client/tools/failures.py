@@ -49,6 +49,9 @@ FAILURE_TIMEOUT = 120.0
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP}
 # How often a refused re-put is tried again.
 REPUT_POLL = 0.1
+# The data index of the object broadcast beside the op (``run_with_failure(beside=True)``):
+# none of the inputs'.
+BESIDE = 1_000
 OPS = ("broadcast", "reduce", "allreduce", "gather")
 
 
@@ -149,7 +152,7 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
                            resume_after: float | None = None,
                            restart_after: float | None = None,
                            link_to: int | None = None, apart: bool = False,
-                           per_node: int = 1) -> list[Outcome]:
+                           per_node: int = 1, beside: bool = False) -> list[Outcome]:
     """Run ``op`` once, signalling node ``victim`` ``kill_after`` seconds in (``sig`` None:
     the same run without the signal); survivors' outcomes, in node order. ``backup``: a
     reduce's lost input is replaced by a backup. ``victim_owns``: the victim's shard owns
@@ -172,7 +175,10 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     before its moment never puts, and its input is put again as above. ``per_node`` (not
     broadcast, no backup): every node puts that many inputs (``inputs_of``), which a reduce
     merges on their node (docs/design.md §4, "Several inputs on one node"); a victim's are
-    all lost, and put again together."""
+    all lost, and put again together. ``beside`` (not broadcast): node 0 also broadcasts an
+    object of ``ctx.size`` to every other node but the victims during the run, whose gets
+    are survivors' outcomes too: the failure then hits two collectives that share daemons,
+    links and shards."""
     clients = ctx.clients
     n = len(clients)
     owner = cluster.nodes[victim].node_id if victim_owns else None
@@ -188,6 +194,14 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     signalled: set[int] = set()  # victims whose signal has gone out
     reputs: list[asyncio.Future[None]] = []  # the lost inputs put again
     reputs_stop = asyncio.Event()
+    extra: hoplite_client.ObjectID | None = None
+    if beside:
+        if op == "broadcast":
+            raise InvalidArgumentError("a broadcast beside the op goes with another op")
+        extra = await clients[0].put(ctx.data(BESIDE), object_id=owned_id(
+            owner, [node.node_id for node in cluster.nodes]))
+        if made is not None:
+            made.append(extra)
     t0 = time.perf_counter()
     if arrivals is not None:
         arrivals.start = t0
@@ -265,6 +279,17 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
             return Outcome(i, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"), None
         return Outcome(i, seconds=time.perf_counter() - t0), check
 
+    async def get_extra(i: int) -> tuple[Outcome, Check | None]:
+        assert extra is not None
+        try:
+            got = await clients[i].get(extra, timeout=FAILURE_TIMEOUT)
+        except HopliteError as exc:
+            return Outcome(i, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"), None
+
+        async def check() -> bool:
+            return same_bytes(got, ctx.data(BESIDE))
+        return Outcome(i, seconds=time.perf_counter() - t0), check
+
     async def victim_puts(node: int) -> None:
         """A victim's own task puts its input at its moment, unless its node was signalled
         first (the task is then restarted elsewhere: ``lost``); a node cut off is alive and
@@ -283,7 +308,9 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     # a victim that runs again (or was only cut off) completes the put it had sent
     runs_again = resume_after is not None or sig == "CUT"
     try:
-        ended = await asyncio.gather(*(one(i) for i in survivors))
+        ended = await asyncio.gather(
+            *(one(i) for i in survivors),
+            *(get_extra(i) for i in range(1, n) if extra is not None and i not in victims))
     finally:
         killer.cancel()  # a signal still to come is not needed any more
         reputs_stop.set()
