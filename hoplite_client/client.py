@@ -181,7 +181,8 @@ class Client:
 
         A full store first evicts copies held elsewhere; if that is not enough the put waits
         up to ``timeout`` s for room (None or inf: until there is room; 0: not at all), then
-        raises CapacityError."""
+        raises CapacityError. Once all its bytes reached the daemon, the put completes there
+        even if this call is cancelled or the client closes (docs/design.md §2.2)."""
         timeout = check_timeout(timeout)
         bound = None if timeout is None else timeout + REPLY_GRACE
         arr = _as_array(value)
