@@ -137,8 +137,10 @@ class Rpc:
         differ = False  # a shard named an owner we suspect: our views differ through it
         while True:
             if wanted is not None and not wanted():
-                raise ObjectDeletedError(f"object {oid.hex()} went from this node before an "
-                                         f"owner had its {type(msg).__name__}", oid=oid.hex())
+                raise ObjectDeletedError(f"object {oid.hex()} was dropped from this node (a "
+                                         f"delete, or another version kept by its shard) "
+                                         f"before an owner had its {type(msg).__name__}",
+                                         oid=oid.hex())
             owner = self._membership.owner(oid)
             try:
                 frame = await self._call_while_owner(oid, owner, msg, payload, timeout)

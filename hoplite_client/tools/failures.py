@@ -256,8 +256,8 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
             # deletes that follow
             again = [asyncio.ensure_future(put_again(helper, ids[m], ctx.data(m), reputs_stop))
                      for m in inputs_of(node, n, per_node)]
-            reputs.extend(again)
-            await asyncio.shield(asyncio.gather(*again))
+            reputs.extend(again)  # each retrieved at the run's end
+            await asyncio.gather(*(asyncio.shield(put) for put in again))
 
     async def kill() -> None:
         if backup:  # a straggler's input: not chosen, ready before the node dies
@@ -373,14 +373,16 @@ class Arrivals:
 async def put_again(client: hoplite_client.Client, oid: hoplite_client.ObjectID,
                     data: NDArray[Any], stop: asyncio.Event | None = None) -> None:
     """Put ``oid`` again, as a restarted task would; refused while the directory still counts
-    the lost copy as live (a frozen node not yet declared dead), so retried until accepted,
-    or until ``stop`` is set (the run is over: the put is not needed any more)."""
+    the lost copy as live (a frozen node not yet declared dead), or dropped before an owner
+    had it (a copy of the lost version is complete elsewhere, docs/design.md §5), so retried
+    until accepted, or until ``stop`` is set (the run is over: the put is not needed any
+    more)."""
     deadline = time.monotonic() + FAILURE_TIMEOUT
     while True:
         try:
             await client.put(data, object_id=oid)
             return
-        except hoplite_client.ObjectExistsError:
+        except (hoplite_client.ObjectExistsError, hoplite_client.ObjectDeletedError):
             if time.monotonic() > deadline:
                 raise
             with contextlib.suppress(TimeoutError):
