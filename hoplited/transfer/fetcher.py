@@ -115,9 +115,12 @@ class Fetcher:
         try:
             async with asyncio.timeout_at(deadline):
                 obj = await self._complete_copy(oid, deadline, ring, receivers)
-                while obj.deleted and obj.evicted and obj.error is None:
-                    # evicted to make room between the copy's completion and our turn to
-                    # run: it is complete elsewhere (its shard said so), so fetch it again
+                while obj.deleted and (obj.evicted and obj.error is None
+                                       or isinstance(obj.error, CopyWithdrawn)):
+                    # between the copy's completion and our turn to run it was evicted to
+                    # make room (it is complete elsewhere: its shard said so), or withdrawn
+                    # (a ring that gave way, a result started again: it is made again), so
+                    # fetch it again
                     obj = await self._complete_copy(oid, deadline, ring, receivers)
         except HopliteError:
             raise  # the fetch's own end: a timeout the shard recorded (a failed reduce's) too

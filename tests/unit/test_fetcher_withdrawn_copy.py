@@ -12,7 +12,8 @@ requester holds it) and fails every later ask.
 
 A reduce's result started again is such a withdrawn copy too, on the node that produces it:
 a get there waiting on the old version fetches again and ends with the new one, even while
-that one does not exist yet (it waits for room).
+that one does not exist yet (it waits for room). So is a ring copy that completes in the step
+that gives it up.
 """
 
 from __future__ import annotations
@@ -153,6 +154,47 @@ async def test_a_get_where_the_result_is_produced_outlasts_its_restart(
     store.unpin(old)
     await asyncio.sleep(0.05)  # the new version waits for room meanwhile
     assert not get.done()
+    new = store.create(oid, SIZE, "|u1", [SIZE])
+    new.advance(SIZE)
+    shard.complete.set()
+    async with asyncio.timeout(10.0):
+        assert await get is new
+
+
+class NewCopyShard:
+    """Names this node as the source once the new copy here is complete."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self.complete = asyncio.Event()
+
+    async def locate(self, oid: ObjectID, *args: Any) -> Frame[Located]:
+        self.asked += 1
+        await self.complete.wait()
+        return Frame(Located(source="me", size=SIZE, dtype="|u1", shape=[SIZE],
+                             version=bytes(VERSION_SIZE)))
+
+
+@pytest.mark.timeout(60)
+async def test_a_get_whose_ring_copy_is_withdrawn_as_it_completes_fetches_again(
+        node: tuple[ObjectStore, Tasks]) -> None:
+    """A get waits on this node's ring copy. The copy completes, and the ring gives way in the
+    same step (another member died before the commit), withdrawing it before the get runs
+    again: the get fetches the result of the ring run again, where it failed with the
+    withdrawal's error ("the ring ... was given up", ``bench.chaos --beside --per-node 2
+    --restart``, seed 76, trial 23)."""
+    store, tasks = node
+    shard = NewCopyShard()
+    fetcher = make_fetcher(shard, store, tasks)
+    oid = ObjectID.random()
+    ring_copy = store.create(oid, SIZE, "|u1", [SIZE], bytes(VERSION_SIZE), temporary=True)
+    get = asyncio.ensure_future(fetcher.fetch(oid, timeout=30.0))
+    await asyncio.sleep(0.05)
+    assert not get.done() and shard.asked == 0  # waiting on the copy being made here
+    ring_copy.advance(SIZE)
+    store.remove(oid, CopyWithdrawn("the ring was given up"))
+    await asyncio.sleep(0.05)
+    assert not get.done()  # asking for the result of the ring run again
     new = store.create(oid, SIZE, "|u1", [SIZE])
     new.advance(SIZE)
     shard.complete.set()
