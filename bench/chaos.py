@@ -312,6 +312,8 @@ async def run_trial(trial: Trial, rate_bps: int | None = None) -> Trial:
             return _ended(trial, "error", f"{type(exc).__name__}: {exc}", workdir)
         trial.outcomes = [asdict(o) for o in outcomes]
         verdict, detail = _judge(outcomes)
+        if "CapacityError" in detail:  # what filled the stores, before the deletes
+            detail += f"; stores {await _stores(cluster, trial)}"
         if trial.signal == "LINK" and verdict == "error":
             verdict = "degraded"  # a request that needed the cut link: a typed error
         victims = (trial.victim, *trial.others)
@@ -398,6 +400,24 @@ async def _views_agree(cluster: LocalCluster, paused: dict[int, str], detail: st
             return "ok", f"{detail}, {len(back)} back as a new member"
         await asyncio.sleep(0.5)
     return "error", f"members disagree {REJOIN_WAIT:g} s after the run: {last}"
+
+
+async def _stores(cluster: LocalCluster, trial: Trial) -> dict[int, str]:
+    """What each node the signals spared holds: its objects, and the MiB of its arena in use,
+    of reduce and allreduce buffers, and of deleted copies still read."""
+    out = {}
+    for i in range(trial.nodes):
+        if i in (trial.victim, *trial.others):
+            continue
+        client = await hoplite_client.connect(cluster.sockets[i])
+        try:
+            st = (await client.status())["local"]["store"]
+        finally:
+            await client.close()
+        out[i] = (f"{st['objects']} objects, {st['arena_used'] >> 20} MiB used, "
+                  f"{st['buffer_bytes'] >> 20} MiB buffers, {st['pinned_deleted']} deleted "
+                  f"and read ({st['pinned_deleted_bytes'] >> 20} MiB)")
+    return out
 
 
 async def _let_go(cluster: LocalCluster, survivors: list[int]) -> tuple[str, str]:

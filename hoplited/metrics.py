@@ -33,8 +33,12 @@ STORE_GAUGES = {
     "stored_bytes": ("hoplite_store_object_bytes", "Bytes of the objects in the store."),
     "arena_used": ("hoplite_store_used_bytes", "Bytes of the arena in use (allocations)."),
     "capacity": ("hoplite_store_capacity_bytes", "The store's capacity in bytes."),
+    "buffer_bytes": ("hoplite_store_buffer_bytes",
+                     "Bytes of reduce and allreduce buffers (partial sums, copies in rings)."),
     "pinned_deleted": ("hoplite_store_pinned_deleted_objects",
                        "Deleted or evicted objects kept because a view or a send holds them."),
+    "pinned_deleted_bytes": ("hoplite_store_pinned_deleted_bytes",
+                             "Bytes of the deleted or evicted objects still held."),
     "waiting_for_space": ("hoplite_store_waiting_for_space",
                           "Allocations waiting for memory to be freed here."),
 }

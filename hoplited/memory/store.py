@@ -365,14 +365,21 @@ class ObjectStore:
         self._space_changed()
 
     def stats(self) -> dict[str, int]:
+        """Counts and bytes of what the store holds; ``buffer_bytes`` (reduce and allreduce
+        buffers, never announced) and ``pinned_deleted_bytes`` (gone, but still read) say
+        what a full store is full of."""
         complete = [o for o in self.objects.values() if o.complete]
         return {
             "objects": len(self.objects),
             "complete_objects": len(complete),
             "stored_bytes": sum(o.size for o in self.objects.values() if not o.is_view),
+            "buffer_bytes": sum(o.size for o in self.objects.values()
+                                if o.temporary and not o.is_view),
             "arena_used": self.arena.used,
             "capacity": self.arena.capacity,
             "pinned_deleted": len(self._doomed),
+            "pinned_deleted_bytes": sum(o.size for o in self._doomed.values()
+                                        if not o.is_view),
             "evictions": self.evictions,
             "evicted_bytes": self.evicted_bytes,
             "waiting_for_space": len(self._space_waiters),
