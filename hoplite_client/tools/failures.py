@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 
 import hoplite_client
 from hoplite_client.tools.local_cluster import LocalCluster
-from hoplite_client.tools.scenarios import BenchContext, put_all, reduced_ok, same_bytes
+from hoplite_client.tools.scenarios import BenchContext, reduced_ok, same_bytes
 from hoplite_client.tools.testbed import EmulatedCluster
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError
 from hoplited.cluster.membership import rendezvous_owner
@@ -385,10 +385,13 @@ async def put_again(client: hoplite_client.Client, oid: hoplite_client.ObjectID,
         except (hoplite_client.ObjectExistsError, hoplite_client.ObjectDeletedError):
             if time.monotonic() > deadline:
                 raise
+            if stop is None:
+                await asyncio.sleep(REPUT_POLL)
+                continue
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(REPUT_POLL):
-                    await (asyncio.Event() if stop is None else stop).wait()
-            if stop is not None and stop.is_set():
+                    await stop.wait()
+            if stop.is_set():
                 return
 
 
@@ -434,11 +437,8 @@ async def _prepare(op: str, ctx: BenchContext, backup_for: int | None, victim: i
                                    "put at once")
     if arrivals is not None:
         return await _staggered(op, ctx, ids, made, arrivals)
-    if per_node == 1:
-        await put_all(ctx, ids)
-    else:
-        await asyncio.gather(*(clients[m % n].put(ctx.data(m), object_id=oid)
-                               for m, oid in enumerate(ids)))
+    await asyncio.gather(*(clients[m % n].put(ctx.data(m), object_id=oid)
+                           for m, oid in enumerate(ids)))
     if op == "gather":
         async def gather(i: int, c: hoplite_client.Client) -> Check:
             arrays = await c.gather(ids, timeout=FAILURE_TIMEOUT)
