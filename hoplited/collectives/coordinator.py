@@ -242,7 +242,8 @@ class ReduceCoordinator:
                         functools.partial(p.FoldFailed, ins.slot, version=ins.version))
         elif isinstance(ins, p.Reshape):
             self._spawn(self._reshape(ins), f"reduce-reshape-{ins.parent}",
-                        functools.partial(p.SlotFailed, ins.parent, None))
+                        functools.partial(p.SlotFailed, ins.parent, None,
+                                          version=ins.version))
         elif isinstance(ins, p.PullRoot):
             if self.out is not None:  # None: the result could not be created (failed)
                 self._pull_root(ins)

@@ -415,6 +415,7 @@ class Merge:
     host: int
     input: ObjectID
     version: bytes
+    gen: int = 0  # the next placement of ``slot``, should the merge be undone
 
 
 @dataclass(slots=True)
@@ -423,7 +424,8 @@ class Slot:
     ``gen`` counts its placements, ``start`` is the byte its output is computed from, and
     ``connected`` says whether its consumer was told where its output is. ``extras``: the
     merges whose inputs it adds as well, the first ``told`` of them known to its task;
-    ``fed``: the children its task was told of (it combines nothing before it has all)."""
+    ``fed``: the children its task was told of (it combines nothing before it has all);
+    ``held``: the input's version, which a task placed again as a leaf is read at."""
 
     node: str
     input: ObjectID
@@ -436,6 +438,7 @@ class Slot:
     extras: tuple[Merge, ...] = ()
     told: int = 0
     fed: set[int] = field(default_factory=set)
+    held: bytes = b""
 
 
 @dataclass(slots=True)
@@ -592,7 +595,8 @@ class ReducePlan:
         # merges add an input from the host's start: never once a slot computes from a later
         # byte (its consumer holds earlier sums without the input); with backups a lost
         # host's inputs are waited for as themselves (a restart), which backups could replace
-        self._may_merge = merge and not combiner and half is None and len(inputs) == k
+        self._merging = merge and not combiner and half is None and len(inputs) == k
+        self._may_merge = self._merging  # until a slot computes from a later byte
         self.task_nodes: list[str] = []
         self.dead: set[str] = set()  # nodes this reduce no longer uses
         self.declared: set[str] = set()  # those of them this node's membership declared dead
@@ -837,13 +841,23 @@ class ReducePlan:
 
     def _removable(self, slot: int) -> bool:
         """``slot`` can leave the tree, its children hung on its parent: it is free, not the
-        root, and its parent's task (if placed) keeps its number of children."""
+        root, and its parent's task, if placed, was never told of it and either keeps its
+        number of children or, ``slot`` being a leaf, is told to count it cut (``_merge``).
+        A parent waiting to be placed again counts its children once placed."""
         shape = self.shape
         assert shape is not None
         parent = shape.parent[slot]
         if not self._may_merge or parent is None or self._taken(slot):
             return False
-        return not self._taken(parent) or len(shape.children[slot]) == 1
+        placed = self.slots.get(parent)
+        if placed is None:
+            return (not self._taken(parent) or parent in self.redo
+                    or len(shape.children[slot]) == 1)
+        if slot in placed.fed:
+            return False
+        return len(shape.children[slot]) == 1 or (
+            not shape.children[slot] and placed.version is not None
+            and not self._folded_into(parent))
 
     def _remove(self, slot: int) -> None:
         """Take free ``slot`` out of the tree: its children take its place under its parent
@@ -881,6 +895,10 @@ class ReducePlan:
             out += self._tell_extras(merge.host)
         assert parent is not None
         consumer = self.slots.get(parent)
+        if not children and consumer is not None and consumer.version is not None:
+            # a leaf its consumer's task counts among its children (not placed again above):
+            # it ends before any byte, so the task waits for it no more
+            out.append(Reshape(parent, consumer.node, consumer.version, merge.slot, 0, 0))
         for child in children:  # the parent reads them now, wherever the slot was to be
             placed = self.slots.get(child)
             if (consumer is not None and consumer.version is not None and placed is not None
@@ -990,7 +1008,8 @@ class ReducePlan:
                 and placed.task and placed.node not in self.dead
                 and self._aligned(placed.start) > self._aligned(start)]
         if any(self._folded_into(c) for c in late):  # this slot is placed by the restart
-            self._set_slot(slot, Slot(node, oid, oid, version, task=False, gen=gen, start=start))
+            self._set_slot(slot, Slot(node, oid, oid, version, task=False, gen=gen, start=start,
+                                      held=version))
             return self._restart_all()
         if start > 0:
             self._may_merge = False
@@ -998,11 +1017,12 @@ class ReducePlan:
         in_place = slot == shape.root and node == self.me
         if children == 0 and not in_place and self.window is None and not extras:  # a
             # stripe's leaf copies its bytes into an output of its own, pulled from byte 0
-            self._set_slot(slot, Slot(node, oid, oid, version, task=False, gen=gen, start=start))
+            self._set_slot(slot, Slot(node, oid, oid, version, task=False, gen=gen, start=start,
+                                      held=version))
             return self._links(slot)
         output = self.result if in_place else derived_id(self.result, slot, b"out%d" % gen)
         self._set_slot(slot, Slot(node, oid, output, None, task=True, gen=gen, start=start,
-                                  extras=extras, told=len(extras)))
+                                  extras=extras, told=len(extras), held=version))
         if node not in self.task_nodes:
             self.task_nodes.append(node)
         m = self.meta
@@ -1355,8 +1375,8 @@ class ReducePlan:
             return (yield self._repair_steps(slot, 0))
         self._reconnects.pop(slot, None)
         self._broken.pop(slot, None)
-        out = yield self._put_steps(slot, placed.node, placed.input, b"", placed.gen + 1, 0,
-                                    placed.extras)
+        out = yield self._put_steps(slot, placed.node, placed.input, placed.held,
+                                    placed.gen + 1, 0, placed.extras)
         return out + (yield self._from_zero_below_steps(slot))
 
     def _from_zero_below_steps(self, slot: int) -> Steps:
@@ -1397,10 +1417,15 @@ class ReducePlan:
         out: list[Instruction] = []
         for slot in slots:
             redo = self.redo.pop(slot)
-            into = self._fold_target(slot, node, redo.start) if len(slots) == 1 else None
-            leaf = (self._absorb_target(node) if len(slots) == 1 and into is None
-                    and shape.children[slot] else None)  # a leaf placed has no task to add to
-            if into is not None:
+            host = self._host(node) if redo.start == 0 and self._removable(slot) else None
+            into = (self._fold_target(slot, node, redo.start) if len(slots) == 1
+                    and host is None else None)
+            leaf = (self._absorb_target(node) if len(slots) == 1 and host is None
+                    and into is None and shape.children[slot] else None)  # a leaf placed
+            # has no task to add to
+            if host is not None:
+                out += self._merge(Merge(slot, host[0], ev.oid, ev.version, redo.gen), host[1])
+            elif into is not None:
                 out += self._fold(slot, redo, into, node, ev)
             elif leaf is not None:
                 out += self._absorb(slot, redo, leaf, node, ev)
@@ -1627,6 +1652,7 @@ class ReducePlan:
         self.absorbing.clear()
         self.absorbed.clear()
         self._may_fold = False
+        self._may_merge = self._merging  # every slot is placed anew from byte 0
         self._broken.clear()
         self._orphans.clear()
         self._reconnects.clear()
@@ -1655,9 +1681,8 @@ class ReducePlan:
                 node, oid, version, gen = fold.node, fold.input, fold.input_version, fold.gen + 1
             elif fold is not None:
                 node, oid, version, gen = fold.node, fold.input, fold.version, fold.gen + 1
-            elif old is not None:  # a leaf's version is its input's; a task's is made anew
-                version = b"" if old.task else old.version or b""
-                node, oid, gen = old.node, old.input, old.gen + 1
+            elif old is not None:  # a task's output version is made anew
+                version, node, oid, gen = old.held, old.node, old.input, old.gen + 1
             else:
                 if slot in self.redo:
                     self.redo[slot].start = 0
@@ -1669,9 +1694,9 @@ class ReducePlan:
                 out += self._put(slot, node, oid, version, gen, 0, extras)
         for merge, node in apart:
             if not node or node in self.dead or node in self._lacking.get(merge.input, ()):
-                out += self._want(merge.slot, Redo(merge.input, node, 0, 0))
+                out += self._want(merge.slot, Redo(merge.input, node, merge.gen, 0))
             else:
-                out += self._put(merge.slot, node, merge.input, merge.version, 0, 0)
+                out += self._put(merge.slot, node, merge.input, merge.version, merge.gen, 0)
         return out
 
     def _fail(self, error: HopliteError) -> list[Instruction]:

@@ -54,10 +54,9 @@ async def proxied(make_cluster: Callable[..., Awaitable[LocalCluster]],
     """Four daemons; every peer connection to node 3 passes through a rate-limited proxy."""
     proxy = await FaultProxy.free_pair(rate=RATE)
     try:
-        # node 1 ends up holding eight 64 MiB buffers in the merged-host test (its input, both
-        # inputs put again, two slots with a child each, the result): 512 MiB with no room
-        # for the old placements a restart still pins for a moment, which new buffers wait
-        # for (docs/architecture.md §6); 768 MiB leaves that room
+        # in the merged-host test node 1 holds its input, both inputs put again and the slot
+        # adding them, beside the old placements a restart still pins for a moment, which
+        # new buffers wait for (docs/architecture.md §6); 768 MiB leaves that room
         victim_args = ["--listen", f"{proxy.target_host}:{proxy.port}",
                        "--advertise", proxy.listen_host]
         cluster = await make_cluster(NODES, capacity="768MiB", daemon_args=FAST_HEARTBEAT,
@@ -142,6 +141,8 @@ async def test_a_killed_node_holding_merged_inputs_loses_them_all_and_the_sum_is
             await put_again(clients[1], ids[i], value(i))
     check(list(await asyncio.gather(*gets)), range(len(homes)))
     assert proxy.bytes_forwarded < value(VICTIM).nbytes, "node 3's output was never all sent"
+    again = (await every_node_stats(clients[0], [node0]))[node0]["reduce_merges"] - merged
+    assert again >= 1, "the inputs put again on node 1 each took a slot of their own"
 
 
 async def test_root_slot_on_a_killed_node_is_placed_again(proxied: Cluster) -> None:

@@ -692,11 +692,14 @@ CASES = [
                           task(3, "n3", 3, out(3, 1), 1, gen=1)]),
         (ChildLost(3, 6, v(2), 1000, True, BROKEN, t(3)), []),  # the fold is gone
         (ready(1, "n5"), [task(1, "n5", 1, out(1, 1), 1, gen=1)]),
-        (ready(2, "n5"), [task(2, "n5", 2, out(2, 2), 1, gen=2)]),  # no second fold
-        (started(1, gen=1), [conn(1, "n5", 0, "n0", I[0], v(0))]),
-        (started(3, gen=1), [PullRoot("n3", out(3, 1), t(3) + b".1")]),
-        (TaskStarted(2, 2, b"t2.2"), [conn(3, "n3", 2, "n5", out(2, 2), b"t2.2"),
-                                      conn(2, "n5", 1, "n5", out(1, 1), t(1) + b".1")]),
+        # no second fold, nor a second task on n5: slot 1 adds it, slot 2 leaves the chain
+        (ready(2, "n5"), []),
+        (started(1, gen=1), [Fold(2, 1, "n5", t(1) + b".1", I[2], v(2), 0),
+                             conn(1, "n5", 0, "n0", I[0], v(0))]),
+        (started(3, gen=1), [conn(3, "n3", 1, "n5", out(1, 1), t(1) + b".1"),
+                             PullRoot("n3", out(3, 1), t(3) + b".1")]),
+        (Folded(2, 1, 0, t(1) + b".1"), []),
+        DONE,
     ]),
     Case("a-fold-whose-target-is-gone-places-the-slot-as-usual", k=3, steps=[
         *RUNNING_CHAIN,
@@ -960,6 +963,39 @@ CASES = [
         (FoldFailed(2, ObjectNotFoundError("no copy", oid=I[2].hex()), t(1)),
          [RestartResult(), StartTask(1, 1, "n2", I[1], out(1, 1), "sum", DT, SHAPE, 1, 0),
           task(3, "n3", 3, out(3, 1), 1, gen=1), WaitInput(I[2], ("n2",))]),
+    ]),
+    Case("inputs-put-again-on-one-node-after-their-hosts-death-share-a-slot", k=4, steps=[
+        *MERGED,
+        (NodeDied("n2"), []),
+        (ChildLost(3, 1, t(1), 500, True, BROKEN, t(3)),
+         [RestartResult(), WaitInput(I[1], ("n2",)), task(3, "n3", 3, out(3, 1), 1, gen=1),
+          WaitInput(I[2], ("n2",))]),
+        (ready(1, "n4"), [task(1, "n4", 1, out(1, 1), 1, gen=1)]),
+        (ready(2, "n4"), []),  # slot 1 adds it: slot 2 leaves the chain, no second task
+        (started(1, gen=1), [Fold(2, 1, "n4", t(1) + b".1", I[2], v(2), 0),
+                             conn(1, "n4", 0, "n1", I[0], v(0))]),
+        (started(3, gen=1), [conn(3, "n3", 1, "n4", out(1, 1), t(1) + b".1"),
+                             PullRoot("n3", out(3, 1), t(3) + b".1")]),
+        (Folded(2, 1, 0, t(1) + b".1"), []),
+        DONE,
+    ]),
+    Case("a-leaf-put-again-beside-a-task-never-told-of-it-is-added-by-that-task", k=4, steps=[
+        *MERGED,
+        (NodeDied("n1"), []),
+        (NodeDied("n2"), []),
+        (ChildLost(3, 1, t(1), 500, True, BROKEN, t(3)),
+         [RestartResult(), WaitInput(I[0], ("n1", "n2")), WaitInput(I[1], ("n1", "n2")),
+          task(3, "n3", 3, out(3, 1), 1, gen=1), WaitInput(I[2], ("n1", "n2"))]),
+        (ready(1, "n4"), [task(1, "n4", 1, out(1, 1), 1, gen=1)]),
+        (started(1, gen=1), []),
+        # slot 1 adds input 0 and counts its leaf, slot 0, as cut: it waits for it no more
+        (ready(0, "n4"), [Fold(0, 1, "n4", t(1) + b".1", I[0], v(0), 0),
+                          Reshape(1, "n4", t(1) + b".1", 0, 0, 0)]),
+        (Reshaped(0, 0), []),
+        (Folded(0, 1, 0, t(1) + b".1"), []),
+        # with no child left slot 1 may have combined; nobody read it: placed again with both
+        (ready(2, "n4"), [StartTask(1, 2, "n4", I[1], out(1, 2), "sum", DT, SHAPE, 0, 0,
+                                    extras=(I[0], I[2]))]),
     ]),
     Case("a-node-holding-merged-inputs-dies-its-inputs-are-waited-for-apart", k=4, steps=[
         *MERGED,
