@@ -134,14 +134,16 @@ def check_others(op: str, victim: int, others: Sequence[int], nodes: int, backup
                                    f"on {nodes} nodes (first victim {victim}, backup {backup})")
 
 
-def helper_for(victims: list[int], n: int) -> int:
-    """The node that puts the victims' inputs again (a restarted task's node): the next after
-    the first victim that is neither node 0 nor a victim."""
-    i = victims[0]
-    while True:
-        i = (i + 1) % n
-        if i != 0 and i not in victims:
-            return i
+def helpers_for(victims: list[int], n: int) -> dict[int, int]:
+    """The node that puts each victim's inputs again (a restarted task's node): the nodes
+    after the first victim that are neither node 0 nor a victim, taken by the victims in
+    turn. A victim's inputs stay together, but the victims' tasks spread as a scheduler
+    spreads them: one node taking every lost input of three victims holding two 48 MiB
+    inputs each would hold 384 MiB of inputs in a 512 MiB store before the collective's own
+    buffers."""
+    spare = [i % n for i in range(victims[0] + 1, victims[0] + n)
+             if i % n != 0 and i % n not in victims]
+    return {victim: spare[turn % len(spare)] for turn, victim in enumerate(victims)}
 
 
 async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, victim: int,
@@ -194,6 +196,9 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     signalled: set[int] = set()  # victims whose signal has gone out
     reputs: list[asyncio.Future[None]] = []  # the lost inputs put again
     reputs_stop = asyncio.Event()
+    # the first lost input that could not be put again: the op cannot end without it, so
+    # every survivor's wait ends with its error rather than at the op's timeout
+    reput_failed: asyncio.Future[HopliteError] = asyncio.get_running_loop().create_future()
     extra: hoplite_client.ObjectID | None = None
     if beside:
         if op == "broadcast":
@@ -206,7 +211,7 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     if arrivals is not None:
         arrivals.start = t0
 
-    helper = clients[helper_for(hit, n)]
+    helpers = {victim: clients[node] for victim, node in helpers_for(hit, n).items()}
     resumes: list[float] = []  # when each paused victim runs again (the loop's clock)
     returns: list[asyncio.Future[Any]] = []  # each killed victim started again, or cut healed
     rest = [i for i in range(n) if i not in hit]
@@ -254,14 +259,22 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
             # a put once sent completes even if this run ends first (docs/design.md §2.2):
             # the run's end stops the retries and waits for it, so no put lands after the
             # deletes that follow
-            again = [asyncio.ensure_future(put_again(helper, ids[m], ctx.data(m), reputs_stop))
+            again = [asyncio.ensure_future(put_again(helpers[node], ids[m], ctx.data(m),
+                                                     reputs_stop))
                      for m in inputs_of(node, n, per_node)]
             reputs.extend(again)  # each retrieved at the run's end
+            for put in again:
+                put.add_done_callback(failed_reput)
             await asyncio.gather(*(asyncio.shield(put) for put in again))
+
+    def failed_reput(put: asyncio.Future[None]) -> None:
+        error = None if put.cancelled() else put.exception()
+        if isinstance(error, HopliteError) and not reput_failed.done():
+            reput_failed.set_result(error)
 
     async def kill() -> None:
         if backup:  # a straggler's input: not chosen, ready before the node dies
-            await helper.put(ctx.data(n), object_id=ids[n])
+            await helpers[victim].put(ctx.data(n), object_id=ids[n])
         if sig is None:
             return
         if sig not in ("CUT", "LINK"):
@@ -307,11 +320,23 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
             for v in (victims if arrivals is not None else [])]
     # a victim that runs again (or was only cut off) completes the put it had sent
     runs_again = resume_after is not None or sig == "CUT"
+    waits = asyncio.gather(
+        *(one(i) for i in survivors),
+        *(get_extra(i) for i in range(1, n) if extra is not None and i not in victims))
     try:
-        ended = await asyncio.gather(
-            *(one(i) for i in survivors),
-            *(get_extra(i) for i in range(1, n) if extra is not None and i not in victims))
+        either: list[asyncio.Future[Any]] = [waits, reput_failed]
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        if waits.done():
+            ended = waits.result()
+        else:
+            waits.cancel()
+            await asyncio.gather(waits, return_exceptions=True)
+            error = reput_failed.result()
+            why = f"a lost input could not be put again: {type(error).__name__}: {error}"
+            ended = [(Outcome(i, time.perf_counter() - t0, why), None) for i in survivors]
     finally:
+        waits.cancel()
+        reput_failed.cancel()
         killer.cancel()  # a signal still to come is not needed any more
         reputs_stop.set()
         if not runs_again:
