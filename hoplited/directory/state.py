@@ -725,12 +725,17 @@ class DirectoryState:
 
     def _eligible(self, entry: Entry, node: str, requester: str) -> bool:
         """``node`` may serve ``requester``: it is not (and, enrolled later, may not be)
-        downstream of it."""
+        downstream of it. A requester not enrolled yet may still feed ``node``: an entry
+        rebuilt after ownership moved knows the chains its holders announced before it
+        knows every holder (``bench/chaos.py`` seed 70, trial 11: two nodes pulled from
+        each other for 30 s)."""
         me = entry.holders.get(requester)
         h = entry.holders[node]
-        if h.received >= entry.size or me is None:
+        if h.received >= entry.size:
             return True
         fed = self._fed_by(entry, node, requester)
+        if me is None:
+            return not fed
         return not (fed or (fed is None and h.seq > me.seq))
 
     def _ring_choice(self, entry: Entry, requester: str, exclude: set[str],

@@ -288,6 +288,14 @@ CASES = [
         (locate("a", ["src"], 100), NO_SOURCE),  # b, enrolled later, may be downstream of a
         (locate("b", ["src"], 50), "a"),
     ]),
+    Case("a-requester-not-announced-yet-gets-no-holder-that-pulls-from-it", [
+        # ownership moved: b announced that it pulls from a; a, whose own source died, asks
+        # before its announcement arrives: b has nothing but what a sends it, and each would
+        # wait for the other until a stall timer (bench.chaos seed 70 trial 11: 30 s)
+        (moved("b", received=0, source="a"), WAKE),
+        (locate("a", ["src"]), NO_SOURCE),
+        (put("p"), WAKE), (locate("a", ["src"]), "p"),
+    ]),
     Case("a-shard-rebuilt-from-announcements-knows-the-chains", [
         # ownership moved: holders announce what they pull from, in any order
         (put("c", received=400, source="a"), WAKE), (put("src"), WAKE),
