@@ -219,6 +219,7 @@ class ReduceCoordinator:
             return
         d = self.d
         merge = (isinstance(ins, p.Fold) and ins.slot in self.plan.merged) or (
+            isinstance(ins, p.Reshape) and ins.child in self.plan.merged) or (
             isinstance(ins, p.StartTask) and bool(ins.extras))  # not a repair: several inputs
         if not merge and (isinstance(ins, p.WaitInput | p.After | p.Fold | p.Reshape
                                      | p.RestartResult)
