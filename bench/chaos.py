@@ -6,10 +6,10 @@ a victim, SIGKILL or SIGSTOP, whether the victim's shard owns the ids that matte
 reduce, a backup input. It times one failure-free run of that shape, then runs it again and
 signals the victim at a moment drawn uniformly from the start to 1.2 times that run's length
 (:func:`hoplite_client.tools.failures.run_with_failure`: the victim's input is put again on
-the next node, as a restarted task would; several victims' inputs on the spare nodes in turn,
-:func:`~hoplite_client.tools.failures.helpers_for`). The design promises that every survivor ends
-with the checked result (docs/design.md §5). A trial then deletes what it made and checks that
-every survivor lets go of it all. The verdicts:
+the next node, as a restarted task would; several victims' inputs on the spare nodes in
+turn, :func:`~hoplite_client.tools.failures.helpers_for`). The design promises that every
+survivor ends with the checked result (docs/design.md §5). A trial then deletes what it
+made and checks that every survivor lets go of it all. The verdicts:
 
 - ``ok``: every survivor held the right result, and afterwards nothing was left;
 - ``error``: a survivor got a typed error instead, or a lost input could not be put again

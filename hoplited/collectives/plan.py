@@ -1420,9 +1420,9 @@ class ReducePlan:
             host = self._host(node) if redo.start == 0 and self._removable(slot) else None
             into = (self._fold_target(slot, node, redo.start) if len(slots) == 1
                     and host is None else None)
+            # a leaf placed has no task to add another input to
             leaf = (self._absorb_target(node) if len(slots) == 1 and host is None
-                    and into is None and shape.children[slot] else None)  # a leaf placed
-            # has no task to add to
+                    and into is None and shape.children[slot] else None)
             if host is not None:
                 out += self._merge(Merge(slot, host[0], ev.oid, ev.version, redo.gen), host[1])
             elif into is not None:

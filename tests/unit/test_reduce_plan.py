@@ -211,6 +211,34 @@ MERGED: list[tuple[Event, list[Instruction]]] = [
     (Folded(2, 1, 0, t(1)), []),
 ]
 
+# MERGED, then n2 (slot 1, which adds input 2) dies: everything starts again, both inputs
+# are waited for apart. Slot 1's output is all in its consumer's hands, or not: its pull
+# broke at 500.
+HOST_LOST: list[tuple[Event, list[Instruction]]] = [
+    *MERGED,
+    (NodeDied("n2"), []),
+    (ChildLost(3, 1, t(1), 500, True, BROKEN, t(3)),
+     [RestartResult(), WaitInput(I[1], ("n2",)), task(3, "n3", 3, out(3, 1), 1, gen=1),
+      WaitInput(I[2], ("n2",))]),
+]
+
+
+def back_together(node: str, leaf: str) -> list[tuple[Event, list[Instruction]]]:
+    """After a restart of the chain leaf → 1 → 2 → root 3 (task 3 placed, gen 1): inputs 1
+    and 2 are put again on ``node``; slot 1 adds input 2, slot 2 leaves the chain, and the
+    reduce ends (``leaf``: slot 0's node)."""
+    return [
+        (ready(1, node), [task(1, node, 1, out(1, 1), 1, gen=1)]),
+        (ready(2, node), []),
+        (started(1, gen=1), [Fold(2, 1, node, t(1) + b".1", I[2], v(2), 0),
+                             conn(1, node, 0, leaf, I[0], v(0))]),
+        (started(3, gen=1), [conn(3, "n3", 1, node, out(1, 1), t(1) + b".1"),
+                             PullRoot("n3", out(3, 1), t(3) + b".1")]),
+        (Folded(2, 1, 0, t(1) + b".1"), []),
+        DONE,
+    ]
+
+
 # A source that answers a pull with "no copy of that version here".
 NO_COPY = error_from_wire("not_found", "source n0 refused: no copy here", {})
 # A holder the input's shard named, whose task finds no complete copy of that input there.
@@ -691,15 +719,8 @@ CASES = [
                           WaitInput(I[2], ("n1", "n2")),
                           task(3, "n3", 3, out(3, 1), 1, gen=1)]),
         (ChildLost(3, 6, v(2), 1000, True, BROKEN, t(3)), []),  # the fold is gone
-        (ready(1, "n5"), [task(1, "n5", 1, out(1, 1), 1, gen=1)]),
         # no second fold, nor a second task on n5: slot 1 adds it, slot 2 leaves the chain
-        (ready(2, "n5"), []),
-        (started(1, gen=1), [Fold(2, 1, "n5", t(1) + b".1", I[2], v(2), 0),
-                             conn(1, "n5", 0, "n0", I[0], v(0))]),
-        (started(3, gen=1), [conn(3, "n3", 1, "n5", out(1, 1), t(1) + b".1"),
-                             PullRoot("n3", out(3, 1), t(3) + b".1")]),
-        (Folded(2, 1, 0, t(1) + b".1"), []),
-        DONE,
+        *back_together("n5", leaf="n0"),
     ]),
     Case("a-fold-whose-target-is-gone-places-the-slot-as-usual", k=3, steps=[
         *RUNNING_CHAIN,
@@ -965,19 +986,8 @@ CASES = [
           task(3, "n3", 3, out(3, 1), 1, gen=1), WaitInput(I[2], ("n2",))]),
     ]),
     Case("inputs-put-again-on-one-node-after-their-hosts-death-share-a-slot", k=4, steps=[
-        *MERGED,
-        (NodeDied("n2"), []),
-        (ChildLost(3, 1, t(1), 500, True, BROKEN, t(3)),
-         [RestartResult(), WaitInput(I[1], ("n2",)), task(3, "n3", 3, out(3, 1), 1, gen=1),
-          WaitInput(I[2], ("n2",))]),
-        (ready(1, "n4"), [task(1, "n4", 1, out(1, 1), 1, gen=1)]),
-        (ready(2, "n4"), []),  # slot 1 adds it: slot 2 leaves the chain, no second task
-        (started(1, gen=1), [Fold(2, 1, "n4", t(1) + b".1", I[2], v(2), 0),
-                             conn(1, "n4", 0, "n1", I[0], v(0))]),
-        (started(3, gen=1), [conn(3, "n3", 1, "n4", out(1, 1), t(1) + b".1"),
-                             PullRoot("n3", out(3, 1), t(3) + b".1")]),
-        (Folded(2, 1, 0, t(1) + b".1"), []),
-        DONE,
+        *HOST_LOST,  # slot 1 adds input 2 again: slot 2 leaves the chain, no second task
+        *back_together("n4", leaf="n1"),
     ]),
     Case("a-leaf-put-again-beside-a-task-never-told-of-it-is-added-by-that-task", k=4, steps=[
         *MERGED,
@@ -998,11 +1008,7 @@ CASES = [
                                     extras=(I[0], I[2]))]),
     ]),
     Case("a-node-holding-merged-inputs-dies-its-inputs-are-waited-for-apart", k=4, steps=[
-        *MERGED,
-        (NodeDied("n2"), []),  # slot 1's output is all in its consumer's hands, or not:
-        (ChildLost(3, 1, t(1), 500, True, BROKEN, t(3)),  # its pull broke at 500
-         [RestartResult(), WaitInput(I[1], ("n2",)), task(3, "n3", 3, out(3, 1), 1, gen=1),
-          WaitInput(I[2], ("n2",))]),
+        *HOST_LOST,
         (ready(1, "n4"), [task(1, "n4", 1, out(1, 1), 1, gen=1)]),
         (ready(2, "n5"), [task(2, "n5", 2, out(2), 1)]),
     ]),

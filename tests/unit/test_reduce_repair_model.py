@@ -337,7 +337,7 @@ def run(seed: int, deaths: int, everyone: bool = False,
     ``hosts``: 4 to 12 inputs on that many nodes, several on some, becoming ready in bursts
     between the daemons' steps (merges, docs/design.md §4, "Several inputs on one node").
     ``helper``: every lost input is put again on one node that survives (``world.helper``),
-    as a cluster's failure handling or ``bench/chaos.py`` does."""
+    as ``bench/chaos.py`` does with one victim's inputs."""
     rng = random.Random(seed)
     k = rng.randint(4, 12) if hosts else rng.randint(3, 7)
     depth = rng.choice([0, 0, 1, 2])
@@ -410,10 +410,11 @@ def test_every_byte_of_the_result_holds_every_input_once(seed: int, deaths: int)
     check_every_byte(seed, deaths)
 
 
-def check_every_byte(seed: int, deaths: int, everyone: bool = False) -> None:
+def check_every_byte(seed: int, deaths: int, everyone: bool = False, hosts: int = 0,
+                     helper: bool = False) -> None:
     """Run the model; the result must be complete and hold every input once in every
     element."""
-    world, story = run(seed, deaths, everyone)
+    world, story = run(seed, deaths, everyone, hosts, helper)
     want = Counter(world.inputs)
     assert world.result is not None and world.result.valid == SIZE, story
     for e, got in enumerate(world.result.data):
@@ -437,11 +438,7 @@ def test_inputs_several_to_a_node_are_merged_and_repaired(seed: int, deaths: int
     """Inputs several to a node, ready in bursts between the daemons' steps: a slot adds
     the others on its node while it has combined nothing, and every byte still holds every
     input once, whatever dies."""
-    world, story = run(seed, deaths, hosts=3)
-    want = Counter(world.inputs)
-    assert world.result is not None and world.result.valid == SIZE, story
-    for e, got in enumerate(world.result.data):
-        assert got == want, f"element {e}: {dict(got)} != {dict(want)}; {story}"
+    check_every_byte(seed, deaths, hosts=3)
 
 
 def test_the_model_merges_inputs() -> None:
@@ -455,11 +452,7 @@ def test_the_model_merges_inputs() -> None:
 def test_inputs_put_again_on_one_node_are_merged_and_repaired(seed: int, deaths: int) -> None:
     """Every lost input put again on one survivor, as after a node with several inputs dies:
     they merge into a slot there where they can, and every byte holds every input once."""
-    world, story = run(seed, deaths, hosts=3, helper=True)
-    want = Counter(world.inputs)
-    assert world.result is not None and world.result.valid == SIZE, story
-    for e, got in enumerate(world.result.data):
-        assert got == want, f"element {e}: {dict(got)} != {dict(want)}; {story}"
+    check_every_byte(seed, deaths, hosts=3, helper=True)
 
 
 def test_inputs_put_again_on_one_node_share_its_slots() -> None:
