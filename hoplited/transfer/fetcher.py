@@ -34,7 +34,7 @@ from hoplite_client.wire.errors import (
 from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import DataStream, Error, Located, Pull
-from hoplited.cluster.link_model import LinkModel
+from hoplited.cluster.link_model import LinkModel, PullRate
 from hoplited.cluster.membership import Membership
 from hoplited.directory.client import DirectoryClient
 from hoplited.memory.arena import Arena
@@ -574,6 +574,7 @@ class Fetcher:
             if until is not None and obj.received >= until and not done.done():
                 done.set_result(None)
             now = time.monotonic()
+            meter.chunk(now, got)
             if report and now - last_report >= PROGRESS_INTERVAL:
                 last_report = now
                 self._directory.progress(remote, obj.received, how.half)
@@ -598,7 +599,7 @@ class Fetcher:
         protocol.on_stream = on_stream
         protocol.handler = on_frame
         obj.on_fail.append(on_fail)
-        began = time.monotonic()
+        meter = PullRate(time.monotonic())
         frame: Frame[DataStream | Error] | None = None
         try:
             protocol.send(Pull(rid=1, oid=remote, version=version, offset=start,
@@ -626,9 +627,9 @@ class Fetcher:
             else:
                 protocol.close()
             self._traffic.add_received(source, obj.received - start)
-        if obj.received - start >= BANDWIDTH_SAMPLE_MIN:
-            self._link_model.observe_bandwidth((obj.received - start)
-                                               / max(time.monotonic() - began, 1e-6))
+        rate = meter.rate(BANDWIDTH_SAMPLE_MIN)
+        if rate is not None:
+            self._link_model.observe_bandwidth(rate)
         if frame is not None and isinstance(frame.msg, Error):
             # "no copy here" stays what it is: the source may hold a newer copy soon, and a
             # reduce redoes a leaf whose node lost its input (docs/design.md §5)
