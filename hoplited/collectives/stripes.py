@@ -108,9 +108,11 @@ RING_REDO_WAIT = 0.5
 RING_WAIT_FLOOR = 0.05
 # The longest gap between inputs a pair waits for, in times the object takes to cross a link
 # (docs/design.md §4, "A pair for the last two inputs"). In the simulator the pair and the
-# plain reduce meet at about one transfer; the measured bandwidth errs, and an emulated pair
-# at 1.1 transfers apart (0.3 s, 32 MiB) ran at 1.13-1.24x where the plain reduce took 1.04x.
-PAIR_GAP = 0.8
+# plain reduce meet at about one transfer. Emulated (32 MiB, 1 Gbit/s), 0.75 transfers apart
+# (0.2 s) the pair ran at 1.18x and the plain reduce at 1.54x, 1.1 apart (0.3 s) the pair at
+# 1.13-1.24x and the plain reduce at 1.04-1.06x. It was 0.8 while the measured bandwidth
+# read a third of the link's (docs/design.md §4, "The links' rate, measured while bytes flow").
+PAIR_GAP = 1.0
 # How long a committed ring that lost every member known to hold its result asks the result's
 # shard for a copy elsewhere (nodes that fetched it) before it runs again: a copy there is
 # named at once, so this is the answer's time on a loaded machine, paid only when none is.
