@@ -113,6 +113,13 @@ RING_WAIT_FLOOR = 0.05
 # 1.13-1.24x and the plain reduce at 1.04-1.06x. It was 0.8 while the measured bandwidth
 # read a third of the link's (docs/design.md §4, "The links' rate, measured while bytes flow").
 PAIR_GAP = 1.0
+# The least time, in seconds, an object must take to cross a link for a pair: its chain
+# starts tens of milliseconds after the guess, and on the emulated links a pair of 4 MiB at
+# 500 Mbit/s (67 ms) lost a tail to a queue and waited out TCP's 200 ms retransmission
+# timeout in most runs, 3.87x S/RATE at N = 4 against 1.43x without it, where 16 MiB at
+# 1 Gbit/s (134 ms) paired at 1.49x (N = 8) and 1.58x (N = 4) against 1.66x
+# (docs/design.md §4, "A pair for the last two inputs").
+PAIR_MIN_TRANSFER = 0.1
 # How long a committed ring that lost every member known to hold its result asks the result's
 # shard for a copy elsewhere (nodes that fetched it) before it runs again: a copy there is
 # named at once, so this is the answer's time on a loaded machine, paid only when none is.
@@ -510,13 +517,16 @@ class AllreducePlan:
 
     def _pair_pays(self) -> bool:
         """Whether inputs still awaited once the ring's wait ran out should be held for a
-        pair: two halves larger than inline, an input at least for the chain, and a chain the
-        link model would take for that many halves (where it takes a tree, the chain's hops
-        cost more than the pair saves: 3.56x against 2.23x simulated at N = 256)."""
+        pair: two halves larger than inline, an object that takes at least
+        :data:`PAIR_MIN_TRANSFER` to cross a link, an input at least for the chain, and a
+        chain the link model would take for that many halves (where it takes a tree, the
+        chain's hops cost more than the pair saves: 3.56x against 2.23x simulated at
+        N = 256)."""
         assert self.first is not None
         n, size = len(self.inputs), self.first.size
         return (self.pair and n >= 3 and bool(self.waiting)
                 and size >= 2 * max(self.min_stripe, INLINE_MAX + 1)
+                and size / max(self.link[0], 1.0) >= PAIR_MIN_TRANSFER
                 and tree_depth(n - 2, size // 2, *self.link) == 0)
 
     def _hold(self, ev: InputReady) -> list[Instruction] | None:

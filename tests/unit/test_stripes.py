@@ -24,6 +24,7 @@ from hoplited.collectives.ring import ring_saving
 from hoplited.collectives.stripes import (
     COPY_CHECK,
     PAIR_GAP,
+    PAIR_MIN_TRANSFER,
     RING_WAIT_FLOOR,
     AllreducePlan,
     Arm,
@@ -540,6 +541,17 @@ def test_no_pair_for_halves_below_a_stripe(size: int) -> None:
     plan = AllreducePlan(R, I[:3], "sum", ring_wait=WAIT, striped=False, link=SLOW,
                          pair=True, nodes=NODES[:3])
     assert plan.handle(ready(0, "n0", size=size, shape=(size // 4,))) == [Arm(WAIT)]
+    assert plan.handle(GatherOver()) == [Plain()]
+
+
+@pytest.mark.parametrize("rate", [BIG / PAIR_MIN_TRANSFER * 1.01, 1e12],
+                         ids=["just-under-the-least-transfer", "loopback"])
+def test_no_pair_for_an_object_that_crosses_a_link_quickly(rate: float) -> None:
+    """Its chain would start too late to pay, and a short stream's lost tail waits out a
+    retransmission timeout."""
+    plan = AllreducePlan(R, I[:3], "sum", ring_wait=WAIT, striped=False, link=(rate, 1e-4),
+                         pair=True, nodes=NODES[:3])
+    plan.handle(ready(0, "n0"))
     assert plan.handle(GatherOver()) == [Plain()]
 
 
