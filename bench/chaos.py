@@ -114,6 +114,9 @@ from hoplite_client.tools.testbed import emulated_cluster, parse_rate
 from hoplite_client.wire.errors import HopliteError
 
 DAEMON_ARGS = ["--heartbeat-interval", "0.5", "--heartbeat-timeout", "4"]
+# On loopback objects cross in milliseconds, below a pair's least transfer: without this no
+# trial there would end as a pair (docs/design.md §4, "A pair for the last two inputs").
+LOOPBACK_ARGS = ["--pair-min-transfer", "0"]
 CAPACITY = "512MiB"
 OPS = ["broadcast", "reduce", "allreduce", "allreduce-striped", "gather"]
 # inline to tens of MiB: on loopback a run of 32 MiB takes 0.1-0.3 s, long enough for a signal
@@ -265,7 +268,7 @@ async def started_cluster(nodes: int, workdir: str,
                           rate_bps: int | None) -> AsyncIterator[LocalCluster]:
     """A fresh cluster for one trial: on loopback, or (``rate_bps``) in an emulated one."""
     if rate_bps is None:
-        async with LocalCluster(nodes, capacity=CAPACITY, daemon_args=DAEMON_ARGS,
+        async with LocalCluster(nodes, capacity=CAPACITY, daemon_args=DAEMON_ARGS + LOOPBACK_ARGS,
                                 workdir=workdir) as cluster:
             yield cluster
     else:

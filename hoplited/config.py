@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from hoplite_client.net.endpoints import default_socket
 from hoplite_client.net.tls import TlsContexts, TlsFiles, load, tls_files
 from hoplite_client.wire.errors import InvalidArgumentError
+from hoplited.collectives.stripes import PAIR_MIN_TRANSFER
 from hoplited.collectives.tree import TWO_TREE_MODES
 
 # A ring that waits longer than this for its inputs would hold stripes back for no gain.
@@ -49,6 +50,9 @@ class DaemonConfig:
     # until two are missing, for a pair of combiners (docs/design.md §4, "A pair for the
     # last two inputs").
     pair: bool = True
+    # The least time, in seconds, an object must take to cross a link for a pair; 0 lets
+    # a loopback cluster, where objects cross in milliseconds, take one (tests).
+    pair_min_transfer: float = PAIR_MIN_TRANSFER
     # Whether a reduce's slot adds the other inputs ready on its node while it has combined
     # nothing, so the node's link carries one stream (docs/design.md §4, "Several inputs on
     # one node"); off only to measure against.
@@ -110,6 +114,9 @@ class DaemonConfig:
             raise InvalidArgumentError(f"two-trees must be one of {', '.join(TWO_TREE_MODES)}")
         if not 0 <= self.ring_wait <= MAX_RING_WAIT:  # also refuses NaN
             raise InvalidArgumentError(f"ring wait must be within 0..{MAX_RING_WAIT} seconds")
+        if not 0 <= self.pair_min_transfer <= MAX_RING_WAIT:  # also refuses NaN
+            raise InvalidArgumentError(
+                f"pair min transfer must be within 0..{MAX_RING_WAIT} seconds")
         if not self.heartbeat_interval > 0:  # also refuses NaN
             raise InvalidArgumentError("heartbeat interval must be positive")
         if self.heartbeat_timeout <= self.heartbeat_interval:

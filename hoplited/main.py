@@ -142,6 +142,10 @@ async def watch_users(fd: int, stop: Callable[[], None]) -> None:
 @click.option("--pair/--no-pair", default=True, show_default=True,
               help="Let an allreduce whose inputs come further apart than the ring's wait "
                    "end as a pair of combiners, one per half (docs/design.md §4).")
+@click.option("--pair-min-transfer", default=DaemonConfig.pair_min_transfer, show_default=True,
+              type=float,
+              help="Seconds an object must take to cross a link for a pair (docs/design.md "
+                   "§4, \"A pair for the last two inputs\"); 0: at any size.")
 @click.option("--merge/--no-merge", default=True, show_default=True,
               help="Let a reduce's slot add the other inputs ready on its node, so that the "
                    "node's link carries one stream (docs/design.md §4, \"Several inputs on "
@@ -185,7 +189,8 @@ async def watch_users(fd: int, stop: Callable[[], None]) -> None:
                    "host sharing this daemon, as hoplite_client.dask's do).")
 def main(listen: str, socket_path: str | None, join: tuple[str, ...],
          token_file: str | None, insecure: bool, capacity: str | None, fanout: int,
-         two_trees: str, ring_wait: float, pair: bool, merge: bool, advertise: str | None,
+         two_trees: str, ring_wait: float, pair: bool, pair_min_transfer: float,
+         merge: bool, advertise: str | None,
          heartbeat_interval: float,
          heartbeat_timeout: float,
          suspect_after: float, watchers: int, stall_timeout: float, log_level: str,
@@ -204,7 +209,7 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
                               join=[parse_address(j) for j in (*rejoin, *join)],
                               insecure=insecure,
                               fanout=fanout, two_trees=two_trees, ring_wait=ring_wait,
-                              pair=pair, merge=merge,
+                              pair=pair, pair_min_transfer=pair_min_transfer, merge=merge,
                               heartbeat_interval=heartbeat_interval,
                               heartbeat_timeout=heartbeat_timeout,
                               suspect_after=suspect_after or None, watchers=watchers,

@@ -130,7 +130,8 @@ class Daemon:
                                                     membership.members[node].port,
                                                     links.refused),
                      link_model.observe_bandwidth, traffic, tasks, cfg.stall_timeout),
-            cfg.ring_wait, lambda: (link_model.bandwidth, link_model.latency), cfg.pair))
+            cfg.ring_wait, lambda: (link_model.bandwidth, link_model.latency), cfg.pair,
+            cfg.pair_min_transfer))
         sender = Sender(store, traffic, fetcher.fetching, allreduces.serve_ring)
         prober = Prober(self.identity, membership, links, tasks, first=cfg.heartbeat_timeout,
                         run_again=self.run_again)

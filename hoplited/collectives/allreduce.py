@@ -86,8 +86,9 @@ class AllreduceDeps:
     """What allreduces use: this node's id, store, the directory, peers, the fetcher, the
     reduces (each stripe is one), liveness, the live members (the ring, in id order), what
     ring members use, how long an allreduce waits for all its inputs to run them as a ring
-    (0: never), the links' measured rate and latency (whether a ring pays), and whether late
-    inputs may end as a pair (docs/design.md §4, "A pair for the last two inputs")."""
+    (0: never), the links' measured rate and latency (whether a ring pays), whether late
+    inputs may end as a pair (docs/design.md §4, "A pair for the last two inputs"), and how
+    long an object must take to cross a link for one."""
 
     me: str
     store: ObjectStore
@@ -103,6 +104,7 @@ class AllreduceDeps:
     ring_wait: float
     link: Callable[[], tuple[float, float]]  # measured bandwidth (bytes/s), latency (s)
     pair: bool
+    pair_min_transfer: float
 
 
 @dataclass
@@ -146,6 +148,7 @@ class Allreduces:
         (``striped``) or as a reduce whose result every input's node gets."""
         plan = s.AllreducePlan(result, inputs, op, ring_wait=self._d.ring_wait,
                                striped=striped, link=self._d.link(), pair=self._d.pair,
+                               pair_min_transfer=self._d.pair_min_transfer,
                                nodes=tuple(self._d.members()))
         if result in self._orchestrators or self._d.store.get(result) is not None:
             raise ObjectExistsError(f"object {result.hex()} already exists")

@@ -352,6 +352,7 @@ class AllreducePlan:
                  link: tuple[float, float] = (DEFAULT_BANDWIDTH, DEFAULT_LATENCY),
                  suspected: frozenset[str] = frozenset(), rings: int = RING_TRIES,
                  cap_wait: bool = True, pair: bool = False,
+                 pair_min_transfer: float = PAIR_MIN_TRANSFER,
                  nodes: tuple[str, ...] = (), crowded: bool = False) -> None:
         if not inputs:
             raise InvalidArgumentError("an allreduce needs at least one input")
@@ -369,6 +370,7 @@ class AllreducePlan:
         self.striped = striped  # False: no ring means the plain reduce (then gets)
         self.link = link  # the links' bandwidth (bytes/s) and latency (s), for ring_pays
         self.pair = pair  # may hold late inputs for a pair of combiners
+        self.pair_min_transfer = pair_min_transfer  # seconds to cross a link, at least
         self.nodes = nodes  # the cluster's nodes, for the pair's guess
         self.paired = False  # the stripes are a pair's two halves
         self.held: list[InputReady] = []  # inputs ready while gathering, in order
@@ -518,15 +520,15 @@ class AllreducePlan:
     def _pair_pays(self) -> bool:
         """Whether inputs still awaited once the ring's wait ran out should be held for a
         pair: two halves larger than inline, an object that takes at least
-        :data:`PAIR_MIN_TRANSFER` to cross a link, an input at least for the chain, and a
-        chain the link model would take for that many halves (where it takes a tree, the
-        chain's hops cost more than the pair saves: 3.56x against 2.23x simulated at
-        N = 256)."""
+        ``pair_min_transfer`` (:data:`PAIR_MIN_TRANSFER`) to cross a link, an input at least
+        for the chain, and a chain the link model would take for that many halves (where it
+        takes a tree, the chain's hops cost more than the pair saves: 3.56x against 2.23x
+        simulated at N = 256)."""
         assert self.first is not None
         n, size = len(self.inputs), self.first.size
         return (self.pair and n >= 3 and bool(self.waiting)
                 and size >= 2 * max(self.min_stripe, INLINE_MAX + 1)
-                and size / max(self.link[0], 1.0) >= PAIR_MIN_TRANSFER
+                and size / max(self.link[0], 1.0) >= self.pair_min_transfer
                 and tree_depth(n - 2, size // 2, *self.link) == 0)
 
     def _hold(self, ev: InputReady) -> list[Instruction] | None:
@@ -652,7 +654,8 @@ class AllreducePlan:
         return AllreducePlan(self.result, self.listed, self.op, self.min_stripe, wait,
                              frozenset(self.lost), self.striped, self.link,
                              frozenset(self.suspected), self.rings - 1, cap_wait=False,
-                             pair=self.pair, nodes=self.nodes, crowded=True)
+                             pair=self.pair, pair_min_transfer=self.pair_min_transfer,
+                             nodes=self.nodes, crowded=True)
 
     def _live_ring(self) -> tuple[str, ...]:
         return tuple(n for n in self.ring if n not in self.lost)

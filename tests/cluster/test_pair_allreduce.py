@@ -19,6 +19,8 @@ from hoplite_client.wire.ids import ObjectID
 
 GET_TIMEOUT = 120.0
 APART = 0.5  # before each of the last two puts: far more than the ring's wait on loopback
+# Objects cross loopback in milliseconds, below the least transfer a pair is taken for.
+ANY_SIZE = ["--pair-min-transfer", "0"]
 
 
 def data(i: int, shape: tuple[int, ...] = (2 * MiB,), dtype: type = np.float32) -> np.ndarray:
@@ -43,7 +45,7 @@ async def test_the_last_two_nodes_reduce_a_half_each(make_cluster, connect) -> N
     allreduce: nodes 2 and 3, the two without an input once two are missing, combine the
     halves, and every node gets numpy's sum (an odd size, and a 2-D int64 max). Deleting
     the results leaves only the inputs."""
-    cluster = await make_cluster(4)
+    cluster = await make_cluster(4, daemon_args=ANY_SIZE)
     clients = [await connect(s) for s in cluster.sockets]
     cases = [(np.float32, "sum", (3 * MiB + 5,)), (np.int64, "max", (1000, 1031))]
     ops = {"sum": np.add, "max": np.maximum}
@@ -69,7 +71,7 @@ async def test_the_last_two_nodes_reduce_a_half_each(make_cluster, connect) -> N
 async def test_a_wrong_guess_costs_no_correctness(make_cluster, connect) -> None:
     """Nodes 0 and 1 put all four inputs: the pair's combiners, nodes 2 and 3, hold none and
     pull every leaf from elsewhere; every node gets the sum."""
-    cluster = await make_cluster(4)
+    cluster = await make_cluster(4, daemon_args=ANY_SIZE)
     clients = [await connect(s) for s in cluster.sockets]
     arrays = [data(i) for i in range(4)]
     ids = [ObjectID.random() for _ in range(4)]
@@ -88,7 +90,7 @@ async def test_a_combiner_killed_before_it_puts_leaves_its_half_to_a_survivor(
     """Nodes 0 and 1 put; nodes 2 and 3 combine the halves. Node 3 is SIGKILLed before it
     puts, and its input is put on node 1 instead: its half is reduced again by a survivor,
     and every survivor gets the exact sum."""
-    cluster = await make_cluster(4, daemon_args=FAST_HEARTBEAT)
+    cluster = await make_cluster(4, daemon_args=FAST_HEARTBEAT + ANY_SIZE)
     clients = [await connect(s) for s in cluster.sockets]
     arrays = [data(i) for i in range(4)]
     ids = [ObjectID.random() for _ in range(4)]

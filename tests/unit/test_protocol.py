@@ -49,6 +49,12 @@ def test_heartbeat_settings_are_checked_at_start(interval: float, timeout: float
         config.check()
 
 
+@pytest.mark.parametrize("seconds", [-0.1, math.nan, math.inf, 61.0])
+def test_a_pairs_least_transfer_is_checked_at_start(seconds: float) -> None:
+    with pytest.raises(InvalidArgumentError):
+        DaemonConfig(pair_min_transfer=seconds).check()
+
+
 
 async def _three_pings_to(connect: Callable[[Callable[[], FrameProtocol]], Awaitable[Any]]
                           ) -> tuple[FrameProtocol, list[int]]:

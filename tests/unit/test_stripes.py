@@ -555,10 +555,19 @@ def test_no_pair_for_an_object_that_crosses_a_link_quickly(rate: float) -> None:
     assert plan.handle(GatherOver()) == [Plain()]
 
 
+def test_a_pair_at_any_size_where_the_daemon_says_so() -> None:
+    """``hoplited --pair-min-transfer 0``: loopback clusters take the pair too."""
+    plan = AllreducePlan(R, I[:3], "sum", ring_wait=WAIT, striped=False, link=(1e12, 1e-4),
+                         pair=True, pair_min_transfer=0.0, nodes=NODES[:3])
+    plan.handle(ready(0, "n0"))
+    assert any(isinstance(x, Assign) and x.pair for x in plan.handle(GatherOver()))
+
+
 def test_a_pair_is_kept_when_the_plan_runs_again() -> None:
-    plan = AllreducePlan(R, I[:3], "sum", ring_wait=WAIT, pair=True, nodes=NODES[:3])
+    plan = AllreducePlan(R, I[:3], "sum", ring_wait=WAIT, pair=True, pair_min_transfer=0.0,
+                         nodes=NODES[:3])
     again = plan.again()
-    assert again.pair and again.nodes == NODES[:3]
+    assert again.pair and again.pair_min_transfer == 0.0 and again.nodes == NODES[:3]
 
 
 def test_no_pair_where_the_link_model_takes_a_tree_for_the_early_inputs() -> None:
