@@ -1,9 +1,10 @@
 """Trace the links of an emulated run: every daemon's interface byte counters, read every few
 milliseconds by a separate process, set against the bench's put times.
 
-For each measured run it prints how much each node had sent and received (in objects, S) when
-the last input was put, how much it sent in all, and how full its uplink ran from the last put
-to the end: what a schedule still owes after the last put, and how well the links carry it
+For each measured run it prints how much each node had sent and received (in objects, S)
+when the last input was put, how much it sent in all, how much of that TCP sent again
+(segments a link's queue dropped), and how full its uplink ran from the last put to the end:
+what a schedule still owes after the last put, and how well the links carry it
 (docs/design.md §4, "Why 1.50–1.76 emulated, not 1.30"). Needs root, as `--emulate` does.
 
 Usage: python -m bench.link_trace allreduce --nodes 8 --size 32MiB --arrival-interval 0.1
@@ -36,11 +37,13 @@ BEFORE = 0.002
 
 @dataclass(frozen=True)
 class Sample:
-    """Every node's received and sent bytes at wall-clock time ``t``."""
+    """Every node's received and sent bytes, and TCP segments sent again, at wall-clock time
+    ``t``."""
 
     t: float
     rx: tuple[int, ...]
     tx: tuple[int, ...]
+    resent: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class RunTrace:
     tx_total: tuple[float, ...]
     rx_total: tuple[float, ...]
     uplink_use: tuple[float, ...]
+    resent_total: tuple[float, ...]  # at most: each segment sent again counted as a full one
 
 
 def _counters(text: bytes) -> tuple[int, int]:
@@ -66,29 +70,38 @@ def _counters(text: bytes) -> tuple[int, int]:
     raise RuntimeError("no test bed interface in the daemon's network namespace")
 
 
+def _resent(text: bytes) -> int:
+    """TCP segments sent again, in a /proc/PID/net/snmp text (its network namespace's)."""
+    header, values = (line.split() for line in text.split(b"\n") if line.startswith(b"Tcp:"))
+    return int(values[header.index(b"RetransSegs")])
+
+
 def _sample(pids: Sequence[int], stop: Connection) -> None:
     """Read every pid's counters every PERIOD until ``stop`` has a message; send back the
     samples as lists."""
-    samples: list[tuple[float, list[int], list[int]]] = []
+    samples: list[tuple[float, list[int], list[int], list[int]]] = []
     with contextlib.ExitStack() as stack:
-        files = [stack.enter_context(open(f"/proc/{pid}/net/dev", "rb")) for pid in pids]
+        devs = [stack.enter_context(open(f"/proc/{pid}/net/dev", "rb")) for pid in pids]
+        snmps = [stack.enter_context(open(f"/proc/{pid}/net/snmp", "rb")) for pid in pids]
         while not stop.poll():
             t = time.time()
-            rx, tx = [], []
-            for f in files:
-                f.seek(0)
-                r, s = _counters(f.read())
+            rx, tx, resent = [], [], []
+            for dev, snmp in zip(devs, snmps):
+                dev.seek(0)
+                snmp.seek(0)
+                r, s = _counters(dev.read())
                 rx.append(r)
                 tx.append(s)
-            samples.append((t, rx, tx))
+                resent.append(_resent(snmp.read()))
+            samples.append((t, rx, tx, resent))
             time.sleep(PERIOD)
     stop.send(samples)
 
 
 def summarise(samples: Sequence[Sample], puts: Sequence[float], elapsed: float, size: int,
-              rate_bps: int) -> RunTrace:
+              rate_bps: int, mtu: int = DEFAULT_MTU) -> RunTrace:
     """A run's trace from the samples around it: ``puts`` are its put times (wall clock) and
-    ``elapsed`` its latency, counted from the last put."""
+    ``elapsed`` its latency, counted from the last put; segments on links of ``mtu``."""
     times = [s.t for s in samples]
 
     def at(t: float) -> Sample:
@@ -104,8 +117,10 @@ def summarise(samples: Sequence[Sample], puts: Sequence[float], elapsed: float, 
     per_second = rate_bps / 8
     use = tuple((total - last) * size / (elapsed * per_second)
                 for total, last in zip(tx_total, tx_last))
+    segment = mtu - 40  # IPv4 and TCP headers
+    resent = tuple((b - a) * segment / size for a, b in zip(base.resent, end.resent))
     return RunTrace(elapsed, tuple(p - first for p in sorted(puts)), tx_last,
-                    share(base.rx, then.rx), tx_total, share(base.rx, end.rx), use)
+                    share(base.rx, then.rx), tx_total, share(base.rx, end.rx), use, resent)
 
 
 def _row(label: str, values: Sequence[float]) -> str:
@@ -122,6 +137,7 @@ def report(trace: RunTrace, label: str, s_over_rate: float) -> str:
         _row("received at the last put", trace.rx_at_last),
         _row("sent in all", trace.tx_total),
         _row("received in all", trace.rx_total),
+        _row("sent again, at most", trace.resent_total),
         _row("uplink use after it", trace.uplink_use)])
 
 
@@ -151,8 +167,8 @@ async def trace(op: str, nodes: int, size: int, rate_bps: int, interval: float, 
             here.send(None)
             raw = await asyncio.to_thread(here.recv)
             sampler.join(5)
-    samples = [Sample(t, tuple(rx), tuple(tx)) for t, rx, tx in raw]
-    return [summarise(samples, puts, elapsed, size, rate_bps) for puts, elapsed in runs]
+    samples = [Sample(t, tuple(rx), tuple(tx), tuple(resent)) for t, rx, tx, resent in raw]
+    return [summarise(samples, puts, elapsed, size, rate_bps, mtu) for puts, elapsed in runs]
 
 
 def main() -> None:

@@ -293,7 +293,8 @@ def test_make_demo_compares_hoplite_with_the_star() -> None:
 @needs_root
 def test_link_trace_reads_every_daemons_counters(tmp_path: Path) -> None:
     """bench/link_trace.py, small: its sampler reads each daemon's own namespace, so what the
-    nodes sent adds up to what they received, and every node received the result."""
+    nodes sent adds up to what they received, less what TCP sent again (a link's queue may
+    drop a few segments), and every node received the result."""
     out = tmp_path / "trace.json"
     done = subprocess.run([sys.executable, "-m", "bench.link_trace", "allreduce", "--nodes", "3",
                            "--size", "4MiB", "--rate", "500Mbit", "--arrival-interval", "0.05",
@@ -304,5 +305,6 @@ def test_link_trace_reads_every_daemons_counters(tmp_path: Path) -> None:
     traces = json.loads(out.read_text())
     assert len(traces) == 2 and "sent at the last put" in done.stdout
     for t in traces:
-        assert sum(t["tx_total"]) == pytest.approx(sum(t["rx_total"]), rel=0.05)
+        sent, received = sum(t["tx_total"]), sum(t["rx_total"])
+        assert received * 0.95 <= sent <= received * 1.05 + sum(t["resent_total"]), t
         assert all(rx >= 0.95 for rx in t["rx_total"])  # the result, at least, came in
