@@ -14,7 +14,7 @@ attaching after a failure can never form a cycle. A holder short of memory may d
 only with the shard's consent (``may_drop``): the shard agrees, and forgets that holder in the
 same step, only while another live member holds the whole object and nobody is reading from the
 asker. ``failed`` holds tombstones of ids that will never exist (a failed reduce); a later put
-lifts them.
+lifts them, a partial copy announced again after a move does not.
 
 Ring order (docs/design.md §4, "Ring-ordered stripes"). A requester may ask to follow the ring:
 the live participants (holders and the other ring requesters still waiting) in node-id order,
@@ -327,6 +327,12 @@ class DirectoryState:
                                     or moved and self.deleted[oid] is None):
             self._record(oid, event, "refused: deleted, the holder drops it")
             return [DropCopy(holder, oid)]
+        if oid in self.failed and moved and got < size and not producing:
+            # a receiver's partial copy, announced again after the owner moved, lifts no
+            # tombstone: nothing can complete it, and its get would wait out its own timeout
+            # (docs/design.md §2); its next locate here gets the failure, and its fetch drops it
+            self._record(oid, event, "refused: the id failed; its receiver learns why")
+            return []
         self.deleted.pop(oid, None)  # put again under the same id: a new version
         entry = self.entries.get(oid)
         outcome = "updated"

@@ -406,6 +406,17 @@ CASES = [
         (put("src", received=500), WAKE), (fail(), WAKE),
         (holders(), None), (locate("r"), PeerUnavailableError),
     ]),
+    # the owner moved after the reduce failed: a receiver's partial copy announced again
+    # there keeps the tombstone (it would wait for a source forever), a complete copy or a
+    # new put lifts it
+    Case("a-moved-partial-copy-keeps-the-tombstone", [
+        (fail(), WAKE), (moved("r", received=0), []), (moved("r2", received=SIZE // 2), []),
+        (holders(), None), (locate("r"), PeerUnavailableError),
+        (put("p", received=0, producing=True), WAKE), (holders(), {"p": (0, 0, None)}),
+    ]),
+    Case("a-moved-complete-copy-lifts-the-tombstone", [
+        (fail(), WAKE), (moved("src"), WAKE), (locate("r"), "src"),
+    ]),
     Case("fail-when-every-copy-is-dead", [
         (put("src"), WAKE), (die("src"), None), (fail(), WAKE), (wait(), PeerUnavailableError),
     ]),
