@@ -13,6 +13,8 @@ from hoplited.collectives.tree import TWO_TREE_MODES
 
 # A ring that waits longer than this for its inputs would hold stripes back for no gain.
 MAX_RING_WAIT = 60.0
+# No link takes a minute to carry an object a pair is for: a larger least transfer is a typo.
+MAX_PAIR_MIN_TRANSFER = 60.0
 # Watchers per member at most: more would be a full mesh in any cluster one could run here.
 MAX_WATCHERS = 1024
 
@@ -114,9 +116,9 @@ class DaemonConfig:
             raise InvalidArgumentError(f"two-trees must be one of {', '.join(TWO_TREE_MODES)}")
         if not 0 <= self.ring_wait <= MAX_RING_WAIT:  # also refuses NaN
             raise InvalidArgumentError(f"ring wait must be within 0..{MAX_RING_WAIT} seconds")
-        if not 0 <= self.pair_min_transfer <= MAX_RING_WAIT:  # also refuses NaN
+        if not 0 <= self.pair_min_transfer <= MAX_PAIR_MIN_TRANSFER:  # also refuses NaN
             raise InvalidArgumentError(
-                f"pair min transfer must be within 0..{MAX_RING_WAIT} seconds")
+                f"pair min transfer must be within 0..{MAX_PAIR_MIN_TRANSFER} seconds")
         if not self.heartbeat_interval > 0:  # also refuses NaN
             raise InvalidArgumentError("heartbeat interval must be positive")
         if self.heartbeat_timeout <= self.heartbeat_interval:
