@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 MAGIC = b"HP"
-PROTOCOL_VERSION = 18
-SUPPORTED_VERSIONS = [18]
+PROTOCOL_VERSION = 19
+SUPPORTED_VERSIONS = [19]
 PRELUDE = struct.Struct("!2sBBIQ")  # magic, version, kind, header length, payload length
 PRELUDE_SIZE = PRELUDE.size
 # Headers hold ids, offsets and member lists: 256 KiB fits thousands of members.
@@ -42,6 +42,10 @@ MAX_HEADER = 256 * 1024
 # this many inputs (its Reduce and InputList list them all); a client sends its Release
 # notices in batches of at most this many.
 MAX_IDS_PER_FRAME = 10_000
+# A stripe task names at most this many inputs already ready, each with at most this many
+# holders: about 11 KB at most, within what MAX_IDS_PER_FRAME inputs leave of MAX_HEADER.
+MAX_READY = 128
+MAX_READY_HOLDERS = 4
 # Objects of at most this size travel inline in control frames and live in their directory
 # entry (docs/design.md §2): no shared memory, no data-plane transfer.
 INLINE_MAX = 64 * 1024

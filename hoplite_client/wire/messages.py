@@ -149,6 +149,17 @@ class Holding:
     receivers: int
 
 
+
+@record
+class ReadyInput:
+    """An input of an allreduce known complete on ``holders`` at ``version`` (its shard's
+    record as the caller's node read it), so a combiner's reduce starts its chain without
+    asking the shard again (docs/design.md §4, "A pair for the last two inputs")."""
+
+    oid: ObjectID
+    holders: list[str]
+    version: bytes
+
 # --- 1-4: handshake on TCP connections (daemon to daemon, tools) ---
 @message(1, shape="handshake")
 class Hello(WireMessage):
@@ -754,7 +765,10 @@ class StripeTask(Request["Ok"]):
     ``dtype``/``shape`` at ``version``, cut in ``stripes`` stripes), fetching every stripe not
     reduced here; ``stripe`` >= 0: reduce that one (assignment ``gen``) over ``inputs``.
     ``pair``: the stripes are a pair's two halves (docs/design.md §4): a stripe reduced here
-    is a combiner, and stripes are fetched in the directory's usual order, not ring order."""
+    is a combiner, and stripes are fetched in the directory's usual order, not ring order.
+    ``ready``: inputs already complete, in the order they became ready, for the reduce of
+    ``stripe`` to start from (at most ``MAX_READY``, each with at most ``MAX_READY_HOLDERS``
+    holders)."""
 
     rid: int = 0
     result: ObjectID
@@ -769,6 +783,7 @@ class StripeTask(Request["Ok"]):
     gen: int
     timeout: float | None
     pair: bool
+    ready: list[ReadyInput]
 
 
 @message(71, shape="oneway", roles=(PEER,))

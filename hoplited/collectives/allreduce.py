@@ -16,7 +16,7 @@ import asyncio
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +34,18 @@ from hoplite_client.wire.errors import (
     PeerUnavailableError,
     error_from_wire,
 )
-from hoplite_client.wire.frames import INLINE_MAX, MAX_IDS_PER_FRAME
+from hoplite_client.wire.frames import (
+    INLINE_MAX,
+    MAX_IDS_PER_FRAME,
+    MAX_READY,
+    MAX_READY_HOLDERS,
+)
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
     AllreduceFailed,
     Error,
     Ok,
+    ReadyInput,
     RingEnd,
     RingOpen,
     RingReport,
@@ -48,6 +54,7 @@ from hoplite_client.wire.messages import (
     StripeTask,
     WireMessage,
 )
+from hoplited.collectives import plan as p
 from hoplited.collectives import stripes as s
 from hoplited.collectives.coordinator import wait_ready
 from hoplited.collectives.layout import ALIGN, stripe_bounds
@@ -249,7 +256,7 @@ class Allreduces:
             member = Member(self._d, msg, peer, lambda: self._members.pop(msg.result, None))
             self._members[msg.result] = member
         if msg.stripe >= 0:
-            member.reduce(msg.stripe, msg.gen, msg.pair)
+            member.reduce(msg.stripe, msg.gen, msg.pair, msg.ready)
         return Ok()
 
     def on_report(self, peer: str, msg: StripeReport, payload: memoryview | None) -> None:
@@ -432,6 +439,14 @@ def check_task(msg: StripeTask) -> None:
         raise InvalidArgumentError(f"a stripe task of {msg.size} bytes in {msg.stripes} "
                                    f"stripes of {n} inputs (stripe {msg.stripe}, generation "
                                    f"{msg.gen}{', a pair' if msg.pair else ''})")
+    listed = set(msg.inputs)
+    named = [r.oid for r in msg.ready]
+    if (len(msg.ready) > MAX_READY or len(set(named)) != len(named)
+            or any(oid not in listed for oid in named)
+            or any(len(r.holders) > MAX_READY_HOLDERS for r in msg.ready)):
+        raise InvalidArgumentError(f"a stripe task names {len(msg.ready)} inputs ready, at most "
+                                   f"{MAX_READY} listed inputs once each with at most "
+                                   f"{MAX_READY_HOLDERS} holders")
 
 
 async def drop_entry(directory: DirectoryClient, oid: ObjectID) -> None:
@@ -515,7 +530,7 @@ class Orchestrator:
         frame = await wait_ready(self.d.directory, self.d.is_alive, oid, deadline, exclude)
         info = frame.msg
         self.feed(s.InputReady(oid, tuple(n for n in info.holders if self.d.is_alive(n)),
-                               info.size, info.dtype, tuple(info.shape)))
+                               info.size, info.dtype, tuple(info.shape), info.version))
 
     def feed(self, event: s.Event) -> None:
         if self._ended:
@@ -667,7 +682,9 @@ class Orchestrator:
             result=self.plan.result, inputs=self.plan.listed, op=self.plan.op, size=first.size,
             dtype=first.dtype, shape=list(first.shape), version=self._version,
             stripes=self.plan.stripes, stripe=ins.stripe, gen=ins.gen, timeout=self._timeout,
-            pair=ins.pair))
+            pair=ins.pair, ready=[ReadyInput(oid=h.oid, holders=list(h.alive[:MAX_READY_HOLDERS]),
+                                             version=h.version)
+                                  for h in ins.ready[:MAX_READY] if h.alive]))
 
     def _failed(self, error: HopliteError) -> AllreduceFailed:
         return AllreduceFailed(result=self.plan.result, code=error.code, message=str(error))
@@ -738,20 +755,22 @@ class Member:
         self._complete = deps.tasks.spawn(self._until_complete(), name="allreduce-result",
                                           on_error=self._failed)
 
-    def reduce(self, stripe: int, gen: int, combiner: bool = False) -> None:
+    def reduce(self, stripe: int, gen: int, combiner: bool = False,
+               ready: Sequence[ReadyInput] = ()) -> None:
         """Reduce ``stripe`` here (assignment ``gen``; as a combiner, one half of a pair),
-        into its view of the result."""
+        into its view of the result, starting from the inputs ``ready`` (the caller's node
+        read their records a moment ago)."""
         if self._ended or self.whole.regions[stripe].filled:
             return  # complete here already: this copy serves the others
         fetch = self._fetches.pop(stripe, None)
         if fetch is not None:
             fetch.cancel()
         self._reducing[stripe] = gen
-        self.d.tasks.spawn(self._reduce_here(stripe, gen, fetch, combiner), name="stripe-reduce",
-                           on_error=self._failed)
+        self.d.tasks.spawn(self._reduce_here(stripe, gen, fetch, combiner, ready),
+                           name="stripe-reduce", on_error=self._failed)
 
     async def _reduce_here(self, stripe: int, gen: int, fetch: asyncio.Task[None] | None,
-                           combiner: bool) -> None:
+                           combiner: bool, ready: Sequence[ReadyInput]) -> None:
         """Once this node's fetch of the stripe has ended, start its reduce here; report it
         if it fails. The fetch is awaited, not only cancelled: one that had allocated the
         stripe's view would otherwise take the id the reduce creates."""
@@ -769,10 +788,13 @@ class Member:
                 f"stripe {stripe} of {self.result.hex()} is reduced on {d.me} now",
                 oid=oid.hex()))
         m = self._msg
+        known = [p.InputReady(r.oid, tuple(r.holders), alive, m.size, m.dtype, tuple(m.shape),
+                              r.version)
+                 for r in ready if (alive := tuple(n for n in r.holders if d.is_alive(n)))]
         d.reductions.start(oid, m.inputs, m.op, len(m.inputs), m.timeout,
                            window=self.bounds[stripe],
                            ring=() if combiner else tuple(sorted(d.members())),
-                           combiner=combiner)
+                           combiner=combiner, ready=known)
         await self._watch(stripe, gen)
 
     async def _watch(self, stripe: int, gen: int) -> None:

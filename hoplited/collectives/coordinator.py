@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,13 +148,21 @@ class ReduceCoordinator:
         """Why the reduce failed, once it has; None while it runs or once it published."""
         return self.plan.error
 
-    def start(self, wait_inputs: bool = True) -> None:
-        """Begin: wait for every input, unless its waits are shared (``wait_inputs`` False: a
-        reduce in halves, whose driver hands each ready input to both plans through
-        :meth:`ready`, in one order); repairs still wait for lost inputs here."""
+    def start(self, wait_inputs: bool = True, ready: Sequence[p.InputReady] = ()) -> None:
+        """Begin: feed the inputs ``ready`` (known ready elsewhere, in order: a stripe's, from
+        the caller's node) and wait for every other input, unless its waits are shared
+        (``wait_inputs`` False: a reduce in halves, whose driver hands each ready input to
+        both plans through :meth:`ready`, in one order); repairs still wait for lost inputs
+        here."""
+        listed = set(self._inputs)
+        known = {ev.oid for ev in ready if ev.size > INLINE_MAX and ev.oid in listed}
+        for ev in ready:
+            if ev.oid in known:
+                self.feed(ev)
         if wait_inputs:
             for oid in self._inputs:
-                self._wait(oid, ())
+                if oid not in known:
+                    self._wait(oid, ())
 
     def _wait(self, oid: ObjectID, exclude: tuple[str, ...]) -> None:
         """Wait for ``oid`` (again: the wait under way, with another exclude list, ends)."""

@@ -11,6 +11,7 @@ reach every coordinator.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from hoplite_client.wire.errors import (
     HopliteError,
@@ -56,11 +57,12 @@ class Reductions:
     def start(self, result: ObjectID, inputs: list[ObjectID], op: str, k: int,
               timeout: float | None, window: tuple[int, int] | None = None,
               ring: tuple[str, ...] = (), everyone: bool = False,
-              combiner: bool = False) -> None:
+              combiner: bool = False, ready: Sequence[p.InputReady] = ()) -> None:
         """Validate and start a reduce into ``result`` (of the inputs' bytes ``window`` only,
         if given; slots in ``ring`` order, if given; ``everyone``: an allreduce, every node
         gets the result; ``combiner``: one half of a pair, docs/design.md §4); it runs in the
-        background."""
+        background. ``ready``: inputs known ready already (a stripe's, from the caller's
+        node), in order; they are not asked for again."""
         # an input complete here takes an allreduce's root, whichever is reported first
         here = everyone and any((o := self._deps.store.get(oid)) is not None and o.complete
                                 for oid in inputs)
@@ -71,7 +73,7 @@ class Reductions:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         if window is not None or ring or everyone or k != len(inputs):
-            self._open(plan, inputs, deadline, wait_inputs=True)
+            self._open(plan, inputs, deadline, wait_inputs=True, ready=ready)
             return
         d = self._deps
 
@@ -103,10 +105,10 @@ class Reductions:
             combiner=combiner, merge=self._merge)
 
     def _open(self, plan: p.ReducePlan, inputs: list[ObjectID], deadline: float | None,
-              wait_inputs: bool) -> ReduceCoordinator:
+              wait_inputs: bool, ready: Sequence[p.InputReady] = ()) -> ReduceCoordinator:
         coordinator = ReduceCoordinator(self._deps, plan, inputs, deadline)
         self._running[plan.result] = coordinator
-        coordinator.start(wait_inputs)
+        coordinator.start(wait_inputs, ready)
         return coordinator
 
     async def outcome(self, result: ObjectID) -> HopliteError | None:

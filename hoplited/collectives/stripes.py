@@ -134,13 +134,15 @@ def stripe_id(result: ObjectID, stripe: int) -> ObjectID:
 # --- events ---
 @dataclass(frozen=True, slots=True)
 class InputReady:
-    """Input ``oid`` is complete on the live nodes ``alive``."""
+    """Input ``oid`` is complete on the live nodes ``alive``, at ``version`` (its shard's
+    record's)."""
 
     oid: ObjectID
     alive: tuple[str, ...]
     size: int
     dtype: str
     shape: tuple[int, ...]
+    version: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,12 +255,14 @@ class Plain:
 class Assign:
     """Tell ``node`` to hold the result and to reduce ``stripe`` (-1: none) as ``gen``;
     ``pair``: the stripes are a pair's halves (reduced by combiners, fetched in the
-    directory's usual order)."""
+    directory's usual order). ``ready``: the inputs ready so far, in order, for a combiner's
+    reduce to start its chain from without asking their shards again."""
 
     node: str
     stripe: int
     gen: int
     pair: bool = False
+    ready: tuple[InputReady, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -570,14 +574,16 @@ class AllreducePlan:
         idle = [n for n in self.nodes if n not in gone and n not in holding]
         if len(self.waiting) != 2 or len(idle) != 2:
             return self._release_held()
-        self.held = []
+        held, self.held = tuple(self.held), []
         self.stripes, self.phase, self.paired = 2, "striped", True
-        out: list[Instruction] = []
+        members: list[Instruction] = []
         for node in self.nodes:
             if node not in gone and node not in idle:
                 self.members.append(node)
-                out.append(Assign(node, -1, 0, pair=True))
-        return out + self._assign(0, idle[0], 0) + self._assign(1, idle[1], 0)
+                members.append(Assign(node, -1, 0, pair=True))
+        # the combiners first, each with the inputs ready so far: their chains are what the
+        # last inputs wait for (docs/design.md §4, "A pair for the last two inputs")
+        return self._assign(0, idle[0], 0, held) + self._assign(1, idle[1], 0, held) + members
 
     def _release_held(self) -> list[Instruction]:
         """The stripes or the plain reduce, fed the held inputs in order."""
@@ -710,12 +716,13 @@ class AllreducePlan:
         self.orphans.clear()
         return out
 
-    def _assign(self, stripe: int, node: str, gen: int) -> list[Instruction]:
+    def _assign(self, stripe: int, node: str, gen: int,
+                ready: tuple[InputReady, ...] = ()) -> list[Instruction]:
         self.owner[stripe] = (node, gen)
         if node not in self.members:
             self.members.append(node)
         self.done.discard(node)  # a member given a stripe again reports again
-        return [Assign(node, stripe, gen, self.paired)]
+        return [Assign(node, stripe, gen, self.paired, ready)]
 
     def _lost(self, node: str) -> list[Instruction]:
         orphans = sorted(s for s, (n, _) in self.owner.items() if n == node)

@@ -15,7 +15,14 @@ import pytest
 from hoplite_client.client import release_notices
 from hoplite_client.wire import messages as m
 from hoplite_client.wire.errors import InvalidArgumentError
-from hoplite_client.wire.frames import MAX_HEADER, MAX_IDS_PER_FRAME, Frame, encode_header
+from hoplite_client.wire.frames import (
+    MAX_HEADER,
+    MAX_IDS_PER_FRAME,
+    MAX_READY,
+    MAX_READY_HOLDERS,
+    Frame,
+    encode_header,
+)
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.timeouts import check_timeout
 from hoplited.dispatch import Dispatcher, checked_timeout
@@ -70,7 +77,7 @@ def with_timeout(cls: type[m.WireMessage], timeout: Any) -> Any:
               "exclude": [], "offset": 0, "size": 4, "dtype": "<f4", "shape": [1],
               "version": b"v", "stripes": 1, "stripe": 0, "gen": 0, "striped": True,
               "ring": False, "receivers": 0, "half": -1,
-              "index": -1, "window": None, "pair": False, "node": "n1"}
+              "index": -1, "window": None, "pair": False, "node": "n1", "ready": []}
     fields = [f for f in cls.__dataclass_fields__ if f not in ("rid", "timeout")]
     return cls(rid=3, timeout=timeout, **{f: values[f] for f in fields})
 
@@ -171,7 +178,8 @@ def test_release_notices_carry_every_id_in_frames_that_fit(n: int) -> None:
 
 
 def test_largest_reduce_and_its_input_list_fit_with_margin() -> None:
-    """The largest Reduce, Allreduce and StripeTask (long op name, largest ints, a timeout)
+    """The largest Reduce, Allreduce and StripeTask (long op name, largest ints, a timeout,
+    every input it may name ready with every holder it may name, node ids of 12 hex digits)
     and InputList fit."""
     inputs = ids(MAX_IDS_PER_FRAME)
     reduce = m.Reduce(rid=2**64 - 1, result=OID, inputs=inputs, op="x" * 64,
@@ -182,6 +190,8 @@ def test_largest_reduce_and_its_input_list_fit_with_margin() -> None:
     stripe = m.StripeTask(rid=2**64 - 1, result=OID, inputs=inputs, op="x" * 64,
                           size=2**64 - 1, dtype="<c16", shape=[2**62] * 32, version=b"v" * 8,
                           stripes=2**32, stripe=2**32, gen=2**32, timeout=1e300,
-                          pair=True)
+                          pair=True, ready=[m.ReadyInput(oid=oid, holders=["f" * 12] * MAX_READY_HOLDERS,
+                                                         version=b"v" * 8)
+                                            for oid in inputs[:MAX_READY]])
     for msg in (reduce, reply, allreduce, stripe):
         assert len(encode_header(msg)) <= MAX_HEADER - HEADER_MARGIN

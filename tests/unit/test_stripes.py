@@ -469,9 +469,14 @@ def test_each_wait_for_a_ring_is_at_most_what_the_ring_saves(link: tuple[float, 
 # --- a pair for the last two inputs (docs/design.md §4) ---
 NODES = ("n0", "n1", "n2", "n3", "n4")
 NEXT = Arm(PAIR_GAP * (BIG / SLOW[0]))  # while pairing: the wait for the next input
-PAIR_N2_N4: list[Instruction] = [Assign("n0", -1, 0, True), Assign("n1", -1, 0, True),
-                                 Assign("n3", -1, 0, True), Assign("n2", 0, 0, True),
-                                 Assign("n4", 1, 0, True)]
+# the combiners first, each given the inputs ready so far in order, then the other members
+HELD3 = (ready(0, "n0"), ready(1, "n1"), ready(2, "n3"))
+PAIR_N2_N4: list[Instruction] = [Assign("n2", 0, 0, True, HELD3), Assign("n4", 1, 0, True, HELD3),
+                                 Assign("n0", -1, 0, True), Assign("n1", -1, 0, True),
+                                 Assign("n3", -1, 0, True)]
+HELD1 = (ready(0, "n0"),)
+PAIR_N1_N2: list[Instruction] = [Assign("n1", 0, 0, True, HELD1), Assign("n2", 1, 0, True, HELD1),
+                                 Assign("n0", -1, 0, True)]
 PAIR_CASES = [
     Case("held until two are missing; the two nodes holding none reduce a half each",
          [(ready(0, "n0"), [ARM]), (GatherOver(), [NEXT]), (ready(1, "n1"), [NEXT]),
@@ -483,9 +488,7 @@ PAIR_CASES = [
          [(ready(0, "n0"), [ARM]), (GatherOver(), [NEXT]), (ready(1, "n1"), [NEXT]),
           (GatherOver(), [Plain()]), (ready(2, "n3"), [])], n=5),
     Case("two missing already when the wait runs out",
-         [(ready(0, "n0"), [ARM]), (GatherOver(), [
-             Assign("n0", -1, 0, True), Assign("n1", 0, 0, True), Assign("n2", 1, 0, True)])],
-         n=3),
+         [(ready(0, "n0"), [ARM]), (GatherOver(), PAIR_N1_N2)], n=3),
     Case("a combiner that dies has its half reduced again by a live member, a combiner too",
          [(ready(0, "n0"), [ARM]), (GatherOver(), [NEXT]), (ready(1, "n1"), [NEXT]),
           (ready(2, "n3"), PAIR_N2_N4), (NodeLost("n2"), [Assign("n0", 0, 1, True)]),
@@ -493,8 +496,7 @@ PAIR_CASES = [
           *[(MemberDone(f"n{i}"), []) for i in (0, 1, 3)],
           (MemberDone("n4"), [Cleanup((stripe_id(R, 0), stripe_id(R, 1)))])], n=5),
     Case("every member lost: the allreduce fails rather than wait for an input to take it",
-         [(ready(0, "n0"), [ARM]), (GatherOver(), [
-             Assign("n0", -1, 0, True), Assign("n1", 0, 0, True), Assign("n2", 1, 0, True)]),
+         [(ready(0, "n0"), [ARM]), (GatherOver(), PAIR_N1_N2),
           (NodeLost("n1"), [Assign("n0", 0, 1, True)]),
           (NodeLost("n0"), [Assign("n2", 0, 2, True)]),
           (NodeLost("n2"), [Fail(PeerUnavailableError(
