@@ -1,4 +1,5 @@
-"""BenchResult's JSON record: ratios to the optimum and to S/RATE (the issue's yardstick)."""
+"""BenchResult's JSON record: ratios to the optimum and to S/RATE (the issue's yardstick), and
+the runs' quartiles."""
 
 from __future__ import annotations
 
@@ -27,3 +28,15 @@ def test_ratios(op: str, median: float, to_optimum: float, to_link: float) -> No
 def test_no_ratios_on_loopback() -> None:
     record = BenchResult("reduce", 4, MiB, "local", runs=[0.01]).as_dict()
     assert record["ratio_to_optimum"] is None and record["ratio_to_s_over_rate"] is None
+
+
+@pytest.mark.parametrize("runs, q1, q3", [
+    ([0.3], 0.3, 0.3),  # one run: its own spread
+    ([0.4, 0.2], 0.25, 0.35),
+    ([0.5, 0.1, 0.3, 0.2, 0.4], 0.2, 0.4),
+    ([0.35, 0.36, 0.37, 0.38, 0.39, 0.4, 0.41, 0.42, 0.55], 0.37, 0.41),  # one slow run
+])
+def test_quartiles_of_the_runs(runs: list[float], q1: float, q3: float) -> None:
+    result = BenchResult("allreduce", 8, 32 * MiB, "local", rate_bps=1_000_000_000, runs=runs)
+    assert result.quartiles == pytest.approx((q1, q3))
+    assert result.as_dict()["quartiles_s"] == pytest.approx([q1, q3])

@@ -61,6 +61,15 @@ class BenchResult:
         return statistics.median(self.runs)
 
     @property
+    def quartiles(self) -> tuple[float, float]:
+        """The 25th and 75th percentiles of the measured runs, in seconds: how far a median
+        of few runs on a loaded machine may be trusted."""
+        if len(self.runs) < 2:
+            return self.median, self.median
+        q1, _, q3 = statistics.quantiles(self.runs, n=4, method="inclusive")
+        return q1, q3
+
+    @property
     def optimum(self) -> float | None:
         """The links' lower bound in seconds (emulated links only; None on loopback)."""
         return None if self.rate_bps is None else optimum(self.op, self.size, self.nodes,
@@ -73,11 +82,13 @@ class BenchResult:
         return None if self.rate_bps is None else self.size * 8 / self.rate_bps
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON record: the fields plus median, optimum, S/RATE and the ratios."""
+        """The JSON record: the fields plus median, quartiles, optimum, S/RATE and the
+        ratios."""
         ratio = None if self.optimum is None else self.median / self.optimum
         per_link = None if self.s_over_rate is None else self.median / self.s_over_rate
-        return {**asdict(self), "median_s": self.median, "optimum_s": self.optimum,
-                "ratio_to_optimum": ratio, "ratio_to_s_over_rate": per_link}
+        return {**asdict(self), "median_s": self.median, "quartiles_s": list(self.quartiles),
+                "optimum_s": self.optimum, "ratio_to_optimum": ratio,
+                "ratio_to_s_over_rate": per_link}
 
 
 def common_options(fn: F) -> F:
@@ -264,6 +275,15 @@ def _make_command(op: str) -> click.Command:
             ratio += f", {result.median / result.s_over_rate:.2f}x S/RATE"
         click.echo(f"median {result.median * 1e3:.1f} ms over {len(result.runs)} runs "
                    f"({nbytes / result.median / 1e6:.1f} MB/s{ratio}); every result checked")
+        if len(result.runs) > 1:
+            q1, q3 = result.quartiles
+            yardstick = result.s_over_rate or result.optimum
+            spread = "" if yardstick is None else (
+                f" ({q1 / yardstick:.2f}-{q3 / yardstick:.2f}x "
+                f"{'S/RATE' if result.s_over_rate else 'the optimum'})")
+            click.echo(f"middle half of the runs {q1 * 1e3:.1f}-{q3 * 1e3:.1f} ms{spread}; "
+                       f"fastest {min(result.runs) * 1e3:.1f} ms, slowest "
+                       f"{max(result.runs) * 1e3:.1f} ms")
         if result.failure is not None:
             _print_failure(result.failure)
         if json_path:
