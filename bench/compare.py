@@ -217,6 +217,11 @@ def write_docs(rows: list[Row], path: str, command: str, rate: int,
     replace_section(path, SECTION_START, SECTION_END, body)
 
 
+# The standard set's outputs: the table at the end of this file and its plot.
+DOCS = "docs/benchmarks.md"
+PLOT = "docs/compare.png"
+
+
 def main() -> None:
     """Measure (or reload a run's JSON), then write the JSON, the docs section and the plot."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -230,8 +235,12 @@ def main() -> None:
                              "apart (repeatable; default: the standard set)")
     parser.add_argument("--baselines", nargs="*", default=BASELINES, choices=BASELINES)
     parser.add_argument("--json", default="bench-results/compare.json")
-    parser.add_argument("--docs", default="docs/benchmarks.md")
-    parser.add_argument("--plot", default="docs/compare.png")
+    parser.add_argument("--docs", default=None,
+                        help=f"the docs file whose table to rewrite (default: {DOCS} for the "
+                             f"standard set, none for chosen cases)")
+    parser.add_argument("--plot", default=None,
+                        help=f"the plot to write (default: {PLOT} for the standard set, none "
+                             f"for chosen cases)")
     parser.add_argument("--from-json", metavar="FILE",
                         help="Measure nothing: redo the table and plot from a run's JSON.")
     args = parser.parse_args()
@@ -252,15 +261,28 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"command": command, "rate": rate, "warmup": warmup,
                        "rows": [{**asdict(r), "median": r.median} for r in rows]}, f, indent=2)
+    docs_path, plot_target = outputs(bool(args.case) and not args.from_json, args.docs,
+                                     args.plot)
     plot_path = None
-    if args.plot:
+    if plot_target:
         try:
-            plot(rows, args.plot)
-            plot_path = args.plot
+            plot(rows, plot_target)
+            plot_path = plot_target
         except ImportError:
             print("matplotlib missing (pip install '.[plot]'): no plot", file=sys.stderr)
-    write_docs(rows, args.docs, command, rate, plot_path, warmup)
+    if docs_path:
+        write_docs(rows, docs_path, command, rate, plot_path, warmup)
     print(table(rows))
+
+
+def outputs(chosen: bool, docs: str | None, plot_path: str | None) -> tuple[str | None,
+                                                                              str | None]:
+    """Where to write the docs table and the plot: where asked, else the standard ones for
+    the standard set, and nowhere for a run of chosen cases (it would replace the standard
+    table with a few rows)."""
+    if chosen:
+        return docs, plot_path
+    return docs or DOCS, plot_path or PLOT
 
 
 if __name__ == "__main__":
