@@ -149,7 +149,6 @@ class Holding:
     receivers: int
 
 
-
 @record
 class ReadyInput:
     """An input of an allreduce known complete on ``holders`` at ``version`` (its shard's
@@ -159,6 +158,7 @@ class ReadyInput:
     oid: ObjectID
     holders: list[str]
     version: bytes
+
 
 # --- 1-4: handshake on TCP connections (daemon to daemon, tools) ---
 @message(1, shape="handshake")

@@ -60,8 +60,10 @@ inputs"). If then exactly two live nodes that have not fallen silent hold no inp
 guess is that they will put the last two: each reduces one half of the object, stripe 0 or 1
 (``Assign`` with ``pair``), as a combiner whose root starts at once on its node, over a
 chain of the inputs ready and a leaf for each of the last two, so that the early inputs'
-partial sum crosses the links before the last inputs exist; every other live node is a
-member that fetches both halves. From then on it is a striped allreduce of two stripes: a
+partial sum crosses the links before the last inputs exist; the combiners are told first,
+each with the records of the inputs ready (``Assign.ready``), so that their chains start
+without asking the inputs' shards again. Every other live node is a member that fetches both
+halves. From then on it is a striped allreduce of two stripes: a
 dead member's half is reduced again by another member, the ordinary way. Otherwise the held
 inputs go to the stripes or the plain reduce, as when the ring's wait runs out.
 
