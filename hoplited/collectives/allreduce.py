@@ -439,10 +439,11 @@ def check_task(msg: StripeTask) -> None:
         raise InvalidArgumentError(f"a stripe task of {msg.size} bytes in {msg.stripes} "
                                    f"stripes of {n} inputs (stripe {msg.stripe}, generation "
                                    f"{msg.gen}{', a pair' if msg.pair else ''})")
-    listed = set(msg.inputs)
+    if not msg.ready:
+        return
     named = [r.oid for r in msg.ready]
     if (len(msg.ready) > MAX_READY or len(set(named)) != len(named)
-            or any(oid not in listed for oid in named)
+            or not set(named) <= set(msg.inputs)
             or any(len(r.holders) > MAX_READY_HOLDERS for r in msg.ready)):
         raise InvalidArgumentError(f"a stripe task names {len(msg.ready)} inputs ready, at most "
                                    f"{MAX_READY} listed inputs once each with at most "

@@ -150,15 +150,14 @@ class ReduceCoordinator:
 
     def start(self, wait_inputs: bool = True, ready: Sequence[p.InputReady] = ()) -> None:
         """Begin: feed the inputs ``ready`` (known ready elsewhere, in order: a stripe's, from
-        the caller's node) and wait for every other input, unless its waits are shared
-        (``wait_inputs`` False: a reduce in halves, whose driver hands each ready input to
-        both plans through :meth:`ready`, in one order); repairs still wait for lost inputs
-        here."""
-        listed = set(self._inputs)
-        known = {ev.oid for ev in ready if ev.size > INLINE_MAX and ev.oid in listed}
+        the caller's node; listed inputs larger than inline ones, whose bytes no record here
+        carries, as ``check_task`` ensures) and wait for every other input, unless its waits
+        are shared (``wait_inputs`` False: a reduce in halves, whose driver hands each ready
+        input to both plans through :meth:`ready`, in one order); repairs still wait for lost
+        inputs here."""
+        known = {ev.oid for ev in ready}
         for ev in ready:
-            if ev.oid in known:
-                self.feed(ev)
+            self.feed(ev)
         if wait_inputs:
             for oid in self._inputs:
                 if oid not in known:

@@ -277,10 +277,8 @@ def _make_command(op: str) -> click.Command:
                    f"({nbytes / result.median / 1e6:.1f} MB/s{ratio}); every result checked")
         if len(result.runs) > 1:
             q1, q3 = result.quartiles
-            yardstick = result.s_over_rate or result.optimum
-            spread = "" if yardstick is None else (
-                f" ({q1 / yardstick:.2f}-{q3 / yardstick:.2f}x "
-                f"{'S/RATE' if result.s_over_rate else 'the optimum'})")
+            link = result.s_over_rate  # None exactly when the optimum is (no emulated links)
+            spread = "" if link is None else f" ({q1 / link:.2f}-{q3 / link:.2f}x S/RATE)"
             click.echo(f"middle half of the runs {q1 * 1e3:.1f}-{q3 * 1e3:.1f} ms{spread}; "
                        f"fastest {min(result.runs) * 1e3:.1f} ms, slowest "
                        f"{max(result.runs) * 1e3:.1f} ms")
