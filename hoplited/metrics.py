@@ -113,7 +113,10 @@ def families(info: Mapping[str, Any]) -> list[Metric]:
          "before any member held the result, so the allreduce ran again in stripes."),
         ("allreduces_as_pair", CounterMetricFamily, "Allreduces coordinated on this node "
          "whose last two inputs' nodes each reduced a half (docs/design.md §4, \"A pair for "
-         "the last two inputs\")."))
+         "the last two inputs\")."),
+        ("allreduces_as_trio", CounterMetricFamily, "Allreduces coordinated on this node "
+         "whose last three inputs' nodes each reduced a third (docs/design.md §4, \"Three "
+         "combiners\")."))
     for key, family, doc in families:
         if key in info:
             metric = family(f"hoplite_{key}", doc, labels=["node"])

@@ -144,6 +144,7 @@ class Daemon:
             "allreduces_as_ring": lambda: allreduces.counts.run,
             "rings_given_up": lambda: allreduces.counts.given_up,
             "allreduces_as_pair": lambda: allreduces.counts.pairs,
+            "allreduces_as_trio": lambda: allreduces.counts.trios,
             "idle_data_connections": lambda: len(connections),
             "watching": links.watching, "control_links": links.connected,
             "transfers": fetcher.in_flight, "reduce_slots": worker.in_flight},

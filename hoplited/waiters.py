@@ -4,7 +4,7 @@ an entry to change. Each wait is bounded; a waiter that times out leaves nothing
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -26,19 +26,25 @@ class KeyedWaiters(Generic[K]):
 
     async def wait(self, key: K, timeout: float | None) -> None:
         """Return once ``key`` is woken, or after ``timeout`` s (None: no limit)."""
+        await self.wait_any((key,), timeout)
+
+    async def wait_any(self, keys: Sequence[K], timeout: float | None) -> None:
+        """Return once any of ``keys`` is woken, or after ``timeout`` s (None: no limit)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(key, []).append(fut)
+        for key in keys:
+            self._waiters.setdefault(key, []).append(fut)
         try:
             async with asyncio.timeout(timeout):  # not wait_for: docs/architecture.md §3
                 await fut
         except TimeoutError:
             pass
         finally:
-            waiters = self._waiters.get(key)
-            if waiters is not None and fut in waiters:
-                waiters.remove(fut)
-                if not waiters:
-                    del self._waiters[key]
+            for key in keys:
+                waiters = self._waiters.get(key)
+                if waiters is not None and fut in waiters:
+                    waiters.remove(fut)
+                    if not waiters:
+                        del self._waiters[key]
 
     def wake(self, key: K) -> None:
         """Wake every coroutine waiting on ``key``."""

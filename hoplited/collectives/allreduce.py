@@ -13,6 +13,7 @@ no copy: the member publishes it and reports. docs/design.md §4, "Striped allre
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import os
@@ -84,8 +85,9 @@ RESTART_GRACE = 0.05
 # after this long, until the result is complete here or the allreduce ends: the stripe is
 # being reduced again elsewhere (its shard names the new reducer once it announces).
 STRIPE_RETRY = 0.2
-# How often a pair's combiner looks again for its own half, before it fetches the other.
-OWN_POLL = 1.0
+# How often a combiner looks again for its own input or its own stripe's first element,
+# before it fetches the other stripes (``Member._until_put``).
+OWN_POLL = 0.05
 
 
 @dataclass(frozen=True)
@@ -117,11 +119,12 @@ class AllreduceDeps:
 @dataclass
 class AllreduceCounts:
     """Allreduces orchestrated here that ran as a ring, those whose ring gave way, and those
-    that ended as a pair (``hoplite status``, metrics)."""
+    that ended as a pair or a trio of combiners (``hoplite status``, metrics)."""
 
     run: int = 0
     given_up: int = 0
     pairs: int = 0
+    trios: int = 0
 
 
 class Allreduces:
@@ -435,7 +438,7 @@ def check_task(msg: StripeTask) -> None:
     if (not 2 <= msg.stripes <= min(n, MAX_IDS_PER_FRAME) or not -1 <= msg.stripe < msg.stripes
             or msg.gen < 0 or len(msg.version) != VERSION_SIZE
             or msg.size // msg.stripes <= INLINE_MAX + ALIGN
-            or msg.pair and msg.stripes != 2):
+            or msg.pair and msg.stripes > s.MAX_COMBINERS):
         raise InvalidArgumentError(f"a stripe task of {msg.size} bytes in {msg.stripes} "
                                    f"stripes of {n} inputs (stripe {msg.stripe}, generation "
                                    f"{msg.gen}{', a pair' if msg.pair else ''})")
@@ -531,7 +534,8 @@ class Orchestrator:
         frame = await wait_ready(self.d.directory, self.d.is_alive, oid, deadline, exclude)
         info = frame.msg
         self.feed(s.InputReady(oid, tuple(n for n in info.holders if self.d.is_alive(n)),
-                               info.size, info.dtype, tuple(info.shape), info.version))
+                               info.size, info.dtype, tuple(info.shape), info.version,
+                               asyncio.get_running_loop().time()))
 
     def feed(self, event: s.Event) -> None:
         if self._ended:
@@ -552,10 +556,12 @@ class Orchestrator:
                 d.tasks.spawn(d.directory.fail(plan.result, exc), name="allreduce-fail")
         elif isinstance(ins, s.Assign):
             if ins.pair and ins.stripe >= 0:
-                if ins.stripe == 0 and not ins.gen:
+                if ins.stripe == 0 and not ins.gen and plan.stripes == 3:
+                    self._counts.trios += 1
+                elif ins.stripe == 0 and not ins.gen:
                     self._counts.pairs += 1
-                log.info("allreduce %s: half %d by a combiner on %s", plan.result.short(),
-                         ins.stripe, ins.node)
+                log.info("allreduce %s: stripe %d of %d by a combiner on %s",
+                         plan.result.short(), ins.stripe, plan.stripes, ins.node)
             if ins.gen:
                 log.info("allreduce %s: stripe %d reduced again on %s", plan.result.short(),
                          ins.stripe, ins.node)
@@ -795,7 +801,7 @@ class Member:
         d.reductions.start(oid, m.inputs, m.op, len(m.inputs), m.timeout,
                            window=self.bounds[stripe],
                            ring=() if combiner else tuple(sorted(d.members())),
-                           combiner=combiner, ready=known)
+                           combiner=combiner, ready=known, late=m.stripes)
         await self._watch(stripe, gen)
 
     async def _watch(self, stripe: int, gen: int) -> None:
@@ -823,21 +829,33 @@ class Member:
                 await asyncio.sleep(STRIPE_RETRY)
 
     async def _fetch_after(self, stripe: int, own: int) -> None:
-        """A pair's combiner fetches the other half once its own half has a first element.
-        Both inputs exist by then, and every member enrolled for the other half long before,
-        so this node ends that half's chain and never forwards it: its uplink carries the
-        other half of its input and its own half once each (docs/design.md §4, "A pair for
-        the last two inputs"). Asked at once, it raced the members and forwarded the other
-        half in 3 of 8 runs."""
-        view = None
-        while view is None and not self._ended and not self.whole.regions[own].filled:
-            view = await self.d.store.wait_created(self.ids[own], OWN_POLL)
-        if view is not None:
-            try:
-                await view.wait_for(min(view.size, np.dtype(view.dtype).itemsize))
-            except HopliteError:
-                pass  # its reduce failed or moved on: fetch the other half all the same
+        """A combiner fetches another stripe once an input is complete on this node, or its
+        own stripe has a first element (every input exists then: the guess was wrong). The
+        combiners then enrol in each other's stripes in the order they put, after every
+        member, so the last to put forwards nothing: its uplink carries the rest of its input
+        and its own stripe once each (docs/design.md §4, "A pair for the last two inputs",
+        "Three combiners"). Asked at once, a pair's combiner raced the members and forwarded
+        the other half in 3 of 8 runs; asked at their own stripes' first elements, three
+        combiners enrolled together and one forwarded another's third."""
+        await self._until_put(own)
         await self._fetch(stripe)
+
+    async def _until_put(self, own: int) -> None:
+        """Until an input is complete here or stripe ``own`` has a first element, looking
+        again every :data:`OWN_POLL` (or the stripe is here, or the allreduce ended)."""
+        store, first = self.d.store, np.dtype(self._msg.dtype).itemsize
+        while not self._ended and not self.whole.regions[own].filled:
+            view = store.get(self.ids[own])
+            if view is not None and view.received >= first:
+                return
+            put = await store.wait_any_created(self._msg.inputs, OWN_POLL)
+            if put is None:
+                continue
+            with contextlib.suppress(TimeoutError, HopliteError):
+                async with asyncio.timeout(OWN_POLL):  # not wait_for: docs/architecture.md §3
+                    await put.wait_for(put.size)
+            if put.complete or put.error is not None:
+                return
 
     async def _until_complete(self) -> None:
         await self.whole.wait_for(self.whole.size)

@@ -543,18 +543,18 @@ class ReducePlan:
     of two trees of halves (``window`` is that half): the inputs fill complete trees whose
     inner slots differ (docs/simulation.md §6). ``combiner``: the root is a task here that
     adds no input of its own (its ``StartTask`` names the result as its input), started as
-    soon as the size is known, over a chain of the first ``k - 2`` inputs and a leaf for each
-    of the last two (``pair_shape``): a stripe of an allreduce's pair, whose partial sum
-    reaches this node before this node's input exists (docs/design.md §4, "A pair for the
-    last two inputs"). ``merge``: an input ready on a node whose slot has combined nothing
-    yet is added by that slot, which takes it in place of a slot of its own (docs/design.md
-    §4, "Several inputs on one node")."""
+    soon as the size is known, over a chain of the first ``k - late`` inputs and a leaf for
+    each of the last ``late`` (``pair_shape``): a stripe of an allreduce's pair or trio,
+    whose partial sum reaches this node before this node's input exists (docs/design.md §4,
+    "A pair for the last two inputs", "Three combiners"). ``merge``: an input ready on a
+    node whose slot has combined nothing yet is added by that slot, which takes it in place
+    of a slot of its own (docs/design.md §4, "Several inputs on one node")."""
 
     def __init__(self, result: ObjectID, inputs: list[ObjectID], k: int, op: str, me: str,
                  depth: Callable[[int, int], int], patience: float = 6.0,
                  window: tuple[int, int] | None = None, ring: tuple[str, ...] = (),
                  everyone: bool = False, half: int | None = None, here: bool = False,
-                 combiner: bool = False, merge: bool = True) -> None:
+                 combiner: bool = False, merge: bool = True, late: int = 2) -> None:
         if not inputs or not 1 <= k <= len(inputs):
             raise InvalidArgumentError(f"num_objects must be between 1 and the "
                                        f"{len(inputs)} inputs")
@@ -564,10 +564,12 @@ class ReducePlan:
         check_op(op)
         if half is not None and (half not in (0, 1) or window is None or k != len(inputs)):
             raise InvalidArgumentError("a tree of halves reduces a window of every input")
-        if combiner and (window is None or half is not None or k != len(inputs) or k < 2):
-            raise InvalidArgumentError("a combiner reduces a window of every input, two at "
-                                       "least")
+        if combiner and (window is None or half is not None or k != len(inputs)
+                         or not 2 <= late <= k):
+            raise InvalidArgumentError(f"a combiner reduces a window of every input, with "
+                                       f"2 to {k} of them late ({late})")
         self.combiner = combiner
+        self.late = late
         self.window = window
         self.half = half
         self.ring = ring
@@ -772,7 +774,7 @@ class ReducePlan:
         if self.half is not None:
             return two_tree_shape(self.k)
         if self.combiner:
-            return pair_shape(self.k)
+            return pair_shape(self.k, self.late)
         return tree_shape(self.k, self._depth(self.k, self.meta.size), self._last_leaf)
 
     def _place(self, ev: InputReady) -> list[Instruction]:

@@ -57,16 +57,19 @@ class Reductions:
     def start(self, result: ObjectID, inputs: list[ObjectID], op: str, k: int,
               timeout: float | None, window: tuple[int, int] | None = None,
               ring: tuple[str, ...] = (), everyone: bool = False,
-              combiner: bool = False, ready: Sequence[p.InputReady] = ()) -> None:
+              combiner: bool = False, ready: Sequence[p.InputReady] = (),
+              late: int = 2) -> None:
         """Validate and start a reduce into ``result`` (of the inputs' bytes ``window`` only,
         if given; slots in ``ring`` order, if given; ``everyone``: an allreduce, every node
-        gets the result; ``combiner``: one half of a pair, docs/design.md §4); it runs in the
+        gets the result; ``combiner``: one stripe of a pair or trio, whose last ``late``
+        inputs hang on its root, docs/design.md §4); it runs in the
         background. ``ready``: inputs known ready already (a stripe's, from the caller's
         node), in order; they are not asked for again."""
         # an input complete here takes an allreduce's root, whichever is reported first
         here = everyone and any((o := self._deps.store.get(oid)) is not None and o.complete
                                 for oid in inputs)
-        plan = self._plan(result, inputs, op, k, window, None, ring, everyone, here, combiner)
+        plan = self._plan(result, inputs, op, k, window, None, ring, everyone, here, combiner,
+                          late)
         if (result in self._running or result in self._fronts
                 or self._deps.store.get(result) is not None):
             raise ObjectExistsError(f"object {result.hex()} already exists")
@@ -97,12 +100,12 @@ class Reductions:
     def _plan(self, result: ObjectID, inputs: list[ObjectID], op: str, k: int,
               window: tuple[int, int] | None, half: int | None, ring: tuple[str, ...] = (),
               everyone: bool = False, here: bool = False,
-              combiner: bool = False) -> p.ReducePlan:
+              combiner: bool = False, late: int = 2) -> p.ReducePlan:
         model = self._deps.link_model
         return p.ReducePlan(result, inputs, k, op, self._deps.me, depth=lambda n, size: (
             tree_depth(n, size, model.bandwidth, model.latency)), patience=self._deps.patience,
             window=window, ring=ring, everyone=everyone, half=half, here=here,
-            combiner=combiner, merge=self._merge)
+            combiner=combiner, merge=self._merge, late=late)
 
     def _open(self, plan: p.ReducePlan, inputs: list[ObjectID], deadline: float | None,
               wait_inputs: bool, ready: Sequence[p.InputReady] = ()) -> ReduceCoordinator:

@@ -122,6 +122,15 @@ PAIR_GAP = 1.0
 # 1 Gbit/s (134 ms) paired at 1.49x (N = 8) and 1.58x (N = 4) against 1.66x
 # (docs/design.md §4, "A pair for the last two inputs").
 PAIR_MIN_TRANSFER = 0.1
+# Inputs closer than this on average, in times the object takes to cross a link, get three
+# combiners, one a third each, guessed when three inputs are missing and exactly three live
+# nodes hold none (docs/design.md §4, "Three combiners"). The early inputs' chain then
+# starts one input sooner and ends before the last put. Simulated (32 MiB, N = 8, 1 Gbit/s)
+# three beat two up to 0.12 s apart (0.45 transfers: 1.139 against 1.152) and lose from
+# 0.13 s (1.120 against 1.078); emulated at 0.15 s apart they ran at 1.25x, the pair 1.09x.
+TRIO_GAP = 0.45
+# The most combiners of the last inputs: a pair or a trio.
+MAX_COMBINERS = 3
 # How long a committed ring that lost every member known to hold its result asks the result's
 # shard for a copy elsewhere (nodes that fetched it) before it runs again: a copy there is
 # named at once, so this is the answer's time on a loaded machine, paid only when none is.
@@ -137,7 +146,7 @@ def stripe_id(result: ObjectID, stripe: int) -> ObjectID:
 @dataclass(frozen=True, slots=True)
 class InputReady:
     """Input ``oid`` is complete on the live nodes ``alive``, at ``version`` (its shard's
-    record's)."""
+    record's); ``at``: when this node heard it, on its event loop's clock (None: unknown)."""
 
     oid: ObjectID
     alive: tuple[str, ...]
@@ -145,6 +154,7 @@ class InputReady:
     dtype: str
     shape: tuple[int, ...]
     version: bytes = b""
+    at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,10 +385,10 @@ class AllreducePlan:
         self.suspected: set[str] = set(suspected)  # fell silent: no ring goes through them
         self.striped = striped  # False: no ring means the plain reduce (then gets)
         self.link = link  # the links' bandwidth (bytes/s) and latency (s), for ring_pays
-        self.pair = pair  # may hold late inputs for a pair of combiners
+        self.pair = pair  # may hold late inputs for a pair (or trio) of combiners
         self.pair_min_transfer = pair_min_transfer  # seconds to cross a link, at least
         self.nodes = nodes  # the cluster's nodes, for the pair's guess
-        self.paired = False  # the stripes are a pair's two halves
+        self.paired = False  # the stripes are a pair's halves (or a trio's thirds)
         self.held: list[InputReady] = []  # inputs ready while gathering, in order
         self.ring: list[str] = []  # the ring's nodes, in ring order
         self.ring_over: set[str] = set()  # ring members done, failed or lost
@@ -525,17 +535,34 @@ class AllreducePlan:
 
     def _pair_pays(self) -> bool:
         """Whether inputs still awaited once the ring's wait ran out should be held for a
-        pair: two halves larger than inline, an object that takes at least
-        ``pair_min_transfer`` (:data:`PAIR_MIN_TRANSFER`) to cross a link, an input at least
-        for the chain, and a chain the link model would take for that many halves (where it
-        takes a tree, the chain's hops cost more than the pair saves: 3.56x against 2.23x
-        simulated at N = 256)."""
+        pair: an object that takes at least ``pair_min_transfer``
+        (:data:`PAIR_MIN_TRANSFER`) to cross a link, and ``_combiners_fit`` for two."""
+        assert self.first is not None
+        return (self.pair and bool(self.waiting) and self._combiners_fit(2)
+                and self.first.size / max(self.link[0], 1.0) >= self.pair_min_transfer)
+
+    def _combiners_fit(self, m: int) -> bool:
+        """``m`` stripes larger than inline, an input at least for the chain, and a chain
+        the link model would take for that many stripes (where it takes a tree, the chain's
+        hops cost more than the combiners save: 3.56x against 2.23x for a pair simulated at
+        N = 256)."""
         assert self.first is not None
         n, size = len(self.inputs), self.first.size
-        return (self.pair and n >= 3 and bool(self.waiting)
-                and size >= 2 * max(self.min_stripe, INLINE_MAX + 1)
-                and size / max(self.link[0], 1.0) >= self.pair_min_transfer
-                and tree_depth(n - 2, size // 2, *self.link) == 0)
+        return (n > m and size >= m * max(self.min_stripe, INLINE_MAX + 1)
+                and tree_depth(n - m, size // m, *self.link) == 0)
+
+    def _trio_pays(self) -> bool:
+        """Three combiners rather than two: ``_combiners_fit`` for three, and the inputs
+        held so far came closer than :data:`TRIO_GAP` transfers apart on average."""
+        assert self.first is not None
+        times = [h.at for h in self.held]
+        if len(times) < 2 or not self._combiners_fit(3):
+            return False
+        first, last = times[0], times[-1]
+        if first is None or last is None:
+            return False
+        transfer = self.first.size / max(self.link[0], 1.0)
+        return (last - first) / (len(times) - 1) < TRIO_GAP * transfer
 
     def _hold(self, ev: InputReady) -> list[Instruction] | None:
         """Hold ``ev`` for a ring or a pair; None if held, else what to do instead (nothing
@@ -567,17 +594,21 @@ class AllreducePlan:
         return out
 
     def _pair_or_not(self) -> list[Instruction]:
-        """With two inputs missing, a pair if exactly two live nodes hold none; else the
-        held inputs go the usual way."""
-        if len(self.waiting) > 2:
+        """With three inputs missing, a trio if exactly three live nodes hold none and
+        ``_trio_pays``; with two, a pair if exactly two hold none; else the held inputs go
+        the usual way."""
+        missing = len(self.waiting)
+        if missing > MAX_COMBINERS:
             return []
         gone = self.lost | self.suspected
         holding = {node for h in self.held for node in h.alive}
         idle = [n for n in self.nodes if n not in gone and n not in holding]
-        if len(self.waiting) != 2 or len(idle) != 2:
+        if missing == MAX_COMBINERS and (len(idle) != missing or not self._trio_pays()):
+            return []  # perhaps a pair, one input later
+        if missing < 2 or len(idle) != missing:
             return self._release_held()
         held, self.held = tuple(self.held), []
-        self.stripes, self.phase, self.paired = 2, "striped", True
+        self.stripes, self.phase, self.paired = missing, "striped", True
         members: list[Instruction] = []
         for node in self.nodes:
             if node not in gone and node not in idle:
@@ -585,7 +616,9 @@ class AllreducePlan:
                 members.append(Assign(node, -1, 0, pair=True))
         # the combiners first, each with the inputs ready so far: their chains are what the
         # last inputs wait for (docs/design.md §4, "A pair for the last two inputs")
-        return self._assign(0, idle[0], 0, held) + self._assign(1, idle[1], 0, held) + members
+        combiners = [x for stripe, node in enumerate(idle)
+                     for x in self._assign(stripe, node, 0, held)]
+        return combiners + members
 
     def _release_held(self) -> list[Instruction]:
         """The stripes or the plain reduce, fed the held inputs in order."""

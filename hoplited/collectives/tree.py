@@ -173,22 +173,23 @@ def tree_shape(n: int, depth: int, last_leaf: bool = False) -> TreeShape:
     return TreeShape(parent, children, root.slot)
 
 
-def pair_shape(n: int) -> TreeShape:
-    """A combiner's tree for ``n`` ≥ 2 inputs: a root that adds no input of its own, with
-    three children, a chain of the first ``n - 2`` inputs and a leaf for each of the last
-    two (none under it when ``n`` is 2). Slots in order: the chain 0..n-3, the root n-2, the
-    leaves n-1 and n. It lets a stripe's partial sum reach a node before that node puts its
-    input (docs/design.md §4, "A pair for the last two inputs")."""
-    if n < 2:
-        raise ValueError("a combiner's tree needs two inputs at least")
-    root = n - 2
+def pair_shape(n: int, leaves: int = 2) -> TreeShape:
+    """A combiner's tree for ``n`` inputs, ``leaves`` of them late (2 ≤ leaves ≤ n): a root
+    that adds no input of its own, over a chain of the first ``n - leaves`` inputs and a leaf
+    for each of the last ``leaves`` (no chain when they are all). Slots in order: the chain
+    0..n-leaves-1, the root n-leaves, the leaves after it. It lets a stripe's partial sum
+    reach a node before that node puts its input (docs/design.md §4, "A pair for the last
+    two inputs", "Three combiners")."""
+    if not 2 <= leaves <= n:
+        raise ValueError(f"a combiner's tree of {n} inputs cannot have {leaves} late leaves")
+    root = n - leaves
     parent: list[int | None] = [root] * (n + 1)
     children: list[list[int]] = [[] for _ in range(n + 1)]
     for slot in range(1, root):  # the chain hangs on the left: each pulls the one before
         parent[slot - 1] = slot
         children[slot].append(slot - 1)
     parent[root] = None
-    children[root] = ([root - 1] if root else []) + [n - 1, n]
+    children[root] = ([root - 1] if root else []) + list(range(root + 1, n + 1))
     return TreeShape(parent, children, root)
 
 

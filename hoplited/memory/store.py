@@ -285,6 +285,15 @@ class ObjectStore:
             await self._arrivals.wait(oid, timeout)
         return self.objects.get(oid)
 
+    async def wait_any_created(self, oids: Sequence[ObjectID],
+                               timeout: float) -> StoredObject | None:
+        """The first of ``oids`` created here, once one is, or None after ``timeout`` s."""
+        for oid in oids:
+            if oid in self.objects:
+                return self.objects[oid]
+        await self._arrivals.wait_any(oids, timeout)
+        return next((self.objects[oid] for oid in oids if oid in self.objects), None)
+
     def touch(self, obj: StoredObject) -> None:
         """``obj`` was used now: it becomes the last the eviction policy would pick."""
         obj.last_use = next(self._uses)

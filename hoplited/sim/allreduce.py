@@ -100,7 +100,7 @@ class AllreduceRun:
     def _ready(self, oid: ObjectID, entry: Entry) -> None:
         self._ready_entries[oid] = entry
         self._feed(s.InputReady(oid, tuple(entry.complete_holders()), entry.size,
-                                entry.dtype, tuple(entry.shape)))
+                                entry.dtype, tuple(entry.shape), at=self.cluster.clock.now))
 
     def _feed(self, ev: s.Event) -> None:
         for ins in self.plan.handle(ev):
@@ -132,12 +132,14 @@ class AllreduceRun:
             raise SimulationError(f"{ins} is not modelled: the stripes or a failure")
 
     def _run_half(self, half: int, root: str) -> None:
-        """``root`` coordinates the reduce of ``half`` (the plan's instruction reaches it a
-        hop later), fed the inputs heard ready so far; each node gets that half."""
+        """``root`` coordinates the reduce of stripe ``half`` of a pair or trio (the plan's
+        instruction reaches it a hop later), fed the inputs heard ready so far; each node
+        gets that stripe."""
         c, entry = self.cluster, next(iter(self._ready_entries.values()))
-        bounds = stripe_bounds(entry.size, np.dtype(entry.dtype).itemsize, 2)
+        m = self.plan.stripes
+        bounds = stripe_bounds(entry.size, np.dtype(entry.dtype).itemsize, m)
         run = ReduceRun(c, root, s.stripe_id(self.result, half), list(self.plan.listed),
-                        window=bounds[half], combiner=True)
+                        window=bounds[half], combiner=True, late=m)
         self.runs.append(run)
         c.clock.after(c.net.latency, functools.partial(run.start, dict(self._ready_entries)))
         for node, when in self.getters.items():

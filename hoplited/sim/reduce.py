@@ -58,18 +58,19 @@ class ReduceRun:
     """One reduce of ``inputs`` into ``result``, coordinated on node ``me``; ``everyone``: an
     allreduce, whose plan may shape the tree for it, ``here``: an input is complete on ``me``
     (``collectives/reductions.py`` tells the plan so); ``window`` and ``half``: one of two
-    trees of halves (docs/simulation.md §6); ``window`` and ``combiner``: one half of an
-    allreduce's pair, its root a combiner on ``me`` (docs/design.md §4)."""
+    trees of halves (docs/simulation.md §6); ``window`` and ``combiner``: one stripe of an
+    allreduce's pair or trio, its root a combiner on ``me`` with the last ``late`` inputs
+    hanging on it (docs/design.md §4)."""
 
     def __init__(self, cluster: Cluster, me: str, result: ObjectID, inputs: list[ObjectID],
                  op: str = "sum", everyone: bool = False,
                  window: tuple[int, int] | None = None, half: int | None = None,
-                 here: bool = False, combiner: bool = False) -> None:
+                 here: bool = False, combiner: bool = False, late: int = 2) -> None:
         self.cluster, self.me, self.result = cluster, me, result
         self.depth: int | None = None  # the tree depth the plan chose (0: one chain)
         self.plan = p.ReducePlan(result, inputs, len(inputs), op, me, depth=self._depth,
                                  everyone=everyone, window=window, half=half, here=here,
-                                 combiner=combiner)
+                                 combiner=combiner, late=late)
         self._inputs = list(dict.fromkeys(inputs))
         self.tasks: dict[int, Combine] = {}  # by slot
         self.published_at: float | None = None

@@ -50,7 +50,7 @@ class SimResult:
     depth: int | None = None  # of the reduce tree (0: one chain)
     two_trees: bool = False  # the reduce ran, or the broadcast was taken, as two trees of halves
     ring: bool = False  # the allreduce ran as a ring
-    pair: bool = False  # the allreduce ran as a pair (docs/design.md §4)
+    combiners: int = 0  # the allreduce ran as a pair (2) or trio (3) of them (docs/design.md §4)
     interval: float = 0.0  # between the inputs' puts; the latency runs from the last
 
     @property
@@ -163,7 +163,8 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
                      c.clock.events, runs[0].depth if runs else None,
                      halves is not None or split,
                      ring=allreduce is not None and bool(allreduce.ring), interval=interval,
-                     pair=allreduce is not None and len(allreduce.runs) == 2)
+                     combiners=len(allreduce.runs) if allreduce is not None
+                     and allreduce.plan.paired else 0)
 
 
 def _start_gets(c: Cluster, wanted: list[tuple[str, ObjectID]],

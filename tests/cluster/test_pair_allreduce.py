@@ -1,6 +1,7 @@
 """An allreduce that ends as a pair, through real daemons and clients (docs/design.md §4, "A
 pair for the last two inputs"): inputs put further apart than the ring's wait are held until
-two are missing, and the two nodes holding none reduce a half each as combiners. The first
+two are missing, and the two nodes holding none reduce a half each as combiners (three and a
+third each, "Three combiners", where three are missing and the inputs came close). The first
 inputs are put at once, then the last two APART s apart: on loopback an object crosses in
 milliseconds, and inputs further apart than that would go the plain way. numpy's
 result on every node, whoever puts the last two; a combiner killed before it puts has its
@@ -66,6 +67,34 @@ async def test_the_last_two_nodes_reduce_a_half_each(make_cluster, connect) -> N
         await clients[0].delete(result)
     for c in clients:
         await eventually(lambda c=c: idle(c, 2), what="only the inputs left")
+
+
+async def test_the_last_three_nodes_reduce_a_third_each(make_cluster, connect) -> None:
+    """Five nodes: nodes 0 and 1 put before node 0 calls the allreduce, so they are heard
+    together, far closer than TRIO_GAP transfers apart; nodes 2, 3 and 4 then put APART s
+    apart. The three without an input once three are missing combine a third each
+    (docs/design.md §4, "Three combiners"), and every node gets numpy's sum (an odd size).
+    Deleting the result leaves only the inputs."""
+    cluster = await make_cluster(5, daemon_args=ANY_SIZE)
+    clients = [await connect(s) for s in cluster.sockets]
+    arrays = [data(i, (6 * MiB + 7,)) for i in range(5)]
+    ids = [ObjectID.random() for _ in range(5)]
+    for i in (0, 1):
+        await clients[i].put(arrays[i], object_id=ids[i])
+    result = await clients[0].allreduce(ids, timeout=GET_TIMEOUT)
+    for i in (2, 3, 4):
+        await asyncio.sleep(APART)
+        await clients[i].put(arrays[i], object_id=ids[i])
+    for c in clients:
+        got = await c.get(result, timeout=GET_TIMEOUT)
+        np.testing.assert_array_equal(got, np.add.reduce(np.stack(arrays), axis=0))
+        del got
+    node = cluster.nodes[0].node_id
+    stats = (await every_node_stats(clients[0], [node]))[node]
+    assert (stats["allreduces_as_trio"], stats["allreduces_as_pair"]) == (1, 0)
+    await clients[0].delete(result)
+    for c in clients:
+        await eventually(lambda c=c: idle(c, 1), what="only the input left")
 
 
 async def test_a_wrong_guess_costs_no_correctness(make_cluster, connect) -> None:

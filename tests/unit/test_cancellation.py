@@ -57,6 +57,13 @@ async def test_keyed_waiter_woken_as_it_is_cancelled() -> None:
     assert len(waiters) == 0
 
 
+async def test_keyed_waiter_of_several_keys_woken_as_it_is_cancelled() -> None:
+    waiters: KeyedWaiters[str] = KeyedWaiters()
+    assert await cancelled_as_completed(waiters.wait_any(("a", "b"), LONG),
+                                        lambda: waiters.wake("b"))
+    assert len(waiters) == 0 and not list(waiters.waited())
+
+
 @pytest.mark.parametrize("timeout", [None, LONG])
 async def test_locate_at_this_shard_woken_as_it_is_cancelled(timeout: float | None) -> None:
     """The fetch's own ask: the shard wakes its waiters (a death, an announce) as the ask's

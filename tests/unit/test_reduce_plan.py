@@ -1325,9 +1325,9 @@ def test_a_tree_of_halves_needs_a_window_of_every_input() -> None:
 
 
 # --- a combiner: a pair's stripe, whose root adds no input (docs/design.md §4) ---
-def combiner_plan(k: int) -> ReducePlan:
+def combiner_plan(k: int, late: int = 2) -> ReducePlan:
     return ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0, window=WIN,
-                      combiner=True)
+                      combiner=True, late=late)
 
 
 def test_a_combiner_starts_its_root_here_before_any_input_of_its_own() -> None:
@@ -1361,14 +1361,27 @@ def test_a_combiner_of_two_inputs_has_two_leaves() -> None:
         0, 1, 2]
 
 
+def test_a_trio_s_combiner_hangs_the_last_three_inputs_on_its_root() -> None:
+    """A third of a trio (docs/design.md §4, "Three combiners"): the chain holds the first
+    k - 3 inputs, the root takes slot k - 3, the last three are its leaves."""
+    p = combiner_plan(4, late=3)
+    first = p.handle(ready(0, "n1"))
+    assert first[1] == StartTask(1, 0, ME, R, R, "sum", DT, WSHAPE, 4, 0, *WIN)
+    later = [x.slot for x in p.handle(ready(1, "n2")) + p.handle(ready(2, "n3"))
+             + p.handle(ready(3, ME)) if isinstance(x, StartTask)]
+    assert later == [2, 3, 4] and p.shape is not None and p.shape.children[1] == [0, 2, 3, 4]
+
+
 @pytest.mark.parametrize("kwargs", [
-    {"window": None}, {"half": 0}, {"k": 3}, {"inputs": I[:1], "k": 1}])
+    {"window": None}, {"half": 0}, {"k": 3}, {"inputs": I[:1], "k": 1},
+    {"late": 1}, {"late": 5}])
 def test_a_combiner_reduces_a_window_of_every_input(kwargs: dict[str, object]) -> None:
     args: dict[str, object] = {"inputs": I[:4], "k": 4, "window": WIN} | kwargs
     with pytest.raises(InvalidArgumentError, match="combiner"):
         ReducePlan(R, args["inputs"], args["k"], "sum", ME,  # type: ignore[arg-type]
                    depth=lambda n, size: 0, window=args["window"],  # type: ignore[arg-type]
-                   half=args.get("half"), combiner=True)  # type: ignore[arg-type]
+                   half=args.get("half"), combiner=True,  # type: ignore[arg-type]
+                   late=args.get("late", 2))  # type: ignore[arg-type]
 
 
 def test_a_chain_deeper_than_pythons_recursion_is_repaired() -> None:

@@ -121,9 +121,22 @@ def test_a_combiner_root_takes_the_chain_and_the_last_two(n: int, root: int,
     assert all(shape.parent[c] == p for p, cs in enumerate(children) for c in cs)
 
 
-def test_a_combiner_needs_two_inputs() -> None:
+@pytest.mark.parametrize("n, root, children", [
+    (3, 0, [[1, 2, 3], [], [], []]),
+    (8, 5, [[], [0], [1], [2], [3], [4, 6, 7, 8], [], [], []]),
+])
+def test_a_trio_s_combiner_root_takes_the_chain_and_the_last_three(
+        n: int, root: int, children: list[list[int]]) -> None:
+    shape = pair_shape(n, 3)
+    assert shape.root == root and shape.children == children
+    assert all(shape.parent[c] == p for p, cs in enumerate(children) for c in cs)
+
+
+@pytest.mark.parametrize("n, leaves", [(1, 2), (2, 3), (4, 1)])
+def test_a_combiner_needs_two_late_inputs_at_least_and_no_more_than_it_has(
+        n: int, leaves: int) -> None:
     with pytest.raises(ValueError):
-        pair_shape(1)
+        pair_shape(n, leaves)
 
 
 def test_the_last_leaf_leaves_trees_alone() -> None:

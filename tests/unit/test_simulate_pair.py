@@ -1,5 +1,6 @@
-"""The simulated pair for the last two inputs of a staggered allreduce: the real plans choose
-it and shape each half's combiner (docs/design.md §4, "A pair for the last two inputs")."""
+"""The simulated pair (or trio) for the last inputs of a staggered allreduce: the real plans
+choose it and shape each stripe's combiner (docs/design.md §4, "A pair for the last two
+inputs", "Three combiners")."""
 
 from __future__ import annotations
 
@@ -14,49 +15,60 @@ S_OVER_RATE = 32 * MiB * 8 / 1e9
 
 
 def test_the_pair_is_hoplited_s_default_and_can_be_turned_off() -> None:
-    assert simulate("allreduce", 8, 32 * MiB, 1e9, interval=0.1).pair
+    assert simulate("allreduce", 8, 32 * MiB, 1e9, interval=0.15).combiners == 2
     result = simulate("allreduce", 8, 32 * MiB, 1e9, interval=0.1, pair=False)
-    assert result.error is None and not result.pair
+    assert result.error is None and not result.combiners
 
 
-@pytest.mark.parametrize("nodes, interval", [(8, 0.1), (8, 0.2), (16, 0.1), (4, 0.15)])
-def test_a_pair_beats_the_plain_reduce_for_inputs_further_apart_than_the_ring_waits(
-        nodes: int, interval: float) -> None:
-    """Every node gets both halves; the last input's bytes cross once each way, where the
-    plain reduce's second-to-last node downloads the object about twice."""
+@pytest.mark.parametrize("nodes, interval, combiners", [
+    (8, 0.1, 3), (8, 0.12, 3), (8, 0.13, 2), (8, 0.2, 2), (16, 0.1, 3), (4, 0.1, 2),
+    (4, 0.15, 2)])
+def test_combiners_beat_the_plain_reduce_for_inputs_further_apart_than_the_ring_waits(
+        nodes: int, interval: float, combiners: int) -> None:
+    """Every node gets every stripe; the last input's bytes cross once each way, where the
+    plain reduce's second-to-last node downloads the object about twice. Inputs closer than
+    0.45 transfers (0.12 s at 32 MiB) get three combiners, further apart two; four nodes
+    leave a single early input, no gap to measure: two."""
     plain = simulate("allreduce", nodes, 32 * MiB, 1e9, interval=interval, pair=False)
-    pair = simulate("allreduce", nodes, 32 * MiB, 1e9, interval=interval, pair=True)
-    assert pair.error is None and pair.pair and not pair.ring
-    assert pair.seconds is not None and plain.seconds is not None
-    assert pair.seconds < plain.seconds
+    paired = simulate("allreduce", nodes, 32 * MiB, 1e9, interval=interval, pair=True)
+    assert paired.error is None and paired.combiners == combiners and not paired.ring
+    assert paired.seconds is not None and plain.seconds is not None
+    assert paired.seconds < plain.seconds
+
+
+def test_three_combiners_end_the_early_chain_before_the_last_put() -> None:
+    """0.1 s apart: the early inputs' chain starts one input sooner, at the third-to-last
+    put, and no longer sends a quarter of the object after the last (1.30x with two)."""
+    result = simulate("allreduce", 8, 32 * MiB, 1e9, interval=0.1)
+    assert result.combiners == 3 and result.ratio is not None and result.ratio < 1.25
 
 
 def test_a_pair_is_at_the_bound_once_the_early_sum_is_there() -> None:
     """Inputs 0.2 s apart: the partial sum is at both combiners before either puts; after
     the last put its half crosses once, then the result's halves (1.0x and the hops)."""
     result = simulate("allreduce", 8, 32 * MiB, 1e9, interval=0.2)
-    assert result.pair and result.ratio is not None and 1.0 <= result.ratio < 1.05
+    assert result.combiners == 2 and result.ratio is not None and 1.0 <= result.ratio < 1.05
 
 
 def test_inputs_further_apart_than_a_transfer_go_the_plain_way() -> None:
     """0.3 s apart, more than the 0.268 s a 32 MiB input takes to cross a 1 Gbit/s link:
     the plain reduce, whose last input hangs on the root, is at the bound already."""
     result = simulate("allreduce", 8, 32 * MiB, 1e9, interval=0.3)
-    assert not result.pair and result.ratio is not None and 1.0 <= result.ratio < 1.05
+    assert not result.combiners and result.ratio is not None and 1.0 <= result.ratio < 1.05
 
 
 def test_inputs_together_still_take_the_ring() -> None:
     result = simulate("allreduce", 8, 32 * MiB, 1e9, pair=True)
-    assert result.ring and not result.pair
+    assert result.ring and not result.combiners
 
 
 def test_a_pair_needs_halves_larger_than_a_stripe() -> None:
     result = simulate("allreduce", 8, MiB, 1e9, interval=0.1, pair=True)
-    assert result.error is None and not result.pair
+    assert result.error is None and not result.combiners
 
 
 def test_no_pair_where_the_early_inputs_would_take_a_tree() -> None:
     """At N = 256 the link model takes a tree for 254 halves of 16 MiB: a pair's chain would
     cost 3.56x where the plain reduce takes 2.23x."""
     result = simulate("allreduce", 256, 32 * MiB, 1e9, interval=0.1, pair=True)
-    assert result.error is None and not result.pair
+    assert result.error is None and not result.combiners

@@ -178,6 +178,24 @@ async def test_a_sender_waiting_for_an_enrolled_copy_gets_it_once_created() -> N
     arena.close()
 
 
+async def test_a_combiner_waits_for_whichever_input_is_created_first() -> None:
+    """``wait_any_created``: the first of several ids created here, at once if one exists,
+    or None after the wait, leaving no waiter behind (allreduce.py, ``Member._until_put``)."""
+    arena = Arena(4 * SLOT)
+    store = ObjectStore(arena)
+    oids = [ObjectID.random() for _ in range(3)]
+    assert await store.wait_any_created(oids, 0.01) is None
+    waiting = asyncio.ensure_future(store.wait_any_created(oids, 30.0))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    obj = store.create(oids[1], SLOT, "uint8", [SLOT])
+    assert await waiting is obj
+    assert await store.wait_any_created(oids, 0.0) is obj
+    assert not len(store._arrivals)
+    store.remove(oids[1])
+    arena.close()
+
+
 def test_a_copy_pinned_after_it_was_freed_is_not_freed_twice() -> None:
     """A task that kept a copy from before its delete pins and unpins it: the extent, given
     to a new object since, stays that object's."""

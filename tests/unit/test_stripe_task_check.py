@@ -29,6 +29,7 @@ def test_a_good_task_passes() -> None:
     check_task(replace(GOOD, stripe=-1))
     check_task(replace(GOOD, stripes=2, stripe=1, pair=True))
     check_task(replace(GOOD, stripes=2, stripe=-1, pair=True))
+    check_task(replace(GOOD, stripes=3, stripe=2, pair=True))  # a trio's third
     check_task(replace(GOOD, stripes=2, stripe=0, pair=True,
                        ready=[READY, replace(READY, oid=INPUTS[2], holders=[])]))
     check_task(replace(GOOD, inputs=MANY, ready=[replace(READY, oid=oid, holders=["n"] * 4)
@@ -39,7 +40,8 @@ def test_a_good_task_passes() -> None:
     {"dtype": "no-such-type"}, {"op": "frobnicate"}, {"stripes": 1}, {"stripes": 5},
     {"stripe": 4}, {"stripe": -2}, {"gen": -1}, {"version": b"v"}, {"size": 4 << 20},
     {"inputs": INPUTS[:1]}, {"size": -1}, {"shape": [3]},
-    {"pair": True},  # a pair has two halves
+    {"pair": True},  # a pair has two halves, a trio three
+    {"stripes": 1, "pair": True}, {"stripes": 4, "pair": True},
     {"ready": [READY, READY]},  # an input named twice
     {"ready": [replace(READY, oid=ObjectID(b"\xaa" * 20))]},  # not one of the inputs
     {"ready": [replace(READY, holders=["n"] * (MAX_READY_HOLDERS + 1))]},

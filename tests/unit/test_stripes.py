@@ -69,8 +69,8 @@ STOPPED = PeerUnavailableError("slot 2 lost child 1")
 
 
 def ready(i: int, *alive: str, size: int = BIG, dtype: str = DT,
-          shape: tuple[int, ...] = (BIG // 4,)) -> InputReady:
-    return InputReady(I[i], alive, size, dtype, shape)
+          shape: tuple[int, ...] = (BIG // 4,), at: float | None = None) -> InputReady:
+    return InputReady(I[i], alive, size, dtype, shape, at=at)
 
 
 CLEANUP = Cleanup(tuple(stripe_id(R, s) for s in range(4)))
@@ -529,7 +529,51 @@ PAIR_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", PAIR_CASES, ids=lambda c: c.id)
+# --- a trio for the last three inputs (docs/design.md §4, "Three combiners") ---
+# SLOW carries BIG in 1.05 s: inputs heard 0.3 s apart are closer than TRIO_GAP (0.47 s)
+NODES6 = ("n0", "n1", "n2", "n3", "n4", "n5")
+CLOSE = (ready(0, "n0", at=0.0), ready(1, "n1", at=0.3), ready(2, "n2", at=0.6))
+TRIO: list[Instruction] = [Assign("n3", 0, 0, True, CLOSE), Assign("n4", 1, 0, True, CLOSE),
+                           Assign("n5", 2, 0, True, CLOSE), *[Assign(f"n{i}", -1, 0, True)
+                                                              for i in range(3)]]
+APART = (ready(0, "n0", at=0.0), ready(1, "n1", at=0.6), ready(2, "n2", at=1.2),
+         ready(3, "n3", at=1.8))
+PAIR_OF_SIX: list[Instruction] = [Assign("n4", 0, 0, True, APART),
+                                  Assign("n5", 1, 0, True, APART),
+                                  *[Assign(f"n{i}", -1, 0, True) for i in range(4)]]
+HELD_ON_TWO = (*CLOSE, ready(3, "n3", "n4"))
+THIRDS = Cleanup(tuple(stripe_id(R, s) for s in range(3)))
+TRIO_CASES = [
+    Case("three missing, three idle, inputs close: a third each, told first",
+         [(CLOSE[0], [ARM]), (GatherOver(), [NEXT]), (CLOSE[1], [NEXT]), (CLOSE[2], TRIO),
+          (ready(3, "n4"), []), (ready(4, "n3"), []), (ready(5, "n5"), []),
+          *[(MemberDone(f"n{i}"), []) for i in range(5)], (MemberDone("n5"), [THIRDS])],
+         n=6, nodes=NODES6),
+    Case("inputs further apart than TRIO_GAP: a pair, one input later",
+         [(APART[0], [ARM]), (GatherOver(), [NEXT]), (APART[1], [NEXT]), (APART[2], [NEXT]),
+          (APART[3], PAIR_OF_SIX)], n=6, nodes=NODES6),
+    Case("times unknown: a pair",
+         [(ready(0, "n0"), [ARM]), (GatherOver(), [NEXT]), (ready(1, "n1"), [NEXT]),
+          (ready(2, "n2"), [NEXT]), (ready(3, "n3"), [
+              Assign("n4", 0, 0, True, tuple(ready(i, f"n{i}") for i in range(4))),
+              Assign("n5", 1, 0, True, tuple(ready(i, f"n{i}") for i in range(4))),
+              *[Assign(f"n{i}", -1, 0, True) for i in range(4)]])], n=6, nodes=NODES6),
+    Case("four idle with three missing: no trio; a pair once two are",
+         [(CLOSE[0], [ARM]), (GatherOver(), [NEXT]), (CLOSE[1], [NEXT]), (CLOSE[2], [NEXT]),
+          (HELD_ON_TWO[3], [Assign("n5", 0, 0, True, HELD_ON_TWO),
+                            Assign("n6", 1, 0, True, HELD_ON_TWO),
+                            *[Assign(f"n{i}", -1, 0, True) for i in range(5)]])],
+         n=6, nodes=(*NODES6, "n6")),
+    Case("a combiner that dies has its third reduced again by an idle member",
+         [(CLOSE[0], [ARM]), (GatherOver(), [NEXT]), (CLOSE[1], [NEXT]), (CLOSE[2], TRIO),
+          (NodeLost("n4"), [Assign("n0", 1, 1, True)]), (ready(3, "n3"), []),
+          (ready(4, "n5"), []), (ready(5, "n0"), []),
+          *[(MemberDone(f"n{i}"), []) for i in (0, 1, 2, 3)],
+          (MemberDone("n5"), [THIRDS])], n=6, nodes=NODES6),
+]
+
+
+@pytest.mark.parametrize("case", PAIR_CASES + TRIO_CASES, ids=lambda c: c.id)
 def test_plan_with_a_pair(case: Case) -> None:
     plan = AllreducePlan(R, I[:case.n], "sum", ring_wait=WAIT, striped=False, link=SLOW,
                          pair=True, nodes=case.nodes or NODES[:case.n])

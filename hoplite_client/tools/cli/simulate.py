@@ -27,6 +27,9 @@ from hoplited.sim import scenarios as sim
 from hoplited.sim.errors import SimulationError
 from hoplited.sim.network import SEGMENT
 
+# The depth column for an allreduce run by combiners, by how many (docs/design.md §4).
+COMBINERS = {2: "pair", 3: "trio"}
+
 
 def _node_counts(ctx: click.Context, param: click.Parameter, text: str) -> list[int]:
     """'8' or '8,16,64,256,1000' → the node counts to simulate, each at least 2."""
@@ -78,16 +81,17 @@ def _record(result: sim.SimResult, wall: float) -> dict[str, Any]:
               help="reduce, allreduce: put the inputs this many seconds apart, as `hoplite "
                    "bench --arrival-interval` does; the latency then runs from the last put.")
 @click.option("--pair/--no-pair", default=DaemonConfig.pair, show_default=True,
-              help="allreduce: let the plan hold late inputs for a pair of combiners, as "
-                   "hoplited's --pair (docs/design.md §4, 'A pair for the last two inputs'); "
-                   "a depth of 'pair' in the table says it ran.")
+              help="allreduce: let the plan hold late inputs for a pair or trio of "
+                   "combiners, as hoplited's --pair (docs/design.md §4, 'A pair for the last "
+                   "two inputs'); a depth of 'pair' or 'trio' in the table says which ran.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record per run.")
 def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: float,
              segment: str | None, fanout: int, two_trees: str, interval: float, pair: bool,
              as_json: bool) -> None:
     """Simulate OP (broadcast, reduce, allreduce, gather as ``hoplite bench`` runs them) on
     NODES nodes: the real directory, fetch, reduce and allreduce plans over modelled links.
-    The depth column gives the reduce tree's depth (0: a chain), or 'halves' or 'ring'."""
+    The depth column gives the reduce tree's depth (0: a chain), or 'halves', 'ring',
+    'pair' or 'trio'."""
     try:
         nbytes = parse_size(size)
         bps = DEFAULT_RATE_BPS if rate is None else parse_rate(rate)
@@ -124,7 +128,8 @@ def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: fl
             click.echo(f"{n:>6}  failed: {result.error}")
         else:
             depth = "halves" if result.two_trees else "ring" if result.ring else (
-                "pair" if result.pair else "" if result.depth is None else str(result.depth))
+                COMBINERS.get(result.combiners, "") if result.combiners
+                else "" if result.depth is None else str(result.depth))
             click.echo(f"{n:>6}{_seconds(result.seconds):>13}{_seconds(result.s_over_rate):>13}"
                        f"{record['ratio']:>10.3f}{record['ratio_to_optimum']:>11.3f}"
                        f"{depth:>7}{result.events:>10}{record['wall_seconds']:>6.1f} s")
