@@ -64,8 +64,11 @@ partial sum crosses the links before the last inputs exist; the combiners are to
 each with the records of the inputs ready (``Assign.ready``), so that their chains start
 without asking the inputs' shards again. Every other live node is a member that fetches both
 halves. From then on it is a striped allreduce of two stripes: a
-dead member's half is reduced again by another member, the ordinary way. Otherwise the held
-inputs go to the stripes or the plain reduce, as when the ring's wait runs out.
+dead member's half is reduced again by another member, the ordinary way. Where the inputs
+held came closer than :data:`TRIO_GAP` transfers apart on average, the guess is made one
+input sooner: with three missing and exactly three idle nodes, each of those reduces a third
+(docs/design.md §4, "Three combiners"). Otherwise the held inputs go to the stripes or the
+plain reduce, as when the ring's wait runs out.
 
 Nothing here waits or does I/O: ``handle(event)`` returns instructions
 (``hoplited.collectives.allreduce`` carries them out).

@@ -97,6 +97,29 @@ async def test_the_last_three_nodes_reduce_a_third_each(make_cluster, connect) -
         await eventually(lambda c=c: idle(c, 1), what="only the input left")
 
 
+async def test_a_trio_that_puts_nothing_still_fetches_every_third(make_cluster,
+                                                                   connect) -> None:
+    """As above, but nodes 0 and 1 put all five inputs: the three combiners never put, so
+    each fetches the other thirds once its own has a first element (``Member._until_put``),
+    and every node gets the sum."""
+    cluster = await make_cluster(5, daemon_args=ANY_SIZE)
+    clients = [await connect(s) for s in cluster.sockets]
+    arrays = [data(i, (6 * MiB + 7,)) for i in range(5)]
+    ids = [ObjectID.random() for _ in range(5)]
+    for i in (0, 1):
+        await clients[i].put(arrays[i], object_id=ids[i])
+    result = await clients[0].allreduce(ids, timeout=GET_TIMEOUT)
+    for i in (2, 3, 4):
+        await asyncio.sleep(APART)
+        await clients[i % 2].put(arrays[i], object_id=ids[i])
+    for c in clients:
+        got = await c.get(result, timeout=GET_TIMEOUT)
+        np.testing.assert_array_equal(got, np.add.reduce(np.stack(arrays), axis=0))
+        del got
+    node = cluster.nodes[0].node_id
+    assert (await every_node_stats(clients[0], [node]))[node]["allreduces_as_trio"] == 1
+
+
 async def test_a_wrong_guess_costs_no_correctness(make_cluster, connect) -> None:
     """Nodes 0 and 1 put all four inputs: the pair's combiners, nodes 2 and 3, hold none and
     pull every leaf from elsewhere; every node gets the sum."""
