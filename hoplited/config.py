@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from hoplite_client.net import congestion
 from hoplite_client.net.endpoints import default_socket
 from hoplite_client.net.tls import TlsContexts, TlsFiles, load, tls_files
 from hoplite_client.wire.errors import InvalidArgumentError
@@ -59,6 +60,11 @@ class DaemonConfig:
     # nothing, so the node's link carries one stream (docs/design.md §4, "Several inputs on
     # one node"); off only to measure against.
     merge: bool = True
+    # The TCP congestion control of the connections between daemons; "": the system's.
+    # Cubic, since BBR (v1) lost the tails of streams where three or more met on one link
+    # of shallow queues, and each such loss waited out a retransmission timeout
+    # (docs/design.md §3, "Congestion control").
+    congestion: str = congestion.DEFAULT
     # Twice a second: a Ping to each member is a small frame, and a frozen member's Ping
     # goes unanswered at most half a second sooner (suspicion, below).
     heartbeat_interval: float = 0.5
@@ -119,6 +125,10 @@ class DaemonConfig:
         if not 0 <= self.pair_min_transfer <= MAX_PAIR_MIN_TRANSFER:  # also refuses NaN
             raise InvalidArgumentError(
                 f"pair min transfer must be within 0..{MAX_PAIR_MIN_TRANSFER} seconds")
+        try:
+            congestion.check_name(self.congestion)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"--tcp-congestion: {exc}") from None
         if not self.heartbeat_interval > 0:  # also refuses NaN
             raise InvalidArgumentError("heartbeat interval must be positive")
         if self.heartbeat_timeout <= self.heartbeat_interval:

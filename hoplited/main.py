@@ -150,6 +150,11 @@ async def watch_users(fd: int, stop: Callable[[], None]) -> None:
               help="Let a reduce's slot add the other inputs ready on its node, so that the "
                    "node's link carries one stream (docs/design.md §4, \"Several inputs on "
                    "one node\").")
+@click.option("--tcp-congestion", "tcp_congestion", default=DaemonConfig.congestion,
+              show_default=True, metavar="NAME",
+              help="TCP congestion control of the connections between daemons (one the "
+                   "kernel has and allows); '' keeps the system's (docs/design.md §3, "
+                   "\"Congestion control\").")
 @click.option("--advertise", default=None, help="Address peers should use to reach us.")
 @click.option("--heartbeat-interval", default=0.5, show_default=True, type=float)
 @click.option("--heartbeat-timeout", default=5.0, show_default=True, type=float,
@@ -190,7 +195,7 @@ async def watch_users(fd: int, stop: Callable[[], None]) -> None:
 def main(listen: str, socket_path: str | None, join: tuple[str, ...],
          token_file: str | None, insecure: bool, capacity: str | None, fanout: int,
          two_trees: str, ring_wait: float, pair: bool, pair_min_transfer: float,
-         merge: bool, advertise: str | None,
+         merge: bool, tcp_congestion: str, advertise: str | None,
          heartbeat_interval: float,
          heartbeat_timeout: float,
          suspect_after: float, watchers: int, stall_timeout: float, log_level: str,
@@ -210,6 +215,7 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
                               insecure=insecure,
                               fanout=fanout, two_trees=two_trees, ring_wait=ring_wait,
                               pair=pair, pair_min_transfer=pair_min_transfer, merge=merge,
+                              congestion=tcp_congestion,
                               heartbeat_interval=heartbeat_interval,
                               heartbeat_timeout=heartbeat_timeout,
                               suspect_after=suspect_after or None, watchers=watchers,

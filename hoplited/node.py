@@ -8,6 +8,7 @@ that every message kind a role may send has a handler. docs/architecture.md draw
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ import secrets
 import socket
 from collections import Counter
 
+from hoplite_client.net import congestion
 from hoplite_client.net.endpoints import host_id
 from hoplite_client.net.handshake import Identity
 from hoplite_client.net.protocol import FrameProtocol
@@ -79,6 +81,12 @@ class Daemon:
         """Bind, build every service around the bound address, then serve and join."""
         cfg = self.config
         sock = socket.create_server((cfg.host, cfg.port), backlog=LISTEN_BACKLOG)
+        try:  # the connections it accepts inherit it; those we dial take it from identity
+            congestion.use(sock, cfg.congestion)
+            self.identity = dataclasses.replace(self.identity, congestion=cfg.congestion)
+        except OSError as exc:
+            log.warning("TCP congestion control %r is not available (%s): using the "
+                        "system's", cfg.congestion, exc)
         me = MemberInfo(node_id=self.node_id, host=cfg.advertise_host or cfg.host,
                         port=sock.getsockname()[1], socket=os.path.abspath(cfg.socket_path),
                         host_id=host_id())

@@ -14,12 +14,14 @@ timeout; the acceptor logs one warning line.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 import ssl
 from dataclasses import dataclass
 from typing import TypeVar
 
+from hoplite_client.net import congestion
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.net.tls import TlsContexts, describe
 from hoplite_client.wire import auth
@@ -46,12 +48,14 @@ _M = TypeVar("_M", bound=WireMessage)
 
 @dataclass(frozen=True)
 class Identity:
-    """Who we are on the cluster: node id, the shared token (b"" when insecure) and the TLS
-    contexts every TCP connection uses (None: plain TCP)."""
+    """Who we are on the cluster: node id, the shared token (b"" when insecure), the TLS
+    contexts every TCP connection uses (None: plain TCP) and the congestion control every
+    connection we dial uses ("": the system's; :mod:`.congestion`)."""
 
     node_id: str
     token: bytes
     tls: TlsContexts | None = None
+    congestion: str = ""
 
 
 async def _expect(protocol: FrameProtocol, cls: type[_M], timeout: float) -> _M:
@@ -78,9 +82,13 @@ async def dial(host: str, port: int, role: str, me: Identity,
     context = me.tls.client if me.tls is not None else None
     try:
         async with asyncio.timeout(timeout):
-            _, protocol = await loop.create_connection(
+            transport, protocol = await loop.create_connection(
                 lambda: FrameProtocol(name=f"{role}->{host}:{port}"), host, port, ssl=context,
                 ssl_handshake_timeout=None if context is None else timeout)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # the daemon checked the name when it started: it is known
+            with contextlib.suppress(OSError):
+                congestion.use(sock, me.congestion)
     except TimeoutError:
         raise HopliteTimeoutError(f"connecting to {host}:{port} timed out") from None
     except ssl.SSLError as exc:  # its certificate refused, or it does not speak TLS

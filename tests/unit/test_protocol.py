@@ -55,6 +55,12 @@ def test_a_pairs_least_transfer_is_checked_at_start(seconds: float) -> None:
         DaemonConfig(pair_min_transfer=seconds).check()
 
 
+@pytest.mark.parametrize("name", ["x" * 16, "cu bic", "cubic\0", "../bbr", "bbré"])
+def test_a_congestion_control_name_no_kernel_knows_is_refused_at_start(name: str) -> None:
+    with pytest.raises(InvalidArgumentError):
+        DaemonConfig(congestion=name).check()
+
+
 
 async def _three_pings_to(connect: Callable[[Callable[[], FrameProtocol]], Awaitable[Any]]
                           ) -> tuple[FrameProtocol, list[int]]:
