@@ -161,3 +161,34 @@ async def test_a_combiner_killed_before_it_puts_leaves_its_half_to_a_survivor(
         got = await asyncio.wait_for(c.get(result, timeout=GET_TIMEOUT), GET_TIMEOUT)
         np.testing.assert_array_equal(got, sum(arrays))
         del got
+
+
+async def test_a_trio_combiner_killed_before_it_puts_leaves_its_third_to_a_survivor(
+        make_cluster, connect) -> None:
+    """Nodes 0 and 1 put before the call; nodes 2, 3 and 4 combine a third each. Node 4 is
+    SIGKILLed before it puts, and its input is put on node 1 instead: its third is reduced
+    again by a survivor, and every survivor gets the exact sum."""
+    cluster = await make_cluster(5, daemon_args=FAST_HEARTBEAT + ANY_SIZE)
+    clients = [await connect(s) for s in cluster.sockets]
+    arrays = [data(i, (6 * MiB + 7,)) for i in range(5)]
+    ids = [ObjectID.random() for _ in range(5)]
+    for i in (0, 1):
+        await clients[i].put(arrays[i], object_id=ids[i])
+    result = await clients[0].allreduce(ids, timeout=GET_TIMEOUT)
+    node = cluster.nodes[0].node_id
+
+    async def trio() -> bool:
+        return (await every_node_stats(clients[0], [node]))[node]["allreduces_as_trio"] == 1
+
+    await eventually(trio, what="the trio")
+    victim = cluster.nodes[4].node_id
+    cluster.kill(4)
+    await wait_member_dead(clients[0], victim)
+    await clients[2].put(arrays[2], object_id=ids[2])
+    await clients[3].put(arrays[3], object_id=ids[3])
+    await clients[1].put(arrays[4], object_id=ids[4])
+    expected = np.add.reduce(np.stack(arrays), axis=0)
+    for c in clients[:4]:
+        got = await asyncio.wait_for(c.get(result, timeout=GET_TIMEOUT), GET_TIMEOUT)
+        np.testing.assert_array_equal(got, expected)
+        del got
