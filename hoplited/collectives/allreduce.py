@@ -556,10 +556,11 @@ class Orchestrator:
                 d.tasks.spawn(d.directory.fail(plan.result, exc), name="allreduce-fail")
         elif isinstance(ins, s.Assign):
             if ins.pair and ins.stripe >= 0:
-                if ins.stripe == 0 and not ins.gen and plan.stripes == 3:
-                    self._counts.trios += 1
-                elif ins.stripe == 0 and not ins.gen:
-                    self._counts.pairs += 1
+                if ins.stripe == 0 and not ins.gen:  # counted once, at the guess
+                    if plan.stripes == 3:
+                        self._counts.trios += 1
+                    else:
+                        self._counts.pairs += 1
                 log.info("allreduce %s: stripe %d of %d by a combiner on %s",
                          plan.result.short(), ins.stripe, plan.stripes, ins.node)
             if ins.gen:

@@ -281,9 +281,7 @@ class ObjectStore:
 
     async def wait_created(self, oid: ObjectID, timeout: float) -> StoredObject | None:
         """The object ``oid`` once it is created here, or None after ``timeout`` s."""
-        if oid not in self.objects:
-            await self._arrivals.wait(oid, timeout)
-        return self.objects.get(oid)
+        return await self.wait_any_created((oid,), timeout)
 
     async def wait_any_created(self, oids: Sequence[ObjectID],
                                timeout: float) -> StoredObject | None:

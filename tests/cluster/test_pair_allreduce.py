@@ -10,6 +10,7 @@ half reduced again by a survivor."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import numpy as np
 from helpers import FAST_HEARTBEAT, MiB, eventually, every_node_stats, wait_member_dead
@@ -69,55 +70,71 @@ async def test_the_last_two_nodes_reduce_a_half_each(make_cluster, connect) -> N
         await eventually(lambda c=c: idle(c, 2), what="only the inputs left")
 
 
-async def test_the_last_three_nodes_reduce_a_third_each(make_cluster, connect) -> None:
-    """Five nodes: nodes 0 and 1 put before node 0 calls the allreduce, so they are heard
-    together, far closer than TRIO_GAP transfers apart; nodes 2, 3 and 4 then put APART s
-    apart. The three without an input once three are missing combine a third each
-    (docs/design.md §4, "Three combiners"), and every node gets numpy's sum (an odd size).
-    Deleting the result leaves only the inputs."""
-    cluster = await make_cluster(5, daemon_args=ANY_SIZE)
+@dataclass
+class Trio:
+    """Five nodes, their inputs and the allreduce's result id."""
+
+    cluster: LocalCluster
+    clients: list[hc.Client]
+    arrays: list[np.ndarray]
+    ids: list[ObjectID]
+    result: ObjectID
+
+
+async def trio_called(make_cluster, connect, daemon_args: list[str]) -> Trio:
+    """Five nodes; nodes 0 and 1 put before node 0 calls the allreduce, so they are heard
+    together, far closer than TRIO_GAP transfers apart: once three inputs are missing, the
+    three nodes without one are guessed to put them (docs/design.md §4, "Three
+    combiners")."""
+    cluster = await make_cluster(5, daemon_args=daemon_args)
     clients = [await connect(s) for s in cluster.sockets]
     arrays = [data(i, (6 * MiB + 7,)) for i in range(5)]
     ids = [ObjectID.random() for _ in range(5)]
     for i in (0, 1):
         await clients[i].put(arrays[i], object_id=ids[i])
     result = await clients[0].allreduce(ids, timeout=GET_TIMEOUT)
+    return Trio(cluster, clients, arrays, ids, result)
+
+
+async def node0_stats(trio: Trio) -> dict[str, int]:
+    node = trio.cluster.nodes[0].node_id
+    return (await every_node_stats(trio.clients[0], [node]))[node]
+
+
+async def every_get_is_the_sum(trio: Trio, clients: list[hc.Client]) -> None:
+    expected = np.add.reduce(np.stack(trio.arrays), axis=0)
+    for c in clients:
+        got = await asyncio.wait_for(c.get(trio.result, timeout=GET_TIMEOUT), GET_TIMEOUT)
+        np.testing.assert_array_equal(got, expected)
+        del got
+
+
+async def test_the_last_three_nodes_reduce_a_third_each(make_cluster, connect) -> None:
+    """Nodes 2, 3 and 4 then put APART s apart: the three combine a third each, and every
+    node gets numpy's sum (an odd size). Deleting the result leaves only the inputs."""
+    trio = await trio_called(make_cluster, connect, ANY_SIZE)
     for i in (2, 3, 4):
         await asyncio.sleep(APART)
-        await clients[i].put(arrays[i], object_id=ids[i])
-    for c in clients:
-        got = await c.get(result, timeout=GET_TIMEOUT)
-        np.testing.assert_array_equal(got, np.add.reduce(np.stack(arrays), axis=0))
-        del got
-    node = cluster.nodes[0].node_id
-    stats = (await every_node_stats(clients[0], [node]))[node]
+        await trio.clients[i].put(trio.arrays[i], object_id=trio.ids[i])
+    await every_get_is_the_sum(trio, trio.clients)
+    stats = await node0_stats(trio)
     assert (stats["allreduces_as_trio"], stats["allreduces_as_pair"]) == (1, 0)
-    await clients[0].delete(result)
-    for c in clients:
+    await trio.clients[0].delete(trio.result)
+    for c in trio.clients:
         await eventually(lambda c=c: idle(c, 1), what="only the input left")
 
 
 async def test_a_trio_that_puts_nothing_still_fetches_every_third(make_cluster,
                                                                    connect) -> None:
-    """As above, but nodes 0 and 1 put all five inputs: the three combiners never put, so
-    each fetches the other thirds once its own has a first element (``Member._until_put``),
-    and every node gets the sum."""
-    cluster = await make_cluster(5, daemon_args=ANY_SIZE)
-    clients = [await connect(s) for s in cluster.sockets]
-    arrays = [data(i, (6 * MiB + 7,)) for i in range(5)]
-    ids = [ObjectID.random() for _ in range(5)]
-    for i in (0, 1):
-        await clients[i].put(arrays[i], object_id=ids[i])
-    result = await clients[0].allreduce(ids, timeout=GET_TIMEOUT)
+    """Nodes 0 and 1 put all five inputs: the three combiners never put, so each fetches the
+    other thirds once its own has a first element (``Member._until_put``), and every node
+    gets the sum."""
+    trio = await trio_called(make_cluster, connect, ANY_SIZE)
     for i in (2, 3, 4):
         await asyncio.sleep(APART)
-        await clients[i % 2].put(arrays[i], object_id=ids[i])
-    for c in clients:
-        got = await c.get(result, timeout=GET_TIMEOUT)
-        np.testing.assert_array_equal(got, np.add.reduce(np.stack(arrays), axis=0))
-        del got
-    node = cluster.nodes[0].node_id
-    assert (await every_node_stats(clients[0], [node]))[node]["allreduces_as_trio"] == 1
+        await trio.clients[i % 2].put(trio.arrays[i], object_id=trio.ids[i])
+    await every_get_is_the_sum(trio, trio.clients)
+    assert (await node0_stats(trio))["allreduces_as_trio"] == 1
 
 
 async def test_a_wrong_guess_costs_no_correctness(make_cluster, connect) -> None:
@@ -165,30 +182,18 @@ async def test_a_combiner_killed_before_it_puts_leaves_its_half_to_a_survivor(
 
 async def test_a_trio_combiner_killed_before_it_puts_leaves_its_third_to_a_survivor(
         make_cluster, connect) -> None:
-    """Nodes 0 and 1 put before the call; nodes 2, 3 and 4 combine a third each. Node 4 is
-    SIGKILLed before it puts, and its input is put on node 1 instead: its third is reduced
-    again by a survivor, and every survivor gets the exact sum."""
-    cluster = await make_cluster(5, daemon_args=FAST_HEARTBEAT + ANY_SIZE)
-    clients = [await connect(s) for s in cluster.sockets]
-    arrays = [data(i, (6 * MiB + 7,)) for i in range(5)]
-    ids = [ObjectID.random() for _ in range(5)]
-    for i in (0, 1):
-        await clients[i].put(arrays[i], object_id=ids[i])
-    result = await clients[0].allreduce(ids, timeout=GET_TIMEOUT)
-    node = cluster.nodes[0].node_id
+    """Nodes 2, 3 and 4 combine a third each. Node 4 is SIGKILLed before it puts, and its
+    input is put on node 1 instead: its third is reduced again by a survivor, and every
+    survivor gets the exact sum."""
+    trio = await trio_called(make_cluster, connect, FAST_HEARTBEAT + ANY_SIZE)
 
-    async def trio() -> bool:
-        return (await every_node_stats(clients[0], [node]))[node]["allreduces_as_trio"] == 1
+    async def guessed() -> bool:
+        return (await node0_stats(trio))["allreduces_as_trio"] == 1
 
-    await eventually(trio, what="the trio")
-    victim = cluster.nodes[4].node_id
-    cluster.kill(4)
-    await wait_member_dead(clients[0], victim)
-    await clients[2].put(arrays[2], object_id=ids[2])
-    await clients[3].put(arrays[3], object_id=ids[3])
-    await clients[1].put(arrays[4], object_id=ids[4])
-    expected = np.add.reduce(np.stack(arrays), axis=0)
-    for c in clients[:4]:
-        got = await asyncio.wait_for(c.get(result, timeout=GET_TIMEOUT), GET_TIMEOUT)
-        np.testing.assert_array_equal(got, expected)
-        del got
+    await eventually(guessed, what="the trio")
+    victim = trio.cluster.nodes[4].node_id
+    trio.cluster.kill(4)
+    await wait_member_dead(trio.clients[0], victim)
+    for node, i in ((2, 2), (3, 3), (1, 4)):
+        await trio.clients[node].put(trio.arrays[i], object_id=trio.ids[i])
+    await every_get_is_the_sum(trio, trio.clients[:4])
