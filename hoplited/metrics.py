@@ -103,6 +103,9 @@ def families(info: Mapping[str, Any]) -> list[Metric]:
         ("reduce_merges", CounterMetricFamily, "Reduce inputs that a reduce coordinated on "
          "this node added in the slot of another input on the same node (docs/design.md §4, "
          "\"Several inputs on one node\")."),
+        ("late_inputs_held", CounterMetricFamily, "Late inputs that a trio's combiner on "
+         "this node held until its own input was put (docs/design.md §4, \"Who pulls a late "
+         "input first\")."),
         ("reduces_in_halves", CounterMetricFamily, "Reduces coordinated on this node as two "
          "trees of halves (docs/design.md §4)."),
         ("gets_in_halves", CounterMetricFamily, "Objects this node received as two halves, "

@@ -147,6 +147,7 @@ class Daemon:
         status = NodeStatus(membership, store, shard, link_model, traffic, rpc, gauges={
             "clients": lambda: len(listener), "reduce_tasks": lambda: len(worker.slots),
             "reduce_folds": lambda: worker.folds, "reduce_merges": lambda: reductions.merges,
+            "late_inputs_held": lambda: reductions.holds,
             "reduces_in_halves": lambda: reductions.halved, "allreduces": lambda: len(allreduces),
             "gets_in_halves": lambda: fetcher.halved,
             "allreduces_as_ring": lambda: allreduces.counts.run,

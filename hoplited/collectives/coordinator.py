@@ -228,9 +228,10 @@ class ReduceCoordinator:
         merge = (isinstance(ins, p.Fold) and ins.slot in self.plan.merged) or (
             isinstance(ins, p.Reshape) and ins.child in self.plan.merged) or (
             isinstance(ins, p.StartTask) and bool(ins.extras))  # not a repair: several inputs
-        if not merge and (isinstance(ins, p.WaitInput | p.After | p.Fold | p.Reshape
-                                     | p.RestartResult)
-                          or (isinstance(ins, p.StartTask) and ins.gen > 0)):
+        hold = isinstance(ins, p.After) and isinstance(ins.event, p.HoldOver)  # no repair
+        if not merge and not hold and (isinstance(ins, p.WaitInput | p.After | p.Fold
+                                                  | p.Reshape | p.RestartResult)
+                                       or (isinstance(ins, p.StartTask) and ins.gen > 0)):
             log.info("reduce %s repair: %s", self.result.short(), ins)
         if isinstance(ins, p.OpenResult):
             self._open_result(ins)
@@ -258,7 +259,8 @@ class ReduceCoordinator:
         elif isinstance(ins, p.WaitInput):
             self._wait(ins.oid, ins.exclude)
         elif isinstance(ins, p.After):
-            self._spawn(self._after(ins), "reduce-retry", p.ResultFailed)
+            self._spawn(self._after(ins), "reduce-hold" if hold else "reduce-retry",
+                        p.ResultFailed)
         elif isinstance(ins, p.CancelWaits):
             for oid in ins.oids:
                 wait = self._waits.get(oid)

@@ -101,6 +101,11 @@ RECONNECT_MAX = 1.0
 # above it whose consumers have read nothing yet, each pulling its children again from byte
 # 0 (docs/design.md §4, "Several inputs on one node").
 MERGE_REACH = 4
+# A trio's combiner whose own input is missing holds a late input of another node while a
+# third combiner's input is ready, for this many of its stripe's transfers per such input, or
+# until its own is put: that node's uplink then feeds the combiner that has put first
+# (docs/design.md §4, "Three combiners", "Who pulls a late input first").
+LATE_HOLD = 1.25
 # Errors of a request to a tree node that mean the node could not be reached at all.
 UNREACHABLE = (PeerUnavailableError, ConnectionLostError)
 
@@ -177,6 +182,13 @@ class Retry:
 
 
 @dataclass(frozen=True, slots=True)
+class HoldOver:
+    """An ``After`` delay ran out: a held late input ``oid`` (``LATE_HOLD``) is pulled now."""
+
+    oid: ObjectID
+
+
+@dataclass(frozen=True, slots=True)
 class NodeDied:
     """The membership declared ``node`` dead."""
 
@@ -246,8 +258,8 @@ class Published:
     """The complete result was published."""
 
 
-Event = (InputReady | InputFailed | TaskStarted | SlotFailed | ChildLost | Retry | NodeDied
-         | NodeSuspected | NodeTrusted | Folded | FoldFailed | Reshaped | ResultComplete
+Event = (InputReady | InputFailed | TaskStarted | SlotFailed | ChildLost | Retry | HoldOver
+         | NodeDied | NodeSuspected | NodeTrusted | Folded | FoldFailed | Reshaped | ResultComplete
          | ResultFailed | Published)
 
 
@@ -354,7 +366,7 @@ class After:
     """Feed ``event`` back in ``delay`` seconds."""
 
     delay: float
-    event: Retry
+    event: Retry | HoldOver
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,15 +558,18 @@ class ReducePlan:
     soon as the size is known, over a chain of the first ``k - late`` inputs and a leaf for
     each of the last ``late`` (``pair_shape``): a stripe of an allreduce's pair or trio,
     whose partial sum reaches this node before this node's input exists (docs/design.md §4,
-    "A pair for the last two inputs", "Three combiners"). ``merge``: an input ready on a
-    node whose slot has combined nothing yet is added by that slot, which takes it in place
-    of a slot of its own (docs/design.md §4, "Several inputs on one node")."""
+    "A pair for the last two inputs", "Three combiners"); with ``rate`` (the links' bytes/s)
+    a trio's combiner holds late inputs while its own is missing (``LATE_HOLD``). ``merge``:
+    an input ready on a node whose slot has combined nothing yet is added by that slot, which
+    takes it in place of a slot of its own (docs/design.md §4, "Several inputs on one
+    node")."""
 
     def __init__(self, result: ObjectID, inputs: list[ObjectID], k: int, op: str, me: str,
                  depth: Callable[[int, int], int], patience: float = 6.0,
                  window: tuple[int, int] | None = None, ring: tuple[str, ...] = (),
                  everyone: bool = False, half: int | None = None, here: bool = False,
-                 combiner: bool = False, merge: bool = True, late: int = 2) -> None:
+                 combiner: bool = False, merge: bool = True, late: int = 2,
+                 rate: float = 0.0) -> None:
         if not inputs or not 1 <= k <= len(inputs):
             raise InvalidArgumentError(f"num_objects must be between 1 and the "
                                        f"{len(inputs)} inputs")
@@ -570,6 +585,10 @@ class ReducePlan:
                                        f"2 to {k} of them late ({late})")
         self.combiner = combiner
         self.late = late
+        self.rate = rate
+        self.held: dict[ObjectID, InputReady] = {}  # late inputs held (LATE_HOLD), in order
+        self._own = False  # an input on this node was ready (a combiner's own)
+        self._late_nodes: list[tuple[str, ...]] = []  # the late inputs' holders so far
         self.window = window
         self.half = half
         self.ring = ring
@@ -594,6 +613,7 @@ class ReducePlan:
         # slot -> the merge that took it out of the tree, in the order they were made
         self.merged: dict[int, Merge] = {}
         self.merges = 0  # inputs merged into another's slot so far (status, metrics)
+        self.holds = 0  # late inputs held (LATE_HOLD) so far (status, metrics)
         # merges add an input from the host's start: never once a slot computes from a later
         # byte (its consumer holds earlier sums without the input); with backups a lost
         # host's inputs are waited for as themselves (a restart), which backups could replace
@@ -663,7 +683,12 @@ class ReducePlan:
         if isinstance(ev, InputReady):
             if ev.oid in self._wanted:
                 return self._replace(ev)
-            return self._backup_ready(ev) if ev.oid in self._rewaiting else self._ready(ev)
+            if ev.oid in self._rewaiting:
+                return self._backup_ready(ev)
+            return self._hold(ev) if self._holds(ev) else self._unheld(ev)
+        if isinstance(ev, HoldOver):
+            held = self.held.pop(ev.oid, None)
+            return [] if held is None else self._ready(held)
         if isinstance(ev, InputFailed):
             return self._input_failed(ev)
         if isinstance(ev, TaskStarted):
@@ -684,8 +709,8 @@ class ReducePlan:
             return self._child_lost(ev)
         if isinstance(ev, Retry):
             return self._retry(ev)
-        if isinstance(ev, NodeDied | NodeSuspected):
-            return self._node_died(ev.node)
+        if isinstance(ev, NodeDied | NodeSuspected):  # a repair sees every input placed
+            return self._release_held() + self._node_died(ev.node)
         if isinstance(ev, NodeTrusted):  # every lost input is waited for anew, it included
             return ([WaitInput(oid, self._excluded(oid)) for oid in self._wanted]
                     + self._resume_orphans())
@@ -704,6 +729,46 @@ class ReducePlan:
             return self._fail(ev.error)
         self.published = True
         return self._release()
+
+    # --- a trio's late inputs (docs/design.md §4, "Who pulls a late input first") ---
+    def _holds(self, ev: InputReady) -> bool:
+        """Whether this combiner holds late input ``ev``: one of a trio's last three, on
+        another node, while this node's own is missing and a third node's is ready."""
+        if (not self.combiner or self.late < 3 or self.rate <= 0 or self._own
+                or self.meta is None or ev.oid not in self._waiting or ev.oid in self.held
+                or self.me in ev.holders):
+            return False
+        if len(self.used) + len(self.held) < self.k - self.late:
+            return False  # an early input: the chain's
+        return any(self._third(nodes, ev) for nodes in self._late_nodes)
+
+    def _third(self, nodes: tuple[str, ...], ev: InputReady) -> bool:
+        """``nodes`` hold a late input of neither this node nor ``ev``'s."""
+        return self.me not in nodes and not set(nodes) & set(ev.holders)
+
+    def _hold(self, ev: InputReady) -> list[Instruction]:
+        """Hold ``ev`` for ``LATE_HOLD`` of a stripe's transfer per third node ready."""
+        assert self.meta is not None
+        self.held[ev.oid] = ev
+        self.holds += 1
+        thirds = sum(self._third(nodes, ev) for nodes in self._late_nodes)
+        self._late_nodes.append(ev.holders)
+        return [After(LATE_HOLD * thirds * self.meta.size / self.rate, HoldOver(ev.oid))]
+
+    def _unheld(self, ev: InputReady) -> list[Instruction]:
+        """``ev`` as usual; this node's own input releases every late input held."""
+        if ev.oid in self._waiting and len(self.used) + len(self.held) >= self.k - self.late:
+            self._late_nodes.append(ev.holders)
+        out = self._ready(ev)
+        if self.me in ev.holders:
+            self._own = True
+            out += self._release_held()
+        return out
+
+    def _release_held(self) -> list[Instruction]:
+        """Every held late input, in the order they came ready."""
+        held, self.held = list(self.held.values()), {}
+        return [ins for ev in held for ins in self._ready(ev)]
 
     def _ready(self, ev: InputReady) -> list[Instruction]:
         times = self._waiting.pop(ev.oid, 0)

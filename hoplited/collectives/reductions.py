@@ -45,6 +45,7 @@ class Reductions:
         self._merge = merge
         self._running: dict[ObjectID, ReduceCoordinator] = {}  # by the id each reduces into
         self._merges_forgotten = 0  # inputs merged by reduces no longer in ``_running``
+        self._holds_forgotten = 0  # late inputs they held
         self._fronts: dict[ObjectID, HalvesReduce] = {}  # reduces of every input, by result
         self.halved = 0  # reduces run as two trees of halves so far
 
@@ -105,7 +106,8 @@ class Reductions:
         return p.ReducePlan(result, inputs, k, op, self._deps.me, depth=lambda n, size: (
             tree_depth(n, size, model.bandwidth, model.latency)), patience=self._deps.patience,
             window=window, ring=ring, everyone=everyone, half=half, here=here,
-            combiner=combiner, merge=self._merge, late=late)
+            combiner=combiner, merge=self._merge, late=late,
+            rate=model.bandwidth if combiner else 0.0)
 
     def _open(self, plan: p.ReducePlan, inputs: list[ObjectID], deadline: float | None,
               wait_inputs: bool, ready: Sequence[p.InputReady] = ()) -> ReduceCoordinator:
@@ -150,6 +152,12 @@ class Reductions:
         (docs/design.md §4, "Several inputs on one node")."""
         return self._merges_forgotten + sum(c.plan.merges for c in self._running.values())
 
+    @property
+    def holds(self) -> int:
+        """Late inputs that trios' combiners here held until their own input was put
+        (docs/design.md §4, "Who pulls a late input first")."""
+        return self._holds_forgotten + sum(c.plan.holds for c in self._running.values())
+
     def forget(self, result: ObjectID) -> bool:
         """The result was deleted: a reduce still running into it stops (its input waits
         end, its tree nodes are told to release) and nothing about it is kept. Returns
@@ -167,6 +175,7 @@ class Reductions:
         if coordinator is None:
             return False
         self._merges_forgotten += coordinator.plan.merges
+        self._holds_forgotten += coordinator.plan.holds
         if not coordinator.ended.is_set():
             coordinator.deleted = True
             coordinator.feed(p.ResultFailed(ObjectDeletedError(

@@ -3,9 +3,10 @@
 The driver mirrors ``collectives/coordinator.py`` (waits for the inputs at the shard, tasks,
 edges, the result) and the tree nodes of ``collectives/worker.py``: a slot's task combines
 block i once every child's buffer holds it. Compute time is not modelled (numpy adds a block
-far faster than a link brings it); the message hops are. Instructions that only follow a
-failure (``WaitInput``, ``After``, ``RestartResult``) stop the simulation: failures are not
-modelled (docs/simulation.md).
+far faster than a link brings it); the message hops are, and so is a trio's combiner's hold
+of a late input (``After`` with ``HoldOver``). Instructions that only follow a failure
+(``WaitInput``, ``After`` with ``Retry``, ``RestartResult``) stop the simulation: failures
+are not modelled (docs/simulation.md).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ class ReduceRun:
         self.depth: int | None = None  # the tree depth the plan chose (0: one chain)
         self.plan = p.ReducePlan(result, inputs, len(inputs), op, me, depth=self._depth,
                                  everyone=everyone, window=window, half=half, here=here,
-                                 combiner=combiner, late=late)
+                                 combiner=combiner, late=late, rate=cluster.net.rate)
         self._inputs = list(dict.fromkeys(inputs))
         self.tasks: dict[int, Combine] = {}  # by slot
         self.published_at: float | None = None
@@ -136,6 +137,9 @@ class ReduceRun:
         elif isinstance(ins, p.Fold):  # a merged input held where the slot runs: no link
             self._hop(lambda: self._hop(lambda: self.feed(
                 p.Folded(ins.slot, ins.into, ins.at, ins.version))))
+        elif isinstance(ins, p.After) and isinstance(ins.event, p.HoldOver):
+            event = ins.event  # a trio's combiner holds a late input (docs/design.md §4)
+            c.clock.after(ins.delay, lambda: self.feed(event))
         elif isinstance(ins, p.CancelWaits):
             self._cancelled.update(ins.oids)
         elif isinstance(ins, p.Fail):  # the shard records it: gets of the result fail with it

@@ -111,7 +111,9 @@ async def every_get_is_the_sum(trio: Trio, clients: list[hc.Client]) -> None:
 
 async def test_the_last_three_nodes_reduce_a_third_each(make_cluster, connect) -> None:
     """Nodes 2, 3 and 4 then put APART s apart: the three combine a third each, and every
-    node gets numpy's sum (an odd size). Deleting the result leaves only the inputs."""
+    node gets numpy's sum (an odd size). Node 4's combiner held node 3's input until its own
+    was put (docs/design.md §4, "Who pulls a late input first"), the others held nothing.
+    Deleting the result leaves only the inputs."""
     trio = await trio_called(make_cluster, connect, ANY_SIZE)
     for i in (2, 3, 4):
         await asyncio.sleep(APART)
@@ -119,6 +121,9 @@ async def test_the_last_three_nodes_reduce_a_third_each(make_cluster, connect) -
     await every_get_is_the_sum(trio, trio.clients)
     stats = await node0_stats(trio)
     assert (stats["allreduces_as_trio"], stats["allreduces_as_pair"]) == (1, 0)
+    late = [n.node_id for n in trio.cluster.nodes[2:5]]
+    held = await every_node_stats(trio.clients[0], late)
+    assert [held[n]["late_inputs_held"] for n in late] == [0, 0, 1]
     await trio.clients[0].delete(trio.result)
     for c in trio.clients:
         await eventually(lambda c=c: idle(c, 1), what="only the input left")

@@ -25,6 +25,7 @@ from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.ops import derived_id
 from hoplited.collectives.plan import (
     HISTORY_MAX,
+    LATE_HOLD,
     After,
     CancelWaits,
     ChildLost,
@@ -35,6 +36,7 @@ from hoplited.collectives.plan import (
     Fold,
     Folded,
     FoldFailed,
+    HoldOver,
     InputFailed,
     InputReady,
     Instruction,
@@ -1370,6 +1372,81 @@ def test_a_trio_s_combiner_hangs_the_last_three_inputs_on_its_root() -> None:
     later = [x.slot for x in p.handle(ready(1, "n2")) + p.handle(ready(2, "n3"))
              + p.handle(ready(3, ME)) if isinstance(x, StartTask)]
     assert later == [2, 3, 4] and p.shape is not None and p.shape.children[1] == [0, 2, 3, 4]
+
+
+# --- a trio's combiner holds late inputs while its own is missing (docs/design.md §4,
+# "Who pulls a late input first") ---
+RATE = 125e6  # bytes/s: 1 Gbit/s
+HOLD = LATE_HOLD * WSIZE / RATE  # one third combiner's stripe, at the link's rate
+
+
+def trio_plan(k: int = 5, late: int = 3, rate: float = RATE) -> ReducePlan:
+    return ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0, window=WIN,
+                      combiner=True, late=late, rate=rate)
+
+
+def placed(out: list[Instruction]) -> list[ObjectID]:
+    """The inputs whose slots ``out`` starts, in order."""
+    return [x.input for x in out if isinstance(x, StartTask) and x.input != R]
+
+
+def test_a_late_input_waits_while_a_third_combiner_has_put_and_this_one_has_not() -> None:
+    """Two early inputs, then the first late one (n3) is pulled at once; the second (n4) is
+    held, n3 having put and this node not, so n4's uplink feeds n3's stripe first; this
+    node's own input then places it."""
+    p = trio_plan()
+    assert placed(p.handle(ready(0, "n1")) + p.handle(ready(1, "n2"))) == I[:2]
+    assert placed(p.handle(ready(2, "n3"))) == [I[2]]
+    assert p.handle(ready(3, "n4")) == [After(HOLD, HoldOver(I[3]))]
+    assert list(p.held) == [I[3]]
+    assert placed(p.handle(ready(4, ME))) == [I[4], I[3]]
+    assert not p.held and p.chosen and p.used == [I[0], I[1], I[2], I[4], I[3]]
+    assert p.handle(HoldOver(I[3])) == []
+
+
+def test_a_held_input_is_placed_when_its_time_is_over() -> None:
+    p = trio_plan()
+    for i, node in enumerate(("n1", "n2", "n3", "n4")):
+        p.handle(ready(i, node))
+    assert placed(p.handle(HoldOver(I[3]))) == [I[3]] and not p.held
+    assert placed(p.handle(ready(4, ME))) == [I[4]] and p.chosen
+
+
+def test_a_combiner_whose_input_never_comes_holds_longer_behind_two_thirds() -> None:
+    """A wrong guess: the last input is not this node's; two other late nodes have put."""
+    p = trio_plan()
+    for i, node in enumerate(("n1", "n2", "n3")):
+        p.handle(ready(i, node))
+    assert p.handle(ready(3, "n4")) == [After(HOLD, HoldOver(I[3]))]
+    assert p.handle(ready(4, "n5")) == [After(2 * HOLD, HoldOver(I[4]))]
+    assert placed(p.handle(HoldOver(I[4])) + p.handle(HoldOver(I[3]))) == [I[4], I[3]]
+    assert p.chosen and not p.held
+
+
+@pytest.mark.parametrize("late, rate, nodes", [
+    (2, RATE, ("n1", "n2", "n3", "n4", ME)),  # a pair's combiner never holds
+    (3, 0.0, ("n1", "n2", "n3", "n4", ME)),  # no rate known
+    (3, RATE, ("n1", "n2", ME, "n3", "n4")),  # this node put first
+    (3, RATE, ("n1", "n2", "n3", ME, "n4")),  # ... or second
+    (3, RATE, ("n1", "n2", "n3", "n3", ME)),  # the late inputs so far are on one node
+    (3, RATE, ("n1", "n2", "n3", ME, ME)),
+], ids=["pair", "no-rate", "own-first", "own-second", "same-node", "own-twice"])
+def test_no_hold(late: int, rate: float, nodes: tuple[str, ...]) -> None:
+    p = trio_plan(late=late, rate=rate)
+    out: list[Instruction] = []
+    for i, node in enumerate(nodes):
+        out += p.handle(ready(i, node))
+    assert not any(isinstance(x, After) for x in out) and not p.held
+    assert sorted(placed(out)) == sorted(I[:5]) and p.chosen
+
+
+def test_a_death_places_the_held_inputs_before_its_repair() -> None:
+    """A repair sees every input placed: the held one goes in first, on its live node."""
+    p = trio_plan()
+    for i, node in enumerate(("n1", "n2", "n3", "n4")):
+        p.handle(ready(i, node))
+    out = p.handle(NodeDied("n1"))
+    assert placed(out)[:1] == [I[3]] and not p.held
 
 
 @pytest.mark.parametrize("kwargs", [
