@@ -202,3 +202,22 @@ async def test_a_trio_combiner_killed_before_it_puts_leaves_its_third_to_a_survi
     for node, i in ((2, 2), (3, 3), (1, 4)):
         await trio.clients[node].put(trio.arrays[i], object_id=trio.ids[i])
     await every_get_is_the_sum(trio, trio.clients[:4])
+
+
+async def test_a_trio_combiner_killed_after_its_put_is_replaced_by_a_survivor(
+        make_cluster, connect) -> None:
+    """Nodes 2 and 3 put, node 4's combiner holding node 3's input until its own (docs/design.md
+    §4, "Who pulls a late input first"); node 3 is then SIGKILLed with its input and its
+    third. Its input is put again on node 1, node 4 puts, and every survivor gets the exact
+    sum."""
+    trio = await trio_called(make_cluster, connect, FAST_HEARTBEAT + ANY_SIZE)
+    for i in (2, 3):
+        await asyncio.sleep(APART)
+        await trio.clients[i].put(trio.arrays[i], object_id=trio.ids[i])
+    victim = trio.cluster.nodes[3].node_id
+    trio.cluster.kill(3)
+    await wait_member_dead(trio.clients[0], victim)
+    await trio.clients[1].put(trio.arrays[3], object_id=trio.ids[3])
+    await trio.clients[4].put(trio.arrays[4], object_id=trio.ids[4])
+    await every_get_is_the_sum(trio, [trio.clients[i] for i in (0, 1, 2, 4)])
+    assert (await node0_stats(trio))["allreduces_as_trio"] == 1
