@@ -175,6 +175,15 @@ def memfd_holders(name: str) -> set[int]:
     return pids
 
 
+def allowed_congestion() -> list[str]:
+    """The TCP congestion controls this kernel lets any socket choose ([] off Linux)."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_allowed_congestion_control") as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
 def shm_files() -> set[str]:
     # POSIX semaphores (sem.*) of unrelated programs are not shared memory we care about.
     return {n for n in os.listdir("/dev/shm") if not n.startswith("sem.")}

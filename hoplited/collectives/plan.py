@@ -735,12 +735,15 @@ class ReducePlan:
         """Whether this combiner holds late input ``ev``: one of a trio's last three, on
         another node, while this node's own is missing and a third node's is ready."""
         if (not self.combiner or self.late < 3 or self.rate <= 0 or self._own
-                or self.meta is None or ev.oid not in self._waiting or ev.oid in self.held
-                or self.me in ev.holders):
+                or self.meta is None or ev.oid in self.held or self.me in ev.holders
+                or not self._late(ev)):
             return False
-        if len(self.used) + len(self.held) < self.k - self.late:
-            return False  # an early input: the chain's
         return any(self._third(nodes, ev) for nodes in self._late_nodes)
+
+    def _late(self, ev: InputReady) -> bool:
+        """``ev`` is awaited and comes after the chain's inputs: one of the last ``late``."""
+        return (ev.oid in self._waiting
+                and len(self.used) + len(self.held) >= self.k - self.late)
 
     def _third(self, nodes: tuple[str, ...], ev: InputReady) -> bool:
         """``nodes`` hold a late input of neither this node nor ``ev``'s."""
@@ -757,7 +760,7 @@ class ReducePlan:
 
     def _unheld(self, ev: InputReady) -> list[Instruction]:
         """``ev`` as usual; this node's own input releases every late input held."""
-        if ev.oid in self._waiting and len(self.used) + len(self.held) >= self.k - self.late:
+        if self._late(ev):
             self._late_nodes.append(ev.holders)
         out = self._ready(ev)
         if self.me in ev.holders:

@@ -106,8 +106,7 @@ class Reductions:
         return p.ReducePlan(result, inputs, k, op, self._deps.me, depth=lambda n, size: (
             tree_depth(n, size, model.bandwidth, model.latency)), patience=self._deps.patience,
             window=window, ring=ring, everyone=everyone, half=half, here=here,
-            combiner=combiner, merge=self._merge, late=late,
-            rate=model.bandwidth if combiner else 0.0)
+            combiner=combiner, merge=self._merge, late=late, rate=model.bandwidth)
 
     def _open(self, plan: p.ReducePlan, inputs: list[ObjectID], deadline: float | None,
               wait_inputs: bool, ready: Sequence[p.InputReady] = ()) -> ReduceCoordinator:

@@ -10,23 +10,12 @@ import subprocess
 from collections.abc import Awaitable, Callable
 
 import pytest
-from helpers import eventually
+from helpers import allowed_congestion, eventually
 
 from hoplite_client.tools.local_cluster import LocalCluster
 
-ALLOWED = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
-
-
-def allowed() -> list[str]:
-    try:
-        with open(ALLOWED) as f:
-            return f.read().split()
-    except OSError:
-        return []
-
-
 pytestmark = pytest.mark.skipif(
-    shutil.which("ss") is None or not {"cubic", "reno"} <= set(allowed()),
+    shutil.which("ss") is None or not {"cubic", "reno"} <= set(allowed_congestion()),
     reason="needs ss and Linux with cubic and reno allowed")
 NAMES = ("cubic", "reno", "bbr", "dctcp", "vegas", "westwood", "htcp", "bic")
 

@@ -8,21 +8,14 @@ import socket
 from collections.abc import Iterator
 
 import pytest
+from helpers import allowed_congestion
 
 from hoplite_client.net import congestion
 
 pytestmark = pytest.mark.unit
 
 
-def available() -> list[str]:
-    try:
-        with open("/proc/sys/net/ipv4/tcp_allowed_congestion_control") as f:
-            return f.read().split()
-    except OSError:
-        return []
-
-
-needs = pytest.mark.skipif("cubic" not in available() or "reno" not in available(),
+needs = pytest.mark.skipif(not {"cubic", "reno"} <= set(allowed_congestion()),
                            reason="needs Linux with cubic and reno allowed")
 
 
