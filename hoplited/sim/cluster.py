@@ -31,12 +31,12 @@ class Cluster:
 
     @classmethod
     def build(cls, rate: float, latency: float, segment: int, fanout: int,
-              two_trees: str = "auto") -> Cluster:
-        """Links of ``rate`` bytes/s and ``latency`` s per hop; the shard lives on node 0.
-        ``two_trees``: when a broadcast is taken as two trees of halves, as hoplited's
-        ``--two-trees``."""
+              two_trees: str = "auto", sharing: str = "fair") -> Cluster:
+        """Links of ``rate`` bytes/s and ``latency`` s per hop, shared as ``sharing`` says
+        (``network.SHARING``); the shard lives on node 0. ``two_trees``: when a broadcast is
+        taken as two trees of halves, as hoplited's ``--two-trees``."""
         clock = Clock()
-        return cls(clock, Network(clock, rate, latency, segment),
+        return cls(clock, Network(clock, rate, latency, segment, sharing),
                    Shard(clock, latency, fanout, node_name(0), lambda n, size: tree_fanout(
                        n, size, rate, latency, segment),
                        lambda n, size, dtype: broadcast_halves(two_trees, n, size, dtype,

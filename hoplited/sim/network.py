@@ -1,10 +1,15 @@
-"""Links and pulls of the simulated cluster: fair-shared uplinks and downlinks, pipelining.
+"""Links and pulls of the simulated cluster: shared uplinks and downlinks, pipelining.
 
-Every node has an uplink and a downlink of ``rate`` bytes/s. A pull that is sending gets the
-smaller of its two fair shares: its source's uplink divided among the pulls sending on it,
-its receiver's downlink divided among those receiving on it. Shares change only when a pull
-starts or stops sending, so only the pulls on those two links are touched (capacity a pull
-leaves unused because it is held back elsewhere is not handed to the others).
+Every node has an uplink and a downlink of ``rate`` bytes/s, shared in one of two ways
+(docs/simulation.md §7). ``fair``, the default: a pull gets the smaller of its two fair shares,
+its source's uplink divided among the pulls active on it, its receiver's downlink divided
+among those active on it. Shares change only when a pull starts or stops, so only the pulls on
+those two links are touched, and capacity a pull leaves unused (held back elsewhere, or
+waiting for its source's next bytes) is not handed to the others. ``maxmin``: the max-min
+fair shares of the pulls sending at that moment, as TCP flows roughly settle: a pull held back
+on one link leaves the rest of the other to the pulls beside it, and a pull waiting for its
+source holds nothing. Every change of a pull's state recomputes every share, so it is meant
+for tens of nodes, not a thousand.
 
 Objects move in blocks, the unit of events: at most ``BLOCKS`` per object, none smaller than a
 ``segment``. Forwarding is cut-through at segment granularity, as the real watermark is
@@ -16,8 +21,9 @@ segment/rate), whatever the block size; blocks only bound the number of events.
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from hoplited.sim.clock import Clock
@@ -32,6 +38,39 @@ SEGMENT = 64 * 1024
 # One-way latencies before a pull's first byte leaves its source: TCP connect, the Hello /
 # Welcome and Auth / Accepted exchanges (hoplite_client/net/handshake.py), then the Pull.
 PULL_SETUP_HOPS = 7
+# How the links are shared among the pulls on them (module docstring).
+SHARING = ("fair", "maxmin")
+
+
+def max_min_shares(pulls: Sequence[tuple[str, str]], rate: float) -> list[float]:
+    """The max-min fair rate of each pull (source node, sink node) over uplinks and downlinks
+    of ``rate`` each, by progressive filling: the link that offers its pulls the least fixes
+    them at that share, which the other link of each then has less of to offer the rest."""
+    rates = [0.0] * len(pulls)
+    links: dict[tuple[str, str], set[int]] = {}
+    for i, (source, sink) in enumerate(pulls):
+        links.setdefault(("up", source), set()).add(i)
+        links.setdefault(("down", sink), set()).add(i)
+    left = dict.fromkeys(links, rate)
+    offer = {key: rate / len(flows) for key, flows in links.items()}
+    heap = [(share, key) for key, share in offer.items()]
+    heapq.heapify(heap)
+    while heap:
+        share, key = heapq.heappop(heap)
+        flows = links[key]
+        if not flows or share != offer[key]:
+            continue  # stale: the link lost pulls to another since this entry
+        for i in flows:
+            rates[i] = share
+            source, sink = pulls[i]
+            other = ("down", sink) if key[0] == "up" else ("up", source)
+            left[other] -= share
+            links[other].discard(i)
+            if links[other]:  # never below this share: rounding must not undo the order
+                offer[other] = max(left[other] / len(links[other]), share)
+                heapq.heappush(heap, (offer[other], other))
+        flows.clear()
+    return rates
 
 
 class Layout:
@@ -169,6 +208,7 @@ class Stream:
         """Put block i on the wire; its first segment lands one segment and a hop later."""
         now, layout = self.net.clock.now, self.sink.layout
         self.state, self.left, self.since = "sending", float(layout.length(self.i)), now
+        self.net.started_sending()
         self.sink.add_ready(now + layout.head(self.i) / self.rate + self.net.latency)
         self._schedule_sent(self.rate)
 
@@ -181,6 +221,7 @@ class Stream:
         if gen != self.gen or self.state != "sending":
             return  # superseded by a change of share
         self.state = "draining"
+        self.net.stopped_sending()
         self._poke()
 
     def _finish(self) -> None:
@@ -207,11 +248,15 @@ class Network:
     """Every node's uplink and downlink (``rate`` bytes/s each) and the pulls sending on them;
     ``latency``: seconds per hop, for data and control messages alike."""
 
-    def __init__(self, clock: Clock, rate: float, latency: float, segment: int) -> None:
+    def __init__(self, clock: Clock, rate: float, latency: float, segment: int,
+                 sharing: str = "fair") -> None:
         if rate <= 0 or latency < 0 or segment < 1:
             raise SimulationError(f"rate {rate}, latency {latency} or segment {segment} "
                                   f"out of range")
+        if sharing not in SHARING:
+            raise SimulationError(f"links shared {sharing!r}: one of {', '.join(SHARING)}")
         self.clock, self.rate, self.latency, self.segment = clock, rate, latency, segment
+        self.max_min = sharing == "maxmin"
         self.up: defaultdict[str, set[Stream]] = defaultdict(set)
         self.down: defaultdict[str, set[Stream]] = defaultdict(set)
 
@@ -237,8 +282,28 @@ class Network:
         self.down[s.sink.node].discard(s)
         self._reshare(s)
 
+    def started_sending(self) -> None:
+        """A pull put a block on the wire: under max-min it now takes a share."""
+        if self.max_min:
+            self._max_min()
+
+    def stopped_sending(self) -> None:
+        """A pull's block left, and it waits (for the block's end at its source, or the next
+        block): under max-min it gives its share back."""
+        if self.max_min:
+            self._max_min()
+
+    def _max_min(self) -> None:
+        sending = [t for ts in self.up.values() for t in ts if t.state == "sending"]
+        rates = max_min_shares([(t.source.node, t.sink.node) for t in sending], self.rate)
+        for t, r in zip(sending, rates):
+            t.reshare(r)
+
     def _reshare(self, s: Stream) -> None:
-        """New shares for the pulls on ``s``'s two links (``s`` included)."""
+        """New shares for the pulls on ``s``'s two links (``s`` included); under max-min the
+        pulls' states decide, not their activity."""
+        if self.max_min:
+            return
         up, down, rate = self.up, self.down, self.rate
         for t in up[s.source.node] | down[s.sink.node] | {s}:
             t.reshare(rate / max(len(up[t.source.node]), len(down[t.sink.node]), 1))

@@ -52,6 +52,7 @@ class SimResult:
     ring: bool = False  # the allreduce ran as a ring
     combiners: int = 0  # the allreduce ran as a pair (2) or trio (3) of them (docs/design.md §4)
     interval: float = 0.0  # between the inputs' puts; the latency runs from the last
+    sharing: str = "fair"  # how the links were shared (network.SHARING)
 
     @property
     def s_over_rate(self) -> float:
@@ -73,7 +74,7 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
              latency: float = DEFAULT_LATENCY, segment: int = SEGMENT,
              fanout: int = DaemonConfig.fanout, concurrency: int | None = None,
              two_trees: str = "auto", interval: float = 0.0,
-             pair: bool = DaemonConfig.pair) -> SimResult:
+             pair: bool = DaemonConfig.pair, sharing: str = "fair") -> SimResult:
     """Run ``op`` on ``nodes`` nodes with objects of ``size`` bytes over links of ``rate_bps``
     bit/s and ``latency`` s per hop; ``concurrency`` bounds a gather's gets (None: none);
     ``two_trees``: when the reduce runs, or a broadcast is taken, as two trees of halves, as
@@ -82,7 +83,9 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
     allreduce's inputs are put that far apart, as ``hoplite bench --arrival-interval`` puts
     them (the collective is called first, each node asks for the result once it has put its
     input, and the latency runs from the last put); ``pair``: an allreduce's plan may hold
-    late inputs for a pair, as hoplited's ``--pair`` (docs/design.md §4)."""
+    late inputs for a pair, as hoplited's ``--pair`` (docs/design.md §4); ``sharing``: how
+    the links are shared among the pulls on them (``network.SHARING``, docs/simulation.md
+    §7)."""
     if op not in OPS:
         raise SimulationError(f"unknown collective {op!r}; one of {', '.join(OPS)}")
     if nodes < 2 or size < 1 or fanout < 1 or (concurrency is not None and concurrency < 1):
@@ -100,7 +103,7 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
         raise SimulationError(f"two trees of halves are a shape of the reduce and of a "
                               f"broadcast to two receivers or more, for halves of more than "
                               f"{INLINE_MAX} bytes")
-    c = Cluster.build(rate_bps / 8, latency, segment, fanout, two_trees)
+    c = Cluster.build(rate_bps / 8, latency, segment, fanout, two_trees, sharing)
     runs: list[ReduceRun] = []
     allreduce: AllreduceRun | None = None
     gets: list[Fetch] = []
@@ -163,6 +166,7 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
                      c.clock.events, runs[0].depth if runs else None,
                      halves is not None or split,
                      ring=allreduce is not None and bool(allreduce.ring), interval=interval,
+                     sharing=sharing,
                      combiners=len(allreduce.runs) if allreduce is not None
                      and allreduce.plan.paired else 0)
 

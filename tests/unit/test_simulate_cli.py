@@ -39,7 +39,20 @@ def test_the_table_names_the_settings_and_each_run() -> None:
     assert row.split()[0] == "4"
 
 
+def test_the_sharing_of_the_links_is_an_option_and_in_the_record() -> None:
+    """A chain carries one pull per link: both ways of sharing give the same broadcast."""
+    def record(sharing: str) -> dict[str, Any]:
+        out = CliRunner().invoke(main, ["simulate", "broadcast", "--nodes", "8", "--size",
+                                        "8MiB", "--sharing", sharing, "--json"])
+        assert out.exit_code == 0, out.output
+        return dict(json.loads(out.output))
+    fair, max_min = record("fair"), record("maxmin")
+    assert (fair["sharing"], max_min["sharing"]) == ("fair", "maxmin")
+    assert max_min["seconds"] == pytest.approx(fair["seconds"])
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--sharing", "fifo"], "'fifo' is not one of"),
     (["--nodes", "8,x"], "not a node count"),
     (["--nodes", "1"], "at least 2"),
     (["--rate", "1MB"], "not a link rate"),

@@ -19,7 +19,14 @@ import hoplited.sim.scenarios
 import hoplited.sim.shard
 from hoplited.sim.clock import Clock
 from hoplited.sim.errors import SimulationError
-from hoplited.sim.network import BLOCKS, PULL_SETUP_HOPS, Copy, Layout, Network
+from hoplited.sim.network import (
+    BLOCKS,
+    PULL_SETUP_HOPS,
+    Copy,
+    Layout,
+    Network,
+    max_min_shares,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -28,8 +35,8 @@ RATE = 125e6  # bytes/s: 1 Gbit/s
 SEG = 64 * 1024
 
 
-def network(latency: float = 1e-4, rate: float = RATE) -> Network:
-    return Network(Clock(), rate, latency, SEG)
+def network(latency: float = 1e-4, rate: float = RATE, sharing: str = "fair") -> Network:
+    return Network(Clock(), rate, latency, SEG, sharing)
 
 
 def full_copy(net: Network, node: str, size: int) -> Copy:
@@ -81,6 +88,75 @@ def test_pulls_share_each_link_fairly(pulls: list[tuple[str, str]], units: list[
     size = 8 * MiB
     pairs = [(full_copy(net, src, size), Copy(dst, net.layout(size))) for src, dst in pulls]
     assert run_pulls(net, pairs) == pytest.approx([u * size / RATE for u in units])
+
+
+# (pulls as (source node, sink node), each one's max-min share of a link of 1)
+MAX_MIN = [
+    ([], []),
+    ([("a", "b")], [1]),
+    ([("a", "b"), ("a", "b")], [1 / 2, 1 / 2]),  # two pulls of one pair split both links
+    ([("a", "b"), ("a", "c")], [1 / 2, 1 / 2]),
+    ([("a", "c"), ("b", "c")], [1 / 2, 1 / 2]),
+    # a's uplink holds its three at a third; e -> d takes the two thirds of d's downlink
+    # that a -> d leaves (the fair model gives it half)
+    ([("a", "b"), ("a", "c"), ("a", "d"), ("e", "d")], [1 / 3, 1 / 3, 1 / 3, 2 / 3]),
+    # a bottleneck passes its leftover on: b's uplink then splits between b -> x and b -> w
+    ([("a", "x"), ("a", "y"), ("a", "z"), ("b", "x"), ("b", "w")],
+     [1 / 3, 1 / 3, 1 / 3, 1 / 2, 1 / 2]),
+    # every link offers a half, and one half of x's and of c's goes unused
+    ([("a", "x"), ("a", "y"), ("b", "y"), ("b", "z"), ("c", "z")], [1 / 2] * 5),
+    # a node's uplink and downlink are two links: a -> b and b -> a do not meet
+    ([("a", "b"), ("b", "a")], [1, 1]),
+]
+
+
+@pytest.mark.parametrize("pulls, shares", MAX_MIN)
+def test_max_min_shares_fill_every_link_they_can(pulls: list[tuple[str, str]],
+                                                 shares: list[float]) -> None:
+    rates = max_min_shares(pulls, 1.0)
+    assert rates == pytest.approx(shares)
+    for node in {n for pull in pulls for n in pull}:  # no link carries more than its rate
+        assert sum(r for (s, _), r in zip(pulls, rates) if s == node) <= 1 + 1e-12
+        assert sum(r for (_, d), r in zip(pulls, rates) if d == node) <= 1 + 1e-12
+
+
+def test_max_min_shares_scale_with_the_rate() -> None:
+    pulls = [("a", "b"), ("a", "c"), ("a", "d"), ("e", "d")]
+    assert max_min_shares(pulls, RATE) == pytest.approx([RATE / 3] * 3 + [2 * RATE / 3])
+
+
+def test_under_max_min_a_pull_takes_what_another_leaves() -> None:
+    """The fair model's last case again: e -> d runs at two thirds and ends at 1.5 units."""
+    net = network(latency=0.0, sharing="maxmin")
+    size = 8 * MiB
+    pulls = [("a", "b"), ("a", "c"), ("a", "d"), ("e", "d")]
+    pairs = [(full_copy(net, src, size), Copy(dst, net.layout(size))) for src, dst in pulls]
+    assert run_pulls(net, pairs) == pytest.approx([u * size / RATE for u in (3, 3, 3, 1.5)])
+
+
+def test_under_max_min_a_pull_waiting_for_its_source_holds_no_share() -> None:
+    """b forwards what it receives from a at a third of the rate (a's uplink has three
+    pulls); b -> c waits for each of its blocks, and the pull beside it on b's uplink,
+    b -> d, takes the rest of that uplink instead of half of it."""
+    size = 8 * MiB
+
+    def ends(sharing: str) -> list[float]:
+        net = network(latency=0.0, sharing=sharing)
+        relay = Copy("b", net.layout(size))
+        pairs = [(full_copy(net, "a", size), relay),
+                 (full_copy(net, "a", size), Copy("x", net.layout(size))),
+                 (full_copy(net, "a", size), Copy("y", net.layout(size))),
+                 (relay, Copy("c", net.layout(size))),
+                 (full_copy(net, "b", size), Copy("d", net.layout(size)))]
+        return run_pulls(net, pairs)
+    fair, max_min = ends("fair"), ends("maxmin")
+    assert max_min[4] < fair[4] and max_min[4] < 1.6 * size / RATE
+    assert max_min[3] == pytest.approx(fair[3], rel=0.05)  # the relay still ends with a
+
+
+def test_links_shared_some_other_way_are_refused() -> None:
+    with pytest.raises(SimulationError, match="shared 'fifo'"):
+        network(sharing="fifo")
 
 
 def test_a_share_grows_when_the_other_pull_ends() -> None:

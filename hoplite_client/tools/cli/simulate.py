@@ -25,7 +25,7 @@ from hoplited.collectives.tree import TWO_TREE_MODES
 from hoplited.config import DaemonConfig
 from hoplited.sim import scenarios as sim
 from hoplited.sim.errors import SimulationError
-from hoplited.sim.network import SEGMENT
+from hoplited.sim.network import SEGMENT, SHARING
 
 # The depth column for an allreduce run by combiners, by how many (docs/design.md §4).
 COMBINERS = {2: "pair", 3: "trio"}
@@ -84,10 +84,14 @@ def _record(result: sim.SimResult, wall: float) -> dict[str, Any]:
               help="allreduce: let the plan hold late inputs for a pair or trio of "
                    "combiners, as hoplited's --pair (docs/design.md §4, 'A pair for the last "
                    "two inputs'); a depth of 'pair' or 'trio' in the table says which ran.")
+@click.option("--sharing", default="fair", show_default=True, type=click.Choice(SHARING),
+              help="How a link is shared among the pulls on it: the smaller of each pull's "
+                   "two fair shares, or max-min fair shares of the pulls sending, as TCP "
+                   "flows settle, for tens of nodes (docs/simulation.md §7).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record per run.")
 def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: float,
              segment: str | None, fanout: int, two_trees: str, interval: float, pair: bool,
-             as_json: bool) -> None:
+             sharing: str, as_json: bool) -> None:
     """Simulate OP (broadcast, reduce, allreduce, gather as ``hoplite bench`` runs them) on
     NODES nodes: the real directory, fetch, reduce and allreduce plans over modelled links.
     The depth column gives the reduce tree's depth (0: a chain), or 'halves', 'ring',
@@ -108,7 +112,7 @@ def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: fl
         click.echo(f"{op} of {nbytes} bytes ({nbytes / 2**20:.3g} MiB), simulated "
                    f"{format_rate(bps)} links, "
                    f"{latency * 1e3:.3g} ms per hop, {seg // 1024} KiB segments, "
-                   f"fan-out {fanout}, two trees of halves: {two_trees}"
+                   f"fan-out {fanout}, two trees of halves: {two_trees}, {sharing} sharing"
                    + (f", inputs {interval:g} s apart (latency from the last put)"
                       if interval else ""))
         click.echo(f"{'N':>6}{'simulated':>13}{'S/RATE':>13}{'x S/RATE':>10}"
@@ -118,7 +122,8 @@ def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: fl
         try:
             result = sim.simulate(op, n, nbytes, bps, latency=latency, segment=seg,
                                   fanout=fanout, concurrency=GATHER_CONCURRENCY,
-                                  two_trees=two_trees, interval=interval, pair=pair)
+                                  two_trees=two_trees, interval=interval, pair=pair,
+                                  sharing=sharing)
         except SimulationError as exc:
             raise click.ClickException(str(exc)) from exc
         record = _record(result, time.perf_counter() - t0)
