@@ -106,9 +106,6 @@ def families(info: Mapping[str, Any]) -> list[Metric]:
         ("late_inputs_held", CounterMetricFamily, "Late inputs that a trio's combiner on "
          "this node held until its own input was put (docs/design.md §4, \"Who pulls a late "
          "input first\")."),
-        ("reduce_pulls_paused", CounterMetricFamily, "Reduce pulls on this node that waited "
-         "behind another stripe's, whose combiner had put first (docs/design.md §4, \"The "
-         "first combiner's chain goes first\")."),
         ("reduces_in_halves", CounterMetricFamily, "Reduces coordinated on this node as two "
          "trees of halves (docs/design.md §4)."),
         ("gets_in_halves", CounterMetricFamily, "Objects this node received as two halves, "
