@@ -40,6 +40,9 @@ SEGMENT = 64 * 1024
 PULL_SETUP_HOPS = 7
 # How the links are shared among the pulls on them (module docstring).
 SHARING = ("fair", "maxmin")
+# Max-min recomputes every share at every change, so its cost grows with the square of the
+# nodes: 14 s of CPU for a broadcast at N = 128, about a minute at this many.
+MAX_MIN_NODES = 256
 
 
 def max_min_shares(pulls: Sequence[tuple[str, str]], rate: float) -> list[float]:

@@ -24,7 +24,7 @@ from hoplited.sim.allreduce import AllreduceRun
 from hoplited.sim.cluster import Cluster, node_name
 from hoplited.sim.errors import SimulationError
 from hoplited.sim.fetch import Fetch
-from hoplited.sim.network import SEGMENT
+from hoplited.sim.network import MAX_MIN_NODES, SEGMENT
 from hoplited.sim.reduce import ReduceRun
 
 OPS = ("broadcast", "reduce", "allreduce", "gather")
@@ -91,6 +91,9 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
     if nodes < 2 or size < 1 or fanout < 1 or (concurrency is not None and concurrency < 1):
         raise SimulationError(f"{nodes} nodes, {size} bytes, fan-out {fanout}, concurrency "
                               f"{concurrency}: need 2 nodes, 1 byte, 1 and 1 at least")
+    if sharing == "maxmin" and nodes > MAX_MIN_NODES:
+        raise SimulationError(f"max-min sharing recomputes every share at every change: at "
+                              f"most {MAX_MIN_NODES} nodes, not {nodes}")
     if not 0 <= interval < math.inf or (interval and op not in ("reduce", "allreduce")):
         raise SimulationError(f"an arrival interval of {interval} s: staggered inputs are "
                               f"a reduce's or an allreduce's, at least 0 s apart")

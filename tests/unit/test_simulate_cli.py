@@ -9,6 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from hoplite_client.tools.cli.main import main
+from hoplited.sim.errors import SimulationError
+from hoplited.sim.scenarios import simulate
 
 pytestmark = pytest.mark.unit
 
@@ -49,6 +51,14 @@ def test_the_sharing_of_the_links_is_an_option_and_in_the_record() -> None:
     fair, max_min = record("fair"), record("maxmin")
     assert (fair["sharing"], max_min["sharing"]) == ("fair", "maxmin")
     assert max_min["seconds"] == pytest.approx(fair["seconds"])
+
+
+def test_max_min_sharing_is_refused_for_more_nodes_than_it_can_recompute() -> None:
+    out = CliRunner().invoke(main, ["simulate", "broadcast", "--nodes", "8,257", "--size",
+                                    "1MiB", "--sharing", "maxmin"])
+    assert out.exit_code == 2 and "at most 256 nodes" in out.output
+    with pytest.raises(SimulationError, match="at most 256 nodes, not 257"):
+        simulate("broadcast", 257, 1 << 20, 1e9, sharing="maxmin")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -25,7 +25,7 @@ from hoplited.collectives.tree import TWO_TREE_MODES
 from hoplited.config import DaemonConfig
 from hoplited.sim import scenarios as sim
 from hoplited.sim.errors import SimulationError
-from hoplited.sim.network import SEGMENT, SHARING
+from hoplited.sim.network import MAX_MIN_NODES, SEGMENT, SHARING
 
 # The depth column for an allreduce run by combiners, by how many (docs/design.md §4).
 COMBINERS = {2: "pair", 3: "trio"}
@@ -108,6 +108,9 @@ def simulate(op: str, nodes: list[int], size: str, rate: str | None, latency: fl
         raise click.UsageError("--arrival-interval must be a number of seconds")
     if interval and op not in ("reduce", "allreduce"):
         raise click.UsageError("--arrival-interval staggers a reduce's or an allreduce's inputs")
+    if sharing == "maxmin" and max(nodes) > MAX_MIN_NODES:
+        raise click.UsageError(f"--sharing maxmin recomputes every share at every change: at "
+                               f"most {MAX_MIN_NODES} nodes")
     if not as_json:
         click.echo(f"{op} of {nbytes} bytes ({nbytes / 2**20:.3g} MiB), simulated "
                    f"{format_rate(bps)} links, "
