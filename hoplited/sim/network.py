@@ -211,7 +211,7 @@ class Stream:
         """Put block i on the wire; its first segment lands one segment and a hop later."""
         now, layout = self.net.clock.now, self.sink.layout
         self.state, self.left, self.since = "sending", float(layout.length(self.i)), now
-        self.net.started_sending()
+        self.net.sending_changed()
         self.sink.add_ready(now + layout.head(self.i) / self.rate + self.net.latency)
         self._schedule_sent(self.rate)
 
@@ -224,7 +224,7 @@ class Stream:
         if gen != self.gen or self.state != "sending":
             return  # superseded by a change of share
         self.state = "draining"
-        self.net.stopped_sending()
+        self.net.sending_changed()
         self._poke()
 
     def _finish(self) -> None:
@@ -285,18 +285,12 @@ class Network:
         self.down[s.sink.node].discard(s)
         self._reshare(s)
 
-    def started_sending(self) -> None:
-        """A pull put a block on the wire: under max-min it now takes a share."""
-        if self.max_min:
-            self._max_min()
-
-    def stopped_sending(self) -> None:
-        """A pull's block left, and it waits (for the block's end at its source, or the next
-        block): under max-min it gives its share back."""
-        if self.max_min:
-            self._max_min()
-
-    def _max_min(self) -> None:
+    def sending_changed(self) -> None:
+        """A pull put a block on the wire, or its block left and it waits (for the block's
+        end at its source, or the next block): under max-min every share is recomputed, as it
+        now takes one or gives its own back."""
+        if not self.max_min:
+            return
         sending = [t for ts in self.up.values() for t in ts if t.state == "sending"]
         rates = max_min_shares([(t.source.node, t.sink.node) for t in sending], self.rate)
         for t, r in zip(sending, rates):
