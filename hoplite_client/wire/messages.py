@@ -617,7 +617,10 @@ class ReduceChild(Request["Ok"]):
     """Where the output of slot ``slot``'s child ``child`` is: ``node`` holds ``oid`` at
     ``version``; it adds bytes ``start`` to ``until`` (0: to the end) to the slot's sums. Sent
     again after a repair: the pull resumes where the last one stopped. ``slot_version``: the
-    version of the slot's task output it is meant for (a task placed again refuses it)."""
+    version of the slot's task output it is meant for (a task placed again refuses it).
+    ``window`` (lo, hi): ``oid`` is a stripe's leaf, a whole input; the slot adds its bytes
+    lo..hi, the stripe's, pulled or read where they are (docs/design.md §4, "A stripe's leaf
+    has no task")."""
 
     rid: int = 0
     reduce_id: ObjectID
@@ -629,6 +632,7 @@ class ReduceChild(Request["Ok"]):
     start: int
     until: int
     slot_version: bytes
+    window: list[int] | None = None
 
 
 @message(59, shape="oneway", roles=(PEER,))

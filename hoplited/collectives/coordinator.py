@@ -396,7 +396,8 @@ class ReduceCoordinator:
         await self.d.rpc.call_node(ins.parent_node, ReduceChild(
             reduce_id=self.result, slot=ins.parent_slot, child=ins.child_slot,
             node=ins.child_node, oid=ins.child_output, version=ins.child_version,
-            start=ins.start, until=ins.until, slot_version=ins.parent_version))
+            start=ins.start, until=ins.until, slot_version=ins.parent_version,
+            window=None if ins.window is None else list(ins.window)))
 
     async def _fold(self, ins: p.Fold) -> None:
         frame = await self.d.rpc.call_node(ins.node, ReduceFold(

@@ -300,7 +300,9 @@ class Connect:
     """Tell ``parent_node`` (``ReduceChild``) where child ``child_slot``'s output is; failure:
     SlotFailed of the parent. The child adds bytes ``start`` to ``until`` (0: to the end).
     ``parent_version``: the parent task's output (set by ``handle``); a task placed again
-    since refuses the edge, which was another placement's."""
+    since refuses the edge, which was another placement's. ``window`` (set by ``handle``):
+    the child is a stripe's leaf, whose output is its whole input; the parent reads these
+    bytes of it."""
 
     parent_slot: int
     parent_node: str
@@ -311,6 +313,7 @@ class Connect:
     start: int = 0
     until: int = 0
     parent_version: bytes = b""
+    window: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -677,7 +680,11 @@ class ReducePlan:
         if parent is None or parent.version is None or parent.node != ins.parent_node:
             return None
         parent.fed.add(ins.child_slot)
-        return replace(ins, parent_version=parent.version)
+        child = self.slots.get(ins.child_slot)
+        leaf = (child is not None and not child.task and ins.child_output == child.input
+                and ins.child_node == child.node)
+        return replace(ins, parent_version=parent.version,
+                       window=self.window if leaf else None)
 
     def _handle(self, ev: Event) -> list[Instruction]:
         if isinstance(ev, InputReady):
@@ -1085,8 +1092,8 @@ class ReducePlan:
             self._may_merge = False
         children = len(shape.children[slot])
         in_place = slot == shape.root and node == self.me
-        if children == 0 and not in_place and self.window is None and not extras:  # a
-            # stripe's leaf copies its bytes into an output of its own, pulled from byte 0
+        if children == 0 and not in_place and not extras:  # a stripe's leaf too: its
+            # consumer reads the stripe's window of the input, with no task and no copy
             self._set_slot(slot, Slot(node, oid, oid, version, task=False, gen=gen, start=start,
                                       held=version))
             return self._links(slot)

@@ -102,6 +102,8 @@ class SlotTask:
     runner: asyncio.Task[None] | None = None
     pulls: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     borrowed: set[int] = field(default_factory=set)  # children read where they are, here
+    # children read where they are from a byte of theirs: a stripe's leaf, an input here
+    bases: dict[int, int] = field(default_factory=dict)
     sources: dict[int, ReduceChild] = field(default_factory=dict)  # child -> its last placing
     # edges and reshapes in arrival order while an edge's buffer waits for memory: those
     # queued behind it (or it), and the turn they take
@@ -317,6 +319,9 @@ class ReduceWorker:
         until = msg.until or size
         if not 0 <= msg.start <= until <= size:
             raise InvalidArgumentError(f"child bytes {msg.start}..{msg.until} outside 0..{size}")
+        if msg.window is not None and msg.window != [task.lo, task.lo + size]:
+            raise InvalidArgumentError(f"a child's window {msg.window} is not the stripe's "
+                                       f"bytes {task.lo}..{task.lo + size}")
         buf = task.children.get(msg.child)
         if msg.child in task.borrowed:  # its output was here; it cannot move and stay here
             raise InvalidArgumentError(f"child {msg.child} of slot {msg.slot} was read here "
@@ -333,12 +338,16 @@ class ReduceWorker:
                                        f"children; {msg.child} is not one")
         store = self._store
         here = None if task.own is not None else store.get(msg.oid)
-        if (here is not None and here.version == msg.version and here.size == size
-                and here is not task.out and here.error is None):
-            store.pin(here)  # a child computed on this node: read in place, no pull
+        base = 0 if msg.window is None else msg.window[0]
+        if (here is not None and here.version == msg.version and here is not task.out
+                and here.error is None and (here.size == size if msg.window is None
+                                            else here.complete and here.size >= base + size)):
+            store.pin(here)  # a child computed (or an input held) here: read in place
             task.children[msg.child] = here
             task.ranges[msg.child] = (max(task.start, msg.start), until)
             task.borrowed.add(msg.child)
+            if base:
+                task.bases[msg.child] = base
             task.check_children()
             return Ok()
         oid = derived_id(msg.reduce_id, msg.slot, b"in%d" % msg.child)
@@ -472,8 +481,9 @@ class ReduceWorker:
         """Pull a child's output (up to ``msg.until``, if set: the rest is never read); a
         broken pull keeps its bytes and is reported."""
         try:
+            window = None if msg.window is None else (msg.window[0], msg.window[1])
             await self._fetcher.pull_into(buf, msg.node, msg.oid, msg.version,
-                                          until=msg.until or None)
+                                          until=msg.until or None, window=window)
         except HopliteError as error:
             if buf.error is not None:
                 return  # the buffer was dropped: the reduce is over here
@@ -524,18 +534,18 @@ class ReduceWorker:
             await task.all_children.wait()
             task.changed = False
             live, end = self._inputs_at(task, pos)
-            for child in live:  # wait for an element of each, or a change of shape
-                got = await self._wait(task, child, min(pos + item, end))
+            for child, base in live:  # wait for an element of each, or a change of shape
+                got = await self._wait(task, child, base + min(pos + item, end))
                 if got is None:
                     break
-                end = min(end, got)
+                end = min(end, got - base)
             if task.changed or not task.all_children.is_set():
                 continue  # a fold or reshape arrived meanwhile: read the ranges again
             end -= (end - pos) % item
             task.combined = end
             # in slot order, so a slot computed again (repair) writes bit-identical sums
             lo = task.lo
-            parts = ([c.buffer[pos:end] for c in live]
+            parts = ([c.buffer[base + pos:base + end] for c, base in live]
                      + [x.buffer[lo + pos:lo + end] for at, x in task.extras if at <= pos])
             if task.own is not None:
                 parts.insert(0, task.own.buffer[lo + pos:lo + end])
@@ -543,7 +553,7 @@ class ReduceWorker:
                 raise InvalidArgumentError(f"slot {task.slot} has nothing to add at byte {pos}")
             args = (task.op, task.dtype, parts[0], parts[1:], task.out.buffer[pos:end])
             if end - pos >= THREAD_BLOCK:
-                await self._combine_in_thread(loop, task, live, args)
+                await self._combine_in_thread(loop, task, [c for c, _ in live], args)
             else:
                 combine(*args)
             task.out.advance(end)
@@ -573,15 +583,16 @@ class ReduceWorker:
         await asyncio.shield(done)
 
     @staticmethod
-    def _inputs_at(task: SlotTask, pos: int) -> tuple[list[StoredObject], int]:
-        """The children adding byte ``pos``, in slot order, and where the block from ``pos``
-        must end: at most a compute block, and never across a child's or input's range."""
+    def _inputs_at(task: SlotTask, pos: int) -> tuple[list[tuple[StoredObject, int]], int]:
+        """The children adding byte ``pos``, in slot order, each with where the slot's bytes
+        start in it, and where the block from ``pos`` must end: at most a compute block, and
+        never across a child's or input's range."""
         end = min(task.out.size, pos + COMPUTE_BLOCK)
         live = []
         for key in sorted(task.children):
             first, until = task.ranges[key]
             if first <= pos < until:
-                live.append(task.children[key])
+                live.append((task.children[key], task.bases.get(key, 0)))
                 end = min(end, until)
             elif pos < first:
                 end = min(end, first)

@@ -169,9 +169,15 @@ class ReduceRun:
 
     def _connect(self, ins: p.Connect) -> None:
         """``ReduceChild`` reached the parent: it pulls the child's output into a buffer (a
-        child on the parent's node, a pair's own input, is read where it is: no link)."""
+        child on the parent's node, a pair's own input, is read where it is: no link); a
+        stripe's leaf is its input's window, complete where the input is."""
         c = self.cluster
         source = c.copies[(ins.child_node, ins.child_output)]
+        if ins.window is not None:
+            lo, hi = ins.window
+            whole = source
+            source = Copy(ins.child_node, c.net.layout(hi - lo))
+            source.fill(whole.full[-1] if whole.complete else c.clock.now)
         if ins.child_node == ins.parent_node:
             self.tasks[ins.parent_slot].attach(source)
             return

@@ -1167,10 +1167,23 @@ def test_a_stripe_reduces_only_its_bytes_and_its_result_is_a_flat_array() -> Non
     p = stripe_plan()
     assert p.handle(ready(0, ME)) == [OpenResult(WSIZE, DT, WSHAPE), StartTask(
         1, 0, ME, I[0], R, "sum", DT, WSHAPE, 1, 0, *WIN)]
-    leaf = StartTask(0, 0, "n1", I[1], out(0), "sum", DT, WSHAPE, 0, 0, *WIN)
-    assert p.handle(ready(1, "n1")) == [leaf]  # a leaf copies its stripe: pulled from byte 0
-    assert p.handle(started(1)) == []
-    assert norm(p.handle(started(0))) == [Connect(1, ME, 0, "n1", out(0), t(0))]
+    assert p.handle(ready(1, "n1")) == []  # a leaf: no task, its parent's is not started
+    # the parent reads the stripe's bytes of the leaf's input itself: no copy on n1
+    assert norm(p.handle(started(1))) == [Connect(1, ME, 0, "n1", I[1], v(1), window=WIN)]
+
+
+def test_a_stripe_leaf_placed_under_a_started_parent_is_connected_at_once() -> None:
+    p = stripe_plan()
+    p.handle(ready(0, ME))
+    p.handle(started(1))
+    assert norm(p.handle(ready(1, "n1"))) == [Connect(1, ME, 0, "n1", I[1], v(1), window=WIN)]
+
+
+def test_a_whole_objects_leaf_is_read_without_a_window() -> None:
+    p = ReducePlan(R, I[:2], 2, "sum", ME, depth=lambda n, size: 0)
+    p.handle(ready(0, ME))
+    p.handle(started(1))
+    assert norm(p.handle(ready(1, "n1"))) == [Connect(1, ME, 0, "n1", I[1], v(1))]
 
 
 @pytest.mark.parametrize("other,why", [
@@ -1210,9 +1223,8 @@ def slots_taken(k: int, ring: tuple[str, ...], order: list[str]) -> dict[str, in
                    merge=False)
     got: dict[str, int] = {}
     for i, node in enumerate(order):
-        for ins in p.handle(ready(i, node)):
-            if isinstance(ins, StartTask):
-                got[node] = ins.slot
+        p.handle(ready(i, node))
+        got[node] = next(slot for slot, placed in p.slots.items() if placed.input == I[i])
     return got
 
 
@@ -1254,7 +1266,9 @@ def test_ring_slots_follow_the_nearest_free_rule_however_crowded(seed: int) -> N
     for i in range(k):
         node = rng.choice([*RING, "x"])
         ev = InputReady(inputs[i], (node,), (node,), BIG, DT, SHAPE, v(i))
-        slots = [ins.slot for ins in p.handle(ev) if isinstance(ins, StartTask)]
+        before = set(p.slots)
+        p.handle(ev)
+        slots = sorted(set(p.slots) - before)
         assert p.shape is not None
         root = p.shape.root
         free = [s for s in range(k) if s not in taken and s != root]
@@ -1279,14 +1293,15 @@ def test_a_stripe_places_a_lost_input_again_rather_than_folding_it() -> None:
     p.handle(ready(0, ME))
     p.handle(ready(1, "n1"))
     p.handle(ready(2, "n2"))
-    for slot in (2, 0, 1):
+    for slot in (2, 1):  # slot 0 is a leaf: no task
         p.handle(started(slot))
     p.handle(NodeDied("n1"))
-    assert p.handle(ChildLost(1, 0, t(0), 64, True, BROKEN, t(1))) == [
+    assert p.handle(ChildLost(1, 0, v(1), 64, True, BROKEN, t(1))) == [
         WaitInput(I[1], ("n1",))]
     out = p.handle(ready(1, "n2"))
     assert not any(isinstance(x, Fold) for x in out)
-    assert any(isinstance(x, StartTask) and x.slot == 0 and x.node == "n2" for x in out)
+    assert (p.slots[0].node, p.slots[0].input, p.slots[0].task) == ("n2", I[1], False)
+    assert norm(out) == [Connect(1, "n2", 0, "n2", I[1], v(1), window=WIN)]
 
 
 # --- two trees of halves (docs/simulation.md §6) ---
@@ -1335,23 +1350,18 @@ def combiner_plan(k: int, late: int = 2) -> ReducePlan:
 def test_a_combiner_starts_its_root_here_before_any_input_of_its_own() -> None:
     """The root task starts with the first input, names the result as its input (it adds
     none), and pulls the chain's top as soon as that is placed; the last two inputs are
-    leaves of the root, wherever they come, this node's own included."""
+    leaves of the root, wherever they come, this node's own included. A leaf has no task:
+    its consumer reads the stripe's bytes of its input, pulled or, here, where it is."""
     p = combiner_plan(4)
     root = StartTask(2, 0, ME, R, R, "sum", DT, WSHAPE, 3, 0, *WIN)
-    assert p.handle(ready(0, "n1")) == [
-        OpenResult(WSIZE, DT, WSHAPE), root,
-        StartTask(0, 0, "n1", I[0], out(0), "sum", DT, WSHAPE, 0, 0, *WIN)]
+    assert p.handle(ready(0, "n1")) == [OpenResult(WSIZE, DT, WSHAPE), root]
     assert p.handle(ready(1, "n2")) == [
         StartTask(1, 0, "n2", I[1], out(1), "sum", DT, WSHAPE, 1, 0, *WIN)]
     assert p.handle(started(2)) == []
-    assert norm(p.handle(started(1))) == [Connect(2, ME, 1, "n2", out(1), t(1))]
-    assert norm(p.handle(started(0))) == [Connect(1, "n2", 0, "n1", out(0), t(0))]
-    assert p.handle(ready(2, ME)) == [
-        StartTask(3, 0, ME, I[2], out(3), "sum", DT, WSHAPE, 0, 0, *WIN)]
-    assert p.handle(ready(3, "n3")) == [
-        StartTask(4, 0, "n3", I[3], out(4), "sum", DT, WSHAPE, 0, 0, *WIN)]
-    assert norm(p.handle(started(4))) == [Connect(2, ME, 4, "n3", out(4), t(4))]
-    assert norm(p.handle(started(3))) == [Connect(2, ME, 3, ME, out(3), t(3))]
+    assert norm(p.handle(started(1))) == [Connect(2, ME, 1, "n2", out(1), t(1)),
+                                          Connect(1, "n2", 0, "n1", I[0], v(0), window=WIN)]
+    assert norm(p.handle(ready(2, ME))) == [Connect(2, ME, 3, ME, I[2], v(2), window=WIN)]
+    assert norm(p.handle(ready(3, "n3"))) == [Connect(2, ME, 4, "n3", I[3], v(3), window=WIN)]
     assert p.used == I[:4] and p.chosen
 
 
@@ -1359,8 +1369,10 @@ def test_a_combiner_of_two_inputs_has_two_leaves() -> None:
     p = combiner_plan(2)
     out_ = p.handle(ready(0, "n1"))
     assert out_[1] == StartTask(0, 0, ME, R, R, "sum", DT, WSHAPE, 2, 0, *WIN)
-    assert [x.slot for x in out_ + p.handle(ready(1, "n2")) if isinstance(x, StartTask)] == [
-        0, 1, 2]
+    p.handle(ready(1, "n2"))
+    assert p.shape is not None and p.shape.children[0] == [1, 2]
+    assert {s: (x.input, x.task) for s, x in p.slots.items()} == {
+        0: (R, True), 1: (I[0], False), 2: (I[1], False)}
 
 
 def test_a_trio_s_combiner_hangs_the_last_three_inputs_on_its_root() -> None:
@@ -1369,9 +1381,9 @@ def test_a_trio_s_combiner_hangs_the_last_three_inputs_on_its_root() -> None:
     p = combiner_plan(4, late=3)
     first = p.handle(ready(0, "n1"))
     assert first[1] == StartTask(1, 0, ME, R, R, "sum", DT, WSHAPE, 4, 0, *WIN)
-    later = [x.slot for x in p.handle(ready(1, "n2")) + p.handle(ready(2, "n3"))
-             + p.handle(ready(3, ME)) if isinstance(x, StartTask)]
-    assert later == [2, 3, 4] and p.shape is not None and p.shape.children[1] == [0, 2, 3, 4]
+    assert placing(p, ready(1, "n2"), ready(2, "n3"), ready(3, ME)) == I[1:4]
+    assert [s for s, x in sorted(p.slots.items()) if x.input in I[1:4]] == [2, 3, 4]
+    assert p.shape is not None and p.shape.children[1] == [0, 2, 3, 4]
 
 
 # --- a trio's combiner holds late inputs while its own is missing (docs/design.md §4,
@@ -1385,9 +1397,16 @@ def trio_plan(k: int = 5, late: int = 3, rate: float = RATE) -> ReducePlan:
                       combiner=True, late=late, rate=rate)
 
 
-def placed(out: list[Instruction]) -> list[ObjectID]:
-    """The inputs whose slots ``out`` starts, in order."""
-    return [x.input for x in out if isinstance(x, StartTask) and x.input != R]
+def placing(p: ReducePlan, *events: Event) -> list[ObjectID]:
+    """The inputs whose slots ``events`` place, in order (a stripe's leaf has no task to
+    start: its consumer reads its input's window)."""
+    got: list[ObjectID] = []
+    for ev in events:
+        before = {slot: (x.input, x.node, x.gen) for slot, x in p.slots.items()}
+        p.handle(ev)
+        got += [x.input for slot, x in sorted(p.slots.items())
+                if before.get(slot) != (x.input, x.node, x.gen) and x.input != R]
+    return got
 
 
 def test_a_late_input_waits_while_a_third_combiner_has_put_and_this_one_has_not() -> None:
@@ -1395,11 +1414,11 @@ def test_a_late_input_waits_while_a_third_combiner_has_put_and_this_one_has_not(
     held, n3 having put and this node not, so n4's uplink feeds n3's stripe first; this
     node's own input then places it."""
     p = trio_plan()
-    assert placed(p.handle(ready(0, "n1")) + p.handle(ready(1, "n2"))) == I[:2]
-    assert placed(p.handle(ready(2, "n3"))) == [I[2]]
+    assert placing(p, ready(0, "n1"), ready(1, "n2")) == I[:2]
+    assert placing(p, ready(2, "n3")) == [I[2]]
     assert p.handle(ready(3, "n4")) == [After(HOLD, HoldOver(I[3]))]
     assert list(p.held) == [I[3]]
-    assert placed(p.handle(ready(4, ME))) == [I[4], I[3]]
+    assert placing(p, ready(4, ME)) == [I[4], I[3]]
     assert not p.held and p.chosen and p.used == [I[0], I[1], I[2], I[4], I[3]]
     assert p.handle(HoldOver(I[3])) == []
 
@@ -1408,8 +1427,8 @@ def test_a_held_input_is_placed_when_its_time_is_over() -> None:
     p = trio_plan()
     for i, node in enumerate(("n1", "n2", "n3", "n4")):
         p.handle(ready(i, node))
-    assert placed(p.handle(HoldOver(I[3]))) == [I[3]] and not p.held
-    assert placed(p.handle(ready(4, ME))) == [I[4]] and p.chosen
+    assert placing(p, HoldOver(I[3])) == [I[3]] and not p.held
+    assert placing(p, ready(4, ME)) == [I[4]] and p.chosen
 
 
 def test_a_combiner_whose_input_never_comes_holds_longer_behind_two_thirds() -> None:
@@ -1419,7 +1438,7 @@ def test_a_combiner_whose_input_never_comes_holds_longer_behind_two_thirds() -> 
         p.handle(ready(i, node))
     assert p.handle(ready(3, "n4")) == [After(HOLD, HoldOver(I[3]))]
     assert p.handle(ready(4, "n5")) == [After(2 * HOLD, HoldOver(I[4]))]
-    assert placed(p.handle(HoldOver(I[4])) + p.handle(HoldOver(I[3]))) == [I[4], I[3]]
+    assert placing(p, HoldOver(I[4]), HoldOver(I[3])) == [I[4], I[3]]
     assert p.chosen and not p.held
 
 
@@ -1433,11 +1452,9 @@ def test_a_combiner_whose_input_never_comes_holds_longer_behind_two_thirds() -> 
 ], ids=["pair", "no-rate", "own-first", "own-second", "same-node", "own-twice"])
 def test_no_hold(late: int, rate: float, nodes: tuple[str, ...]) -> None:
     p = trio_plan(late=late, rate=rate)
-    out: list[Instruction] = []
-    for i, node in enumerate(nodes):
-        out += p.handle(ready(i, node))
-    assert not any(isinstance(x, After) for x in out) and not p.held
-    assert sorted(placed(out)) == sorted(I[:5]) and p.chosen
+    assert sorted(placing(p, *(ready(i, node) for i, node in enumerate(nodes)))) == sorted(
+        I[:5]) and p.chosen
+    assert not p.held and p.holds == 0
 
 
 def test_a_death_places_the_held_inputs_before_its_repair() -> None:
@@ -1445,8 +1462,7 @@ def test_a_death_places_the_held_inputs_before_its_repair() -> None:
     p = trio_plan()
     for i, node in enumerate(("n1", "n2", "n3", "n4")):
         p.handle(ready(i, node))
-    out = p.handle(NodeDied("n1"))
-    assert placed(out)[:1] == [I[3]] and not p.held
+    assert placing(p, NodeDied("n1"))[:1] == [I[3]] and not p.held
 
 
 @pytest.mark.parametrize("kwargs", [
