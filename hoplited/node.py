@@ -127,7 +127,8 @@ class Daemon:
         async def connect(node: str) -> FrameProtocol:
             """An idle data connection to ``node``, or a new one."""
             member = membership.members[node]
-            return connections.take(node) or await connections.dial(member.host, member.port)
+            return (connections.take(node, member.host, member.port)
+                    or await connections.dial(member.host, member.port))
 
         allreduces = Allreduces(AllreduceDeps(
             self.node_id, store, space, directory, rpc, fetcher, reductions,

@@ -28,13 +28,18 @@ from hoplited.transfer.idle_pool import IdlePool
 
 log = logging.getLogger("hoplited.transfer")
 
-# Idle connections kept per member: as many as pulls from one source usually overlap (a reduce
-# slot's inputs and a get of its result), so a burst does not dial again.
-IDLE_PER_SOURCE = 4
+# Idle connections kept per member: as many as pulls from one source overlap, so a burst does
+# not dial again. A trio's member pulls up to six at once from its chains' predecessor (three
+# thirds of the early partial sum, three of the result); with four kept, each allreduce dialled
+# again, 56 of 504 pulls in ten runs (docs/design.md §3, "Data connections").
+IDLE_PER_SOURCE = 8
 # Closed after this long unused: a member pulled from once in a while keeps nothing open.
 IDLE_TIMEOUT = 30.0
 # Standing connections per member, never closed for idleness (only at its death).
 STANDING = 1
+# Idle connections kept ready per member pulled from: a take that leaves fewer dials one more
+# in the background, so that the next pull that overlaps does not dial on its critical path.
+SPARE = 1
 
 
 class DataConnections:
@@ -42,11 +47,12 @@ class DataConnections:
 
     def __init__(self, identity: Identity, tasks: Tasks, is_alive: Callable[[str], bool],
                  per_source: int = IDLE_PER_SOURCE, idle_timeout: float = IDLE_TIMEOUT,
-                 standing: int = STANDING) -> None:
+                 standing: int = STANDING, spare: int = SPARE) -> None:
         self._identity = identity
         self._tasks = tasks
-        self._is_alive = is_alive  # a standing connection dialled too late is not kept
-        self._pool: IdlePool[FrameProtocol] = IdlePool(per_source, idle_timeout, standing)
+        self._is_alive = is_alive  # a connection dialled ahead too late is not kept
+        self._pool: IdlePool[FrameProtocol] = IdlePool(per_source, idle_timeout, standing,
+                                                       max(spare, standing))
         self._sweep: asyncio.TimerHandle | None = None
         self._closed = False
         # what each idle connection runs when it closes: leave the pool
@@ -56,14 +62,16 @@ class DataConnections:
         """How many idle connections are kept (``hoplite status``, tests)."""
         return len(self._pool)
 
-    def take(self, node: str) -> FrameProtocol | None:
-        """An open idle connection to ``node``, now the caller's (None: dial one)."""
+    def take(self, node: str, host: str, port: int) -> FrameProtocol | None:
+        """An open idle connection to the member ``node`` at ``host:port``, now the caller's
+        (None: dial one). If that leaves it too few, one more is dialled in the background."""
         loop = asyncio.get_running_loop()
         conn, stale = self._pool.take(node, loop.time(), _open)
         self._close(stale)
         self._arm(loop)
         if conn is not None:
             conn.on_lost.remove(self._on_lost.pop(conn))
+        self.warm(node, host, port)
         return conn
 
     async def dial(self, host: str, port: int) -> FrameProtocol:
@@ -73,13 +81,17 @@ class DataConnections:
         return protocol
 
     def warm(self, node: str, host: str, port: int) -> None:
-        """``node`` joined: dial its standing connection in the background (if it fails, the
-        first pull from it dials, as without one)."""
-        if self._closed or self._pool.idle(node):
+        """Dial one more connection to ``node`` in the background if it has fewer idle than
+        the pool keeps spare (also when it joins: its standing connection). If the dial
+        fails, the next pull from it dials, as without one."""
+        if self._closed or not self._pool.refill(node):
             return
 
-        async def dial_standing() -> None:
-            protocol = await self.dial(host, port)
+        async def dial_spare() -> None:
+            try:
+                protocol = await self.dial(host, port)
+            finally:
+                self._pool.dialled(node)
             if self._is_alive(node):
                 self.give_back(node, protocol)
             else:
@@ -87,12 +99,12 @@ class DataConnections:
 
         def failed(exc: BaseException) -> None:
             if isinstance(exc, HopliteError):
-                log.info("no standing data connection to %s yet: %s", node, exc)
+                log.info("no spare data connection to %s: %s", node, exc)
             else:
-                log.error("dialling a standing data connection to %s crashed", node,
+                log.error("dialling a spare data connection to %s crashed", node,
                           exc_info=exc)
 
-        self._tasks.spawn(dial_standing(), name=f"warm-{node}", on_error=failed)
+        self._tasks.spawn(dial_spare(), name=f"warm-{node}", on_error=failed)
 
     def probe(self, node: str, host: str, port: int, refused_by: Callable[[str], None]) -> None:
         """A stream from ``node`` broke off: dial it once in the background. Refused means

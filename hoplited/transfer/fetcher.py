@@ -489,7 +489,7 @@ class Fetcher:
         member = self._membership.members.get(source)
         if member is None or not self._membership.is_trusted(source):
             raise self._untrusted(source, "is not a live member, or is silent")
-        idle = self._connections.take(source)
+        idle = self._connections.take(source, member.host, member.port)
         if idle is not None:
             try:
                 await self._stream(idle, obj, source, remote, version, how)

@@ -7,13 +7,17 @@ idle, for the next pull from the same member. The pool holds at most ``per_sourc
 connections per member (more are closed at once), closes each after ``idle_timeout`` seconds
 unused except the newest ``keep`` of each member (standing connections: dialled when the member
 joins, so that even the first pull from it finds one), and gives out the most recently used
-first (the one least likely to have been closed by the other side). Nothing here does I/O or
-reads a clock: every call takes ``now`` and returns the connections its caller must close.
+first (the one least likely to have been closed by the other side). A pull that finds no idle
+connection dials on its critical path, 4–100 ms on busy emulated links; so once a take leaves
+fewer than ``spare`` idle connections to a member (counting those being dialled), the pool asks
+for one more to be dialled in the background (:meth:`IdlePool.refill`; docs/design.md §3,
+"Data connections"). Nothing here does I/O or reads a clock: every call takes ``now`` and
+returns the connections its caller must close.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -34,14 +38,18 @@ class Idle(Generic[C]):
 class IdlePool(Generic[C]):
     """Idle connections by member, newest last; bounded in number and in age."""
 
-    def __init__(self, per_source: int, idle_timeout: float, keep: int = 0) -> None:
-        if not 0 <= keep <= per_source or not idle_timeout > 0:  # also refuses NaN
-            raise InvalidArgumentError("an idle pool needs 0 <= keep <= per_source and a "
-                                       "positive idle timeout")
+    def __init__(self, per_source: int, idle_timeout: float, keep: int = 0,
+                 spare: int = 0) -> None:
+        if (not 0 <= keep <= per_source or not 0 <= spare <= per_source
+                or not idle_timeout > 0):  # also refuses NaN
+            raise InvalidArgumentError("an idle pool needs 0 <= keep, spare <= per_source and "
+                                       "a positive idle timeout")
         self.per_source = per_source
         self.idle_timeout = idle_timeout
         self.keep = keep
+        self.spare = spare
         self._idle: dict[str, deque[Idle[C]]] = {}
+        self._dialling: Counter[str] = Counter()  # background dials under way, by member
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._idle.values())
@@ -78,6 +86,22 @@ class IdlePool(Generic[C]):
         if queue is not None and not queue:
             del self._idle[node]
         return found, out
+
+    def refill(self, node: str) -> bool:
+        """Whether to dial ``node`` once more now, in the background: its idle connections and
+        those being dialled number fewer than ``spare``. True counts that dial as under way
+        until :meth:`dialled`."""
+        if self.idle(node) + self._dialling[node] >= self.spare:
+            return False
+        self._dialling[node] += 1
+        return True
+
+    def dialled(self, node: str) -> None:
+        """A dial :meth:`refill` asked for ended (its connection is :meth:`put`, or it
+        failed)."""
+        self._dialling[node] -= 1
+        if self._dialling[node] <= 0:
+            del self._dialling[node]
 
     def forget(self, node: str, conn: C) -> bool:
         """``conn`` closed while idle (the other side hung up): no longer kept. True if it

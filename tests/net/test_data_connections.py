@@ -1,6 +1,7 @@
-"""Data connections are kept: each member gets a standing one when it joins, so no pull dials,
-and a kept connection that was cut, or whose source died, never costs a get (docs/design.md §3,
-"Data connections"). Node 0 serves through a proxy that counts the connections made to it."""
+"""Data connections are kept: each member gets a standing one when it joins, and a pull that
+takes the last idle one has a spare dialled in the background, so no pull dials; a kept
+connection that was cut, or whose source died, never costs a get (docs/design.md §3, "Data
+connections"). Node 0 serves through a proxy that counts the connections made to it."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ async def kept(client: hc.Client, count: int) -> None:
     await eventually(reached, what=f"{count} idle data connections kept")
 
 
-async def test_pulls_use_the_standing_connection_and_dial_nothing(
+async def test_pulls_use_kept_connections_and_dial_one_spare(
         proxied_holder: tuple[LocalCluster, FaultProxy],
         connect: Callable[[str], Awaitable[hc.Client]]) -> None:
     cluster, proxy = proxied_holder
@@ -56,10 +57,13 @@ async def test_pulls_use_the_standing_connection_and_dial_nothing(
     oids = [await holder.put(a) for a in arrays]
     await kept(getter, 1)  # dialled when node 0 joined
     dialled = proxy.connections
-    for oid, array in zip(oids, arrays):
+    assert np.array_equal(await getter.get(oids[0], timeout=60), arrays[0])
+    await kept(getter, 2)  # the standing one back, and the spare its take asked for
+    assert proxy.connections == dialled + 1
+    for oid, array in zip(oids[1:], arrays[1:]):
         assert np.array_equal(await getter.get(oid, timeout=60), array)
-    assert proxy.connections == dialled, "a pull dialled instead of using the kept connection"
-    assert await idle_connections(getter) == 1
+    assert proxy.connections == dialled + 1, "a pull dialled though a kept connection was idle"
+    assert await idle_connections(getter) == 2
 
 
 async def test_a_kept_connection_that_was_cut_is_replaced_not_blamed(
@@ -72,7 +76,7 @@ async def test_a_kept_connection_that_was_cut_is_replaced_not_blamed(
     assert np.array_equal(await getter.get(oids[0], timeout=60), first)
     await proxy.cut()  # every connection to node 0 reset: the kept one too
     assert np.array_equal(await getter.get(oids[1], timeout=60), second)
-    await kept(getter, 1)  # the pull's fresh connection
+    await kept(getter, 2)  # the pull's fresh connection and a spare
 
 
 async def test_kept_connections_to_a_dead_source_are_closed(
@@ -88,4 +92,4 @@ async def test_kept_connections_to_a_dead_source_are_closed(
     await kept(getter, 1)  # the dead source's is closed, node 2's stays
     # the copy on node 1 still serves node 2
     assert np.array_equal(await other.get(oid, timeout=60), array)
-    await kept(other, 1)
+    await kept(other, 2)  # node 1's standing connection and a spare

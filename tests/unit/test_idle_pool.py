@@ -106,8 +106,67 @@ def test_a_pool_of_size_zero_keeps_nothing() -> None:
     assert pool.take("a", 0.0) == (None, [])
 
 
-@pytest.mark.parametrize("per_source,timeout,keep", [
-    (-1, 10.0, 0), (2, 0.0, 0), (2, -1.0, 0), (2, math.nan, 0), (2, 10.0, 3), (2, 10.0, -1)])
-def test_bad_settings_are_refused(per_source: int, timeout: float, keep: int) -> None:
+@pytest.mark.parametrize("per_source,timeout,keep,spare", [
+    (-1, 10.0, 0, 0), (2, 0.0, 0, 0), (2, -1.0, 0, 0), (2, math.nan, 0, 0), (2, 10.0, 3, 0),
+    (2, 10.0, -1, 0), (2, 10.0, 0, 3), (2, 10.0, 0, -1)])
+def test_bad_settings_are_refused(per_source: int, timeout: float, keep: int,
+                                  spare: int) -> None:
     with pytest.raises(InvalidArgumentError):
-        IdlePool(per_source, timeout, keep)
+        IdlePool(per_source, timeout, keep, spare)
+
+
+# (call, node, now, expected, idle to "a" after): "refill" asks whether to dial one more,
+# "dialled" ends such a dial, "put" keeps connection "cN", "take" takes one.
+Refill = tuple[str, str, float, object, int]
+
+REFILLS: dict[str, list[Refill]] = {
+    "an-empty-pool-dials-one-spare": [
+        ("refill", "a", 0.0, True, 0),
+        ("refill", "a", 0.0, False, 0),  # one is under way
+        ("dialled", "a", 0.0, None, 0),
+        ("refill", "a", 0.0, True, 0),  # it failed: dial again
+    ],
+    "a-spare-kept-idle-asks-for-nothing": [
+        ("refill", "a", 0.0, True, 0),
+        ("put", "a", 0.0, [], 1),
+        ("dialled", "a", 0.0, None, 1),
+        ("refill", "a", 0.0, False, 1),
+    ],
+    "a-take-of-the-last-one-asks-for-another": [
+        ("put", "a", 0.0, [], 1),
+        ("refill", "a", 0.0, False, 1),
+        ("take", "a", 1.0, "c1", 0),
+        ("refill", "a", 1.0, True, 0),
+        ("refill", "a", 1.0, False, 0),
+    ],
+    "each-member-counts-its-own": [
+        ("refill", "a", 0.0, True, 0),
+        ("refill", "b", 0.0, True, 0),
+        ("dialled", "b", 0.0, None, 0),
+        ("refill", "a", 0.0, False, 0),
+        ("refill", "b", 0.0, True, 0),
+    ],
+}
+
+
+@pytest.mark.parametrize("steps", REFILLS.values(), ids=REFILLS.keys())
+def test_refill_keeps_one_spare(steps: list[Refill]) -> None:
+    pool: IdlePool[str] = IdlePool(per_source=4, idle_timeout=10.0, keep=1, spare=1)
+    puts = 0
+    for call, node, now, expected, left in steps:
+        if call == "refill":
+            got: object = pool.refill(node)
+        elif call == "dialled":
+            got = pool.dialled(node)
+        elif call == "put":
+            puts += 1
+            got = pool.put(node, f"c{puts}", now)
+        else:
+            got = pool.take(node, now)[0]
+        assert got == expected, (call, node, now)
+        assert pool.idle("a") == left, (call, node, now)
+
+
+def test_without_spares_nothing_is_dialled_ahead() -> None:
+    pool: IdlePool[str] = IdlePool(per_source=4, idle_timeout=10.0)
+    assert not pool.refill("a")
