@@ -106,6 +106,9 @@ def families(info: Mapping[str, Any]) -> list[Metric]:
         ("late_inputs_held", CounterMetricFamily, "Late inputs that a trio's combiner on "
          "this node held until its own input was put (docs/design.md §4, \"Who pulls a late "
          "input first\")."),
+        ("late_leaves_ahead", CounterMetricFamily, "Last inputs whose leaves a combiner on "
+         "this node placed ahead on the node guessed to put them (docs/design.md §4, \"The "
+         "last input's leaf placed ahead\")."),
         ("reduces_in_halves", CounterMetricFamily, "Reduces coordinated on this node as two "
          "trees of halves (docs/design.md §4)."),
         ("gets_in_halves", CounterMetricFamily, "Objects this node received as two halves, "

@@ -799,10 +799,15 @@ class Member:
         known = [p.InputReady(r.oid, tuple(r.holders), alive, m.size, m.dtype, tuple(m.shape),
                               r.version)
                  for r in ready if (alive := tuple(n for n in r.holders if d.is_alive(n)))]
+        # the combiners: the live members that held no input ready at the guess
+        holding = {n for r in ready for n in r.holders}
+        late_nodes = (tuple(sorted(n for n in d.members() if n not in holding))
+                      if combiner else ())
         d.reductions.start(oid, m.inputs, m.op, len(m.inputs), m.timeout,
                            window=self.bounds[stripe],
                            ring=() if combiner else tuple(sorted(d.members())),
-                           combiner=combiner, ready=known, late=m.stripes)
+                           combiner=combiner, ready=known, late=m.stripes,
+                           late_nodes=late_nodes if len(late_nodes) == m.stripes else ())
         await self._watch(stripe, gen)
 
     async def _watch(self, stripe: int, gen: int) -> None:

@@ -562,7 +562,11 @@ class ReducePlan:
     each of the last ``late`` (``pair_shape``): a stripe of an allreduce's pair or trio,
     whose partial sum reaches this node before this node's input exists (docs/design.md §4,
     "A pair for the last two inputs", "Three combiners"); with ``rate`` (the links' bytes/s)
-    a trio's combiner holds late inputs while its own is missing (``LATE_HOLD``). ``merge``:
+    a trio's combiner holds late inputs while its own is missing (``LATE_HOLD``); with
+    ``late_nodes`` (the nodes guessed to put the late inputs: the combiners), once one input
+    is missing and every one of those nodes but another than this has put a late input, that
+    input's leaf is placed *ahead* on the node left, before it exists there: its consumer's
+    pull waits there for it (docs/design.md §4, "The last input's leaf placed ahead"). ``merge``:
     an input ready on a node whose slot has combined nothing yet is added by that slot, which
     takes it in place of a slot of its own (docs/design.md §4, "Several inputs on one
     node")."""
@@ -572,7 +576,7 @@ class ReducePlan:
                  window: tuple[int, int] | None = None, ring: tuple[str, ...] = (),
                  everyone: bool = False, half: int | None = None, here: bool = False,
                  combiner: bool = False, merge: bool = True, late: int = 2,
-                 rate: float = 0.0) -> None:
+                 rate: float = 0.0, late_nodes: tuple[str, ...] = ()) -> None:
         if not inputs or not 1 <= k <= len(inputs):
             raise InvalidArgumentError(f"num_objects must be between 1 and the "
                                        f"{len(inputs)} inputs")
@@ -592,6 +596,9 @@ class ReducePlan:
         self.held: dict[ObjectID, InputReady] = {}  # late inputs held (LATE_HOLD), in order
         self._own = False  # an input on this node was ready (a combiner's own)
         self._late_nodes: list[tuple[str, ...]] = []  # the late inputs' holders so far
+        self.late_nodes = late_nodes if combiner else ()  # guessed to put the late inputs
+        self.ahead: set[ObjectID] = set()  # inputs whose leaves were placed ahead
+        self.aheads = 0  # leaves placed ahead so far (status, metrics)
         self.window = window
         self.half = half
         self.ring = ring
@@ -689,13 +696,17 @@ class ReducePlan:
     def _handle(self, ev: Event) -> list[Instruction]:
         if isinstance(ev, InputReady):
             if ev.oid in self._wanted:
+                self.ahead.discard(ev.oid)
                 return self._replace(ev)
+            if ev.oid in self.ahead:
+                return self._ahead_ready(ev)
             if ev.oid in self._rewaiting:
                 return self._backup_ready(ev)
-            return self._hold(ev) if self._holds(ev) else self._unheld(ev)
+            out = self._hold(ev) if self._holds(ev) else self._unheld(ev)
+            return out + self._place_ahead()
         if isinstance(ev, HoldOver):
             held = self.held.pop(ev.oid, None)
-            return [] if held is None else self._ready(held)
+            return [] if held is None else self._ready(held) + self._place_ahead()
         if isinstance(ev, InputFailed):
             return self._input_failed(ev)
         if isinstance(ev, TaskStarted):
@@ -779,6 +790,62 @@ class ReducePlan:
         """Every held late input, in the order they came ready."""
         held, self.held = list(self.held.values()), {}
         return [ins for ev in held for ins in self._ready(ev)]
+
+    # --- the last input's leaf placed ahead (docs/design.md §4) ---
+    def _place_ahead(self) -> list[Instruction]:
+        """Place the one missing input's leaf on the one guessed node that has put no late
+        input yet, if that is another node: its consumer's pull (version ``b""``) waits there
+        for the input, so its bytes leave as it is sealed, with no control message between."""
+        if (not self.late_nodes or self.shape is None or self.meta is None or self.held
+                or self.error is not None or len(self._waiting) != 1):
+            return []
+        (oid, times), = self._waiting.items()
+        seen = {node for nodes in self._late_nodes for node in nodes}
+        left = [n for n in self.late_nodes if n not in seen and n not in self.dead]
+        if times != 1 or len(left) != 1 or left[0] == self.me:
+            return []
+        w = self.whole
+        assert w is not None
+        self.ahead.add(oid)
+        self.aheads += 1
+        return self._ready(InputReady(oid, (left[0],), (left[0],), w.size, w.dtype, w.shape,
+                                      b""))
+
+    def _ahead(self, slot: int) -> bool:
+        """``slot`` is a leaf placed ahead: its input's version is not known yet."""
+        placed = self.slots.get(slot)
+        return placed is not None and not placed.task and placed.input in self.ahead
+
+    def _ahead_ready(self, ev: InputReady) -> list[Instruction]:
+        """An input placed ahead is ready: on the node guessed, its leaf reads it at this
+        version from now on; elsewhere, the leaf moves to a live holder (a wrong guess costs
+        the pull's start, nothing else: the guessed node had no byte of it)."""
+        self.ahead.discard(ev.oid)
+        out: list[Instruction] = []
+        for slot, placed in sorted(self.slots.items()):
+            if placed.task or placed.input != ev.oid:
+                continue
+            if placed.node in ev.alive and placed.node not in self.dead:
+                placed.held = ev.version
+                continue
+            self._lacking.setdefault(ev.oid, set()).add(placed.node)
+            out += [ins for ins in self._repair(slot, 0)
+                    if not (isinstance(ins, WaitInput) and ins.oid == ev.oid)]
+        if ev.oid in self._wanted:
+            out += self._replace(ev)
+        return out
+
+    def _unplace_ahead(self, slot: int) -> list[Instruction]:
+        """The pull of a leaf placed ahead found no input there in time: the input is waited
+        for as before it was placed (its wait at the shard still runs)."""
+        placed = self._drop_slot(slot)
+        self.ahead.discard(placed.input)
+        self._reconnects.pop(slot, None)
+        self._broken.pop(slot, None)
+        self.used.remove(placed.input)
+        self._waiting[placed.input] = 1
+        self._low = min(self._low, slot)  # the slot is free again for the input's placing
+        return []
 
     def _ready(self, ev: InputReady) -> list[Instruction]:
         times = self._waiting.pop(ev.oid, 0)
@@ -1016,8 +1083,9 @@ class ReducePlan:
 
     def _taken(self, slot: int) -> bool:
         """``slot`` has an input: placed, waiting to be placed again, folded, or taking a
-        leaf's input over. A slot once taken stays taken (repairs move it between these), so
-        the free slots only shrink and placement scans each slot about once: a reduce of
+        leaf's input over. A slot once taken stays taken (repairs move it between these; only a
+        leaf placed ahead whose input did not come leaves, ``_unplace_ahead``), so the free
+        slots only shrink and placement scans each slot about once: a reduce of
         10,000 inputs places them in well under a second (bench/plan_scale.py)."""
         return (slot in self.slots or slot in self.redo or slot in self.folding
                 or slot in self.folds or slot in self.absorbing or slot in self.merged)
@@ -1209,6 +1277,8 @@ class ReducePlan:
             self.dead.add(placed.node)
         if placed.node in self.dead:
             return self._repair(ev.child, ev.offset)
+        if self._ahead(ev.child) and isinstance(ev.error, ObjectNotFoundError):
+            return self._unplace_ahead(ev.child)
         if not placed.task and isinstance(ev.error, ObjectNotFoundError):
             # a leaf's node has no copy of its input any more (withdrawn after a partition,
             # its id put again elsewhere): redone from the offset on another holder

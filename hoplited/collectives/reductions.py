@@ -46,6 +46,7 @@ class Reductions:
         self._running: dict[ObjectID, ReduceCoordinator] = {}  # by the id each reduces into
         self._merges_forgotten = 0  # inputs merged by reduces no longer in ``_running``
         self._holds_forgotten = 0  # late inputs they held
+        self._aheads_forgotten = 0  # last inputs they placed ahead
         self._fronts: dict[ObjectID, HalvesReduce] = {}  # reduces of every input, by result
         self.halved = 0  # reduces run as two trees of halves so far
 
@@ -59,18 +60,18 @@ class Reductions:
               timeout: float | None, window: tuple[int, int] | None = None,
               ring: tuple[str, ...] = (), everyone: bool = False,
               combiner: bool = False, ready: Sequence[p.InputReady] = (),
-              late: int = 2) -> None:
+              late: int = 2, late_nodes: tuple[str, ...] = ()) -> None:
         """Validate and start a reduce into ``result`` (of the inputs' bytes ``window`` only,
         if given; slots in ``ring`` order, if given; ``everyone``: an allreduce, every node
         gets the result; ``combiner``: one stripe of a pair or trio, whose last ``late``
-        inputs hang on its root, docs/design.md §4); it runs in the
-        background. ``ready``: inputs known ready already (a stripe's, from the caller's
-        node), in order; they are not asked for again."""
+        inputs hang on its root, guessed to be put on ``late_nodes``, docs/design.md §4); it
+        runs in the background. ``ready``: inputs known ready already (a stripe's, from the
+        caller's node), in order; they are not asked for again."""
         # an input complete here takes an allreduce's root, whichever is reported first
         here = everyone and any((o := self._deps.store.get(oid)) is not None and o.complete
                                 for oid in inputs)
         plan = self._plan(result, inputs, op, k, window, None, ring, everyone, here, combiner,
-                          late)
+                          late, late_nodes)
         if (result in self._running or result in self._fronts
                 or self._deps.store.get(result) is not None):
             raise ObjectExistsError(f"object {result.hex()} already exists")
@@ -101,12 +102,14 @@ class Reductions:
     def _plan(self, result: ObjectID, inputs: list[ObjectID], op: str, k: int,
               window: tuple[int, int] | None, half: int | None, ring: tuple[str, ...] = (),
               everyone: bool = False, here: bool = False,
-              combiner: bool = False, late: int = 2) -> p.ReducePlan:
+              combiner: bool = False, late: int = 2,
+              late_nodes: tuple[str, ...] = ()) -> p.ReducePlan:
         model = self._deps.link_model
         return p.ReducePlan(result, inputs, k, op, self._deps.me, depth=lambda n, size: (
             tree_depth(n, size, model.bandwidth, model.latency)), patience=self._deps.patience,
             window=window, ring=ring, everyone=everyone, half=half, here=here,
-            combiner=combiner, merge=self._merge, late=late, rate=model.bandwidth)
+            combiner=combiner, merge=self._merge, late=late, rate=model.bandwidth,
+            late_nodes=late_nodes)
 
     def _open(self, plan: p.ReducePlan, inputs: list[ObjectID], deadline: float | None,
               wait_inputs: bool, ready: Sequence[p.InputReady] = ()) -> ReduceCoordinator:
@@ -157,6 +160,12 @@ class Reductions:
         (docs/design.md §4, "Who pulls a late input first")."""
         return self._holds_forgotten + sum(c.plan.holds for c in self._running.values())
 
+    @property
+    def aheads(self) -> int:
+        """Last inputs whose leaves pairs' and trios' combiners here placed ahead on the node
+        guessed to put them (docs/design.md §4, "The last input's leaf placed ahead")."""
+        return self._aheads_forgotten + sum(c.plan.aheads for c in self._running.values())
+
     def forget(self, result: ObjectID) -> bool:
         """The result was deleted: a reduce still running into it stops (its input waits
         end, its tree nodes are told to release) and nothing about it is kept. Returns
@@ -175,6 +184,7 @@ class Reductions:
             return False
         self._merges_forgotten += coordinator.plan.merges
         self._holds_forgotten += coordinator.plan.holds
+        self._aheads_forgotten += coordinator.plan.aheads
         if not coordinator.ended.is_set():
             coordinator.deleted = True
             coordinator.feed(p.ResultFailed(ObjectDeletedError(

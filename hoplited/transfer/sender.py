@@ -38,6 +38,10 @@ SEND_SLICE = 8 * 1024 * 1024
 # created the copy (the Locate's answer is still on its way): the sender waits this long for
 # it, rather than refusing and sending the puller to another source (docs/design.md §3).
 ENROLLED_WAIT = 2.0
+# How long a Pull placed ahead (version b"": a reduce's leaf placed before its input exists,
+# docs/design.md §4, "The last input's leaf placed ahead") waits for a complete copy here;
+# after that the puller hears "no copy" and its plan waits for the input as before.
+AHEAD_WAIT = 10.0
 
 # Takes a connection whose dialler opened a ring stream on it; True once the stream ended
 # cleanly (the connection serves pulls again), False if the connection must close.
@@ -109,10 +113,14 @@ class Sender:
 
     async def _send(self, protocol: FrameProtocol, pull: Pull, peer: str) -> None:
         store = self._store
-        obj = store.get(pull.oid)
-        if obj is None and self._fetching(pull.oid):
-            obj = await store.wait_created(pull.oid, ENROLLED_WAIT)
-        if obj is None or obj.version != pull.version or obj.error is not None:
+        if pull.version:
+            obj = store.get(pull.oid)
+            if obj is None and self._fetching(pull.oid):
+                obj = await store.wait_created(pull.oid, ENROLLED_WAIT)
+        else:
+            obj = await self._ahead(pull.oid)
+        if (obj is None or obj.version != (pull.version or obj.version)
+                or obj.error is not None):
             protocol.send(Error(rid=pull.rid, code=ObjectNotFoundError.code,
                                 message=f"no copy of {pull.oid.hex()} (version "
                                         f"{pull.version.hex()}) here", data={}))
@@ -148,6 +156,20 @@ class Sender:
             self._streams[whole.oid] -= 1
             if not self._streams[whole.oid]:
                 del self._streams[whole.oid]
+
+    async def _ahead(self, oid: ObjectID) -> StoredObject | None:
+        """The copy of ``oid`` a pull placed ahead waits for: created here and complete within
+        :data:`AHEAD_WAIT`, at whatever version (the puller's plan learns it from the shard),
+        or None. Nothing is pinned while it waits."""
+        store = self._store
+        try:
+            async with asyncio.timeout(AHEAD_WAIT):  # not wait_for: docs/architecture.md §3
+                obj = store.get(oid) or await store.wait_created(oid, AHEAD_WAIT)
+                if obj is not None:
+                    await obj.wait_for(obj.size)
+        except (TimeoutError, HopliteError):
+            return None
+        return obj
 
     async def _window(self, obj: StoredObject, window: list[int]) -> tuple[StoredObject, int]:
         """What serves bytes ``window`` of ``obj`` (a half, docs/design.md §3), and where they

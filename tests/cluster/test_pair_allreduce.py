@@ -18,6 +18,7 @@ from helpers import FAST_HEARTBEAT, MiB, eventually, every_node_stats, wait_memb
 import hoplite_client as hc
 from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.ids import ObjectID
+from hoplited.transfer.sender import AHEAD_WAIT
 
 GET_TIMEOUT = 120.0
 APART = 0.5  # before each of the last two puts: far more than the ring's wait on loopback
@@ -124,6 +125,9 @@ async def test_the_last_three_nodes_reduce_a_third_each(make_cluster, connect) -
     late = [n.node_id for n in trio.cluster.nodes[2:5]]
     held = await every_node_stats(trio.clients[0], late)
     assert [held[n]["late_inputs_held"] for n in late] == [0, 0, 1]
+    # node 4's input's leaves waited on node 4 before its put (docs/design.md §4, "The last
+    # input's leaf placed ahead")
+    assert [held[n]["late_leaves_ahead"] for n in late] == [1, 1, 0]
     await trio.clients[0].delete(trio.result)
     for c in trio.clients:
         await eventually(lambda c=c: idle(c, 1), what="only the input left")
@@ -157,6 +161,39 @@ async def test_a_wrong_guess_costs_no_correctness(make_cluster, connect) -> None
     for c in clients:
         np.testing.assert_array_equal(await c.get(result, timeout=GET_TIMEOUT), sum(arrays))
     assert await counts(clients[0], cluster, 0) == (1, 0)
+
+
+async def test_a_last_input_put_where_it_was_not_guessed_moves_its_leaves(
+        make_cluster, connect) -> None:
+    """Nodes 2 and 3 put, so nodes 2 and 3 place the last input's leaves ahead on node 4;
+    the last input is put on node 0 instead: the leaves move there, and every node gets the
+    sum."""
+    trio = await trio_called(make_cluster, connect, ANY_SIZE)
+    for i in (2, 3):
+        await asyncio.sleep(APART)
+        await trio.clients[i].put(trio.arrays[i], object_id=trio.ids[i])
+    late = [n.node_id for n in trio.cluster.nodes[2:4]]
+
+    async def ahead() -> bool:
+        stats = await every_node_stats(trio.clients[0], late)
+        return [stats[n]["late_leaves_ahead"] for n in late] == [1, 1]
+
+    await eventually(ahead, what="the last input's leaves placed ahead on node 4")
+    await trio.clients[0].put(trio.arrays[4], object_id=trio.ids[4])
+    await every_get_is_the_sum(trio, trio.clients)
+
+
+async def test_a_leaf_placed_ahead_whose_input_is_late_waits_for_it(make_cluster,
+                                                                     connect) -> None:
+    """Node 4 puts the last input after its source's wait for it ran out (``AHEAD_WAIT``):
+    the leaves placed ahead there were given up, and placed again once it was put."""
+    trio = await trio_called(make_cluster, connect, ANY_SIZE)
+    for i in (2, 3):
+        await asyncio.sleep(APART)
+        await trio.clients[i].put(trio.arrays[i], object_id=trio.ids[i])
+    await asyncio.sleep(AHEAD_WAIT + 2.0)
+    await trio.clients[4].put(trio.arrays[4], object_id=trio.ids[4])
+    await every_get_is_the_sum(trio, trio.clients)
 
 
 async def test_a_combiner_killed_before_it_puts_leaves_its_half_to_a_survivor(

@@ -1465,6 +1465,102 @@ def test_a_death_places_the_held_inputs_before_its_repair() -> None:
     assert placing(p, NodeDied("n1"))[:1] == [I[3]] and not p.held
 
 
+# --- the last input's leaf placed ahead (docs/design.md §4, "The last input's leaf placed
+# ahead") ---
+TRIO = ("n3", "n4", ME)  # the nodes guessed to put the late inputs
+
+
+def ahead_plan(late: int = 3, late_nodes: tuple[str, ...] = TRIO) -> ReducePlan:
+    return ReducePlan(R, I[:5], 5, "sum", ME, depth=lambda n, size: 0, window=WIN,
+                      combiner=True, late=late, rate=RATE, late_nodes=late_nodes)
+
+
+def root_started(p: ReducePlan) -> int:
+    """Start the root (the combiner's task here) and return its slot."""
+    assert p.shape is not None
+    p.handle(started(p.shape.root))
+    return p.shape.root
+
+
+def leaf_of(p: ReducePlan, oid: ObjectID) -> tuple[int, str, bytes]:
+    """(slot, node, version held) of ``oid``'s leaf."""
+    (slot, x), = [(s, x) for s, x in p.slots.items() if x.input == oid and not x.task]
+    return slot, x.node, x.held
+
+
+def placed_ahead() -> tuple[ReducePlan, int, int]:
+    """A trio's plan with its root started, two late inputs in (n3's and this node's), and
+    the last input's leaf placed ahead on n4: (plan, root slot, the leaf's slot)."""
+    p = ahead_plan()
+    placing(p, ready(0, "n1"), ready(1, "n2"))
+    root = root_started(p)
+    placing(p, ready(2, "n3"), ready(3, ME))
+    return p, root, leaf_of(p, I[4])[0]
+
+
+def test_the_last_inputs_leaf_waits_on_the_one_late_node_left() -> None:
+    """Two late inputs are in, on n3 and here: the last is n4's, so its leaf goes there at
+    once, version unknown (b""), and its consumer's pull waits there for it."""
+    p = ahead_plan()
+    placing(p, ready(0, "n1"), ready(1, "n2"))
+    root = root_started(p)
+    placing(p, ready(2, "n3"))
+    got = p.handle(ready(3, ME))
+    slot, node, held = leaf_of(p, I[4])
+    assert (node, held) == ("n4", b"") and p.ahead == {I[4]} and p.aheads == 1
+    assert Connect(root, ME, slot, "n4", I[4], b"", window=WIN) in norm(got)
+    assert p.chosen and not any(isinstance(x, CancelWaits) for x in got)
+    assert p.handle(ready(4, "n4")) == []  # as guessed: its version is held from now on
+    assert leaf_of(p, I[4]) == (slot, "n4", v(4)) and not p.ahead
+
+
+def test_a_wrong_guess_moves_the_leaf_to_the_inputs_holder() -> None:
+    p, root, slot = placed_ahead()
+    got = norm(p.handle(ready(4, "n5")))
+    assert got == [Connect(root, ME, slot, "n5", I[4], v(4), window=WIN)]
+    assert leaf_of(p, I[4]) == (slot, "n5", v(4)) and not p.ahead
+
+
+def test_a_leaf_placed_ahead_that_finds_nothing_waits_for_its_input_as_before() -> None:
+    """The pull's wait at n4 ran out ("no copy"): the slot is free again and the input
+    placed where it is reported, n4 included (it is not taken for a node lacking it)."""
+    p, root, slot = placed_ahead()
+    lost = ChildLost(root, slot, b"", 0, False, ObjectNotFoundError("no copy"), t(root))
+    assert p.handle(lost) == [] and not p.chosen and not p.ahead
+    assert slot not in p.slots
+    got = norm(p.handle(ready(4, "n4")))
+    assert got == [Connect(root, ME, slot, "n4", I[4], v(4), window=WIN)] and p.chosen
+
+
+def test_a_guessed_node_that_dies_has_its_leaf_wait_for_the_input_elsewhere() -> None:
+    p, root, slot = placed_ahead()
+    p.handle(NodeDied("n4"))
+    lost = ChildLost(root, slot, b"", 0, True, ConnectionLostError("gone"), t(root))
+    assert p.handle(lost) == [WaitInput(I[4], ("n4",))]
+    got = norm(p.handle(ready(4, "n5")))
+    assert got == [Connect(root, ME, slot, "n5", I[4], v(4), window=WIN)] and not p.ahead
+
+
+@pytest.mark.parametrize("late, late_nodes, nodes", [
+    (3, (), ("n1", "n2", "n3", ME)),  # no guess given
+    (3, TRIO, ("n1", "n2", "n3", "n4")),  # the one left is this node
+    (3, TRIO, ("n1", "n2", "n3", "n3")),  # two late inputs on one node: two nodes left
+    (3, TRIO, ("n1", "n2", "n3")),  # two inputs missing
+    (2, ("n4", ME), ("n1", "n2", "n3", "n4")),  # a pair whose last is this node's
+], ids=["no-guess", "left-is-me", "same-node", "two-missing", "pair-left-is-me"])
+def test_nothing_placed_ahead(late: int, late_nodes: tuple[str, ...],
+                              nodes: tuple[str, ...]) -> None:
+    p = ahead_plan(late, late_nodes)
+    placing(p, *(ready(i, node) for i, node in enumerate(nodes)))
+    assert not p.ahead and p.aheads == 0 and len(p.used) + len(p.held) == len(nodes)
+
+
+def test_a_pairs_last_leaf_is_placed_ahead_too() -> None:
+    p = ahead_plan(2, ("n4", ME))
+    placing(p, ready(0, "n1"), ready(1, "n2"), ready(2, "n3"), ready(3, ME))
+    assert leaf_of(p, I[4])[1:] == ("n4", b"") and p.ahead == {I[4]}
+
+
 @pytest.mark.parametrize("kwargs", [
     {"window": None}, {"half": 0}, {"k": 3}, {"inputs": I[:1], "k": 1},
     {"late": 1}, {"late": 5}])
