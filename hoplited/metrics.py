@@ -109,6 +109,9 @@ def families(info: Mapping[str, Any]) -> list[Metric]:
         ("late_leaves_ahead", CounterMetricFamily, "Last inputs whose leaves a combiner on "
          "this node placed ahead on the node guessed to put them (docs/design.md §4, \"The "
          "last input's leaf placed ahead\")."),
+        ("reduce_pulls_paused", CounterMetricFamily, "Reduce pulls on this node that waited "
+         "behind another stripe's, whose combiner had put first (docs/design.md §4, \"The "
+         "first combiner's chain goes first\")."),
         ("reduces_in_halves", CounterMetricFamily, "Reduces coordinated on this node as two "
          "trees of halves (docs/design.md §4)."),
         ("gets_in_halves", CounterMetricFamily, "Objects this node received as two halves, "

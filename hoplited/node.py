@@ -150,6 +150,7 @@ class Daemon:
             "reduce_folds": lambda: worker.folds, "reduce_merges": lambda: reductions.merges,
             "late_inputs_held": lambda: reductions.holds,
             "late_leaves_ahead": lambda: reductions.aheads,
+            "reduce_pulls_paused": lambda: worker.paused,
             "reduces_in_halves": lambda: reductions.halved, "allreduces": lambda: len(allreduces),
             "gets_in_halves": lambda: fetcher.halved,
             "allreduces_as_ring": lambda: allreduces.counts.run,

@@ -694,6 +694,19 @@ class ReduceChildLost(WireMessage):
     source_suspected: bool = False
 
 
+@message(86, shape="oneway", roles=(PEER,))
+class ReduceHurry(WireMessage):
+    """Coordinator to a tree node: slot ``slot``'s task (output ``version``) pulls child
+    ``child`` ahead of the pulls its sibling tasks there (other stripes of the same input) make
+    from the same node, which stop until it is done (docs/design.md §4, "The first
+    combiner's chain goes first")."""
+
+    reduce_id: ObjectID
+    slot: int
+    version: bytes
+    child: int
+
+
 # --- 64-65: a holder short of memory asks the owner shard to let its copy go ---
 @message(64, shape="request", roles=(PEER,))
 class EvictCopy(Request["EvictAnswer"]):

@@ -32,6 +32,7 @@ from hoplite_client.wire.messages import (
     ReduceChild,
     ReduceDone,
     ReduceFold,
+    ReduceHurry,
     ReduceReshape,
     ReduceTask,
 )
@@ -246,6 +247,10 @@ class ReduceCoordinator:
                         functools.partial(p.SlotFailed, ins.parent_slot, None,
                                           child=ins.child_slot if plain else None,
                                           version=ins.parent_version))
+        elif isinstance(ins, p.Hurry):
+            d.rpc.tell(ins.parent_node, ReduceHurry(
+                reduce_id=self.result, slot=ins.parent_slot, version=ins.parent_version,
+                child=ins.child_slot))
         elif isinstance(ins, p.Fold):
             self._spawn(self._fold(ins), f"reduce-fold-{ins.slot}",
                         functools.partial(p.FoldFailed, ins.slot, version=ins.version))

@@ -317,6 +317,20 @@ class Connect:
 
 
 @dataclass(frozen=True, slots=True)
+class Hurry:
+    """Tell ``parent_node`` (``ReduceHurry``, no answer) that its task of ``parent_slot``
+    (output ``parent_version``) pulls child ``child_slot`` ahead of the pulls that its sibling
+    tasks there (other stripes of the same input) make from the same node, which wait until
+    this one is done: the early chain of the trio combiner that put first (docs/design.md §4,
+    "The first combiner's chain goes first")."""
+
+    parent_slot: int
+    parent_node: str
+    child_slot: int
+    parent_version: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Fold:
     """Tell ``node`` (``ReduceFold``) that its slot ``into`` (output ``version``) adds
     ``input`` (at ``input_version``) from byte ``at`` on, or from the first byte it has not
@@ -416,8 +430,8 @@ class Release:
     nodes: tuple[str, ...]
 
 
-Instruction = (OpenResult | StartTask | Connect | Fold | Reshape | PullRoot | WaitInput | After
-               | CancelWaits | RestartResult | CombineInline | Publish | Fail | Release)
+Instruction = (OpenResult | StartTask | Connect | Hurry | Fold | Reshape | PullRoot | WaitInput
+               | After | CancelWaits | RestartResult | CombineInline | Publish | Fail | Release)
 
 
 @dataclass(frozen=True, slots=True)
@@ -624,6 +638,7 @@ class ReducePlan:
         self.merged: dict[int, Merge] = {}
         self.merges = 0  # inputs merged into another's slot so far (status, metrics)
         self.holds = 0  # late inputs held (LATE_HOLD) so far (status, metrics)
+        self.hurried = 0  # early chains sent ahead of their siblings (Hurry; status, metrics)
         # merges add an input from the host's start: never once a slot computes from a later
         # byte (its consumer holds earlier sums without the input); with backups a lost
         # host's inputs are waited for as themselves (a restart), which backups could replace
@@ -777,14 +792,32 @@ class ReducePlan:
         return [After(LATE_HOLD * thirds * self.meta.size / self.rate, HoldOver(ev.oid))]
 
     def _unheld(self, ev: InputReady) -> list[Instruction]:
-        """``ev`` as usual; this node's own input releases every late input held."""
-        if self._late(ev):
+        """``ev`` as usual; this node's own input releases every late input held, and if it
+        is the first of the late inputs, sends this stripe's early chain ahead."""
+        late = self._late(ev)
+        if late:
             self._late_nodes.append(ev.holders)
         out = self._ready(ev)
         if self.me in ev.holders:
             self._own = True
             out += self._release_held()
+            if late and all(self.me in nodes for nodes in self._late_nodes):
+                out += self._hurry()
         return out
+
+    def _hurry(self) -> list[Instruction]:
+        """The chain's first edge (slot 0 into slot 1, on the nodes of the first two inputs)
+        goes ahead of the other stripes' (``Hurry``), if this is a trio's combiner whose chain
+        has such an edge, told to its task already."""
+        if (not self.combiner or self.late < 3 or self.rate <= 0 or self.shape is None
+                or self.shape.root < 2):
+            return []
+        head, parent = self.slots.get(0), self.slots.get(1)
+        if (head is None or parent is None or parent.version is None
+                or 0 not in parent.fed):
+            return []
+        self.hurried += 1
+        return [Hurry(1, parent.node, 0, parent.version)]
 
     def _release_held(self) -> list[Instruction]:
         """Every held late input, in the order they came ready."""

@@ -49,6 +49,7 @@ from hoplite_client.wire.messages import (
     ReduceDone,
     ReduceFailed,
     ReduceFold,
+    ReduceHurry,
     ReduceReshape,
     ReduceTask,
     ReshapeDone,
@@ -140,6 +141,7 @@ class ReduceWorker:
         self._is_trusted = is_trusted
         self.slots: dict[tuple[ObjectID, int], SlotTask] = {}
         self.folds = 0  # lost inputs folded into a slot here, ever (status, metrics)
+        self.paused = 0  # pulls paused behind a hurried sibling here, ever (status, metrics)
         self._placing: dict[tuple[ObjectID, int], object] = {}  # slot -> its newest task's
         # output still waiting for memory
 
@@ -152,7 +154,8 @@ class ReduceWorker:
 
     def handlers(self) -> dict[type[WireMessage], Handler]:
         return {ReduceTask: self.on_task, ReduceChild: self.on_child, ReduceDone: self.on_done,
-                ReduceFold: self.on_fold, ReduceReshape: self.on_reshape}
+                ReduceFold: self.on_fold, ReduceReshape: self.on_reshape,
+                ReduceHurry: self.on_hurry}
 
     def on_task(self, coordinator: str, msg: ReduceTask,
                 payload: memoryview | None) -> TaskStarted | Awaitable[TaskStarted]:
@@ -405,6 +408,45 @@ class ReduceWorker:
         task.pulls[msg.child] = self._tasks.spawn(self._pull_child(task, buf, msg),
                                                   name="reduce-pull",
                                                   on_error=functools.partial(self._failed, task))
+
+    def on_hurry(self, peer: str, msg: ReduceHurry, payload: memoryview | None) -> None:
+        """The pull of child ``msg.child`` by this slot goes first: the running pulls that the
+        other tasks here adding the same input (its other stripes) make from the same node
+        stop, and resume from their buffers' watermarks once it is done, however it ends
+        (docs/design.md §4, "The first combiner's chain goes first"). A pull that is not
+        running, or a task placed again, is left as it is."""
+        task = self.slots.get((msg.reduce_id, msg.slot))
+        if task is None or task.out.version != msg.version or task.own is None:
+            return
+        pull, source = task.pulls.get(msg.child), task.sources.get(msg.child)
+        if pull is None or pull.done() or source is None:
+            return
+        behind: list[tuple[SlotTask, int, asyncio.Task[None]]] = []
+        for other in self.slots.values():
+            if other is task or other.own is None or other.own.oid != task.own.oid:
+                continue
+            for child, running in other.pulls.items():
+                placing = other.sources.get(child)
+                if not running.done() and placing is not None and placing.node == source.node:
+                    running.cancel()
+                    behind.append((other, child, running))
+        if behind:
+            self.paused += len(behind)
+            log.debug("reduce %s slot %d: child %d from %s goes first, %d pulls wait",
+                      msg.reduce_id.short(), msg.slot, msg.child, source.node, len(behind))
+            pull.add_done_callback(lambda _: self._resume(behind))
+
+    def _resume(self, behind: list[tuple[SlotTask, int, asyncio.Task[None]]]) -> None:
+        """Pull again, from a whole element below the watermark, each child paused behind a
+        hurried pull, unless its task was released or placed again, or it was pulled again
+        meanwhile (a repair's edge)."""
+        for task, child, cancelled in behind:
+            if (self.slots.get((task.reduce_id, task.slot)) is not task
+                    or task.out.error is not None or task.pulls.get(child) is not cancelled):
+                continue
+            buf, item = task.children[child], task.dtype.itemsize
+            buf.rewind(max(task.ranges[child][0], buf.received - buf.received % item))
+            self._pull(task, buf, task.sources[child])
 
     def on_fold(self, peer: str, msg: ReduceFold, payload: memoryview | None) -> Folded:
         """Add another input held here (a lost slot's, or one merged into the slot) to one of

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.tree import broadcast_halves, tree_fanout
 from hoplited.sim.clock import Clock
-from hoplited.sim.network import Copy, Network
+from hoplited.sim.network import Copy, Network, Stream
 from hoplited.sim.shard import Shard
 
 # Every simulated put has this version: nothing is put twice without failures.
@@ -20,14 +21,33 @@ def node_name(i: int) -> str:
     return f"n{i}"
 
 
+@dataclass(eq=False)
+class SlotPull:
+    """A reduce slot's pull of a child's output into ``sink``, a buffer on the slot's node;
+    ``input``: the input the slot adds (the other stripes' slots there add the same one).
+    ``behind``: the pulls paused until this one is done (``Hurry``, docs/design.md §4, "The
+    first combiner's chain goes first")."""
+
+    input: ObjectID
+    source: Copy
+    sink: Copy
+    stream: Stream | None = None
+    done: bool = False
+    paused: bool = False
+    behind: list[SlotPull] = field(default_factory=list)
+
+
 @dataclass
 class Cluster:
-    """The simulated cluster: ``copies`` is every node's store, by (node, object id)."""
+    """The simulated cluster: ``copies`` is every node's store, by (node, object id);
+    ``slot_pulls``: every reduce slot's pull of a child, by the slot's node."""
 
     clock: Clock
     net: Network
     shard: Shard
     copies: dict[tuple[str, ObjectID], Copy] = field(default_factory=dict)
+    slot_pulls: defaultdict[str, list[SlotPull]] = field(
+        default_factory=lambda: defaultdict(list))
 
     @classmethod
     def build(cls, rate: float, latency: float, segment: int, fanout: int,

@@ -152,7 +152,7 @@ class Copy:
             fn()
 
 
-State = Literal["idle", "starting", "sending", "draining", "finishing", "done"]
+State = Literal["idle", "starting", "sending", "draining", "finishing", "done", "stopped"]
 
 
 class Stream:
@@ -175,11 +175,28 @@ class Stream:
 
     def begin(self) -> None:
         """The pull reached its source: send what is there, follow the rest."""
+        if self.state == "stopped":
+            return
         self.source.follow(self._poke)
         if self.i == self.sink.layout.count:
             self._end()
         else:
             self._poke()
+
+    def stop(self) -> None:
+        """Cancel the pull where it is, as a daemon cancels a pull task: a block on the wire
+        does not land, and a new pull of the sink resumes from its watermark."""
+        if self.state in ("done", "stopped"):
+            return
+        sending = self.state == "sending"
+        if self in self.net.up[self.source.node]:
+            self.net.deactivate(self)
+        self.state = "stopped"
+        self.gen += 1
+        if len(self.sink.ready) > len(self.sink.full):
+            self.sink.ready.pop()  # its first segment was announced; it never lands whole
+        if sending:
+            self.net.sending_changed()
 
     def reshare(self, rate: float) -> None:
         """The fair share changed: a block being sent finishes sooner or later."""
@@ -195,6 +212,8 @@ class Stream:
     def _poke(self) -> None:
         """The source has more: start or finish the current block if it was waiting."""
         src, i, clock = self.source, self.i, self.net.clock
+        if self.state == "stopped":
+            return
         if self.state == "idle" and i < len(src.ready):
             self.state = "starting"
             clock.at(src.ready[i], self._start)
@@ -204,6 +223,8 @@ class Stream:
             clock.at(src.full[i] + head / self.rate, self._finish)
 
     def _start(self) -> None:
+        if self.state == "stopped":
+            return
         self.net.activate(self)
         self._send()
 
@@ -229,6 +250,8 @@ class Stream:
 
     def _finish(self) -> None:
         """Block i left; it is whole at the sink a hop later. Go on with the next one."""
+        if self.state == "stopped":
+            return
         now = self.net.clock.now
         self.sink.add_full(now + self.net.latency)
         self.i += 1

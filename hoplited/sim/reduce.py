@@ -22,7 +22,7 @@ from hoplited.collectives import plan as p
 from hoplited.collectives.tree import tree_depth
 from hoplited.directory.state import Entry
 from hoplited.sim.clock import Clock
-from hoplited.sim.cluster import Cluster
+from hoplited.sim.cluster import Cluster, SlotPull
 from hoplited.sim.errors import SimulationError
 from hoplited.sim.network import Copy
 
@@ -74,6 +74,8 @@ class ReduceRun:
                                  combiner=combiner, late=late, rate=cluster.net.rate)
         self._inputs = list(dict.fromkeys(inputs))
         self.tasks: dict[int, Combine] = {}  # by slot
+        self._adds: dict[int, ObjectID] = {}  # slot -> the input its task adds
+        self._pulls: dict[tuple[int, int], SlotPull] = {}  # (slot, child) -> its pull
         self.published_at: float | None = None
         self._cancelled: set[ObjectID] = set()
         self._queue = p.EventQueue(self.plan, self._execute)
@@ -137,6 +139,8 @@ class ReduceRun:
         elif isinstance(ins, p.Fold):  # a merged input held where the slot runs: no link
             self._hop(lambda: self._hop(lambda: self.feed(
                 p.Folded(ins.slot, ins.into, ins.at, ins.version))))
+        elif isinstance(ins, p.Hurry):
+            self._hop(lambda: self._hurry(ins))
         elif isinstance(ins, p.After) and isinstance(ins.event, p.HoldOver):
             event = ins.event  # a trio's combiner holds a late input (docs/design.md §4)
             c.clock.after(ins.delay, lambda: self.feed(event))
@@ -164,6 +168,7 @@ class ReduceRun:
         out = c.copies[(self.me, self.result)] if ins.output == self.result else self._create(
             ins.node, ins.output, size)
         self.tasks[ins.slot] = Combine(c.clock, out, ins.children)
+        self._adds[ins.slot] = ins.input
         version = b"task-%d" % next(self._versions)
         self._hop(lambda: self.feed(p.TaskStarted(ins.slot, ins.gen, version)))
 
@@ -183,7 +188,35 @@ class ReduceRun:
             return
         buf = Copy(ins.parent_node, source.layout)
         self.tasks[ins.parent_slot].attach(buf)
-        c.net.pull(source, buf, lambda: None)
+        pull = SlotPull(self._adds[ins.parent_slot], source, buf)
+        self._pulls[(ins.parent_slot, ins.child_slot)] = pull
+        c.slot_pulls[ins.parent_node].append(pull)
+        self._start_pull(pull)
+
+    def _start_pull(self, pull: SlotPull) -> None:
+        """Pull into ``pull.sink`` from its watermark; once done, resume those behind it."""
+        def ended() -> None:
+            pull.done = True
+            for other in pull.behind:
+                other.paused = False
+                self._start_pull(other)
+            pull.behind.clear()
+        pull.stream = self.cluster.net.pull(pull.source, pull.sink, ended)
+
+    def _hurry(self, ins: p.Hurry) -> None:
+        """``ReduceHurry`` reached the slot's node: the pulls there by the slots adding the
+        same input (the other stripes') from the same node stop until this one is done, as
+        ``collectives/worker.py`` does."""
+        pull = self._pulls.get((ins.parent_slot, ins.child_slot))
+        if pull is None or pull.done:
+            return
+        for other in self.cluster.slot_pulls[ins.parent_node]:
+            if (other is not pull and not other.done and not other.paused
+                    and other.input == pull.input
+                    and other.source.node == pull.source.node and other.stream is not None):
+                other.stream.stop()
+                other.paused = True
+                pull.behind.append(other)
 
     def _published(self) -> None:
         """The shard's reply to ``Publish``."""

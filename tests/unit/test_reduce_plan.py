@@ -37,6 +37,7 @@ from hoplited.collectives.plan import (
     Folded,
     FoldFailed,
     HoldOver,
+    Hurry,
     InputFailed,
     InputReady,
     Instruction,
@@ -1455,6 +1456,56 @@ def test_no_hold(late: int, rate: float, nodes: tuple[str, ...]) -> None:
     assert sorted(placing(p, *(ready(i, node) for i, node in enumerate(nodes)))) == sorted(
         I[:5]) and p.chosen
     assert not p.held and p.holds == 0
+
+
+def hurry_plan(k: int = 5, late: int = 3, rate: float = RATE,
+               early: tuple[str, ...] = ("n1", "n2")) -> ReducePlan:
+    """A trio's combiner whose early inputs (on ``early``) are placed and connected."""
+    p = trio_plan(k, late, rate)
+    for i, node in enumerate(early):
+        p.handle(ready(i, node))
+    for slot in range(len(early) + 1):
+        p.handle(started(slot))
+    return p
+
+
+def hurries(out: list[Instruction]) -> list[Instruction]:
+    return [x for x in out if isinstance(x, Hurry)]
+
+
+def test_the_combiner_that_puts_first_sends_its_early_chain_ahead() -> None:
+    """This node's input is the first late one: the chain's first edge, slot 0 (n1) into
+    slot 1 (n2), goes ahead of the other stripes' at n2 (docs/design.md §4, "The first
+    combiner's chain goes first"); nothing more once the others put."""
+    p = hurry_plan()
+    assert hurries(p.handle(ready(2, ME))) == [Hurry(1, "n2", 0, t(1))] and p.hurried == 1
+    assert hurries(p.handle(ready(3, "n3")) + p.handle(ready(4, "n4"))) == []
+    assert p.chosen and p.hurried == 1
+
+
+@pytest.mark.parametrize("k, late, rate, early, late_nodes", [
+    (5, 3, RATE, ("n1", "n2"), ("n3", ME, "n4")),  # another combiner put first
+    (5, 3, RATE, ("n1", "n2"), ("n3", "n4", ME)),  # ... and another second
+    (5, 2, RATE, ("n1", "n2", "n3"), (ME, "n4")),  # a pair's combiner: no hold, no hurry
+    (5, 3, 0.0, ("n1", "n2"), (ME, "n3", "n4")),  # no rate known
+    (4, 3, RATE, ("n1",), (ME, "n3", "n4")),  # a chain of one input: no edge below the root
+], ids=["own-second", "own-last", "pair", "no-rate", "no-chain-edge"])
+def test_no_hurry(k: int, late: int, rate: float, early: tuple[str, ...],
+                  late_nodes: tuple[str, ...]) -> None:
+    p = hurry_plan(k, late, rate, early)
+    out: list[Instruction] = []
+    for i, node in enumerate(late_nodes, start=len(early)):
+        out += p.handle(ready(i, node))
+    assert hurries(out) == [] and p.hurried == 0 and p.chosen
+
+
+def test_no_hurry_before_the_chain_s_first_edge_is_told() -> None:
+    """The second input's task has not started: its pull of the first is not running yet."""
+    p = trio_plan()
+    p.handle(ready(0, "n1"))
+    p.handle(ready(1, "n2"))
+    p.handle(started(0))
+    assert hurries(p.handle(ready(2, ME))) == [] and p.hurried == 0
 
 
 def test_a_death_places_the_held_inputs_before_its_repair() -> None:
