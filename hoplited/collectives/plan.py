@@ -578,7 +578,7 @@ class ReducePlan:
     "A pair for the last two inputs", "Three combiners"); with ``rate`` (the links' bytes/s)
     a trio's combiner holds late inputs while its own is missing (``LATE_HOLD``); with
     ``late_nodes`` (the nodes guessed to put the late inputs: the combiners), once one input
-    is missing and every one of those nodes but another than this has put a late input, that
+    is missing and all of those nodes but one, not this node, have put a late input, that
     input's leaf is placed *ahead* on the node left, before it exists there: its consumer's
     pull waits there for it (docs/design.md §4, "The last input's leaf placed ahead"). ``merge``:
     an input ready on a node whose slot has combined nothing yet is added by that slot, which
