@@ -12,7 +12,6 @@ being cancelled, is followed by a ``Cancel``, so the other side stops waiting fo
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 from collections.abc import Callable
@@ -60,19 +59,24 @@ class Channel:
         if self._lost is not None:
             raise self._lost
         rid = next(self._rids)
-        fut: asyncio.Future[Frame[WireMessage]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Frame[WireMessage]] = loop.create_future()
         self._pending[rid] = fut
+        # a timer on the reply's future, not an asyncio.timeout scope: a small request's
+        # whole cost is a few such steps (docs/design.md §2.4, "Small requests")
+        timer = None if timeout is None else loop.call_later(timeout, _expire, fut)
         try:
-            self.protocol.send(dataclasses.replace(msg, rid=rid), payload)
-            async with asyncio.timeout(timeout):
-                frame = await fut
-        except TimeoutError:
-            self._abandon(msg, rid, fut)
+            self.protocol.send(msg, payload, rid)
+            frame = await fut
+        except _NoReply:
+            self._abandon(msg, rid, answered=False)
             raise HopliteTimeoutError(f"{self.protocol.name}: no reply within {timeout}s") from None
         except asyncio.CancelledError:
-            self._abandon(msg, rid, fut)
+            self._abandon(msg, rid, answered=fut.done() and not fut.cancelled())
             raise
         finally:
+            if timer is not None:
+                timer.cancel()
             self._pending.pop(rid, None)
         reply = frame.msg
         if isinstance(reply, Error):
@@ -82,10 +86,9 @@ class Channel:
                                       f"{type(reply).__name__}")
         return cast(Frame[R], frame)  # its kind was checked against the request's REPLY above
 
-    def _abandon(self, msg: WireMessage, rid: int, fut: asyncio.Future[Frame[WireMessage]]
-                 ) -> None:
-        """The caller gave up on request ``rid``: if it only waits, tell the other side."""
-        answered = fut.done() and not fut.cancelled()  # a wait ended by us is cancelled
+    def _abandon(self, msg: WireMessage, rid: int, answered: bool) -> None:
+        """The caller gave up on request ``rid`` (``answered``: its reply had come): if it
+        only waits, and was not answered, tell the other side."""
         if type(msg).CANCELLABLE and not answered and self._lost is None:
             try:
                 self.protocol.send(Cancel(request=rid), None)
@@ -125,6 +128,15 @@ class Channel:
 
     def close(self) -> None:
         self.protocol.close()
+
+
+class _NoReply(Exception):
+    """A request's timeout ran out before its reply came (set on the reply's future)."""
+
+
+def _expire(fut: asyncio.Future[Frame[WireMessage]]) -> None:
+    if not fut.done():
+        fut.set_exception(_NoReply())
 
 
 def error_reply(exc: BaseException, rid: int = 0) -> Error:

@@ -19,7 +19,16 @@ from collections.abc import Callable, Iterable
 from typing import Any, cast
 
 from hoplite_client.wire.errors import ConnectionLostError, HopliteTimeoutError, ProtocolError
-from hoplite_client.wire.frames import BadFrame, Frame, FrameReader, Payload, StreamSink, encode
+from hoplite_client.wire.frames import (
+    READ_AHEAD,
+    BadFrame,
+    Event,
+    Frame,
+    FrameReader,
+    Payload,
+    StreamSink,
+    encode,
+)
 from hoplite_client.wire.messages import Error, WireMessage
 
 log = logging.getLogger("hoplite.protocol")
@@ -50,7 +59,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
 
     def __init__(self, handler: FrameHandler | None = None, name: str = "conn") -> None:
         self.name = name
-        self.reader = FrameReader()
+        self.reader = FrameReader(read_ahead=READ_AHEAD)
         self._handler = handler
         self.on_stream: Callable[[int], None] | None = None
         self.on_lost: list[Callable[[BaseException | None], None]] = []
@@ -115,24 +124,33 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 self._quick_ack.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
             except OSError:  # closing under us: its end is reported through connection_lost
                 self._quick_ack = None
+        reader = self.reader
+        events = self._parsed(reader.buffer_updated, nbytes)
+        while events is not None:
+            for event in events:
+                if isinstance(event, BadFrame):
+                    log.warning("%s: rejected a frame: %s", self.name, event.error)
+                    self.send(Error(rid=event.rid or 0, code=event.error.code,
+                                    message=str(event.error), data={}))
+                elif self._handler is not None:
+                    self._handler(event)
+                else:
+                    self._inbox.put_nowait(event)
+            if not reader.pending or self.transport is None or self.transport.is_closing():
+                break  # a connection closed by a handler reads nothing more
+            events = self._parsed(lambda _: reader.resume(), 0)
+        if self.reader.streaming and self.on_stream is not None:
+            self.on_stream(self.reader.payload_received)
+
+    def _parsed(self, parse: Callable[[int], list[Event]], nbytes: int) -> list[Event] | None:
+        """The frames ``parse`` completes; None after a protocol error, which closes us."""
         try:
-            events = self.reader.buffer_updated(nbytes)
+            return parse(nbytes)
         except ProtocolError as exc:
             log.warning("%s: closing after protocol error: %s", self.name, exc)
             self.send(Error(rid=0, code=exc.code, message=str(exc), data={}))
             self.abort(exc)
-            return
-        for event in events:
-            if isinstance(event, BadFrame):
-                log.warning("%s: rejected a frame: %s", self.name, event.error)
-                self.send(Error(rid=event.rid or 0, code=event.error.code,
-                                message=str(event.error), data={}))
-            elif self._handler is not None:
-                self._handler(event)
-            else:
-                self._inbox.put_nowait(event)
-        if self.reader.streaming and self.on_stream is not None:
-            self.on_stream(self.reader.payload_received)
+            return None
 
     async def next_frame(self, timeout: float) -> Frame[WireMessage]:
         """The next frame while no handler is installed (handshakes); bounded by ``timeout``."""
@@ -150,9 +168,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
             raise ConnectionLostError(f"{self.name}: connection closed during handshake")
         raise HopliteTimeoutError(f"{self.name}: no answer within {timeout}s")
 
-    def send(self, msg: WireMessage, payload: Payload | None = None) -> None:
-        """Queue one frame; the payload is sent from its own memory (vectored write, no join)."""
-        self._write(encode(msg, payload))
+    def send(self, msg: WireMessage, payload: Payload | None = None,
+             rid: int | None = None) -> None:
+        """Queue one frame; the payload is sent from its own memory (vectored write, no join);
+        ``rid``: the request id it goes with, in place of the record's own."""
+        self._write(encode(msg, payload, rid))
 
     def write_raw(self, data: memoryview) -> None:
         """Queue raw stream bytes (a streamed payload's next slice)."""

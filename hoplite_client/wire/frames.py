@@ -5,7 +5,13 @@ payload length``, then a msgpack header (a :mod:`messages` record), then the raw
 :class:`FrameReader` is driven the way ``asyncio.BufferedProtocol`` drives a protocol:
 :meth:`FrameReader.get_buffer` returns exactly the bytes still missing from the current part
 (prelude, header or payload), so the kernel writes each part where it belongs and a streamed
-payload lands directly in the destination buffer with no copy. Every length is checked
+payload lands directly in the destination buffer with no copy. A reader made with
+``read_ahead`` instead offers a scratch buffer of that size at each frame boundary while no
+stream sink is installed (control connections): one read then takes every small frame that
+has arrived, where exact parts take three reads per frame and a fourth to find none left, and
+the parts are copied out of it (docs/design.md §2.4, "Small requests"). Such a reader hands
+out one frame per :meth:`FrameReader.buffer_updated` or :meth:`FrameReader.resume` call, so
+that a sink installed on seeing a frame takes the next frame's payload. Every length is checked
 before anything is allocated. A frame with a bad header or an unknown kind is skipped (the
 lengths still delimit it) and reported as :class:`BadFrame`; a broken prelude or an oversized
 length raises :class:`RemoteProtocolError` and the reader stays broken (it cannot re-sync).
@@ -54,6 +60,9 @@ MAX_SMALL_PAYLOAD = 1024 * 1024
 # A streamed payload is a whole object; the reader's sink checks it against the directory.
 MAX_STREAM_PAYLOAD = 1 << 48
 _SKIP_CHUNK = 64 * 1024
+# The scratch a control connection's reader offers at a frame boundary: a small get, put or
+# locate with a 1 KB object fits in one read; a bigger payload's rest is read in place.
+READ_AHEAD = 4 * 1024
 
 # A payload to send: any C-contiguous object with the buffer protocol. numpy arrays are named
 # apart because numpy's stubs declare ``__buffer__`` only for Python >= 3.12.
@@ -85,25 +94,34 @@ class BadFrame:
 Event: TypeAlias = Frame[WireMessage] | BadFrame
 
 
-def encode_header(msg: WireMessage, payload_len: int = 0) -> bytes:
-    """Prelude and msgpack header of ``msg``; ``payload_len`` raw bytes must follow it."""
+def encode_header(msg: WireMessage, payload_len: int = 0, rid: int | None = None) -> bytes:
+    """Prelude and msgpack header of ``msg``; ``payload_len`` raw bytes must follow it.
+    ``rid``: the request id to send in place of the record's own (a request's or reply's
+    first field), so that stamping one needs no copy of the record."""
     kind: int | None = getattr(type(msg), "KIND", None)
     if kind is None:
         raise LocalProtocolError(f"{type(msg).__name__} is not a wire message")
     if payload_len and type(msg).PAYLOAD == "none":
         raise LocalProtocolError(f"{type(msg).__name__} carries no payload")
-    header: bytes = msgpack.packb(to_wire(msg), use_bin_type=True)
+    fields = to_wire(msg)
+    if rid is not None:
+        if type(msg).SHAPE not in ("request", "reply"):
+            raise LocalProtocolError(f"{type(msg).__name__} has no request id")
+        fields[0] = rid
+    header: bytes = msgpack.packb(fields, use_bin_type=True)
     if len(header) > MAX_HEADER:
         raise LocalProtocolError(f"{type(msg).__name__} header of {len(header)} bytes is too large")
     return PRELUDE.pack(MAGIC, PROTOCOL_VERSION, kind, len(header), payload_len) + header
 
 
-def encode(msg: WireMessage, payload: Payload | None = None) -> list[bytes | memoryview]:
-    """Buffers for ``transport.writelines``: header bytes, then the payload as a memoryview."""
+def encode(msg: WireMessage, payload: Payload | None = None,
+           rid: int | None = None) -> list[bytes | memoryview]:
+    """Buffers for ``transport.writelines``: header bytes, then the payload as a memoryview
+    (``rid``: as for :func:`encode_header`)."""
     if payload is None:
-        return [encode_header(msg)]
+        return [encode_header(msg, 0, rid)]
     view = memoryview(cast("ReadableBuffer", payload)).cast("B")  # arrays too: see Payload
-    return [encode_header(msg, view.nbytes), view]
+    return [encode_header(msg, view.nbytes, rid), view]
 
 
 def _unpack_header(data: memoryview) -> Any:
@@ -118,7 +136,7 @@ class FrameReader:
     """Incremental frame decoder fed through :meth:`get_buffer` / :meth:`buffer_updated`."""
 
     def __init__(self, stream_sink: StreamSink | None = None,
-                 max_small_payload: int = MAX_SMALL_PAYLOAD) -> None:
+                 max_small_payload: int = MAX_SMALL_PAYLOAD, read_ahead: int = 0) -> None:
         self._sink = stream_sink
         self._max_small = max_small_payload
         self._prelude = bytearray(PRELUDE_SIZE)
@@ -130,10 +148,19 @@ class FrameReader:
         self._msg: WireMessage | None = None
         self._bad: BadFrame | None = None
         self.broken: ProtocolError | None = None
+        self._read_ahead = read_ahead
+        self._scratch: memoryview | None = None  # made at its first use (none on a data
+        # connection, whose sink is installed before anything arrives)
+        self._pending = memoryview(b"")  # bytes read ahead and not parsed yet
+        self._into_scratch = False  # the last buffer handed out was the scratch
 
     def expect_stream(self, sink: StreamSink | None) -> None:
-        """Where streamed payloads go from the next frame on (None: read them into memory)."""
+        """Where streamed payloads go from the next frame on (None: read them into memory).
+        A sink ends reading ahead, and the scratch goes (a data connection after its
+        handshake), unless bytes read ahead still wait in it."""
         self._sink = sink
+        if sink is not None and not self._pending:
+            self._scratch = None
 
     @property
     def streaming(self) -> bool:
@@ -145,16 +172,41 @@ class FrameReader:
         """Bytes of the current payload received so far."""
         return self._got if self._state in ("stream", "payload") else 0
 
+    @property
+    def pending(self) -> bool:
+        """Whether bytes read ahead wait to be parsed: call :meth:`resume` before the next
+        :meth:`get_buffer`."""
+        return bool(self._pending)
+
     def get_buffer(self) -> memoryview:
-        """Where the next bytes go: exactly the part still missing (never past this frame)."""
+        """Where the next bytes go: the scratch at a frame boundary of a reader that reads
+        ahead, with no sink installed; else exactly the part still missing."""
         if self.broken is not None:
             raise self.broken
+        if self._pending:
+            raise LocalProtocolError("bytes read ahead are still pending: resume() first")
+        if self._read_ahead and self._state == "prelude" and self._got == 0 and self._sink is None:
+            if self._scratch is None:
+                self._scratch = memoryview(bytearray(self._read_ahead))
+            self._into_scratch = True
+            return self._scratch
+        self._into_scratch = False
+        return self._missing()
+
+    def _missing(self) -> memoryview:
+        """Exactly the current part's bytes still missing (a skipped payload's next chunk)."""
         if self._state == "skip":
             return self._part[: min(_SKIP_CHUNK, self._payload_len - self._got)]
         return self._part[self._got:]
 
     def buffer_updated(self, nbytes: int) -> list[Event]:
-        """Account for ``nbytes`` written into the last buffer; return the frames completed."""
+        """Account for ``nbytes`` written into the last buffer; return the frames completed
+        (from the scratch, up to the first whole frame: :attr:`pending` says if more wait)."""
+        if self._into_scratch:
+            self._into_scratch = False
+            assert self._scratch is not None  # handed out by get_buffer
+            self._pending = self._scratch[:nbytes]
+            return self.resume()
         self._got += nbytes
         events: list[Event] = []
         try:
@@ -164,6 +216,57 @@ class FrameReader:
             self.broken = exc
             raise
         return events
+
+    def resume(self) -> list[Event]:
+        """Parse bytes read ahead, up to and including the next whole frame (a frame's
+        handler may install the sink its next frame's payload goes to)."""
+        events: list[Event] = []
+        try:
+            while self._pending:
+                if self._state == "prelude" and self._got == 0:
+                    frame = self._whole_frame()
+                    if frame is not None:
+                        events.append(frame)
+                        break
+                part = self._missing()
+                n = min(len(part), len(self._pending))
+                part[:n] = self._pending[:n]
+                self._pending = self._pending[n:]
+                self._got += n
+                while self._advance(events):
+                    pass
+                if events and isinstance(events[-1], Frame):
+                    break
+        except RemoteProtocolError as exc:
+            self.broken = exc
+            self._pending = memoryview(b"")
+            raise
+        return events
+
+    def _whole_frame(self) -> Frame[WireMessage] | None:
+        """The next frame, if the bytes read ahead hold all of it and it is well formed and
+        read into memory; else None, and the part-by-part path takes it (and reports what
+        is wrong with it). One step instead of three parts: the common case of a control
+        connection."""
+        pending = self._pending
+        if len(pending) < PRELUDE_SIZE:
+            return None
+        magic, version, kind, header_len, payload_len = PRELUDE.unpack_from(pending)
+        end = PRELUDE_SIZE + header_len + payload_len
+        cls = MESSAGES.get(kind)
+        if (len(pending) < end or magic != MAGIC or version not in SUPPORTED_VERSIONS
+                or not 0 < header_len <= MAX_HEADER or cls is None
+                or payload_len > self._max_small or payload_len and (
+                    cls.PAYLOAD == "none" or cls.PAYLOAD == "stream" and self._sink is not None)):
+            return None
+        try:
+            msg = from_wire(cls, _unpack_header(pending[PRELUDE_SIZE:PRELUDE_SIZE + header_len]))
+        except Exception:  # the part-by-part path decodes it again and says why it failed
+            return None
+        self._pending = pending[end:]
+        if not payload_len:
+            return Frame(msg, None)
+        return Frame(msg, memoryview(bytearray(pending[end - payload_len:end])))
 
     def feed(self, data: bytes) -> list[Event]:
         """Convenience for tests and non-buffered transports: copy ``data`` in, part by part."""
@@ -175,6 +278,8 @@ class FrameReader:
             buf[:n] = view[:n]
             view = view[n:]
             events.extend(self.buffer_updated(n))
+            while self._pending:
+                events.extend(self.resume())
         return events
 
     def _advance(self, events: list[Event]) -> bool:

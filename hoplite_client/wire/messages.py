@@ -90,6 +90,9 @@ def message(kind: int, *, shape: Shape, roles: tuple[Role, ...] = (),
             raise RuntimeError(f"{cls.__name__}: shape {shape} disagrees with its base class")
         if (shape in ("request", "oneway")) != bool(roles):
             raise RuntimeError(f"{cls.__name__}: requests and one-ways declare their senders")
+        if shape in ("request", "reply") and dataclasses.fields(rec)[0].name != "rid":
+            raise RuntimeError(f"{cls.__name__}: a request or reply starts with its rid (the "
+                               f"encoder stamps it there)")
         rec.KIND = kind
         rec.SHAPE = shape
         rec.PAYLOAD = payload

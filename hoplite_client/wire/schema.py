@@ -7,6 +7,7 @@ header with wrong types is rejected exactly like a malformed one.
 from __future__ import annotations
 
 import dataclasses
+import operator
 import types
 import typing
 from collections.abc import Callable
@@ -28,7 +29,9 @@ _CHECKS: dict[type, list[tuple[str, _Check]]] = {}
 # Fields whose values are msgpack-ready as they are (scalars, optional or not) encode as is.
 _PLAIN_HINTS = frozenset({int, str, bytes, bool, float, int | None, str | None, bytes | None,
                           bool | None, float | None})
-_ENCODED: dict[type, list[tuple[str, bool]]] = {}
+# Per record: all its field values at once (one C call), and the positions of the fields that
+# need converting (ids, nested records, lists of them).
+_ENCODED: dict[type, tuple[Callable[[Any], Any], list[int]]] = {}
 
 
 @dataclass_transform(frozen_default=True, kw_only_default=True)
@@ -39,7 +42,10 @@ def record(cls: type[_C]) -> type[_C]:
     hints = typing.get_type_hints(dc)
     fields = dataclasses.fields(cast("type[DataclassInstance]", dc))  # a dataclass now
     _HINTS[dc] = [(f.name, hints[f.name]) for f in fields]
-    _ENCODED[dc] = [(f.name, hints[f.name] in _PLAIN_HINTS) for f in fields]
+    names = [f.name for f in fields]
+    getter = operator.attrgetter(*names) if len(names) > 1 else (
+        lambda value: tuple(getattr(value, name) for name in names))
+    _ENCODED[dc] = (getter, [i for i, f in enumerate(fields) if hints[f.name] not in _PLAIN_HINTS])
     return dc
 
 
@@ -47,10 +53,13 @@ def to_wire(value: object) -> Any:
     """The msgpack-ready form of a record, an ObjectID, or a container of them."""
     if isinstance(value, ObjectID):
         return value.binary()
-    fields = _ENCODED.get(type(value))
-    if fields is not None:
-        return [getattr(value, name) if plain else to_wire(getattr(value, name))
-                for name, plain in fields]
+    encoded = _ENCODED.get(type(value))
+    if encoded is not None:
+        getter, convert = encoded
+        fields = list(getter(value))
+        for i in convert:
+            fields[i] = to_wire(fields[i])
+        return fields
     if isinstance(value, list):
         return [to_wire(v) for v in value]
     return value

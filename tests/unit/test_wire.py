@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import tracemalloc
 import types
@@ -30,6 +31,7 @@ from hoplite_client.wire.frames import (
     PRELUDE,
     PRELUDE_SIZE,
     PROTOCOL_VERSION,
+    READ_AHEAD,
     BadFrame,
     Frame,
     FrameReader,
@@ -197,6 +199,106 @@ def test_get_buffer_never_spans_frames():
     assert len(reader.get_buffer()) == len(header) - PRELUDE_SIZE
     assert reader.feed(header[PRELUDE_SIZE:]) == []
     assert len(reader.get_buffer()) == 10
+
+
+# --- reading ahead ------------------------------------------------------------------------
+
+def test_reading_ahead_yields_the_events_of_exact_parts():
+    """A reader that reads ahead decodes every frame (bad ones, payloads larger than its
+    scratch) exactly as one reading part by part."""
+    data = mixed_stream()
+    assert norm(FrameReader(read_ahead=READ_AHEAD).feed(data)) == norm(FrameReader().feed(data))
+
+
+@settings(max_examples=50, deadline=None)
+@given(sizes=st.lists(st.integers(1, 5000), min_size=1, max_size=20))
+def test_reading_ahead_in_random_chunks_equals_one_go(sizes):
+    data = mixed_stream()
+    assert norm(feed_chunks(FrameReader(read_ahead=READ_AHEAD), data, sizes)) == norm(
+        FrameReader().feed(data))
+
+
+def test_one_read_takes_every_small_frame_one_frame_per_call():
+    """At a frame boundary the kernel gets the scratch: one read takes several frames, handed
+    out one per call so that a handler may change the sink in between."""
+    msgs = [m.Ok(rid=1), build(m.Put), m.Ok(rid=3)]
+    data = wire(msgs[0]) + wire(msgs[1], b"x" * 1000) + wire(msgs[2])
+    reader = FrameReader(read_ahead=READ_AHEAD)
+    buf = reader.get_buffer()
+    assert len(buf) == READ_AHEAD > len(data)
+    buf[:len(data)] = data
+    events = [reader.buffer_updated(len(data))]
+    while reader.pending:
+        events.append(reader.resume())
+    assert [norm(e) for e in events] == [norm([Frame(msgs[0])]),
+                                         [("frame", msgs[1], b"x" * 1000)],
+                                         norm([Frame(msgs[2])])]
+    assert len(reader.get_buffer()) == READ_AHEAD
+
+
+def test_a_sink_installed_on_seeing_a_frame_takes_the_next_frames_stream():
+    """Bytes read ahead past a frame whose handler installs a sink: the stream after it lands
+    in the sink's buffer, not in memory of the reader's."""
+    dest = bytearray(100)
+    msg = m.DataStream(rid=2, offset=0, size=100)
+    data = wire(OK) + wire(msg, bytes(range(100)))
+    reader = FrameReader(read_ahead=READ_AHEAD)
+    reader.get_buffer()[:len(data)] = data
+    assert reader.buffer_updated(len(data)) == [Frame(OK, None)]
+    reader.expect_stream(lambda got, n: memoryview(dest))
+    assert reader.resume() == [Frame(msg, None)]
+    assert dest == bytes(range(100)) and not reader.pending
+
+
+def test_nothing_is_read_while_bytes_read_ahead_wait():
+    data = wire(OK) + wire(OK)
+    reader = FrameReader(read_ahead=READ_AHEAD)
+    reader.get_buffer()[:len(data)] = data
+    assert reader.buffer_updated(len(data)) == [Frame(OK, None)]
+    with pytest.raises(LocalProtocolError):
+        reader.get_buffer()
+    assert reader.resume() == [Frame(OK, None)]
+
+
+def test_a_reader_with_a_sink_reads_exact_parts():
+    """Where streams go to their destination (a data connection), nothing is read ahead."""
+    reader = FrameReader(stream_sink=lambda msg, n: memoryview(bytearray(n)),
+                         read_ahead=READ_AHEAD)
+    assert len(reader.get_buffer()) == PRELUDE_SIZE
+
+
+def test_a_broken_prelude_read_ahead_breaks_the_reader():
+    data = wire(OK) + raw_frame(m.Ok.KIND, msgpack.packb([1]), magic=b"XX")
+    reader = FrameReader(read_ahead=READ_AHEAD)
+    reader.get_buffer()[:len(data)] = data
+    assert reader.buffer_updated(len(data)) == [Frame(OK, None)]
+    with pytest.raises(RemoteProtocolError):
+        reader.resume()
+    assert not reader.pending
+    with pytest.raises(RemoteProtocolError):
+        reader.get_buffer()
+
+
+# --- request ids stamped as they are encoded -------------------------------------------------
+
+def test_encoding_stamps_the_request_id_without_changing_the_record():
+    msg = build(m.Get)
+    (ev,) = FrameReader().feed(b"".join(bytes(b) for b in encode(msg, None, rid=77)))
+    assert ev.msg == dataclasses.replace(msg, rid=77) and msg.rid != 77
+
+
+def test_a_one_way_has_no_request_id_to_stamp():
+    with pytest.raises(LocalProtocolError):
+        encode(build(m.Progress), None, rid=3)
+
+
+def test_a_request_whose_first_field_is_not_its_rid_is_refused():
+    with pytest.raises(RuntimeError, match="starts with its rid"):
+        @m.message(UNUSED_KIND, shape="request", roles=(m.CLIENT,))
+        class Backwards(m.Request[m.Ok]):
+            oid: ObjectID
+            rid: int = 0
+    assert UNUSED_KIND not in m.MESSAGES
 
 
 # --- streamed payloads ------------------------------------------------------------------
