@@ -41,7 +41,8 @@ log = logging.getLogger("hoplited.dispatch")
 
 Answer = Reply | tuple[Reply, Any] | None
 Handler = Callable[[str, Any, memoryview | None], Answer | Awaitable[Answer]]
-Respond = Callable[[WireMessage, Any], None]
+# Sends a reply with its payload under a request id (stamped as it is encoded, no copy made).
+Respond = Callable[[Reply, Any, int], None]
 
 
 class Dispatcher:
@@ -49,8 +50,12 @@ class Dispatcher:
 
     def __init__(self, role: Role, handlers: Mapping[type[WireMessage], Handler],
                  tasks: Tasks, errors: Counter[str] | None = None,
-                 refuse: Callable[[str], HopliteError | None] = lambda origin: None) -> None:
+                 refuse: Callable[[str], HopliteError | None] = lambda origin: None,
+                 lasting: Iterable[type[WireMessage]] = ()) -> None:
         self.role = role
+        # kinds whose handling runs to its end when the sender goes (a put whose bytes are
+        # all here: docs/design.md §2.2, "A put outlives its client")
+        self._lasting = frozenset(lasting)
         self._tasks = tasks
         self._errors = errors  # error replies by type, for the metrics (hoplited/metrics.py)
         self._refuse = refuse  # the error an origin's frames are all refused with, if any
@@ -78,7 +83,8 @@ class Dispatcher:
             error = RemoteProtocolError(f"{cls.__name__} is not accepted from a {self.role}")
             log.warning("%s: %s", origin, error)
             if respond is not None:
-                respond(error_reply(error, getattr(msg, "rid", 0)), None)
+                rid = getattr(msg, "rid", 0)
+                respond(error_reply(error, rid), None, rid)
             return
         try:
             msg = checked_timeout(msg)
@@ -108,8 +114,9 @@ class Dispatcher:
                                  name=f"{self.role}-{type(msg).__name__}")
         if inspect.iscoroutine(answer):  # cancelled before it ran: closed, not left unawaited
             task.add_done_callback(lambda _: answer.close())
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        if type(msg) not in self._lasting:
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
         if type(msg).CANCELLABLE and respond is not None:
             key = (respond, cast(Any, msg).rid)
             self._waits[key] = task
@@ -124,8 +131,9 @@ class Dispatcher:
             task.cancel()
 
     def close(self) -> None:
-        """The sender is gone: cancel its requests still being handled. A get waiting for ever
-        would otherwise wait for nobody, and pin what it finally got for nobody."""
+        """The sender is gone: cancel its requests still being handled, but for the lasting
+        kinds. A get waiting for ever would otherwise wait for nobody, and pin what it finally
+        got for nobody."""
         for task in list(self._running):
             task.cancel()
 
@@ -160,12 +168,13 @@ class Dispatcher:
             self._answer_error(msg, RuntimeError(f"{type(msg).__name__} handler gave no reply"),
                                respond)
             return
+        rid = cast(Any, msg).rid
         try:
-            respond(dataclasses.replace(cast(Any, reply), rid=cast(Any, msg).rid), payload)
+            respond(reply, payload, rid)
         except LocalProtocolError as exc:  # e.g. a header over MAX_HEADER: a bug, said so
             log.error("%s reply to a %s could not be sent: %s", type(msg).__name__,
                       self.role, exc)
-            respond(error_reply(exc, cast(Any, msg).rid), None)
+            respond(error_reply(exc, rid), None, rid)
 
     def _answer_error(self, msg: WireMessage, exc: Exception,
                       respond: Respond | None) -> None:
@@ -177,7 +186,8 @@ class Dispatcher:
         else:
             log.error("%s from a %s crashed", name, self.role, exc_info=exc)
         if msg.SHAPE == "request" and respond is not None:
-            respond(error_reply(exc, cast(Any, msg).rid), None)
+            rid = cast(Any, msg).rid
+            respond(error_reply(exc, rid), None, rid)
 
 
 def checked_timeout(msg: WireMessage) -> WireMessage:

@@ -26,6 +26,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from hoplite_client.net.channel import Channel
@@ -75,8 +76,15 @@ def named_owner(exc: HopliteError) -> str | None:
 DataServer = Callable[[FrameProtocol, str], Awaitable[None]]  # the connection, the peer
 
 
-def _retrieved(exc: BaseException) -> None:
-    """A request's failure reaches the ``call_owner`` that awaits it: nothing else to do."""
+@dataclass(eq=False)
+class _Watch:
+    """A request pending at ``owner``, the owner of ``oid`` when it was sent, in ``task``;
+    ``moved``: ``oid`` moved since, and the task was cancelled for it."""
+
+    oid: ObjectID
+    owner: str
+    task: asyncio.Task[Any]
+    moved: bool = False
 
 
 class Rpc:
@@ -99,6 +107,7 @@ class Rpc:
         self._listening: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._moved: asyncio.Future[None] | None = None  # done at the next move
+        self._watches: set[_Watch] = set()  # requests pending at a remote owner
 
     @property
     def retry_window(self) -> float:
@@ -171,28 +180,40 @@ class Rpc:
                                 payload: Any, timeout: float | None) -> Frame[R] | None:
         """``owner``'s reply, or None once ``oid`` is owned elsewhere while it is pending (its
         owner fell under suspicion: the request must not wait on a silent node). Our own
-        shard wakes its waiters itself when ownership moves."""
+        shard wakes its waiters itself when ownership moves.
+
+        The request runs in the caller's task, watched: a move cancels that task, and the
+        cancellation is taken back here (``uncancel``, as ``asyncio.timeout`` does), unless
+        someone else cancelled it too. A task of its own and ``asyncio.wait`` on it cost a
+        small get or put a tenth of its time (docs/design.md §2.4, "Small requests")."""
         if owner == self.me:
             return await self.call_node(owner, msg, payload, timeout)
-        # its own task, so that a move can abandon it without cancelling the caller; the
-        # caller retrieves its outcome (or cancels it), hence no error callback
-        request = self._tasks.spawn(self.call_node(owner, msg, payload, timeout),
-                                    name=f"ask-{type(msg).__name__}", on_error=_retrieved)
+        task = asyncio.current_task()
+        assert task is not None  # a coroutine run by the loop
+        watch = _Watch(oid, owner, task)
+        self._watches.add(watch)
         try:
-            while not request.done():
-                await asyncio.wait((request, self._next_move()),
-                                   return_when=asyncio.FIRST_COMPLETED)
-                if not request.done() and self._membership.owner(oid) != owner:
-                    return None
-            return request.result()
+            return await self.call_node(owner, msg, payload, timeout)
+        except asyncio.CancelledError:
+            if watch.moved and task.uncancel() == 0:
+                return None
+            raise
         finally:
-            request.cancel()
+            self._watches.discard(watch)
 
     def owners_changed(self) -> None:
-        """Objects moved between shards: pending requests re-check their object's owner."""
+        """Objects moved between shards: pending requests re-check their object's owner. A
+        request whose task is the one running now is not waiting: it has its reply, or has
+        not been sent (and its owner answers "not the owner")."""
         moved, self._moved = self._moved, None
         if moved is not None and not moved.done():
             moved.set_result(None)
+        running = asyncio.current_task()
+        for watch in list(self._watches):
+            if (not watch.moved and watch.task is not running
+                    and self._membership.owner(watch.oid) != watch.owner):
+                watch.moved = True
+                watch.task.cancel()
 
     def views_changed(self) -> None:
         """The live set changed (a death or a join), whether or not objects moved: a request
@@ -262,9 +283,9 @@ class Rpc:
         dispatcher = self._peer if role == "peer" else self._tool
         assert dispatcher is not None
 
-        def respond(reply: WireMessage, payload: Any) -> None:
+        def respond(reply: WireMessage, payload: Any, rid: int) -> None:
             if not protocol.closed.done():
-                protocol.send(reply, payload)
+                protocol.send(reply, payload, rid)
 
         Channel(protocol, on_request=lambda frame: dispatcher.deliver(peer, frame, respond))
 

@@ -10,7 +10,6 @@ waits for room (:mod:`hoplited.memory.space`) up to the put's own timeout.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -83,13 +82,13 @@ class ClientSession:
         self.creating: set[ObjectID] = set()
         self._dispatcher = dispatcher = Dispatcher(CLIENT, {cls: getattr(self, name)
                                          for cls, name in HANDLERS.items()}, deps.tasks,
-                                deps.errors)
+                                deps.errors, lasting=(Put, Seal))
         self.channel = Channel(protocol, on_request=lambda frame: dispatcher.deliver(
             protocol.name, frame, self._respond))
 
-    def _respond(self, reply: Any, payload: Any) -> None:
+    def _respond(self, reply: Any, payload: Any, rid: int) -> None:
         if not self.protocol.closed.done():
-            self.protocol.send(reply, payload)
+            self.protocol.send(reply, payload, rid)
 
     async def on_get(self, me: str, msg: Get, payload: memoryview | None
                      ) -> tuple[Found, bytes | None]:
@@ -198,17 +197,12 @@ class ClientSession:
                 del self.pins[oid]
 
     async def _publish(self, obj: StoredObject) -> None:
-        """Register a put's object with its owner shard. All its bytes are here, so the put
-        completes even if the client leaves meanwhile: the publish is a task of the daemon's
-        that the request only awaits. Cancelled with the request, a publish already sent
-        could land after the copy was removed, and the shard would list a copy nobody holds
+        """Register a put's object with its owner shard; one that is refused, or whose owner
+        cannot be reached, goes. All its bytes are here, so the put completes even if the
+        client leaves meanwhile: Put and Seal are lasting kinds, whose handling the client's
+        leaving does not cancel. Cancelled with the request, a publish already sent could
+        land after the copy was removed, and the shard would list a copy nobody holds
         (docs/design.md §2.2, "A put outlives its client")."""
-        await asyncio.shield(self.d.tasks.spawn(self._publish_or_remove(obj),
-                                                name=f"publish-{obj.oid.short()}",
-                                                on_error=_publish_failed))
-
-    async def _publish_or_remove(self, obj: StoredObject) -> None:
-        """Publish ``obj``; one that is refused, or whose owner cannot be reached, goes."""
         try:
             await self.d.directory.publish(obj)
         except BaseException:
@@ -227,15 +221,6 @@ class ClientSession:
         for oid in self.creating:
             self.d.store.remove(oid)
         self.creating.clear()
-
-
-def _publish_failed(exc: BaseException) -> None:
-    """A put's publish failed: a typed error went to the client that waited for it (one that
-    left has nobody to tell), anything else is a bug."""
-    if isinstance(exc, HopliteError):
-        log.debug("a put's publish failed: %s", exc)
-    else:
-        log.error("a put's publish crashed", exc_info=exc)
 
 
 # The client role's handler table (method names, bound per session); the listener checks it

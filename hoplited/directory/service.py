@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hoplite_client.wire.errors import (
@@ -39,6 +39,7 @@ from hoplite_client.wire.messages import (
 )
 from hoplite_client.wire.receivers import check_receivers
 from hoplited.directory.shard import DirectoryShard, Split
+from hoplited.directory.state import Source
 from hoplited.dispatch import Handler
 from hoplited.rpc import Rpc
 from hoplited.tasks import Tasks
@@ -55,6 +56,21 @@ def check_half(value: int) -> int:
     if value not in (-1, 0, 1):
         raise InvalidArgumentError(f"half must be 0, 1 or -1 (the whole object), not {value}")
     return value
+
+
+# A locate's answer: where to pull from, or the split or the inline bytes themselves.
+LocateAnswer = tuple[Located, bytes | None]
+
+
+def _located(src: Source | Split) -> LocateAnswer:
+    """The ``Located`` reply for a source the shard picked (or a split, or inline bytes)."""
+    e = src.entry
+    if isinstance(src, Split):
+        return Located(source=None, size=e.size, dtype=e.dtype, shape=e.shape,
+                       version=e.version, index=src.index, receivers=src.receivers,
+                       halves=[b for bounds in src.bounds for b in bounds]), None
+    return Located(source=src.node, size=e.size, dtype=e.dtype, shape=e.shape,
+                   version=e.version), e.inline
 
 
 def check_window(value: list[int] | None) -> tuple[int, int] | None:
@@ -86,18 +102,23 @@ class DirectoryService:
                 Announce: self.on_announce, WaitObject: self.on_wait_object,
                 FailEntry: self.on_fail_entry, EvictCopy: self.on_evict_copy}
 
-    async def on_locate(self, peer: str, msg: Locate,
-                        payload: memoryview | None) -> tuple[Located, bytes | None]:
-        src = await self.shard.locate(msg.oid, peer, msg.timeout, msg.exclude, msg.offset,
-                                     msg.ring, check_receivers(msg.receivers),
-                                     check_half(msg.half), msg.index, check_window(msg.window))
-        e = src.entry
-        if isinstance(src, Split):
-            return Located(source=None, size=e.size, dtype=e.dtype, shape=e.shape,
-                           version=e.version, index=src.index, receivers=src.receivers,
-                           halves=[b for bounds in src.bounds for b in bounds]), None
-        return Located(source=src.node, size=e.size, dtype=e.dtype, shape=e.shape,
-                       version=e.version), e.inline
+    def on_locate(self, peer: str, msg: Locate, payload: memoryview | None
+                  ) -> LocateAnswer | Awaitable[LocateAnswer]:
+        """A source for ``peer``: answered at once when one is ready for a plain get, else
+        waited for (the dispatcher runs the wait as a task)."""
+        receivers, half = check_receivers(msg.receivers), check_half(msg.half)
+        window = check_window(msg.window)
+        if not msg.ring and half < 0:
+            ready = self.shard.locate_now(msg.oid, peer, msg.exclude, msg.offset, receivers)
+            if ready is not None:
+                return _located(ready)
+        return self._locate(peer, msg, receivers, half, window)
+
+    async def _locate(self, peer: str, msg: Locate, receivers: int, half: int,
+                      window: tuple[int, int] | None) -> LocateAnswer:
+        return _located(await self.shard.locate(msg.oid, peer, msg.timeout, msg.exclude,
+                                                msg.offset, msg.ring, receivers, half,
+                                                msg.index, window))
 
     def on_publish(self, peer: str, msg: Publish, payload: memoryview | None) -> Ok:
         inline = bytes(payload) if payload is not None else b"" if msg.size == 0 else None

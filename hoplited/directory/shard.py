@@ -107,6 +107,21 @@ class DirectoryShard:
                 if not waiting:
                     del self._ring[oid]
 
+    def locate_now(self, oid: ObjectID, requester: str, exclude: list[str], offset: int,
+                   receivers: int = 0) -> Source | Split | None:
+        """``locate``'s answer if a source is ready at once, for a requester in neither a ring
+        nor a half's tree (a plain get); None: ``locate`` waits for one. A get of an object
+        that exists is then answered where its request arrives, with no task of its own
+        (docs/design.md §2.4, "Small requests"); one that waits asks again there, which only
+        repeats a story record, and that is skipped."""
+        answer = self.state.try_locate(oid, requester, exclude, offset, None, receivers, -1,
+                                       True, -1, None)
+        if isinstance(answer, NotYet):
+            return None
+        if isinstance(answer, Split):
+            self._waiters.wake(oid)  # requesters behind it may chain on now
+        return answer
+
     async def wait_object(self, oid: ObjectID, timeout: float | None) -> Entry:
         """The entry of ``oid`` once a live member holds all of it (or it is inline)."""
         return await self._until(oid, timeout, lambda: self.state.try_wait_object(oid))

@@ -4,6 +4,7 @@ a real channel and a real dispatcher, over a socket pair."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -70,8 +71,8 @@ async def link() -> AsyncIterator[tuple[Channel, Shard, Tasks]]:
     table |= {WaitObject: shard.wait_object, Stats: shard.stats}
     dispatcher = Dispatcher(PEER, table, tasks)
 
-    def respond(reply: Any, payload: Any) -> None:
-        remote.send(reply, payload)
+    def respond(reply: Any, payload: Any, rid: int) -> None:
+        remote.send(reply, payload, rid)
 
     Channel(remote, on_request=lambda frame: dispatcher.deliver("peer", frame, respond))
     try:
@@ -138,11 +139,11 @@ async def test_a_cancel_reaches_only_the_wait_of_its_own_connection() -> None:
     dispatcher = Dispatcher(PEER, table, tasks)
     sent: dict[str, list[Any]] = {"a": [], "b": []}
 
-    def a(reply: Any, payload: Any) -> None:
-        sent["a"].append(reply)
+    def a(reply: Any, payload: Any, rid: int) -> None:
+        sent["a"].append(dataclasses.replace(reply, rid=rid))
 
-    def b(reply: Any, payload: Any) -> None:
-        sent["b"].append(reply)
+    def b(reply: Any, payload: Any, rid: int) -> None:
+        sent["b"].append(dataclasses.replace(reply, rid=rid))
 
     for respond in (a, b):
         dispatcher.deliver("peer", Frame(WaitObject(rid=5, oid=OID, timeout=None)), respond)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -15,9 +16,11 @@ from hoplite_client.wire.messages import (
     PEER,
     TOOL,
     Error,
+    Get,
     Ok,
     Ping,
     Progress,
+    Put,
     Seal,
     Stats,
     StatusReply,
@@ -27,6 +30,11 @@ from hoplited.dispatch import Dispatcher, check_complete
 from hoplited.tasks import Tasks
 
 OID = ObjectID(bytes(20))
+
+
+def collect(sent: list[Any]) -> Any:
+    """A ``respond`` that keeps each reply as it would go out, its request id stamped."""
+    return lambda reply, payload, rid: sent.append(dataclasses.replace(reply, rid=rid))
 
 
 def full_table(role: str, **overrides: Any) -> dict[type, Any]:
@@ -51,8 +59,8 @@ def test_tool_table_is_the_peer_table_restricted_to_tool_kinds() -> None:
     table = full_table(PEER)
     tool = Dispatcher(TOOL, table, Tasks())
     sent: list[Any] = []
-    tool.deliver("tool-1", Frame(Seal(rid=3, oid=OID)), lambda m, p: sent.append(m))
-    tool.deliver("tool-1", Frame(Ping(rid=4)), lambda m, p: sent.append(m))
+    tool.deliver("tool-1", Frame(Seal(rid=3, oid=OID)), collect(sent))
+    tool.deliver("tool-1", Frame(Ping(rid=4)), collect(sent))
     assert sent[0] == Error(rid=3, code="protocol", message="Seal is not accepted from a tool",
                             data={})
     assert sent[1] == Ok(rid=4)
@@ -69,7 +77,7 @@ def test_tool_table_is_the_peer_table_restricted_to_tool_kinds() -> None:
 def test_sync_request_answers(handler: Any, expected: Any) -> None:
     dispatcher = Dispatcher(PEER, full_table(PEER, Stats=handler), Tasks())
     sent: list[Any] = []
-    dispatcher.deliver("peer-1", Frame(Stats(rid=7)), lambda m, p: sent.append(m))
+    dispatcher.deliver("peer-1", Frame(Stats(rid=7)), collect(sent))
     assert sent == [expected]
 
 
@@ -84,7 +92,7 @@ async def test_async_handler_runs_as_an_owned_task_and_local_calls_raise_typed()
     tasks = Tasks()
     dispatcher = Dispatcher(PEER, full_table(PEER, Stats=stats), tasks)
     sent: list[Any] = []
-    dispatcher.deliver("peer-2", Frame(Stats(rid=9)), lambda m, p: sent.append(m))
+    dispatcher.deliver("peer-2", Frame(Stats(rid=9)), collect(sent))
     assert sent == [] and len(tasks) == 1
     await asyncio.sleep(0.01)
     assert sent == [StatusReply(rid=9, info={"from": "peer-2"})] and len(tasks) == 0
@@ -109,7 +117,7 @@ def test_every_frame_of_a_member_declared_dead_is_refused() -> None:
     dispatcher = Dispatcher(PEER, full_table(PEER, Progress=progress), Tasks(), refuse=refuse)
     sent: list[Any] = []
     for origin in ("zombie", "alive"):
-        dispatcher.deliver(origin, Frame(Ping(rid=5)), lambda m, p: sent.append(m))
+        dispatcher.deliver(origin, Frame(Ping(rid=5)), collect(sent))
         dispatcher.deliver(origin, Frame(Progress(oid=OID, received=1)), None)
     assert sent == [Error(rid=5, code="declared_dead", message="declared dead",
                           data={"by": "me"}), Ok(rid=5)]
@@ -137,7 +145,7 @@ async def test_a_sync_handler_that_must_wait_returns_an_awaitable_and_keeps_its_
     dispatcher = Dispatcher(PEER, full_table(PEER, Stats=stats), tasks)
     sent: list[Any] = []
     for rid in (1, 2, 3):
-        dispatcher.deliver("peer-3", Frame(Stats(rid=rid)), lambda m, p: sent.append(m))
+        dispatcher.deliver("peer-3", Frame(Stats(rid=rid)), collect(sent))
     assert arrived == [1, 2, 3]  # every handler ran on arrival, in order
     assert sent == [StatusReply(rid=3, info={"rid": 3})] and len(tasks) == 2
     gate.set()
@@ -145,7 +153,39 @@ async def test_a_sync_handler_that_must_wait_returns_an_awaitable_and_keeps_its_
     assert sent[1:] == [StatusReply(rid=1, info={"rid": 1}),
                         Error(rid=2, code="not_found", message="went while waiting", data={})]
     gate.clear()
-    dispatcher.deliver("peer-3", Frame(Stats(rid=4)), lambda m, p: sent.append(m))
+    dispatcher.deliver("peer-3", Frame(Stats(rid=4)), collect(sent))
     dispatcher.close()
     await asyncio.sleep(0.01)
     assert len(sent) == 3 and len(tasks) == 0
+
+
+async def test_a_lasting_kind_is_handled_to_its_end_after_its_sender_goes() -> None:
+    """docs/design.md §2.2, "A put outlives its client": the sender's leaving cancels its
+    other requests, not those of a lasting kind, which still answer (into a closed
+    connection, whose ``respond`` drops it)."""
+    gate = asyncio.Event()
+    ended: list[str] = []
+
+    async def wait(origin: str, msg: Any, payload: Any) -> Ok:
+        try:
+            await gate.wait()
+        except asyncio.CancelledError:
+            ended.append(f"{type(msg).__name__} cancelled")
+            raise
+        ended.append(f"{type(msg).__name__} done")
+        return Ok()
+
+    tasks = Tasks()
+    dispatcher = Dispatcher(CLIENT, full_table(CLIENT, Put=wait, Get=wait), tasks,
+                            lasting=(Put,))
+    sent: list[Any] = []
+    dispatcher.deliver("client", Frame(Put(rid=1, oid=OID, dtype="|u1", shape=[0],
+                                           timeout=None)), collect(sent))
+    dispatcher.deliver("client", Frame(Get(rid=2, oid=OID, timeout=None)), collect(sent))
+    await asyncio.sleep(0.01)
+    dispatcher.close()
+    await asyncio.sleep(0.01)
+    assert ended == ["Get cancelled"]
+    gate.set()
+    await asyncio.sleep(0.01)
+    assert ended == ["Get cancelled", "Put done"] and sent == [Ok(rid=1)] and len(tasks) == 0

@@ -5,6 +5,7 @@ MAX_HEADER (Release batches, the largest Reduce and InputList)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from fractions import Fraction
 from typing import Any
@@ -130,17 +131,17 @@ async def test_dispatcher_answers_invalid_and_never_calls_the_handler() -> None:
     sent: list[Any] = []
     for rid, value in enumerate([NAN, -1.0, -INF], start=1):
         dispatcher.deliver("c", Frame(m.Get(rid=rid, oid=OID, timeout=value)),
-                           lambda msg, p: sent.append(msg))
+                           lambda msg, p, rid: sent.append(dataclasses.replace(msg, rid=rid)))
         dispatcher.deliver("c", Frame(m.ReducedInputs(rid=rid + 10, result=OID, timeout=value)),
-                           lambda msg, p: sent.append(msg))
+                           lambda msg, p, rid: sent.append(dataclasses.replace(msg, rid=rid)))
     assert [(e.rid, e.code) for e in sent] == [(1, "invalid"), (11, "invalid"), (2, "invalid"),
                                                 (12, "invalid"), (3, "invalid"), (13, "invalid")]
     assert seen == [] and len(tasks) == 0
     sent.clear()
     dispatcher.deliver("c", Frame(m.Get(rid=21, oid=OID, timeout=INF)),
-                       lambda msg, p: sent.append(msg))
+                       lambda msg, p, rid: sent.append(dataclasses.replace(msg, rid=rid)))
     dispatcher.deliver("c", Frame(m.ReducedInputs(rid=22, result=OID, timeout=INF)),
-                       lambda msg, p: sent.append(msg))
+                       lambda msg, p, rid: sent.append(dataclasses.replace(msg, rid=rid)))
     await asyncio.wait_for(until_answered(sent, 2), 30)
     assert seen == [None, None]
     assert sorted(type(r).__name__ for r in sent) == ["Found", "InputList"]
@@ -155,9 +156,9 @@ def test_a_reply_too_large_to_send_becomes_a_protocol_error() -> None:
     dispatcher = Dispatcher(m.PEER, table, Tasks())
     sent: list[Any] = []
 
-    def respond(msg: m.WireMessage, payload: Any) -> None:
-        encode_header(msg)  # what a connection's send does first
-        sent.append(msg)
+    def respond(msg: m.WireMessage, payload: Any, rid: int) -> None:
+        encode_header(msg, 0, rid)  # what a connection's send does first
+        sent.append(dataclasses.replace(msg, rid=rid))
 
     dispatcher.deliver("p", Frame(m.Stats(rid=4)), respond)
     assert [(type(r).__name__, r.rid, r.code) for r in sent] == [("Error", 4, "protocol")]
