@@ -182,17 +182,20 @@ class Client:
         A full store first evicts copies held elsewhere; if that is not enough the put waits
         up to ``timeout`` s for room (None or inf: until there is room; 0: not at all), then
         raises CapacityError. Once all its bytes reached the daemon, the put completes there
-        even if this call is cancelled or the client closes (docs/design.md §2.2)."""
+        even if this call is cancelled or the client closes (docs/design.md §2.2). With no
+        ``object_id``, an object of at most 64 KiB is named by the daemon, with an id its own
+        directory shard owns if a few draws find one (up to 64 members): registering it then
+        asks no other node (§2.4); a larger one gets a random id."""
         timeout = check_timeout(timeout)
         bound = None if timeout is None else timeout + REPLY_GRACE
         arr = _as_array(value)
-        oid = object_id or ObjectID.random()
         dtype, shape, size = arr.dtype.str, list(arr.shape), arr.nbytes
-        if size <= INLINE_MAX:
+        if size <= INLINE_MAX:  # an id left to the daemon is one its own shard owns
             data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-            await self._channel.request(Put(oid=oid, dtype=dtype, shape=shape, timeout=timeout),
-                                        data, timeout=bound)
-            return oid
+            stored = await self._channel.request(Put(oid=object_id, dtype=dtype, shape=shape,
+                                                     timeout=timeout), data, timeout=bound)
+            return stored.msg.oid
+        oid = object_id or ObjectID.random()
         frame = await self._channel.request(Create(oid=oid, size=size, dtype=dtype,
                                                    shape=shape, timeout=timeout),
                                             timeout=bound)

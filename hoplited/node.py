@@ -25,7 +25,7 @@ from hoplited.clients.listener import ClientListener
 from hoplited.clients.session import SessionDeps
 from hoplited.cluster.link_model import LinkModel
 from hoplited.cluster.links import Links
-from hoplited.cluster.membership import Membership, OwnerSet, rejoin_seeds
+from hoplited.cluster.membership import Membership, OwnerSet, owned_id, rejoin_seeds
 from hoplited.cluster.probing import Prober
 from hoplited.cluster.service import ClusterService
 from hoplited.collectives.allreduce import AllreduceDeps, Allreduces
@@ -165,7 +165,9 @@ class Daemon:
                                                    SessionDeps(store, arena, fetcher, directory,
                                                                reductions, allreduces,
                                                                status.cluster, tasks, errors,
-                                                               space))
+                                                               space, lambda: owned_id(
+                                                                   membership.owner_set,
+                                                                   self.node_id)))
         handlers = {**cluster.handlers(), **status.handlers(), **directory.handlers(),
                     **DirectoryService(shard, self.node_id, membership.owner,
                                        membership.is_alive, rpc, tasks).handlers(),

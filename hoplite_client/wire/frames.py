@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 MAGIC = b"HP"
-PROTOCOL_VERSION = 23
-SUPPORTED_VERSIONS = [23]
+PROTOCOL_VERSION = 24
+SUPPORTED_VERSIONS = [24]
 PRELUDE = struct.Struct("!2sBBIQ")  # magic, version, kind, header length, payload length
 PRELUDE_SIZE = PRELUDE.size
 # Headers hold ids, offsets and member lists: 256 KiB fits thousands of members.

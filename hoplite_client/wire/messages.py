@@ -224,15 +224,24 @@ class Error(Reply):
 
 # --- 20-33: client to its local daemon ---
 @message(20, shape="request", roles=(CLIENT,), payload="small")
-class Put(Request["Ok"]):
+class Put(Request["Stored"]):
     """Put a small object whose bytes ride as the payload; ``timeout``: how long it may wait
-    for room in a full store (None: until there is room)."""
+    for room in a full store (None: until there is room). ``oid`` None: the daemon names it,
+    with an id its own shard owns if it can find one cheaply (docs/design.md §2.4)."""
 
     rid: int = 0
-    oid: ObjectID
+    oid: ObjectID | None
     dtype: str
     shape: list[int]
     timeout: float | None
+
+
+@message(35, shape="reply")
+class Stored(Reply):
+    """A put is stored and published under ``oid``."""
+
+    rid: int = 0
+    oid: ObjectID
 
 
 @message(21, shape="request", roles=(CLIENT,))

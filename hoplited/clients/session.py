@@ -39,6 +39,7 @@ from hoplite_client.wire.messages import (
     Seal,
     Status,
     StatusReply,
+    Stored,
     WireMessage,
 )
 from hoplite_client.wire.receivers import check_receivers
@@ -70,6 +71,7 @@ class SessionDeps:
     tasks: Tasks
     errors: Counter[str]  # error replies by type (the metrics)
     space: Space
+    put_id: Callable[[], ObjectID]  # a fresh id for a put that names none (§2.4)
 
 
 class ClientSession:
@@ -108,16 +110,19 @@ class ClientSession:
         self.pins.setdefault(obj.oid, []).append(obj)
         return Found(size=obj.size, dtype=obj.dtype, shape=obj.shape, offset=obj.offset), None
 
-    async def on_put(self, me: str, msg: Put, payload: memoryview | None) -> Ok:
+    async def on_put(self, me: str, msg: Put, payload: memoryview | None) -> Stored:
+        """Store and publish a small object, under an id of the daemon's choosing if the
+        client named none: one this node's shard owns, so that publishing it asks no other
+        node (docs/design.md §2.4)."""
         data = payload if payload is not None else memoryview(b"")
         if len(data) > INLINE_MAX:
             raise InvalidArgumentError("objects over 64 KiB are written with Create/Seal")
-        obj = await self.d.space.create(msg.oid, len(data), msg.dtype, msg.shape,
-                                        wait=msg.timeout)
+        oid = msg.oid if msg.oid is not None else self.d.put_id()
+        obj = await self.d.space.create(oid, len(data), msg.dtype, msg.shape, wait=msg.timeout)
         obj.buffer[:] = data
         obj.advance(obj.size)
         await self._publish(obj)
-        return Ok()
+        return Stored(oid=oid)
 
     async def on_create(self, me: str, msg: Create, payload: memoryview | None) -> Created:
         obj = await self.d.space.create(msg.oid, msg.size, msg.dtype, msg.shape,

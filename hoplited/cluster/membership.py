@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -39,6 +39,12 @@ _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 # From this many owners one numpy operation (6-9 µs) costs less than scoring them one by one
 # (0.4-0.7 µs a member): a small cluster's owners are asked about at every put.
 VECTOR_MIN = 12
+# A put that names no id gets one its node's shard owns, found by drawing ids, while the
+# owners are this few: a draw is owned with chance 1/N and costs a hash plus a score per
+# owner, where an owner elsewhere costs the put a round trip to it (docs/design.md §2.4).
+OWNED_ID_OWNERS = 64
+# Batches of N draws tried before a random id is taken: 1 - (1 - 1/N)^(4N), about 98%.
+OWNED_ID_BATCHES = 4
 
 
 def _hash64(data: bytes) -> int:
@@ -83,6 +89,40 @@ class OwnerSet:
         z = (z ^ (z >> _S27)) * _NP_MIX2
         z ^= z >> _S31
         return self.nodes[int(z.argmax())]
+
+
+    def first_owned(self, me: str, oids: Sequence[ObjectID]) -> ObjectID | None:
+        """The first of ``oids`` that ``me`` owns (None: none, or ``me`` owns nothing): one
+        numpy step over ids by owners, ties broken as ``owner`` breaks them."""
+        if me not in self.nodes or not oids:
+            return None
+        keys = np.fromiter((_hash64(oid.binary()) for oid in oids), dtype=np.uint64,
+                           count=len(oids))
+        vector = (self._vector if self._vector is not None
+                  else np.array(self._keys, dtype=np.uint64))
+        z = keys[:, None] ^ vector[None, :]
+        z = (z ^ (z >> _S30)) * _NP_MIX1
+        z = (z ^ (z >> _S27)) * _NP_MIX2
+        z ^= z >> _S31
+        mine = np.flatnonzero(z.argmax(axis=1) == self.nodes.index(me))
+        return oids[int(mine[0])] if mine.size else None
+
+
+def owned_id(owners: OwnerSet, me: str,
+             draw: Callable[[int], list[ObjectID]] = lambda n: [
+                 ObjectID.random() for _ in range(n)]) -> ObjectID:
+    """A fresh id for a put that named none: one that ``me`` owns if a few batches of
+    ``draw`` find one while the owners are few, else a drawn one (registering it then
+    costs a round trip to its owner, as any id's does)."""
+    n = len(owners.nodes)
+    if n > OWNED_ID_OWNERS or me not in owners.nodes:
+        return draw(1)[0]
+    for _ in range(OWNED_ID_BATCHES):
+        batch = draw(n)
+        found = owners.first_owned(me, batch)
+        if found is not None:
+            return found
+    return batch[0]
 
 
 def rendezvous_owner(oid: ObjectID, nodes: Iterable[str]) -> str:

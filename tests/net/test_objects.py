@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import hoplite_client as hc
+from hoplited.cluster.membership import OwnerSet
 
 DTYPES = [np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,
           np.uint8, np.uint64, np.bool_, np.complex64]
@@ -125,6 +126,27 @@ async def test_delete_removes_every_copy(make_cluster, connect) -> None:
         pytest.fail(f"memory not freed: {[n['store'] for n in status['nodes']]}")
     with pytest.raises(hc.ObjectNotFoundError):
         await clients[0].delete(oid)
+
+
+async def test_a_small_put_without_an_id_is_owned_by_its_own_node(make_cluster, connect
+                                                                  ) -> None:
+    """docs/design.md §2.4: a small put that names no id is named by its daemon, with an id
+    that daemon's own shard owns (four members: a few draws find one), so publishing it asks
+    no other node. Gets elsewhere find it; an id the client names is kept; a second put
+    under a daemon's id is refused like any other."""
+    cluster = await make_cluster(4)
+    clients = [await connect(s) for s in cluster.sockets]
+    owners = OwnerSet([node.node_id for node in cluster.nodes])
+    for i, client in enumerate(clients):
+        x = np.arange(100, dtype=np.int32) + i
+        oids = [await client.put(x) for _ in range(5)]
+        assert [owners.owner(oid) for oid in oids] == [cluster.nodes[i].node_id] * 5
+        got = await clients[(i + 1) % len(clients)].get(oids[0], timeout=30)
+        assert got.dtype == x.dtype and np.array_equal(got, x)
+    named = hc.ObjectID.random()
+    assert await clients[0].put(b"named", object_id=named) == named
+    with pytest.raises(hc.ObjectExistsError):
+        await clients[1].put(b"again", object_id=oids[0])
 
 
 async def test_put_of_an_existing_id_is_refused(make_cluster, connect) -> None:

@@ -12,9 +12,13 @@ import pytest
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import MemberInfo
 from hoplited.cluster.membership import (
+    OWNED_ID_BATCHES,
+    OWNED_ID_OWNERS,
     OWNER_CACHE,
     VECTOR_MIN,
     Membership,
+    OwnerSet,
+    owned_id,
     rejoin_seeds,
     rendezvous_owner,
     roster_digest,
@@ -363,3 +367,51 @@ def test_roster_digests_are_equal_exactly_for_equal_live_sets(a: list[str], b: l
                                                               same: bool) -> None:
     assert (roster_digest(a) == roster_digest(b)) is same
     assert len(roster_digest(a)) == 16
+
+
+# --- ids a put's own node owns (docs/design.md §2.4) ---------------------------------------
+
+def drawing(seed: int) -> Callable[[int], list[ObjectID]]:
+    """A reproducible ``draw`` for ``owned_id``, counting the ids it hands out."""
+    rng = random.Random(seed)
+
+    def draw(n: int) -> list[ObjectID]:
+        draw.count += n  # type: ignore[attr-defined]
+        return [ObjectID(rng.randbytes(20)) for _ in range(n)]
+    draw.count = 0  # type: ignore[attr-defined]
+    return draw
+
+
+@pytest.mark.parametrize("count", [1, 2, 4, 8, VECTOR_MIN - 1, VECTOR_MIN, 33, OWNED_ID_OWNERS])
+def test_first_owned_agrees_with_owner(count: int) -> None:
+    """The batch's scores are ``owner``'s, ties and all: the id it picks is the first that
+    ``owner`` gives to ``me``."""
+    nodes = [f"10.0.0.{i}:7000" for i in range(count)]
+    owner_set = OwnerSet(nodes)
+    for me in nodes[:3]:
+        expected = next((oid for oid in IDS[:300] if owner_set.owner(oid) == me), None)
+        assert owner_set.first_owned(me, IDS[:300]) == expected
+
+
+@pytest.mark.parametrize("count", [1, 2, 4, 8, 16, OWNED_ID_OWNERS])
+def test_a_put_id_is_owned_by_its_node_while_owners_are_few(count: int) -> None:
+    """Of 200 ids chosen for puts on one node of a small cluster, nearly all are owned by that
+    node (each batch of N draws finds one with chance 1 - (1 - 1/N)^N), and choosing one
+    takes at most OWNED_ID_BATCHES batches of N draws."""
+    nodes = [f"node-{i}" for i in range(count)]
+    owner_set, draw = OwnerSet(nodes), drawing(count)
+    ids = [owned_id(owner_set, nodes[-1], draw) for _ in range(200)]
+    mine = sum(owner_set.owner(oid) == nodes[-1] for oid in ids)
+    assert mine >= 190 and len(set(ids)) == 200
+    assert draw.count <= 200 * OWNED_ID_BATCHES * count  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("owners,me", [
+    ([f"node-{i}" for i in range(OWNED_ID_OWNERS + 1)], "node-0"),  # too many to draw for
+    (["node-0", "node-1"], "outsider"),  # owns nothing: not in the owner set
+], ids=["many owners", "not an owner"])
+def test_a_put_id_is_one_draw_where_owning_it_is_out_of_reach(owners: list[str],
+                                                              me: str) -> None:
+    draw = drawing(7)
+    owned_id(OwnerSet(owners), me, draw)
+    assert draw.count == 1  # type: ignore[attr-defined]
