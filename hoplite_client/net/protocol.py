@@ -136,8 +136,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
                     self._handler(event)
                 else:
                     self._inbox.put_nowait(event)
-            if not reader.pending or self.transport is None or self.transport.is_closing():
-                break  # a connection closed by a handler reads nothing more
+            if not reader.pending:
+                break
+            if self.transport is None or self.transport.is_closing():
+                reader.drop_pending()  # a connection closed by a handler reads nothing more
+                break
             events = self._parsed(lambda _: reader.resume(), 0)
         if self.reader.streaming and self.on_stream is not None:
             self.on_stream(self.reader.payload_received)

@@ -243,6 +243,11 @@ class FrameReader:
             raise
         return events
 
+    def drop_pending(self) -> None:
+        """Forget the bytes read ahead (their connection is closing: nothing more is read).
+        They start at a frame boundary: each call parses up to a whole frame's end."""
+        self._pending = memoryview(b"")
+
     def _whole_frame(self) -> Frame[WireMessage] | None:
         """The next frame, if the bytes read ahead hold all of it and it is well formed and
         read into memory; else None, and the part-by-part path takes it (and reports what

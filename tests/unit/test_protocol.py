@@ -108,3 +108,24 @@ async def test_a_unix_connection_has_no_delayed_acks_to_turn_off() -> None:
                 lambda factory: loop.create_unix_connection(factory, path))
     assert not protocol.acks_quickly
     assert got == [1, 2, 3]
+
+
+async def test_frames_read_ahead_after_a_handler_closes_the_connection_are_not_handled() -> None:
+    """Three frames in one read: the handler of the first closes the connection, and the two
+    read ahead behind it reach no handler, as frames never read did before reading ahead."""
+    ours, theirs = socket.socketpair()
+    loop = asyncio.get_running_loop()
+    got: list[int] = []
+    protocol: FrameProtocol | None = None
+
+    def handle(frame: Any) -> None:
+        got.append(frame.msg.rid)
+        assert protocol is not None
+        protocol.close()
+
+    theirs.sendall(b"".join(bytes(b) for rid in (1, 2, 3) for b in encode(Ping(rid=rid))))
+    _, protocol = await loop.create_connection(lambda: FrameProtocol(handle, name="t"),
+                                               sock=ours)
+    await asyncio.wait_for(protocol.closed, 30)
+    theirs.close()
+    assert got == [1] and not protocol.reader.pending
