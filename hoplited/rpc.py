@@ -193,13 +193,16 @@ class Rpc:
         watch = _Watch(oid, owner, task)
         self._watches.add(watch)
         try:
-            return await self.call_node(owner, msg, payload, timeout)
+            frame = await self.call_node(owner, msg, payload, timeout)
         except asyncio.CancelledError:
             if watch.moved and task.uncancel() == 0:
                 return None
             raise
         finally:
             self._watches.discard(watch)
+        if watch.moved:  # our cancellation was swallowed on its way: take it back all the same
+            task.uncancel()
+        return frame
 
     def owners_changed(self) -> None:
         """Objects moved between shards: pending requests re-check their object's owner. A

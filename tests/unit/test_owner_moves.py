@@ -158,3 +158,35 @@ async def test_a_move_seen_by_the_requests_own_task_cancels_nothing() -> None:
         return frame.msg
 
     assert await asyncio.wait_for(caller(), WAIT) == "standin"
+
+
+async def test_a_cancellation_swallowed_below_is_taken_back_all_the_same() -> None:
+    """A request that swallows the move's cancellation and answers anyway: its answer is the
+    caller's, and the caller's task is left with no cancellation counted."""
+    cluster, oid = Cluster(), ObjectID.random()
+    cluster.owners[oid] = "silent"
+    rpc = make_rpc(cluster)
+    waiting = asyncio.Event()
+
+    async def stubborn(msg: Locate, payload: Any, timeout: float | None) -> Any:
+        waiting.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass  # a layer below that ends its wait its own way
+        return SimpleNamespace(msg="stubborn")
+
+    cluster.peers["silent"].request = stubborn  # type: ignore[method-assign]
+
+    async def caller() -> tuple[Any, int]:
+        frame = await rpc.call_owner(oid, locate(oid))
+        await asyncio.sleep(0)
+        task = asyncio.current_task()
+        assert task is not None
+        return frame.msg, task.cancelling()
+
+    task = asyncio.create_task(caller())
+    await asyncio.wait_for(waiting.wait(), WAIT)
+    cluster.owners[oid] = "standin"
+    rpc.owners_changed()
+    assert await asyncio.wait_for(task, WAIT) == ("stubborn", 0)
