@@ -125,7 +125,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
             except OSError:  # closing under us: its end is reported through connection_lost
                 self._quick_ack = None
         reader = self.reader
-        events = self._parsed(reader.buffer_updated, nbytes)
+        events = self._parsed(lambda: reader.buffer_updated(nbytes))
         while events is not None:
             for event in events:
                 if isinstance(event, BadFrame):
@@ -141,14 +141,14 @@ class FrameProtocol(asyncio.BufferedProtocol):
             if self.transport is None or self.transport.is_closing():
                 reader.drop_pending()  # a connection closed by a handler reads nothing more
                 break
-            events = self._parsed(lambda _: reader.resume(), 0)
+            events = self._parsed(reader.resume)
         if self.reader.streaming and self.on_stream is not None:
             self.on_stream(self.reader.payload_received)
 
-    def _parsed(self, parse: Callable[[int], list[Event]], nbytes: int) -> list[Event] | None:
+    def _parsed(self, parse: Callable[[], list[Event]]) -> list[Event] | None:
         """The frames ``parse`` completes; None after a protocol error, which closes us."""
         try:
-            return parse(nbytes)
+            return parse()
         except ProtocolError as exc:
             log.warning("%s: closing after protocol error: %s", self.name, exc)
             self.send(Error(rid=0, code=exc.code, message=str(exc), data={}))

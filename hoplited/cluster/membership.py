@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from hoplite_client.wire.errors import DeclaredDeadError
 from hoplite_client.wire.ids import ObjectID
@@ -57,6 +58,14 @@ def _mix(z: int) -> int:
     return z ^ (z >> 31)
 
 
+def _mix_all(z: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """``_mix`` of every element (uint64, wrapping as ``_MASK`` does)."""
+    z = (z ^ (z >> _S30)) * _NP_MIX1
+    z = (z ^ (z >> _S27)) * _NP_MIX2
+    mixed: NDArray[np.uint64] = z ^ (z >> _S31)
+    return mixed
+
+
 @functools.lru_cache(maxsize=65536)
 def node_key(node_id: str) -> int:
     """A member's 64-bit hash: its part of every owner score, and its place on the watchers'
@@ -84,12 +93,7 @@ class OwnerSet:
         if self._vector is None:
             scores = [_mix(key ^ k) for k in self._keys]
             return self.nodes[scores.index(max(scores))]
-        z = self._vector ^ np.uint64(key)
-        z = (z ^ (z >> _S30)) * _NP_MIX1
-        z = (z ^ (z >> _S27)) * _NP_MIX2
-        z ^= z >> _S31
-        return self.nodes[int(z.argmax())]
-
+        return self.nodes[int(_mix_all(self._vector ^ np.uint64(key)).argmax())]
 
     def first_owned(self, me: str, oids: Sequence[ObjectID]) -> ObjectID | None:
         """The first of ``oids`` that ``me`` owns (None: none, or ``me`` owns nothing): one
@@ -100,11 +104,8 @@ class OwnerSet:
                            count=len(oids))
         vector = (self._vector if self._vector is not None
                   else np.array(self._keys, dtype=np.uint64))
-        z = keys[:, None] ^ vector[None, :]
-        z = (z ^ (z >> _S30)) * _NP_MIX1
-        z = (z ^ (z >> _S27)) * _NP_MIX2
-        z ^= z >> _S31
-        mine = np.flatnonzero(z.argmax(axis=1) == self.nodes.index(me))
+        scores = _mix_all(keys[:, None] ^ vector[None, :])
+        mine = np.flatnonzero(scores.argmax(axis=1) == self.nodes.index(me))
         return oids[int(mine[0])] if mine.size else None
 
 
