@@ -442,7 +442,7 @@ async def _let_go(cluster: LocalCluster, survivors: list[int]) -> tuple[str, str
                     "pinned_deleted": local["store"]["pinned_deleted"],
                     "entries": local["directory"]["entries"],
                     "waiting_gets": local["directory"]["waiting_gets"],
-                    "transfers": len(local["transfers"]),
+                    "transfers": local["transfers_count"],
                     "reduce_tasks": local["reduce_tasks"], "allreduces": local["allreduces"]}
             if any(left.values()):
                 held[i] = {k: v for k, v in left.items() if v}

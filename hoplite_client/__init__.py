@@ -14,6 +14,7 @@ from hoplite_client.wire.errors import (
     CapacityError,
     ConnectionLostError,
     DeclaredDeadError,
+    ForeignDaemonError,
     HopliteError,
     HopliteTimeoutError,
     InvalidArgumentError,
@@ -34,7 +35,7 @@ _FACADE = {"Client": "hoplite_client.client", "connect": "hoplite_client.client"
 
 __all__ = [
     "AuthenticationError", "CapacityError", "Client", "ConnectionLostError", "DeclaredDeadError",
-    "HopliteError",
+    "ForeignDaemonError", "HopliteError",
     "HopliteTimeoutError", "InvalidArgumentError", "ObjectDeletedError", "ObjectExistsError",
     "ObjectID", "ObjectNotFoundError", "PeerUnavailableError", "ProtocolError", "SyncClient",
     "connect",

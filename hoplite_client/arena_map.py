@@ -1,13 +1,14 @@
-"""The client's mapping of its daemon's arena: writes for put, read-only views for get.
+"""The client's read-only access to its daemon's arena: one mapping per object it gets.
 
-A get maps just the object's pages read-only (its own ``mmap``), so the returned array cannot
-be made writable and keeps the mapping alive; when the last array over it is gone, the
-mapping is collected and a finalizer tells the daemon the object may be freed.
+The daemon hands over a read-only descriptor of a memfd sealed against writes, so no mapping
+made here can write the store (docs/security.md). A get maps just the object's pages (its
+own ``mmap``), so the returned array cannot be made writable and keeps the mapping alive;
+when the last array over it is gone, the mapping is collected and a finalizer tells the
+daemon the object may be freed.
 """
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import weakref
@@ -17,24 +18,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from hoplite_client.net.shared_memory import populate_write
-
 
 class ArenaMap:
-    """The arena file descriptor from the daemon and a writable mapping of it."""
+    """The arena's read-only file descriptor from the daemon."""
 
     def __init__(self, fd: int, size: int) -> None:
         self.fd = fd
         self.size = size
-        self.map = mmap.mmap(fd, size)
-        self._base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
-
-    def writable(self, offset: int, size: int) -> NDArray[np.uint8]:
-        """A uint8 array over an extent the daemon reserved for us (pre-faulted)."""
-        if size:
-            populate_write(self._base + offset - offset % mmap.PAGESIZE,
-                           size + offset % mmap.PAGESIZE)
-        return np.frombuffer(self.map, dtype=np.uint8, count=size, offset=offset)
 
     def view(self, offset: int, size: int, dtype: np.dtype[Any], shape: tuple[int, ...],
              on_release: Callable[[], None]) -> NDArray[Any]:
@@ -44,11 +34,5 @@ class ArenaMap:
         return np.frombuffer(region, dtype=dtype, count=size // dtype.itemsize).reshape(shape)
 
     def close(self) -> None:
-        """Unmap the arena and close its descriptor (views from :meth:`view` are separate).
-        An array from :meth:`writable` still alive somewhere (a put's frame not yet collected)
-        keeps the mapping: it is then unmapped when that array goes, not here."""
-        try:
-            self.map.close()
-        except BufferError:
-            pass
+        """Close the descriptor (views from :meth:`view` hold mappings of their own)."""
         os.close(self.fd)

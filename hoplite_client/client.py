@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
+import struct
 import threading
 from collections.abc import Sequence
 from typing import Any, TypeAlias
@@ -15,11 +17,12 @@ from numpy.typing import NDArray
 
 from hoplite_client.arena_map import ArenaMap
 from hoplite_client.net.channel import Channel
-from hoplite_client.net.endpoints import default_socket
+from hoplite_client.net.endpoints import default_socket, trusted_owner
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import (
     CapacityError,
     ConnectionLostError,
+    ForeignDaemonError,
     HopliteError,
     HopliteTimeoutError,
     InvalidArgumentError,
@@ -70,8 +73,6 @@ PUT_TIMEOUT = 10.0
 # status): a daemon that has not answered after this long is stuck or gone, and the caller
 # gets a HopliteTimeoutError instead of waiting forever.
 CONTROL_TIMEOUT = 60.0
-# A large copy runs in a worker thread (numpy drops the GIL) so the event loop keeps going.
-THREAD_COPY_MIN = 4 * 1024 * 1024
 
 # What put stores: an array of a plain dtype, or bytes-like data (stored as uint8).
 ArrayLike: TypeAlias = NDArray[Any] | bytes | bytearray | memoryview
@@ -89,6 +90,7 @@ async def connect(socket_path: str | None = None,
     try:
         async with asyncio.timeout(timeout):
             await loop.sock_connect(sock, path)
+        _check_daemon_user(sock, path)
         await loop.sock_sendall(sock, encode_header(ClientHello(versions=SUPPORTED_VERSIONS,
                                                                 pid=os.getpid())))
         async with asyncio.timeout(timeout):
@@ -106,6 +108,19 @@ async def connect(socket_path: str | None = None,
     _, protocol = await loop.create_unix_connection(lambda: FrameProtocol(name="daemon"),
                                                     sock=sock)
     return Client(protocol, arena, welcome.node_id)
+
+
+def _check_daemon_user(sock: socket.socket, path: str) -> None:
+    """Refuse a daemon that runs as another user than us or root (SO_PEERCRED): a socket
+    another user put where ours should be, which would receive everything we put."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    if not trusted_owner(uid):
+        raise ForeignDaemonError(
+            f"the daemon at {path} runs as uid {uid}, neither us (uid {os.getuid()}) nor "
+            f"root: another user may have put its socket there; connect to a socket of "
+            f"yours (--socket, $HOPLITE_SOCKET), or remove {os.path.dirname(path) or '.'} "
+            f"if it is not yours and start your daemon again", path=path, uid=uid)
 
 
 async def _receive_welcome(sock: socket.socket) -> tuple[ClientWelcome, int]:
@@ -190,27 +205,23 @@ class Client:
         bound = None if timeout is None else timeout + REPLY_GRACE
         arr = _as_array(value)
         dtype, shape, size = arr.dtype.str, list(arr.shape), arr.nbytes
+        data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
         if size <= INLINE_MAX:  # an id left to the daemon is one its own shard owns
-            data = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
             stored = await self._channel.request(Put(oid=object_id, dtype=dtype, shape=shape,
                                                      timeout=timeout), data, timeout=bound)
             return stored.msg.oid
         oid = object_id or ObjectID.random()
-        frame = await self._channel.request(Create(oid=oid, size=size, dtype=dtype,
-                                                   shape=shape, timeout=timeout),
-                                            timeout=bound)
-        try:
-            dest = self._arena.writable(frame.msg.offset, size).view(arr.dtype).reshape(arr.shape)
-            if size >= THREAD_COPY_MIN:
-                await self._loop.run_in_executor(None, np.copyto, dest, arr)
-            else:
-                np.copyto(dest, arr)
-            del dest
+        await self._channel.request(Create(oid=oid, size=size, dtype=dtype, shape=shape,
+                                           timeout=timeout), timeout=bound)
+        try:  # the bytes stream from the array into the extent Create reserved
+            await self._channel.request(Seal(oid=oid), data, bulk=True)
         except BaseException:
+            # cancelled before its bytes went, the object would wait for them until we close;
+            # once they went, the daemon seals it all the same and this finds nothing to drop
             if self._channel.is_open:
-                await self._channel.request(Abort(oid=oid))
+                with contextlib.suppress(HopliteError):
+                    await self._channel.request(Abort(oid=oid))
             raise
-        await self._channel.request(Seal(oid=oid))
         return oid
 
     async def get(self, object_id: ObjectID, timeout: float | None = None,
@@ -225,6 +236,10 @@ class Client:
         Large objects are zero-copy views of shared memory; the daemon keeps the memory until
         every array derived from the result is gone. Each such view holds a file descriptor
         meanwhile: past the process's limit, get raises CapacityError.
+
+        At most 1,024 gets and reduced_inputs of one client wait at once; one more raises
+        CapacityError at once (``data['limit']``): let some finish first (:meth:`gather`
+        keeps a few in flight), or use another connection.
         """
         timeout = check_timeout(timeout)
         receivers = check_receivers(receivers)
@@ -293,7 +308,8 @@ class Client:
     async def reduced_inputs(self, result_id: ObjectID,
                              timeout: float | None = None) -> list[ObjectID]:
         """Which inputs went into a reduce issued on this node, in the order they were ready;
-        answered once the result is complete (until then a backup may replace a lost input)."""
+        answered once the result is complete (until then a backup may replace a lost input).
+        Counts against the same limit of waits as :meth:`get` (CapacityError past it)."""
         timeout = check_timeout(timeout)
         bound = None if timeout is None else timeout + REPLY_GRACE
         frame = await self._channel.request(ReducedInputs(result=result_id, timeout=timeout),

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 
 from hoplite_client.net import congestion
-from hoplite_client.net.endpoints import default_socket
+from hoplite_client.net.endpoints import default_socket, is_loopback
 from hoplite_client.net.tls import TlsContexts, TlsFiles, load, tls_files
 from hoplite_client.wire.errors import InvalidArgumentError
 from hoplited.collectives.stripes import PAIR_MIN_TRANSFER
 from hoplited.collectives.tree import TWO_TREE_MODES
+
+log = logging.getLogger("hoplited")
 
 # A ring that waits longer than this for its inputs would hold stripes back for no gain.
 MAX_RING_WAIT = 60.0
@@ -36,7 +39,11 @@ class DaemonConfig:
     port: int = 0  # 0: the kernel picks; the ready line on stdout says which
     socket_path: str = field(default_factory=default_socket)
     join: list[tuple[str, int]] = field(default_factory=list)
+    # The secret every peer and tool proves it knows; empty only with ``insecure``, the one
+    # way to accept anyone who reaches the port.
     token: bytes = b""
+    # Where the token came from (--token-file or the default file), for the ready line.
+    token_file: str | None = None
     insecure: bool = False
     capacity: int = field(default_factory=default_capacity)
     # The artifact served one transfer per object per node; chains then cost one hop each,
@@ -103,11 +110,6 @@ class DaemonConfig:
     def check(self) -> None:
         """Refuse settings that would be unsafe or meaningless."""
         tls_files(self.tls_cert, self.tls_key, self.tls_ca)  # all three or none
-        loopback = self.host in ("127.0.0.1", "localhost", "::1") or self.host.startswith("127.")
-        if not self.token and not loopback and not self.insecure:
-            raise InvalidArgumentError(
-                f"refusing to listen on {self.host} without a cluster token: pass --token-file "
-                f"(or --insecure to accept unauthenticated peers)")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise InvalidArgumentError(f"metrics port must be within 0..65535, "
                                        f"not {self.metrics_port}")
@@ -138,3 +140,19 @@ class DaemonConfig:
         if self.suspect_after is not None and not 0 < self.suspect_after < self.heartbeat_timeout:
             raise InvalidArgumentError("--suspect-after must be positive and below the heartbeat "
                                        "timeout (0 turns suspicion off)")
+        self._check_token()
+
+    def _check_token(self) -> None:
+        """A token, or ``insecure`` and none; an address that does not resolve is refused too,
+        as the reach of an insecure daemon is decided on its addresses."""
+        loopback = is_loopback(self.host)
+        if self.insecure and self.token:
+            raise InvalidArgumentError("--insecure accepts peers without a token, and a "
+                                       "--token-file requires it: pass one or the other")
+        if not self.insecure and not self.token:
+            raise InvalidArgumentError("no cluster token: pass --token-file (hoplited makes a "
+                                       "default one without it), or --insecure")
+        if self.insecure:
+            reach = "every user of this host" if loopback else f"anyone who reaches {self.host}"
+            log.warning("--insecure: peers join without a token, so %s can join the cluster "
+                        "and read every object", reach)

@@ -17,7 +17,9 @@ encoded is logged and answered ``protocol``, so its requester never waits for no
 handler, with no reply: its sender gave up on it, and a shard must not hold waits for nobody.
 Every frame from an origin that ``refuse`` names (a member we declared dead) is refused before
 any of that: a request gets the error ``refuse`` returns, a one-way is dropped (docs/design.md
-§5, "Declared dead, then running again").
+§5, "Declared dead, then running again"). Requests of the ``capped`` kinds (a client's waits)
+handled at once are at most ``max_waiting`` per dispatcher (a client's is its connection's):
+one more is answered CapacityError at once, with the limit in its data.
 """
 
 from __future__ import annotations
@@ -31,18 +33,30 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, cast
 
 from hoplite_client.net.channel import error_reply
-from hoplite_client.wire.errors import HopliteError, LocalProtocolError, RemoteProtocolError
+from hoplite_client.net.log_limit import limited
+from hoplite_client.wire.errors import (
+    CapacityError,
+    HopliteError,
+    LocalProtocolError,
+    RemoteProtocolError,
+)
 from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.messages import Cancel, Reply, Role, WireMessage, kinds_for
 from hoplite_client.wire.timeouts import check_timeout
 from hoplited.tasks import Tasks
 
 log = logging.getLogger("hoplited.dispatch")
+_too_many_waits = limited(log, "too many waits")  # a client can ask again and again
 
 Answer = Reply | tuple[Reply, Any] | None
 Handler = Callable[[str, Any, memoryview | None], Answer | Awaitable[Answer]]
 # Sends a reply with its payload under a request id (stamped as it is encoded, no copy made).
 Respond = Callable[[Reply, Any, int], None]
+# The waits one client connection may have handled at once (gets, reduced_inputs: each may
+# wait for ever on an id nobody puts). A wait costs the daemon about 10 KB (its task, a fetch
+# or waiter record), so a client holds 10 MiB at most this way; and it is far more than a
+# client waits on together (Client.gather keeps 8 gets in flight).
+MAX_CLIENT_WAITS = 1024
 
 
 class Dispatcher:
@@ -51,7 +65,9 @@ class Dispatcher:
     def __init__(self, role: Role, handlers: Mapping[type[WireMessage], Handler],
                  tasks: Tasks, errors: Counter[str] | None = None,
                  refuse: Callable[[str], HopliteError | None] = lambda origin: None,
-                 lasting: Iterable[type[WireMessage]] = ()) -> None:
+                 lasting: Iterable[type[WireMessage]] = (),
+                 capped: Iterable[type[WireMessage]] = (),
+                 max_waiting: int = MAX_CLIENT_WAITS) -> None:
         self.role = role
         # kinds whose handling runs to its end when the sender goes (a put whose bytes are
         # all here: docs/design.md §2.2, "A put outlives its client")
@@ -65,6 +81,10 @@ class Dispatcher:
         self._running: set[asyncio.Task[None]] = set()  # requests being handled
         # waits being handled, by the connection (its ``respond``) and request id they came with
         self._waits: dict[tuple[Respond, int], asyncio.Task[None]] = {}
+        # kinds of which at most ``max_waiting`` are handled at once, and how many are now
+        self._capped = frozenset(capped)
+        self._max_waiting = max_waiting
+        self.waiting = 0
 
     def deliver(self, origin: str, frame: Frame[Any], respond: Respond | None) -> None:
         """Handle one incoming frame; ``respond`` sends the reply (None: nobody listens)."""
@@ -94,6 +114,11 @@ class Dispatcher:
         if msg is not frame.msg:
             frame = Frame(msg, frame.payload)
         if cls in self._async:
+            if cls in self._capped and self.waiting >= self._max_waiting:
+                refusal = self._too_many(cls)
+                _too_many_waits("%s: %s", origin, refusal)
+                self._answer_error(msg, refusal, respond, logged=False)
+                return
             self._start(msg, cast(Awaitable[Answer], handler(origin, msg, frame.payload)),
                         respond)
             return
@@ -117,10 +142,24 @@ class Dispatcher:
         if type(msg) not in self._lasting:
             self._running.add(task)
             task.add_done_callback(self._running.discard)
+        if type(msg) in self._capped:
+            self.waiting += 1
+            task.add_done_callback(self._waited)
         if type(msg).CANCELLABLE and respond is not None:
             key = (respond, cast(Any, msg).rid)
             self._waits[key] = task
             task.add_done_callback(lambda _: self._waits.pop(key, None))
+
+    def _waited(self, task: asyncio.Task[None]) -> None:
+        self.waiting -= 1
+
+    def _too_many(self, cls: type[WireMessage]) -> CapacityError:
+        """The error of a capped request over the limit, saying what to do instead."""
+        kinds = " and ".join(sorted(c.__name__ for c in self._capped))
+        return CapacityError(f"{cls.__name__} refused: this connection has {self.waiting} "
+                             f"requests ({kinds}) waiting already, the most it may have; let "
+                             f"some finish first (Client.gather bounds them), or use another "
+                             f"connection", limit=self._max_waiting)
 
     def _cancel(self, respond: Respond, rid: int) -> None:
         """Stop the wait request ``rid`` from the connection that ``respond`` answers, if it
@@ -176,14 +215,15 @@ class Dispatcher:
                       self.role, exc)
             respond(error_reply(exc, rid), None, rid)
 
-    def _answer_error(self, msg: WireMessage, exc: Exception,
-                      respond: Respond | None) -> None:
+    def _answer_error(self, msg: WireMessage, exc: Exception, respond: Respond | None,
+                      logged: bool = True) -> None:
+        """Answer ``exc`` and count it; ``logged``: log it too (else the caller did)."""
         name = type(msg).__name__
         if self._errors is not None:
             self._errors[type(exc).__name__ if isinstance(exc, HopliteError) else "internal"] += 1
-        if isinstance(exc, HopliteError):
+        if logged and isinstance(exc, HopliteError):
             log.info("%s from a %s failed: %s", name, self.role, exc)
-        else:
+        elif logged:
             log.error("%s from a %s crashed", name, self.role, exc_info=exc)
         if msg.SHAPE == "request" and respond is not None:
             rid = cast(Any, msg).rid

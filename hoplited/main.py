@@ -15,7 +15,7 @@ import click
 import uvloop
 
 from hoplite_client.daemon_process import EXIT_NO_PEER
-from hoplite_client.net.endpoints import default_socket, parse_address
+from hoplite_client.net.endpoints import default_socket, default_token, parse_address, read_token
 from hoplite_client.wire.errors import HopliteError, UnreachableError
 from hoplite_client.wire.units import parse_size
 from hoplited.collectives.tree import TWO_TREE_MODES
@@ -124,8 +124,14 @@ async def watch_users(fd: int, stop: Callable[[], None]) -> None:
 @click.option("--join", multiple=True, metavar="HOST:PORT",
               help="Any existing member; the full membership is learnt from it. Repeatable.")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
-              help="File holding the cluster's shared secret.")
-@click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token.")
+              help="File holding the cluster's shared secret; every daemon of a cluster "
+                   "reads a copy of the same file [default: $HOPLITE_TOKEN_FILE, or token in "
+                   "$XDG_RUNTIME_DIR/hoplite or /tmp/hoplite-UID, made with a random token if "
+                   "missing].")
+@click.option("--insecure", is_flag=True,
+              help="No token: accept every peer and tool that reaches --listen (on loopback, "
+                   "every user of this host), which can then read every object. Not with "
+                   "--token-file.")
 @click.option("--capacity", default=None, help="Object store size, e.g. 8GiB [default: half "
                                                  "of RAM].")
 @click.option("--fanout", default=1, show_default=True, type=int,
@@ -225,10 +231,9 @@ def main(listen: str, socket_path: str | None, join: tuple[str, ...],
         if capacity is not None:
             config.capacity = parse_size(capacity)
         if token_file is not None:
-            with open(token_file, "rb") as f:
-                config.token = f.read().strip()
-            if not config.token:
-                raise click.UsageError(f"{token_file} is empty")
+            config.token_file, config.token = os.path.abspath(token_file), read_token(token_file)
+        elif not insecure:
+            config.token_file, config.token = default_token()
         seeds = uvloop.run(run(config, exit_with_parent, users_lock))
     except UnreachableError as exc:  # no --join peer could be reached at all
         click.echo(f"hoplited: {exc}", err=True)

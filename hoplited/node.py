@@ -225,8 +225,8 @@ class Daemon:
             await self._metrics.start()
         if cfg.join:
             await cluster.join(cfg.join)
-        log.info("node %s serving on %s:%d and %s (capacity %d bytes)", self.node_id, cfg.host,
-                 me.port, cfg.socket_path, self.arena.capacity)
+        log.info("node %s serving on %s:%d and %s (capacity %d bytes); %s", self.node_id,
+                 cfg.host, me.port, cfg.socket_path, self.arena.capacity, self._how_to_join())
 
     def ready_line(self) -> str:
         """The JSON line a launcher reads on stdout once the daemon serves."""
@@ -235,7 +235,19 @@ class Daemon:
                  "listen": f"{me.host}:{me.port}", "socket": me.socket}
         if self._metrics is not None:
             ready["metrics"] = f"{self.config.host}:{self._metrics.port}"
+        if self.config.token_file is not None:
+            ready["token_file"] = self.config.token_file
+        ready["to_join"] = self._how_to_join()
         return json.dumps(ready)
+
+    def _how_to_join(self) -> str:
+        """How another daemon joins us: with a copy of our token file, or (insecure) none."""
+        me, cfg = self.membership.me, self.config
+        seed = f"[{me.host}]:{me.port}" if ":" in me.host else f"{me.host}:{me.port}"
+        if cfg.token_file is None:
+            return f"no token (--insecure): hoplited --insecure --join {seed}"
+        return (f"copy {cfg.token_file} to the other host, then run hoplited --token-file "
+                f"COPY --join {seed}")
 
     async def serve_forever(self) -> None:
         await self._stopped.wait()

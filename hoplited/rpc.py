@@ -17,13 +17,15 @@ Inbound (:meth:`Rpc.listen`): every TCP connection starts with the authenticated
 (inside TLS when the node has certificates: docs/security.md);
 its role then decides what it carries: control requests from a member (``peer``) or a tool
 (``tool``), each through its own dispatcher, or object streams (``data``), served by the
-data-plane sender.
+data-plane sender. At most ``MAX_HANDSHAKES`` connections are in their handshake at once, and
+none takes one of the last ``FD_RESERVE`` descriptors: others are closed as they are accepted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from typing import Any, TypeVar
 
 from hoplite_client.net.channel import Channel
 from hoplite_client.net.handshake import Identity, accept, open_accepted
+from hoplite_client.net.log_limit import limited
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import (
     ConnectionLostError,
@@ -48,12 +51,30 @@ from hoplited.dispatch import Dispatcher
 from hoplited.tasks import Tasks
 
 log = logging.getLogger("hoplited.rpc")
+# Anyone who can reach the port can have connections closed at once, as often as it likes.
+_turned_away = limited(log, "connection turned away")
+_accept_failed = limited(log, "accept failed")
 
 R = TypeVar("R", bound=WireMessage)
 
 RETRY_PAUSE_MAX = 0.5  # between attempts to reach an object's owner while membership moves
 # After a failed accept (out of file descriptors, say): asyncio's own servers wait 1 s too.
 ACCEPT_RETRY = 1.0
+# TCP connections in their handshake at once; one more is closed as soon as it is accepted.
+# A member joining dials the seed once, then every member one control link and one standing
+# data connection (cluster/links.py, transfer/data_connections.py): a burst of a large
+# cluster's joins fills the listen backlog (node.py's LISTEN_BACKLOG, 512), which is accepted
+# within milliseconds and is all in its handshake together; twice that lets the next wave in
+# while the first finishes. A dialer closed at once retries as after any failed dial (the
+# next request or heartbeat, the next pull). At the cap, strangers hold at most a handshake's
+# header (HANDSHAKE_MAX_HEADER) and a read-ahead scratch each: about 16 MiB in all.
+MAX_HANDSHAKES = 1024
+# Descriptors kept for the rest of the daemon: local clients (one each), the connections it
+# dials, its files. An accepted TCP connection given one of the last FD_RESERVE (the kernel
+# hands out the lowest free number, so a number that high means at most FD_RESERVE remain
+# free) is closed at once, so that strangers holding TCP connections cannot starve the Unix
+# socket's accept.
+FD_RESERVE = 64
 _UNREACHABLE = (PeerUnavailableError, ConnectionLostError)
 
 
@@ -104,6 +125,7 @@ class Rpc:
         self._tool: Dispatcher | None = None
         self._data: DataServer | None = None
         self._inbound: set[FrameProtocol] = set()
+        self._handshakes = 0  # accepted TCP connections not authenticated (nor refused) yet
         self._listening: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._moved: asyncio.Future[None] | None = None  # done at the next move
@@ -257,25 +279,39 @@ class Rpc:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                conn, _ = await loop.sock_accept(sock)
+                conn, addr = await loop.sock_accept(sock)
             except OSError as exc:
-                log.warning("accept on port %d failed: %s", sock.getsockname()[1], exc)
+                _accept_failed("accept on port %d failed: %s", sock.getsockname()[1], exc)
                 await asyncio.sleep(ACCEPT_RETRY)
                 continue
+            why = self._turn_away(conn)
+            if why:
+                _turned_away("inbound from %s:%s: closed at once: %s", addr[0], addr[1], why)
+                conn.close()
+                continue
+            self._handshakes += 1  # given back by _serve_inbound once the handshake ends
             self._tasks.spawn(self._serve_inbound(conn), name="inbound")
+
+    def _turn_away(self, conn: socket.socket) -> str:
+        """Why an accepted connection is closed at once ("": it is not): too many in their
+        handshake, or too few descriptors left (a cheap check, no listing)."""
+        if self._handshakes >= MAX_HANDSHAKES:
+            return f"{MAX_HANDSHAKES} connections are in their handshake already"
+        limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if limit != resource.RLIM_INFINITY and conn.fileno() >= limit - FD_RESERVE:
+            return (f"descriptor {conn.fileno()} of {limit}: the last {FD_RESERVE} are kept "
+                    f"for local clients and our own dials")
+        return ""
 
     async def _serve_inbound(self, conn: socket.socket) -> None:
         """Authenticate the connection (TLS first, if we have it), then serve its role."""
         try:
-            protocol = await open_accepted(conn, self._identity)
-        except HopliteError:
+            authenticated = await self._handshake(conn)
+        finally:
+            self._handshakes -= 1
+        if authenticated is None:
             return
-        self._inbound.add(protocol)
-        protocol.on_lost.append(lambda _: self._inbound.discard(protocol))
-        try:
-            role, peer = await accept(protocol, self._identity)
-        except HopliteError:
-            return
+        protocol, role, peer = authenticated
         if role == "data":
             if self._membership.declared_dead(peer):  # docs/design.md §5
                 log.info("refusing a data connection from %s: declared dead", peer)
@@ -292,6 +328,21 @@ class Rpc:
                 protocol.send(reply, payload, rid)
 
         Channel(protocol, on_request=lambda frame: dispatcher.deliver(peer, frame, respond))
+
+    async def _handshake(self, conn: socket.socket) -> tuple[FrameProtocol, str, str] | None:
+        """The protocol, role and peer id of an accepted connection once authenticated (TLS
+        first, if we have it); None if it was refused."""
+        try:
+            protocol = await open_accepted(conn, self._identity)
+        except HopliteError:
+            return None
+        self._inbound.add(protocol)
+        protocol.on_lost.append(lambda _: self._inbound.discard(protocol))
+        try:
+            role, peer = await accept(protocol, self._identity)
+        except HopliteError:
+            return None
+        return protocol, role, peer
 
     def stop_listening(self) -> None:
         """Refuse new connections from now on (at shutdown)."""

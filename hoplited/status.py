@@ -20,6 +20,14 @@ from hoplited.transfer.traffic import Traffic
 
 # Per member, when a client asks for the cluster's status: a dead member must not hold it up.
 STATUS_TIMEOUT = 2.0
+# Entries kept of each list in a record sent that grows with load (the transfers and reduce
+# slots under way), next to the count of all: enough examples to see what is going on, about
+# 5 KB. Whole, the lists of 2,000 waiting gets take 350 KB, over the frame's MAX_HEADER.
+STATUS_SAMPLE = 32
+# Entries of each such list over the whole cluster's record, shared out between its nodes
+# (STATUS_SAMPLE each up to 8 nodes, fewer past that): 256 transfers and 256 reduce slots take
+# about 80 KB of the reply's MAX_HEADER, however many nodes are busy.
+CLUSTER_SAMPLE = 256
 
 
 class NodeStatus:
@@ -41,10 +49,20 @@ class NodeStatus:
         return {Stats: self.on_stats}
 
     def on_stats(self, peer: str, msg: Stats, payload: memoryview | None) -> StatusReply:
-        return StatusReply(info=self.local())
+        return StatusReply(info=self.local(sample=STATUS_SAMPLE))
 
-    def local(self) -> dict[str, Any]:
-        """This node: address, members as it sees them, store, shard, traffic, links."""
+    def local(self, sample: int | None = None) -> dict[str, Any]:
+        """This node: address, members as it sees them, store, shard, traffic, links, and
+        each gauge; a gauge's list (what is under way) also as its ``<name>_count``, and cut
+        to its first ``sample`` entries (the record sent in a frame; None: whole, for the
+        metrics)."""
+        gauges: dict[str, Any] = {}
+        for name, gauge in self._gauges.items():
+            value = gauge()
+            if isinstance(value, list):
+                gauges[f"{name}_count"] = len(value)
+                value = value[:sample]
+            gauges[name] = value
         me = self._membership.me
         return {
             "node_id": me.node_id,
@@ -62,12 +80,12 @@ class NodeStatus:
             **self._traffic.as_dict(),
             "links": self._link_model.as_dict(),
             "errors": dict(self._errors),
-            **{name: gauge() for name, gauge in self._gauges.items()},
+            **gauges,
         }
 
     async def cluster(self) -> dict[str, Any]:
         """This node's record and every other live member's (or the error asking it)."""
-        local = self.local()
+        local = self.local(sample=STATUS_SAMPLE)
         others = [n for n in self._membership.alive_ids() if n != self._membership.me.node_id]
 
         async def ask(node: str) -> dict[str, Any]:
@@ -78,4 +96,11 @@ class NodeStatus:
                 return {"node_id": node, "error": str(exc)}
 
         infos = await asyncio.gather(*(ask(n) for n in others))
-        return {"local": local, "nodes": [local, *infos]}
+        share = CLUSTER_SAMPLE // (1 + len(infos))
+        return {"local": local, "nodes": [_cut(info, share) for info in (local, *infos)]}
+
+
+def _cut(info: dict[str, Any], sample: int) -> dict[str, Any]:
+    """``info`` with each list that has a ``<name>_count`` cut to its first ``sample``."""
+    return {key: value[:sample] if isinstance(value, list) and f"{key}_count" in info
+            else value for key, value in info.items()}

@@ -103,6 +103,7 @@ class RawConn:
         self.sock.settimeout(IO_TIMEOUT)
         self.reader = FrameReader()
         self.events: list[Any] = []
+        self.arena_fd: int | None = None
 
     @classmethod
     def tcp(cls, listen: str) -> RawConn:
@@ -131,13 +132,16 @@ class RawConn:
         assert isinstance(event, Frame), event
         return event
 
-    def client_handshake(self) -> ClientWelcome:
-        """ClientHello → ClientWelcome with the arena fd (closed here: we never map it)."""
+    def client_handshake(self, keep_fd: bool = False) -> ClientWelcome:
+        """ClientHello → ClientWelcome with the arena fd: closed here, or with ``keep_fd``
+        kept in ``arena_fd`` for the caller to close."""
         self.send(encode_header(ClientHello(versions=SUPPORTED_VERSIONS, pid=os.getpid())))
         data, fds, _, _ = socket.recv_fds(self.sock, 4096, 1)
-        for fd in fds:
-            os.close(fd)
         assert len(fds) == 1, "the welcome carried no arena fd"
+        if keep_fd:
+            self.arena_fd = fds[0]
+        else:
+            os.close(fds[0])
         self.events.extend(self.reader.feed(data))
         welcome = self.next_frame().msg
         assert isinstance(welcome, ClientWelcome), welcome

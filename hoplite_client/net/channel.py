@@ -53,9 +53,10 @@ class Channel:
         return self._lost is None
 
     async def request(self, msg: Request[R], payload: Payload | None = None,
-                      timeout: float | None = None) -> Frame[R]:
+                      timeout: float | None = None, bulk: bool = False) -> Frame[R]:
         """Send ``msg`` under a fresh request id and wait for its reply; an ``Error`` reply
-        raises its typed error, a reply of another kind is a protocol error."""
+        raises its typed error, a reply of another kind is a protocol error. ``bulk``: a
+        large payload, written by a worker thread (``FrameProtocol.send_bulk``)."""
         if self._lost is not None:
             raise self._lost
         rid = next(self._rids)
@@ -66,7 +67,10 @@ class Channel:
         # whole cost is a few such steps (docs/design.md §2.4, "Small requests")
         timer = None if timeout is None else loop.call_later(timeout, _expire, fut)
         try:
-            self.protocol.send(msg, payload, rid)
+            if bulk and payload is not None:
+                await self.protocol.send_bulk(msg, payload, rid)
+            else:
+                self.protocol.send(msg, payload, rid)
             frame = await fut
         except _NoReply:
             self._abandon(msg, rid, answered=False)

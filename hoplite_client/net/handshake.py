@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from hoplite_client.net import congestion
+from hoplite_client.net.log_limit import limited
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.net.tls import TlsContexts, describe
 from hoplite_client.wire import auth
@@ -35,10 +36,17 @@ from hoplite_client.wire.errors import (
     VersionMismatchError,
     error_from_wire,
 )
-from hoplite_client.wire.frames import SUPPORTED_VERSIONS, Frame, FrameReader
+from hoplite_client.wire.frames import (
+    HANDSHAKE_MAX_HEADER,
+    SUPPORTED_VERSIONS,
+    Frame,
+    FrameReader,
+)
 from hoplite_client.wire.messages import Accepted, Auth, Error, Hello, Welcome, WireMessage
 
 log = logging.getLogger("hoplite.handshake")
+# Anyone who can reach the port can have a handshake refused, as often as it likes.
+_refused = limited(log, "handshake refused")
 
 HANDSHAKE_TIMEOUT = 10.0  # generous: a loaded 2-core host may take a while to schedule us
 ROLES = ("peer", "data", "tool")
@@ -83,7 +91,8 @@ async def dial(host: str, port: int, role: str, me: Identity,
     try:
         async with asyncio.timeout(timeout):
             transport, protocol = await loop.create_connection(
-                lambda: FrameProtocol(name=f"{role}->{host}:{port}"), host, port, ssl=context,
+                lambda: FrameProtocol(name=f"{role}->{host}:{port}", authenticated=False),
+                host, port, ssl=context,
                 ssl_handshake_timeout=None if context is None else timeout)
         sock = transport.get_extra_info("socket")
         if sock is not None:  # the daemon checked the name when it started: it is known
@@ -110,6 +119,7 @@ async def dial(host: str, port: int, role: str, me: Identity,
         protocol.send(Auth(proof=auth.proof(me.token, b"client", nonce, welcome.nonce,
                                             me.node_id, welcome.node_id)))
         await _expect(protocol, Accepted, timeout)
+        protocol.authenticate()
     except ConnectionLostError as exc:
         protocol.abort()
         if welcome is not None or exc.reported:
@@ -150,9 +160,12 @@ async def accept(protocol: FrameProtocol, me: Identity,
         if not auth.verify(expected, reply.proof):
             raise AuthenticationError(f"peer {hello.node_id!r} does not know the cluster token")
         protocol.send(Accepted(version=common[-1]))
+        protocol.authenticate()  # before anything else it sends is read
     except HopliteError as exc:
-        log.warning("%s: handshake refused: %s", protocol.name, exc)
-        if not protocol.closed.done():
+        if protocol.closed.done():  # it hung up, or sent a bad frame (logged as it closed)
+            log.debug("%s: handshake ended: %s", protocol.name, exc)
+        else:
+            _refused("%s: handshake refused: %s", protocol.name, exc)
             protocol.send(Error(rid=0, code=exc.code, message=str(exc), data={}))
             protocol.close()
         raise
@@ -172,7 +185,7 @@ async def open_accepted(conn: socket.socket, me: Identity,
     except OSError:  # reset already
         peer = "a peer gone already"
     # Ours, not the one returned: uvloop returns its SSL layer's protocol when ``ssl`` is given.
-    protocol = FrameProtocol(name="inbound")
+    protocol = FrameProtocol(name=f"inbound from {peer}", authenticated=False)
     try:
         await loop.connect_accepted_socket(
             lambda: protocol, conn, ssl=context,
@@ -180,19 +193,21 @@ async def open_accepted(conn: socket.socket, me: Identity,
     except OSError as exc:  # SSLError (a refused certificate, plaintext), a timeout, a reset
         reason = (describe(exc) if isinstance(exc, ssl.SSLError) else str(exc)
                   or f"{type(exc).__name__} (did it refuse our certificate?)")
-        log.warning("inbound from %s: %s refused: %s", peer,
-                    "TLS handshake" if context is not None else "connection", reason)
+        _refused("inbound from %s: %s refused: %s", peer,
+                 "TLS handshake" if context is not None else "connection", reason)
         if context is None:
             raise ConnectionLostError(f"inbound from {peer}: {reason}") from exc
         raise AuthenticationError(f"TLS handshake with {peer} failed: {reason}") from exc
     return protocol
 
 
-async def read_one_frame(conn: socket.socket) -> Frame[WireMessage]:
+async def read_one_frame(conn: socket.socket,
+                         max_header: int = HANDSHAKE_MAX_HEADER) -> Frame[WireMessage]:
     """Read exactly one frame from a raw non-blocking socket (nothing past it): the Unix
-    socket's hello, before the connection is handed to a :class:`FrameProtocol`."""
+    socket's hello, before the connection is handed to a :class:`FrameProtocol`; its header
+    is capped at ``max_header`` (a handshake's, by default)."""
     loop = asyncio.get_running_loop()
-    reader = FrameReader()
+    reader = FrameReader(max_header=max_header)
     while True:
         n = await loop.sock_recv_into(conn, reader.get_buffer())
         if n == 0:

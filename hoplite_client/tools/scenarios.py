@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 
 import hoplite_client
 from hoplite_client.net.channel import Channel
-from hoplite_client.net.endpoints import host_id, parse_address
+from hoplite_client.net.endpoints import host_id, parse_address, tool_token
 from hoplite_client.net.handshake import Identity, dial
 from hoplite_client.net.tls import TlsContexts, TlsFiles, load
 from hoplite_client.tools.local_cluster import LocalCluster
@@ -82,6 +82,7 @@ async def bench_clients(nodes: int, join: str | None, token_file: str | None,
     """Clients of ``nodes`` daemons: a fresh local cluster (in an emulated test bed with
     ``emulate`` bit/s links of ``mtu`` if given), or members of ``join``'s cluster; closed on
     exit. The cluster comes along when we started it (failure runs signal its daemons).
+    ``token_file``: ``join``'s token (None: the default token file, a bare daemon's).
     ``tls``: the started cluster's daemons use these files, or ``join``'s cluster is dialled
     with them; ``daemon_args``: more options for the daemons we start."""
     async with contextlib.AsyncExitStack() as stack:
@@ -97,12 +98,9 @@ async def bench_clients(nodes: int, join: str | None, token_file: str | None,
                              daemon_args=daemon_args))
             sockets = cluster.sockets
         else:
-            token = b""
-            if token_file:
-                with open(token_file, "rb") as f:
-                    token = f.read().strip()
             contexts = None if tls is None else load(tls)
-            sockets = (await members_on_this_host(join, token, contexts))[:nodes]
+            sockets = (await members_on_this_host(join, tool_token(token_file),
+                                                  contexts))[:nodes]
             if len(sockets) < 2:
                 raise BenchError(f"the cluster at {join} has {len(sockets)} member(s) "
                                  f"on this host; a benchmark needs at least 2")

@@ -421,7 +421,7 @@ def _leftovers(info: dict[str, Any], own_clients: int) -> dict[str, int]:
              "pinned_deleted": store.get("pinned_deleted", 0),
              "directory_entries": shard.get("entries", 0),
              "waiting_gets": shard.get("waiting_gets", 0),
-             "transfers": len(info.get("transfers", [])),
+             "transfers": info.get("transfers_count", 0),
              "reduce_tasks": info.get("reduce_tasks", 0),
              "clients": info.get("clients", 0) - own_clients}
     return {k: v for k, v in found.items() if v}

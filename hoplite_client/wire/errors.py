@@ -148,3 +148,12 @@ def error_from_wire(code: str, message: str, data: dict[str, Any]) -> HopliteErr
     error.data = dict(data)
     error.reported = True
     return error
+
+
+class ForeignDaemonError(HopliteError):
+    """The Unix socket is served by a process of another user than us or root, which would
+    receive all we put: the client refuses it before sending a byte; ``data`` has ``path``
+    and ``uid``. Raised on the client only, it never crosses the wire, so it has no entry in
+    :data:`ERRORS_BY_CODE`."""
+
+    code = "foreign_daemon"

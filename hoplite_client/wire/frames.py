@@ -7,14 +7,16 @@ payload length``, then a msgpack header (a :mod:`messages` record), then the raw
 (prelude, header or payload), so the kernel writes each part where it belongs and a streamed
 payload lands directly in the destination buffer with no copy. A reader made with
 ``read_ahead`` instead offers a scratch buffer of that size at each frame boundary while no
-stream sink is installed (control connections): one read then takes every small frame that
-has arrived, where exact parts take three reads per frame and a fourth to find none left, and
-the parts are copied out of it (docs/design.md §2.4, "Small requests"). Such a reader hands
-out one frame per :meth:`FrameReader.buffer_updated` or :meth:`FrameReader.resume` call, so
-that a sink installed on seeing a frame takes the next frame's payload. Every length is checked
-before anything is allocated. A frame with a bad header or an unknown kind is skipped (the
-lengths still delimit it) and reported as :class:`BadFrame`; a broken prelude or an oversized
-length raises :class:`RemoteProtocolError` and the reader stays broken (it cannot re-sync).
+stream sink is installed, or one installed to keep reading ahead (control connections, and a
+client's connection, whose large puts stream into their extents): one read then takes every
+small frame that has arrived, where exact parts take three reads per frame and a fourth to
+find none left, and the parts are copied out of it (docs/design.md §2.4, "Small requests").
+Such a reader hands out one frame per :meth:`FrameReader.buffer_updated` or
+:meth:`FrameReader.resume` call, so that a sink installed on seeing a frame takes the next
+frame's payload. Every length is checked before anything is allocated. A frame with a bad
+header or an unknown kind is skipped (the lengths still delimit it) and reported as
+:class:`BadFrame`; a broken prelude or an oversized length raises :class:`RemoteProtocolError`
+and the reader stays broken (it cannot re-sync).
 """
 
 from __future__ import annotations
@@ -37,12 +39,18 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 MAGIC = b"HP"
-PROTOCOL_VERSION = 24
-SUPPORTED_VERSIONS = [24]
+PROTOCOL_VERSION = 25
+SUPPORTED_VERSIONS = [25]
 PRELUDE = struct.Struct("!2sBBIQ")  # magic, version, kind, header length, payload length
 PRELUDE_SIZE = PRELUDE.size
 # Headers hold ids, offsets and member lists: 256 KiB fits thousands of members.
 MAX_HEADER = 256 * 1024
+# The header cap before a connection is authenticated, so that a stranger's frame costs a few
+# KiB at most, not MAX_HEADER. The largest handshake header is an Error naming an address
+# (about 110 bytes) or a Welcome (about 70); a Hello takes 27 plus the node id a tool chose
+# for itself, a ClientHello 8. Over 30 times the largest leaves room for long names and
+# messages (tests/unit/test_strangers.py checks the largest of each kind fits).
+HANDSHAKE_MAX_HEADER = 4 * 1024
 # The most object ids one frame lists. An id is 22 bytes of msgpack, so 10,000 take 220,000 of
 # MAX_HEADER's 262,144 bytes and leave over 40 KB for the other fields. A reduce takes at most
 # this many inputs (its Reduce and InputList list them all); a client sends its Release
@@ -136,8 +144,12 @@ class FrameReader:
     """Incremental frame decoder fed through :meth:`get_buffer` / :meth:`buffer_updated`."""
 
     def __init__(self, stream_sink: StreamSink | None = None,
-                 max_small_payload: int = MAX_SMALL_PAYLOAD, read_ahead: int = 0) -> None:
+                 max_small_payload: int = MAX_SMALL_PAYLOAD, read_ahead: int = 0,
+                 max_header: int = MAX_HEADER) -> None:
         self._sink = stream_sink
+        # the longest header accepted from the next frame on: HANDSHAKE_MAX_HEADER until the
+        # connection is authenticated, then raised by its owner
+        self.max_header = max_header
         self._max_small = max_small_payload
         self._prelude = bytearray(PRELUDE_SIZE)
         self._part = memoryview(self._prelude)
@@ -149,17 +161,21 @@ class FrameReader:
         self._bad: BadFrame | None = None
         self.broken: ProtocolError | None = None
         self._read_ahead = read_ahead
+        self._ahead_with_sink = False  # go on reading ahead with a sink installed
         self._scratch: memoryview | None = None  # made at its first use (none on a data
         # connection, whose sink is installed before anything arrives)
         self._pending = memoryview(b"")  # bytes read ahead and not parsed yet
         self._into_scratch = False  # the last buffer handed out was the scratch
 
-    def expect_stream(self, sink: StreamSink | None) -> None:
+    def expect_stream(self, sink: StreamSink | None, read_ahead: bool = False) -> None:
         """Where streamed payloads go from the next frame on (None: read them into memory).
         A sink ends reading ahead, and the scratch goes (a data connection after its
-        handshake), unless bytes read ahead still wait in it."""
+        handshake), unless bytes read ahead still wait in it; with ``read_ahead`` a reader
+        made to read ahead goes on doing so at frame boundaries (a connection that carries
+        small requests too), and a stream's first bytes read ahead are copied to the sink."""
         self._sink = sink
-        if sink is not None and not self._pending:
+        self._ahead_with_sink = read_ahead
+        if sink is not None and not read_ahead and not self._pending:
             self._scratch = None
 
     @property
@@ -180,12 +196,14 @@ class FrameReader:
 
     def get_buffer(self) -> memoryview:
         """Where the next bytes go: the scratch at a frame boundary of a reader that reads
-        ahead, with no sink installed; else exactly the part still missing."""
+        ahead, with no sink installed or one that keeps reading ahead; else exactly the part
+        still missing."""
         if self.broken is not None:
             raise self.broken
         if self._pending:
             raise LocalProtocolError("bytes read ahead are still pending: resume() first")
-        if self._read_ahead and self._state == "prelude" and self._got == 0 and self._sink is None:
+        if (self._read_ahead and self._state == "prelude" and self._got == 0
+                and (self._sink is None or self._ahead_with_sink)):
             if self._scratch is None:
                 self._scratch = memoryview(bytearray(self._read_ahead))
             self._into_scratch = True
@@ -260,7 +278,7 @@ class FrameReader:
         end = PRELUDE_SIZE + header_len + payload_len
         cls = MESSAGES.get(kind)
         if (len(pending) < end or magic != MAGIC or version not in SUPPORTED_VERSIONS
-                or not 0 < header_len <= MAX_HEADER or cls is None
+                or not 0 < header_len <= self.max_header or cls is None
                 or payload_len > self._max_small or payload_len and (
                     cls.PAYLOAD == "none" or cls.PAYLOAD == "stream" and self._sink is not None)):
             return None
@@ -326,8 +344,9 @@ class FrameReader:
             raise RemoteProtocolError("bad frame magic: not a hoplite peer")
         if version not in SUPPORTED_VERSIONS:
             raise RemoteProtocolError(f"unsupported frame version {version}")
-        if not 0 < header_len <= MAX_HEADER:
-            raise RemoteProtocolError(f"frame header length {header_len} out of range")
+        if not 0 < header_len <= self.max_header:
+            raise RemoteProtocolError(f"frame header length {header_len} out of range "
+                                      f"(at most {self.max_header})")
         if payload_len > MAX_STREAM_PAYLOAD:
             raise RemoteProtocolError(f"frame payload length {payload_len} out of range")
         self._kind = kind

@@ -245,9 +245,9 @@ class Stored(Reply):
 
 
 @message(21, shape="request", roles=(CLIENT,))
-class Create(Request["Created"]):
-    """Reserve room for a large object the client then writes into shared memory; ``timeout``
-    as for ``Put``."""
+class Create(Request["Ok"]):
+    """Reserve room for a large object, whose bytes the client then sends with its ``Seal``;
+    ``timeout`` as for ``Put``."""
 
     rid: int = 0
     oid: ObjectID
@@ -257,14 +257,11 @@ class Create(Request["Created"]):
     timeout: float | None
 
 
-@message(22, shape="reply")
-class Created(Reply):
-    rid: int = 0
-    offset: int
-
-
-@message(23, shape="request", roles=(CLIENT,))
+@message(23, shape="request", roles=(CLIENT,), payload="stream")
 class Seal(Request["Ok"]):
+    """The bytes of an object the client created, streamed straight into its extent (all of
+    them: the payload's length is its size); then it is published."""
+
     rid: int = 0
     oid: ObjectID
 

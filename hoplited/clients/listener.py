@@ -1,7 +1,8 @@
 """The Unix-socket listener for local client processes.
 
-Connecting: the client sends ClientHello; the daemon answers ClientWelcome with the arena's
-memfd attached (SCM_RIGHTS), so the client maps the same memory; then a
+Connecting: the client sends ClientHello; the daemon answers ClientWelcome with a read-only
+descriptor of the arena's memfd attached (SCM_RIGHTS), so the client maps objects it gets in
+place (and can write none of them); then a
 :class:`~hoplited.clients.session.ClientSession` serves the connection. The socket file is
 created readable by its owner only.
 """
@@ -16,7 +17,9 @@ import os
 import socket
 from typing import Any
 
+from hoplite_client.net.endpoints import private_dir
 from hoplite_client.net.handshake import HANDSHAKE_TIMEOUT, read_one_frame
+from hoplite_client.net.log_limit import limited
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, RemoteProtocolError
 from hoplite_client.wire.frames import SUPPORTED_VERSIONS, encode_header
@@ -58,8 +61,8 @@ class ClientListener:
         while True:
             try:
                 conn, _ = await loop.sock_accept(self._sock)
-            except OSError as exc:
-                log.warning("accept on %s failed: %s", self._path, exc)
+            except OSError as exc:  # out of descriptors, say: one line per interval at most
+                limited(log, "accept failed")("accept on %s failed: %s", self._path, exc)
                 await asyncio.sleep(ACCEPT_RETRY)
                 continue
             self._deps.tasks.spawn(self._welcome(conn), name="client-hello")
@@ -76,7 +79,7 @@ class ClientListener:
             welcome = encode_header(ClientWelcome(version=max(SUPPORTED_VERSIONS),
                                                   node_id=self._node_id,
                                                   arena_size=self._arena.capacity))
-            fds = array.array("i", [self._arena.fd])
+            fds = array.array("i", [self._arena.client_fd])
             conn.sendmsg([welcome], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
         except (HopliteError, OSError, TimeoutError) as exc:
             log.warning("client handshake failed: %s", exc or type(exc).__name__)
@@ -108,9 +111,12 @@ class ClientListener:
 
 
 def _bind_unix(path: str) -> socket.socket:
-    """Bind the socket readable by its owner only; refuse if a live daemon already owns it."""
+    """Bind the socket readable by its owner only, in a directory only we (or root) may
+    change; refuse if a live daemon already owns it."""
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    # Another user who may write there could swap in a socket of its own, and receive
+    # everything our clients put.
+    private_dir(directory, "pass --socket in a directory of yours")
     if os.path.exists(path):
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

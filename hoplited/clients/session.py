@@ -1,11 +1,13 @@
 """One connected local client: its requests, the views it holds, the objects it is writing.
 
-After the handshake (:mod:`.listener`) the Unix socket carries only small control frames:
-object bytes go through shared memory. Large objects are reported as arena offsets and
-pinned until the client releases its view; small ones (inline size) ride as the reply's
-payload. When the client disconnects its pins are released and the objects it created but
-never sealed are discarded. A put or create into a full store evicts copies held elsewhere or
-waits for room (:mod:`hoplited.memory.space`) up to the put's own timeout.
+After the handshake (:mod:`.listener`) the Unix socket carries control frames and the bytes
+of puts: a small put's ride in its frame, a large put's stream with its ``Seal`` straight into
+the extent its ``Create`` reserved (the client maps nothing writable: docs/security.md). A get
+reports a large object as an arena offset, pinned until the client releases its view; a small
+one rides as the reply's payload. When the client disconnects its pins are released and the
+objects it created but never sealed are discarded. A put or create into a full store evicts
+copies held elsewhere or waits for room (:mod:`hoplited.memory.space`) up to the put's own
+timeout.
 """
 
 from __future__ import annotations
@@ -17,8 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from hoplite_client.net.channel import Channel
+from hoplite_client.net.log_limit import limited
 from hoplite_client.net.protocol import FrameProtocol
-from hoplite_client.wire.errors import HopliteError, InvalidArgumentError, ObjectNotFoundError
+from hoplite_client.wire.errors import (
+    HopliteError,
+    InvalidArgumentError,
+    ObjectDeletedError,
+    ObjectNotFoundError,
+    RemoteProtocolError,
+)
 from hoplite_client.wire.frames import INLINE_MAX, MAX_IDS_PER_FRAME
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import (
@@ -26,7 +35,6 @@ from hoplite_client.wire.messages import (
     Abort,
     Allreduce,
     Create,
-    Created,
     Delete,
     Found,
     Get,
@@ -81,12 +89,17 @@ class ClientSession:
         self.protocol = protocol
         self.d = deps
         self.pins: dict[ObjectID, list[StoredObject]] = {}
-        self.creating: set[ObjectID] = set()
+        # created and not sealed, each pinned: a delete meanwhile must not free the extent a
+        # Seal may be streaming into
+        self.creating: dict[ObjectID, StoredObject] = {}
+        self._streaming: StoredObject | None = None  # the one whose Seal's bytes arrive now
         self._dispatcher = dispatcher = Dispatcher(CLIENT, {cls: getattr(self, name)
                                          for cls, name in HANDLERS.items()}, deps.tasks,
-                                deps.errors, lasting=(Put, Seal))
+                                deps.errors, lasting=(Put, Seal), capped=(Get, ReducedInputs))
         self.channel = Channel(protocol, on_request=lambda frame: dispatcher.deliver(
             protocol.name, frame, self._respond))
+        protocol.set_stream_sink(self._seal_sink, read_ahead=True)
+        protocol.read_in_bulk()  # a large put's bytes land in a worker thread
 
     def _respond(self, reply: Any, payload: Any, rid: int) -> None:
         if not self.protocol.closed.done():
@@ -124,32 +137,62 @@ class ClientSession:
         await self._publish(obj)
         return Stored(oid=oid)
 
-    async def on_create(self, me: str, msg: Create, payload: memoryview | None) -> Created:
+    async def on_create(self, me: str, msg: Create, payload: memoryview | None) -> Ok:
+        """Reserve and back the extent a large put's ``Seal`` streams into."""
         obj = await self.d.space.create(msg.oid, msg.size, msg.dtype, msg.shape,
                                         wait=msg.timeout)
-        self.creating.add(msg.oid)
+        self.d.store.pin(obj)
+        self.creating[msg.oid] = obj
         try:
             await self.d.arena.populate(obj.offset, obj.size)
-        except HopliteError:
-            self.creating.discard(msg.oid)
-            self.d.store.remove(msg.oid)
+        except BaseException:
+            if self.creating.pop(msg.oid, None) is obj:
+                self._discard(obj)
             raise
-        return Created(offset=obj.offset)
+        return Ok()
 
-    async def on_seal(self, me: str, msg: Seal, payload: memoryview | None) -> Ok:
-        obj = self.d.store.get(msg.oid)
-        if obj is None or msg.oid not in self.creating:
+    def _seal_sink(self, msg: Seal, size: int) -> memoryview:
+        """Where a ``Seal``'s bytes go: the extent of the object this client is creating. Any
+        other stream breaks the connection, since its bytes could go nowhere."""
+        obj = self.creating.pop(msg.oid, None)
+        if obj is None or size != obj.size:
+            if obj is not None:
+                self._discard(obj)
+            raise RemoteProtocolError(f"a Seal of {size} bytes for {msg.oid.hex()}, which this "
+                                      f"client is not creating at that size")
+        self._streaming = obj
+        return obj.buffer
+
+    def on_seal(self, me: str, msg: Seal, payload: memoryview | None) -> Awaitable[Ok]:
+        """All the object's bytes have landed: it is complete; publish it. Taken on arrival,
+        so a client that leaves now does not discard it (Seal is a lasting kind)."""
+        obj, self._streaming = self._streaming, None
+        if obj is None or obj.oid != msg.oid:  # its bytes came before this client's Create
+            if obj is not None:
+                self._discard(obj)
             raise ObjectNotFoundError(f"no object {msg.oid.hex()} being created by this client")
-        self.creating.discard(msg.oid)
+        self.d.store.unpin(obj)
+        if obj.deleted:
+            raise ObjectDeletedError(f"object {msg.oid.hex()} was deleted while it was put",
+                                     oid=msg.oid.hex())
         obj.advance(obj.size)
+        return self._sealed(obj)
+
+    async def _sealed(self, obj: StoredObject) -> Ok:
         await self._publish(obj)
         return Ok()
 
     def on_abort(self, me: str, msg: Abort, payload: memoryview | None) -> Ok:
-        if msg.oid in self.creating:
-            self.creating.discard(msg.oid)
-            self.d.store.remove(msg.oid)
+        obj = self.creating.pop(msg.oid, None)
+        if obj is not None:
+            self._discard(obj)
         return Ok()
+
+    def _discard(self, obj: StoredObject) -> None:
+        """Drop an object this client created and will not seal."""
+        self.d.store.unpin(obj)
+        if self.d.store.get(obj.oid) is obj:
+            self.d.store.remove(obj.oid)
 
     async def on_delete(self, me: str, msg: Delete, payload: memoryview | None) -> Ok:
         """Remove every copy in the cluster and the directory entry; a reduce into the id
@@ -192,14 +235,21 @@ class ClientSession:
         return StatusReply(info=await self.d.cluster_status())
 
     def on_release(self, me: str, msg: Release, payload: memoryview | None) -> None:
+        """Unpin one view of each id; ids not held are counted, and logged one line per
+        notice at most (and at a bounded rate: a client can send such notices in a loop)."""
+        unheld: list[ObjectID] = []
         for oid in msg.oids:
             held = self.pins.get(oid)
             if not held:
-                log.warning("client released %s it did not hold", oid.short())
+                unheld.append(oid)
                 continue
             self.d.store.unpin(held.pop(0))
             if not held:
                 del self.pins[oid]
+        if unheld:
+            limited(log, "release of ids not held")(
+                "%s released %d id(s) it did not hold, e.g. %s", self.protocol.name,
+                len(unheld), unheld[0].short())
 
     async def _publish(self, obj: StoredObject) -> None:
         """Register a put's object with its owner shard; one that is refused, or whose owner
@@ -223,9 +273,11 @@ class ClientSession:
             for obj in held:
                 self.d.store.unpin(obj)
         self.pins.clear()
-        for oid in self.creating:
-            self.d.store.remove(oid)
+        unsealed = [*self.creating.values(), *filter(None, [self._streaming])]
         self.creating.clear()
+        self._streaming = None
+        for obj in unsealed:
+            self._discard(obj)
 
 
 # The client role's handler table (method names, bound per session); the listener checks it

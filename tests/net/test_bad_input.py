@@ -47,9 +47,9 @@ from hoplite_client.wire.messages import (
     ClientHello,
     ClientWelcome,
     Create,
-    Created,
     Error,
     Hello,
+    Ok,
     Status,
     StatusReply,
     Welcome,
@@ -58,16 +58,24 @@ from hoplite_client.wire.messages import (
 
 # --- 1. garbage on the TCP port --------------------------------------------------------------
 async def test_tcp_garbage_is_refused_and_daemon_keeps_serving(make_cluster):
-    """Junk, oversized/bad preludes, a mistyped Hello and a silent socket do not hurt a daemon."""
+    """Junk, oversized/bad preludes, a mistyped Hello and a silent socket do not hurt a daemon.
+    A broken prelude gets one Error and the connection closes; a well-delimited bad frame
+    before the handshake closes it unanswered."""
     cluster = await make_cluster(2)
     listen = cluster.nodes[0].listen
     idle = RawConn.tcp(listen)  # says nothing, stays open
     try:
         junk = b"\xff\xfe" + random.Random(1).randbytes(62)  # cannot start with b"HP"
         oversized = PRELUDE.pack(MAGIC, PROTOCOL_VERSION, Hello.KIND, MAX_HEADER + 1, 0)
+        # more than a handshake needs, though a request after it may be that long
+        over_handshake = PRELUDE.pack(MAGIC, PROTOCOL_VERSION, Hello.KIND, 64 * 1024, 0)
         hello = msgpack.packb([SUPPORTED_VERSIONS, "intruder", auth.new_nonce(), "peer"])
         bad_magic = raw_frame(Hello.KIND, hello, magic=b"XX")
-        for data, strict in ((junk, False), (oversized, True), (bad_magic, True)):
+        # a Hello whose ``versions`` is a string
+        mistyped = raw_frame(Hello.KIND, msgpack.packb(["1", "intruder", b"n" * 16, "peer"]))
+        for data, codes in ((junk, None), (oversized, ["protocol"]),
+                            (over_handshake, ["protocol"]), (bad_magic, ["protocol"]),
+                            (mistyped, [])):
             conn = RawConn.tcp(listen)
             try:
                 conn.send(data)
@@ -75,17 +83,9 @@ async def test_tcp_garbage_is_refused_and_daemon_keeps_serving(make_cluster):
             finally:
                 conn.close()
             assert closed, f"connection left open after {data[:16]!r}"
-            if answer or strict:
-                assert [e.code for e in errors_in(answer)] == ["protocol"]
-
-        # A Hello whose ``versions`` is a string: the frame is rejected with an Error.
-        conn = RawConn.tcp(listen)
-        try:
-            conn.send(raw_frame(Hello.KIND, msgpack.packb(["1", "intruder", b"n" * 16, "peer"])))
-            reply = (await asyncio.to_thread(conn.next_frame)).msg
-            assert isinstance(reply, Error) and reply.code == "protocol", reply
-        finally:
-            conn.close()
+            got = [e.code for e in errors_in(answer)] if answer else []
+            # junk may break off where an Error is owed or not: either is right
+            assert got in ([], ["protocol"]) if codes is None else got == codes, (data[:16], got)
 
         await put_get_roundtrip(cluster.nodes[0].socket, cluster.nodes[1].socket)
 
@@ -196,7 +196,7 @@ async def test_wrong_token_is_refused(make_cluster, connect):
         conn.close()
 
     other_token = os.path.join(cluster.workdir, "other-token")
-    with open(other_token, "w") as f:
+    with open(os.open(other_token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         f.write("a-completely-different-token")
     code, err = await run_hoplited(
         "--listen", "127.0.0.1:0", "--socket", os.path.join(cluster.workdir, "intruder.sock"),
@@ -210,15 +210,18 @@ async def test_wrong_token_is_refused(make_cluster, connect):
 
 
 # --- 4. no token on a public address ---------------------------------------------------------
-async def test_public_address_requires_token_or_insecure():
-    """--listen 0.0.0.0 without a token exits 2 naming the token; with --insecure it serves."""
+async def test_public_address_without_a_token_only_with_insecure():
+    """--insecure with a --token-file exits 2 naming both; --insecure alone serves 0.0.0.0."""
     tmp = tempfile.mkdtemp(prefix="hoplite-rb-")
     try:
         sock = os.path.join(tmp, "d.sock")
+        token = os.path.join(tmp, "token")
+        with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write("a-token")
         code, err = await run_hoplited("--listen", "0.0.0.0:0", "--socket", sock,
-                                       "--capacity", "16MiB")
+                                       "--capacity", "16MiB", "--insecure", "--token-file", token)
         assert code == 2, err
-        assert "token" in err, err
+        assert "--insecure" in err and "--token-file" in err and "Traceback" not in err, err
 
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "hoplited", "--listen", "0.0.0.0:0", "--socket", sock,
@@ -277,7 +280,7 @@ async def test_disconnected_client_releases_views_and_unsealed_objects(make_clus
         size = 16 * MiB
         raw.send(encode_header(Create(rid=1, oid=ObjectID.random(), size=size, dtype="|u1",
                                       shape=[size], timeout=None)))
-        assert isinstance((await asyncio.to_thread(raw.next_frame)).msg, Created)
+        assert isinstance((await asyncio.to_thread(raw.next_frame)).msg, Ok)
         await owner.delete(oid)  # still pinned by ``view``: the memory must stay
         st = await store()
         assert st["arena_used"] >= base + 24 * MiB and st["pinned_deleted"] == 1, st

@@ -54,6 +54,7 @@ async def test_bench_join_with_a_wrong_token_fails_cleanly(make_cluster, tmp_pat
     cluster = await make_cluster(2)
     bad = tmp_path / "token"
     bad.write_text("not-the-token")
+    bad.chmod(0o600)
     code, _, err = await run(*CLI, "bench", "broadcast", "--join", cluster.seed,
                              "--token-file", str(bad), "--repeat", "1")
     assert code != 0 and "token" in err and "Traceback" not in err

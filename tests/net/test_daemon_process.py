@@ -14,10 +14,18 @@ import socket
 import sys
 import textwrap
 
+import pytest
 from helpers import eventually, process_gone, run_hoplited
 
 from hoplite_client.daemon_process import EXIT_NO_PEER
+from hoplite_client.net.endpoints import TOKEN_ENV
 from hoplited.config import host_memory
+
+
+@pytest.fixture(autouse=True)
+def token_in_tmp(tmp_path, monkeypatch) -> None:
+    """The daemons here start without --token-file: their default token goes to tmp_path."""
+    monkeypatch.setenv(TOKEN_ENV, str(tmp_path / "token"))
 
 
 async def test_a_capacity_beyond_the_hosts_memory_is_refused(tmp_path) -> None:

@@ -9,6 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from helpers import eventually
 
 import hoplite_client as hc
 from hoplited.cluster.membership import OwnerSet
@@ -137,6 +138,16 @@ async def test_a_small_put_without_an_id_is_owned_by_its_own_node(make_cluster, 
     cluster = await make_cluster(4)
     clients = [await connect(s) for s in cluster.sockets]
     owners = OwnerSet([node.node_id for node in cluster.nodes])
+
+    async def every_view_whole() -> bool:  # a member missing or suspected moves owners
+        for client in clients:
+            members = (await client.status())["local"]["members"]
+            if len(members) != 4 or not all(m["alive"] and not m["suspected"]
+                                             for m in members):
+                return False
+        return True
+
+    await eventually(every_view_whole, what="every node trusting all four")
     for i, client in enumerate(clients):
         x = np.arange(100, dtype=np.int32) + i
         oids = [await client.put(x) for _ in range(5)]

@@ -25,6 +25,7 @@ import pytest
 import uvloop
 from helpers import CLI, IO_TIMEOUT, MiB, address, run
 
+from hoplite_client.net.endpoints import TOKEN_ENV
 from hoplite_client.net.handshake import HANDSHAKE_TIMEOUT, Identity, accept, dial, open_accepted
 from hoplite_client.net.protocol import FrameProtocol
 from hoplite_client.net.tls import TlsContexts, TlsFiles, load
@@ -278,5 +279,6 @@ async def test_daemon_with_a_bad_key_exits_at_start(pki, tmp_path) -> None:
     code, _, err = await run(*DAEMON, "--listen", "127.0.0.1:0", "--socket",
                              str(tmp_path / "bad.sock"), "--capacity", "64MiB",
                              "--tls-cert", pki.cluster.cert, "--tls-key", pki.other.key,
-                             "--tls-ca", pki.cluster.ca)
+                             "--tls-ca", pki.cluster.ca,
+                             env={TOKEN_ENV: str(tmp_path / "token")})  # not the user's own
     assert code == 2 and pki.other.key in err and "Traceback" not in err, err

@@ -27,7 +27,7 @@ C, K, A = "node.pem", "node.key", "ca.pem"
 ])
 def test_all_three_tls_files_or_none(cert, key, ca, missing) -> None:
     """check() refuses one or two of the files and names the missing ones; it reads none."""
-    config = DaemonConfig(tls_cert=cert, tls_key=key, tls_ca=ca)
+    config = DaemonConfig(token=b"t", tls_cert=cert, tls_key=key, tls_ca=ca)
     if missing is None:
         config.check()
         assert config.tls_files == (None if cert is None else TlsFiles(C, K, A))

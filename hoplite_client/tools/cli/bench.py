@@ -101,7 +101,10 @@ def common_options(fn: F) -> F:
         click.option("--json", "json_path", default=None, help="Write results to this file."),
         click.option("--join", default=None, metavar="HOST:PORT",
                      help="Use an existing cluster's members on this host instead."),
-        click.option("--token-file", default=None, help="The existing cluster's token."),
+        click.option("--token-file", default=None,
+                     help="The existing cluster's token [default: the default token file of "
+                          "hoplited, $HOPLITE_TOKEN_FILE or token in $XDG_RUNTIME_DIR/hoplite "
+                          "or /tmp/hoplite-UID]."),
         click.option("--capacity", default="4GiB", show_default=True,
                      help="Per daemon of the local cluster."),
         click.option("--emulate", default=None, metavar="RATE",

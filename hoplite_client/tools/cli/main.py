@@ -62,6 +62,7 @@ def _status_lines(info: dict[str, Any]) -> list[str]:
         done = "" if not size else f" ({100 * t['received'] / size:.0f}%)"
         lines.append(f"  {t['object'][:16]}: {t.get('source') or '(asking)'} -> {node_id}, "
                      f"{_human(t['received'])} of {_human(size or 0)}{done}")
+    lines += _more(info, "transfers")
     slots = [(n["node_id"], s) for n in info["nodes"] for s in n.get("reduce_slots", [])]
     if slots:
         lines.append("reduce slots (reduce slot <- child slots, on node: partial sum so far):")
@@ -69,7 +70,14 @@ def _status_lines(info: dict[str, Any]) -> list[str]:
         children = ", ".join(map(str, s["children"])) or "none"
         lines.append(f"  {s['reduce'][:16]} slot {s['slot']} <- {children}, on {node_id}: "
                      f"{_human(s['computed'])} of {_human(s['size'])}")
+    lines += _more(info, "reduce_slots")
     return lines
+
+
+def _more(info: dict[str, Any], key: str) -> list[str]:
+    """A line per node whose record lists only a sample of ``key``: how many it left out."""
+    return [f"  ... and {n[key + '_count'] - len(n[key])} more on {n['node_id']}"
+            for n in info["nodes"] if n.get(key + "_count", 0) > len(n.get(key, []))]
 
 
 @main.command()
