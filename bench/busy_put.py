@@ -2,10 +2,13 @@
 
 An application that lost an input puts it again while the collective that needs it runs: on
 a node whose daemon is forwarding and adding the collective's streams. This bench starts an
-emulated cluster (root: network namespaces, ``--rate`` links), times ``--repeat`` puts of
+emulated cluster (root: network namespaces, ``--rate`` links), times three puts of
 ``--size`` on node ``--node`` with nothing else running (idle), then runs the collective
 (every node puts its own input under a random id, node 0 starts ``--op`` over them all) and,
 ``--after`` seconds after the collective starts, times the same put on the same node (busy).
+Each of ``--repeat`` rounds is a fresh cluster that first runs the collective once alone: the busy put is
+then the first time that node holds that much, as a lost input put again beside the node's
+own is in an application.
 Each put is a plain client's, under a random id; the collective's result is checked.
 
 Usage: python -m bench.busy_put --nodes 8 --size 256MiB --rate 1Gbit --op reduce --repeat 5
@@ -17,6 +20,7 @@ import argparse
 import asyncio
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -28,6 +32,8 @@ from hoplite_client.tools.testbed import emulated_cluster, parse_rate
 from hoplite_client.wire.units import parse_size
 
 RESULT_TIMEOUT = 300.0
+# Puts timed on the idle cluster, after its first collective.
+IDLE_PUTS = 3
 
 
 async def timed_put(client: hoplite_client.Client,
@@ -38,9 +44,32 @@ async def timed_put(client: hoplite_client.Client,
     return time.perf_counter() - start, oid
 
 
-async def run(nodes: int, size: int, rate: int, op: str, node: int, after: float,
-              repeat: int) -> None:
-    """Print the idle and busy put times and the collective's times."""
+async def collective(clients: list[hoplite_client.Client], inputs: list[NDArray[Any]],
+                     expected: NDArray[Any], op: str,
+                     put: Callable[[], Awaitable[None]] | None = None) -> float:
+    """Run ``op`` over every node's input (random ids), ``put`` meanwhile if given; check
+    the result, delete what it made, and return its seconds."""
+    ids = await asyncio.gather(*(c.put(d) for c, d in zip(clients, inputs)))
+    start = time.perf_counter()
+    if op == "reduce":
+        result, getters = await clients[0].reduce(ids, op="sum"), [clients[0]]
+    else:
+        result, getters = await clients[0].allreduce(ids, op="sum"), clients
+    gets = [asyncio.ensure_future(c.get(result, timeout=RESULT_TIMEOUT)) for c in getters]
+    if put is not None:
+        await put()
+    got = await asyncio.gather(*gets)
+    seconds = time.perf_counter() - start
+    assert all(np.allclose(g, expected, rtol=1e-4) for g in got), "wrong result"
+    del got
+    await asyncio.gather(*(clients[0].delete(i) for i in (*ids, result)))
+    return seconds
+
+
+async def one_cluster(nodes: int, size: int, rate: int, op: str, node: int, after: float,
+                      times: dict[str, list[float]]) -> None:
+    """On a fresh cluster: a collective, idle puts, then the collective with the busy put;
+    the times go into ``times``."""
     async with emulated_cluster(nodes, rate, capacity=f"{max(2, 4 * size // 2**30 + 1)}GiB",
                                 check=True) as cluster:
         clients = [await hoplite_client.connect(n.socket) for n in cluster.nodes]
@@ -48,38 +77,38 @@ async def run(nodes: int, size: int, rate: int, op: str, node: int, after: float
             extra = make_data(size, seed=nodes)
             inputs = [make_data(size, seed=i) for i in range(nodes)]
             expected = np.sum(np.stack(inputs), axis=0, dtype=np.float64).astype(inputs[0].dtype)
-            idle, busy, collective = [], [], []
-            for _ in range(repeat):
+            times["free"].append(await collective(clients, inputs, expected, op))
+            for _ in range(IDLE_PUTS):
                 seconds, oid = await timed_put(clients[node], extra)
-                idle.append(seconds)
+                times["idle"].append(seconds)
                 await clients[node].delete(oid)
-            for _ in range(repeat):
-                ids = await asyncio.gather(*(c.put(d) for c, d in zip(clients, inputs)))
-                start = time.perf_counter()
-                if op == "reduce":
-                    result = await clients[0].reduce(ids, op="sum")
-                    getters = [clients[0]]
-                else:
-                    result = await clients[0].allreduce(ids, op="sum")
-                    getters = clients
-                gets = [asyncio.ensure_future(c.get(result, timeout=RESULT_TIMEOUT))
-                        for c in getters]
-                await asyncio.sleep(max(0.0, start + after - time.perf_counter()))
+
+            async def busy_put() -> None:
+                await asyncio.sleep(after)
                 seconds, oid = await timed_put(clients[node], extra)
-                busy.append(seconds)
-                got = await asyncio.gather(*gets)
-                collective.append(time.perf_counter() - start)
-                assert all(np.allclose(g, expected, rtol=1e-4) for g in got), "wrong result"
-                del got
-                await asyncio.gather(*(clients[0].delete(i) for i in (*ids, result, oid)))
+                times["busy"].append(seconds)
+                await clients[node].delete(oid)
+
+            times[op].append(await collective(clients, inputs, expected, op, busy_put))
         finally:
             for c in clients:
                 await c.close()
-    ratio = statistics.median(busy) / statistics.median(idle)
-    print(f"{op}, N={nodes}, {size / 2**20:g} MiB, put on node {node} {after} s in:")
-    print(f"  idle put   {ms(idle)}")
-    print(f"  busy put   {ms(busy)}  = {ratio:.1f}x idle")
-    print(f"  {op}   {ms(collective)} (the put's included)")
+
+
+async def run(nodes: int, size: int, rate: int, op: str, node: int, after: float,
+              repeat: int) -> None:
+    """Print the idle and busy put times and the collective's times, over ``repeat``
+    fresh clusters."""
+    times: dict[str, list[float]] = {"free": [], "idle": [], "busy": [], op: []}
+    for _ in range(repeat):
+        await one_cluster(nodes, size, rate, op, node, after, times)
+    ratio = statistics.median(times["busy"]) / statistics.median(times["idle"])
+    print(f"{op}, N={nodes}, {size / 2**20:g} MiB, put on node {node} {after} s in, "
+          f"{repeat} fresh clusters:")
+    print(f"  idle put          {ms(times['idle'])}")
+    print(f"  busy put          {ms(times['busy'])}  = {ratio:.1f}x idle")
+    print(f"  {op} alone     {ms(times['free'])}")
+    print(f"  {op} with put  {ms(times[op])}")
 
 
 def ms(seconds: list[float]) -> str:

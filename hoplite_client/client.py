@@ -378,6 +378,12 @@ class Client:
                           len(oids) - sent * MAX_IDS_PER_FRAME, exc)
                 return
 
+    async def wait_closed(self) -> None:
+        """Return once the connection to the daemon is gone: :meth:`close` was called, or
+        the daemon stopped or died (how an application learns that its node's daemon is
+        gone, and so are the objects only it held)."""
+        await asyncio.shield(self._protocol.closed)
+
     async def close(self) -> None:
         """Close the connection. Arrays returned by :meth:`get` must not be used afterwards:
         the daemon no longer keeps their memory for us."""

@@ -220,6 +220,7 @@ class Daemon:
         # anti-entropy: a member missed by a lost MemberUp is learned within a few timeouts
         tasks.spawn(cluster.exchange_rosters(cfg.heartbeat_timeout), name="rosters")
         listener.start()
+        tasks.spawn(arena.keep_warm(), name="warm")
         if cfg.metrics_port is not None:
             self._metrics = MetricsServer(registry_for(status.local), cfg.host, cfg.metrics_port)
             await self._metrics.start()

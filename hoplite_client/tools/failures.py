@@ -6,8 +6,12 @@ clock starts, sends the signal to node ``I``'s daemon. Every survivor's outcome 
 the time it held its checked result, or the typed error it got. The victim's own client is
 not a participant (its daemon is gone or frozen). For reduce, allreduce and gather the
 victim's input is lost with it; as a task framework restarts the task that made it, the run
-puts the same input again, under the same id, on the next survivor right after the signal
-(retrying while the directory still counts the old copy as live). With ``--backup`` (reduce and
+puts the same input again, under the same id, on the next survivor (retrying while the
+directory still counts the old copy as live): by default (``reput="noticed"``) once that
+application could know of the death, as an ordinary client does: a SIGKILLed daemon's own
+client sees its connection close; a silenced or cut-off one is known once a survivor's
+daemon declares it dead. ``reput="at-signal"`` puts it again right after the signal, which
+no application can know of. With ``--backup`` (reduce and
 allreduce: then a reduce of N of the N+1 inputs that every node gets, where without a backup
 the allreduce is ``allreduce()`` as in the failure-free runs), the reduce instead has one
 input beyond the first N, a *backup* of another value
@@ -53,6 +57,10 @@ REPUT_POLL = 0.1
 # none of the inputs'.
 BESIDE = 1_000
 OPS = ("broadcast", "reduce", "allreduce", "gather")
+# When a lost input is put again: once an application could know of the death (its node's
+# client sees the connection close, or a survivor's daemon declares the node dead), or at the
+# signal itself (what no application can see: the run's shape before the first).
+REPUTS = ("noticed", "at-signal")
 
 
 @dataclass
@@ -78,6 +86,7 @@ class FailureRun:
     backup: bool = False  # a backup input replaced the victim's, instead of it put again
     folds: dict[int, int] = field(default_factory=dict)  # node -> lost inputs folded there
     victim_owns: bool = False  # the victim's shard owned the object's or its input's id
+    reput: str = "noticed"  # when the lost input was put again (REPUTS)
 
     @property
     def all_survived(self) -> bool:
@@ -154,7 +163,8 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
                            resume_after: float | None = None,
                            restart_after: float | None = None,
                            link_to: int | None = None, apart: bool = False,
-                           per_node: int = 1, beside: bool = False) -> list[Outcome]:
+                           per_node: int = 1, beside: bool = False,
+                           reput: str = "noticed") -> list[Outcome]:
     """Run ``op`` once, signalling node ``victim`` ``kill_after`` seconds in (``sig`` None:
     the same run without the signal); survivors' outcomes, in node order. ``backup``: a
     reduce's lost input is replaced by a backup. ``victim_owns``: the victim's shard owns
@@ -180,7 +190,9 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
     all lost, and put again together. ``beside`` (not broadcast): node 0 also broadcasts an
     object of ``ctx.size`` to every other node but the victims during the run, whose gets
     are survivors' outcomes too: the failure then hits two collectives that share daemons,
-    links and shards."""
+    links and shards. ``reput``: when a lost input is put again (``REPUTS``)."""
+    if reput not in REPUTS:
+        raise InvalidArgumentError(f"reput must be one of {', '.join(REPUTS)}, not {reput}")
     clients = ctx.clients
     n = len(clients)
     owner = cluster.nodes[victim].node_id if victim_owns else None
@@ -254,8 +266,23 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
             returns.append(asyncio.ensure_future(restart(node)))
         await lost(node)
 
+    async def noticed(node: int) -> None:
+        """Return once the application could know that ``node`` is gone."""
+        if reput == "at-signal":
+            return
+        if sig == "KILL":  # its node's client sees the daemon's end
+            await clients[node].wait_closed()
+            return
+        gone = cluster.nodes[node].node_id
+        while True:  # a survivor's daemon declares it dead
+            members = (await helpers[node].status())["local"]["members"]
+            if not any(m["node_id"] == gone and m["alive"] for m in members):
+                return
+            await asyncio.sleep(REPUT_POLL)
+
     async def lost(node: int) -> None:
         if ids and not backup:  # the restarted task: the lost input again, elsewhere
+            await noticed(node)
             # a put once sent completes even if this run ends first (docs/design.md §2.2):
             # the run's end stops the retries and waits for it, so no put lands after the
             # deletes that follow

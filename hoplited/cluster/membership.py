@@ -44,8 +44,11 @@ VECTOR_MIN = 12
 # owners are this few: a draw is owned with chance 1/N and costs a hash plus a score per
 # owner, where an owner elsewhere costs the put a round trip to it (docs/design.md §2.4).
 OWNED_ID_OWNERS = 64
-# Batches of N draws tried before a random id is taken: 1 - (1 - 1/N)^(4N), about 98%.
-OWNED_ID_BATCHES = 4
+# Batches of N draws tried before a random id is taken: found with chance 1 - (1 - 1/N)^(16N),
+# 1 - 1e-7 or better. A put draws N ids on average whatever the bound; the bound only caps an
+# unlucky put's draws (at most 16 batches: about 10 ms at 64 owners), where 4 batches left
+# one put in 100 of a 4-member cluster to an owner elsewhere.
+OWNED_ID_BATCHES = 16
 
 
 def _hash64(data: bytes) -> int:

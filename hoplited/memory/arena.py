@@ -13,7 +13,10 @@ populate, so allocation pre-populates in a worker thread and reuse costs nothing
 remembers which ranges are backed (nothing gives pages back), so an extent whose pages are all
 warm skips the worker thread too: a 1 MiB broadcast allocated and populated on every receiver
 in every run, a thread hand-off and a wake-up of the loop each (docs/benchmarks.md, "Warm
-extents").
+extents"). And it keeps one more extent of the largest size it has given out warm ahead
+(:meth:`Arena.keep_warm`): an object that needs more memory than the node ever held (a lost
+input put again beside the node's own, in the middle of the collective) then finds its pages
+backed, where backing them while every core streams took seconds (docs/design.md §2.2).
 """
 
 from __future__ import annotations
@@ -81,6 +84,9 @@ class Arena:
         self._can_populate = True
         # backed ranges, disjoint, sorted and merged: [start, end) pairs, flattened
         self._backed: list[int] = []
+        self.largest = 0  # the largest extent given out so far
+        self._high = 0  # the end of the highest extent given out so far
+        self._grown = asyncio.Event()  # the warm target moved up: keep_warm has work
 
     def alloc(self, size: int) -> int:
         """Reserve ``size`` bytes; returns the page-aligned offset or raises CapacityError."""
@@ -90,6 +96,11 @@ class Arena:
             if length >= need:
                 self._take(start, length, need)
                 self.used += need
+                target = self.warm_target
+                self.largest = max(self.largest, need)
+                self._high = max(self._high, start + need)
+                if self.warm_target > target:
+                    self._grown.set()
                 return start
         free = self.capacity - self.used
         raise CapacityError(f"object store full: {size} bytes requested, {free} of "
@@ -134,6 +145,44 @@ class Arena:
         i = bisect.bisect_right(self._backed, offset)
         return i % 2 == 1 and self._backed[i] >= offset + _round_up(size)
 
+    @property
+    def warm_target(self) -> int:
+        """Where the pages kept backed end: past the highest extent given out so far, room
+        for one more of the largest. First fit places any extent no larger below it."""
+        return min(self.capacity, self._high + self.largest)
+
+    def unwarmed(self) -> tuple[int, int] | None:
+        """The first range below :attr:`warm_target` not backed yet, at most a populate slice
+        long; None when every page below it is (or pages cannot be populated here)."""
+        if not self._can_populate:
+            return None
+        target = self.warm_target
+        lo, hi = 0, target
+        for start, end in zip(self._backed[::2], self._backed[1::2]):
+            if start > lo:
+                hi = start
+                break
+            lo = end
+        if lo >= target:
+            return None
+        return lo, min(hi, lo + POPULATE_SLICE)
+
+    async def keep_warm(self) -> None:
+        """Back the pages below :attr:`warm_target` ahead of need, a slice at a time in a
+        worker thread, for as long as the daemon runs; a machine out of memory leaves them to
+        the allocations (which then say so)."""
+        while True:
+            gap = self.unwarmed()
+            if gap is None:
+                self._grown.clear()
+                await self._grown.wait()
+                continue
+            try:
+                await self._populate_slice(*gap)
+            except CapacityError as exc:
+                log.warning("stopped keeping arena pages warm ahead: %s", exc)
+                return
+
     def _mark_backed(self, lo: int, hi: int) -> None:
         """Add [lo, hi) to the backed ranges, merging it with those it touches."""
         ranges = self._backed
@@ -152,20 +201,25 @@ class Arena:
         if self.backed(offset, size):
             return
         end = offset + _round_up(size)
-        loop = asyncio.get_running_loop()
         pos = offset
-        while pos < end:
+        while pos < end and self._can_populate:
             n = min(POPULATE_SLICE, end - pos)
-            err = await loop.run_in_executor(None, populate_write, self._base + pos, n)
-            if err == errno.EINVAL:
-                log.info("MADV_POPULATE_WRITE unsupported; pages will fault in on first use")
-                self._can_populate = False
-                return
-            if err:
-                raise CapacityError(f"no memory to back {size} bytes: {os.strerror(err)}",
-                                    requested=size)
-            self._mark_backed(pos, pos + n)
+            await self._populate_slice(pos, pos + n)
             pos += n
+
+    async def _populate_slice(self, lo: int, hi: int) -> None:
+        """Back [lo, hi) in a worker thread; CapacityError when the machine cannot."""
+        loop = asyncio.get_running_loop()
+        err = await loop.run_in_executor(None, populate_write, self._base + lo, hi - lo)
+        if err == errno.EINVAL:
+            if self._can_populate:
+                log.info("MADV_POPULATE_WRITE unsupported; pages will fault in on first use")
+            self._can_populate = False
+            return
+        if err:
+            raise CapacityError(f"no memory to back {hi - lo} bytes: {os.strerror(err)}",
+                                requested=hi - lo)
+        self._mark_backed(lo, hi)
 
     def close(self) -> None:
         self.view.release()

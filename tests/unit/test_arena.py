@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
 
 from hoplite_client.wire.errors import CapacityError
-from hoplited.memory.arena import PAGE, Arena
+from hoplited.memory.arena import PAGE, POPULATE_SLICE, Arena
 
 
 @pytest.fixture
@@ -89,3 +90,58 @@ async def test_backed_ranges_match_a_page_set(arena: Arena, seed: int) -> None:
             assert arena.backed(a * PAGE, (b - a) * PAGE) == (set(range(a, b)) <= pages)
         flat = arena._backed
         assert flat == sorted(flat) and len(set(flat)) == len(flat)
+
+
+@pytest.mark.parametrize(("extents", "backed", "gap"), [
+    ([], [], None),  # nothing given out: nothing to keep warm
+    ([4], [], (0, 8 * PAGE)),  # one extent of 4 pages: it and one more like it
+    ([4], [(0, 4)], (4 * PAGE, 8 * PAGE)),  # the extent is backed: the next one's pages
+    ([4], [(0, 8)], None),  # both backed
+    ([4], [(2, 3), (5, 8)], (0, 2 * PAGE)),  # the first hole first
+    ([4], [(0, 3), (5, 8)], (3 * PAGE, 5 * PAGE)),  # a hole between backed ranges
+    ([4, 8], [(0, 12)], (12 * PAGE, 20 * PAGE)),  # the largest extent sets the reserve
+    ([60], [], (0, 64 * PAGE)),  # never past the capacity
+])
+def test_the_pages_kept_warm_are_those_of_one_more_largest_extent(
+        arena: Arena, extents: list[int], backed: list[tuple[int, int]],
+        gap: tuple[int, int] | None) -> None:
+    """Past the highest extent given out, one more of the largest stays backed: first fit
+    places any extent no larger below that mark."""
+    for pages in extents:
+        arena.alloc(pages * PAGE)
+    for lo, hi in backed:
+        arena._mark_backed(lo * PAGE, hi * PAGE)
+    assert arena.unwarmed() == gap
+
+
+def test_warm_ranges_go_a_slice_at_a_time() -> None:
+    """A large gap is handed out in populate slices, so allocations interleave with it."""
+    big = Arena(4 * POPULATE_SLICE)
+    try:
+        big.alloc(POPULATE_SLICE + PAGE)
+        assert big.unwarmed() == (0, POPULATE_SLICE)
+        big._mark_backed(0, POPULATE_SLICE)
+        assert big.unwarmed() == (POPULATE_SLICE, 2 * POPULATE_SLICE)
+    finally:
+        big.close()
+
+
+async def test_keep_warm_backs_the_reserve_and_wakes_on_a_larger_extent(arena: Arena) -> None:
+    """The daemon's warming task backs the reserve in the background, and again when a
+    larger extent raises it."""
+    warming = asyncio.ensure_future(arena.keep_warm())
+    try:
+        arena.alloc(4 * PAGE)
+        for _ in range(200):
+            if arena.unwarmed() is None:
+                break
+            await asyncio.sleep(0.01)
+        assert arena.backed(0, 8 * PAGE)
+        arena.alloc(16 * PAGE)  # at 4 pages: the mark moves to 20 + 16
+        for _ in range(200):
+            if arena.unwarmed() is None:
+                break
+            await asyncio.sleep(0.01)
+        assert arena.backed(0, 36 * PAGE) and not arena.backed(36 * PAGE, PAGE)
+    finally:
+        warming.cancel()

@@ -18,6 +18,7 @@ import uvloop
 
 from hoplite_client.tools.cli.options import tls_from, tls_options
 from hoplite_client.tools.failures import (
+    REPUTS,
     SIGNALS,
     FailureRun,
     check_victim,
@@ -132,7 +133,9 @@ DESCRIPTIONS = {
 def _print_failure(run: FailureRun) -> None:
     """The failure run next to the failure-free median, and every survivor's outcome."""
     free = statistics.median(run.failure_free)
-    then = "a backup input put" if run.backup else "its input put again"
+    then = ("a backup input put" if run.backup else "its input put again "
+            + ("once an application could know" if run.reput == "noticed" else
+               "at the signal"))
     click.echo(f"failure run: SIG{run.signal} to node {run.victim} at {run.kill_after:.2f} s"
                f"{'' if run.op == 'broadcast' else f', {then}'}")
     if run.op == "broadcast" and run.victim == 0:
@@ -203,6 +206,11 @@ def _make_command(op: str) -> click.Command:
                   help="The started daemons' --pair: whether an allreduce whose inputs come "
                        "further apart than the ring's wait may end as a pair of combiners "
                        "(docs/design.md §4) [default: theirs, on].")
+    @click.option("--reput", default="noticed", show_default=True, type=click.Choice(REPUTS),
+                  help="When the victim's input is put again on the next survivor: once an "
+                       "application could know of the death (its node's client sees the "
+                       "connection close; a silent node, once a survivor declares it dead), "
+                       "or at the signal itself.")
     @click.option("--victim-owns", is_flag=True,
                   help="Pick the ids so that node I's directory shard owns the broadcast "
                        "object, or node I's input: the hardest placement.")
@@ -212,7 +220,7 @@ def _make_command(op: str) -> click.Command:
                 tls_ca: str | None, arrival_interval: float, kill_node: int | None,
                 kill_after: float, sig: str, backup: bool, striped: bool,
                 two_trees: str | None, ring_wait: float | None, pair: bool | None,
-                victim_owns: bool) -> None:
+                victim_owns: bool, reput: str) -> None:
         tls = tls_from(tls_cert, tls_key, tls_ca)
         nbytes = parse_size(size or ("1KB" if op == "roundtrip" else "64MiB"))
         if emulate is not None and join is not None:
@@ -261,9 +269,11 @@ def _make_command(op: str) -> click.Command:
                         free = [await _shaped_run(ctx, cluster, i, repeat) for i in range(repeat)]
                     progress.update(f"failure run: {sig} node {kill_node} at {kill_after}s...")
                     result.failure = FailureRun(op, kill_node, sig, kill_after, free,
-                                                backup=backup, victim_owns=victim_owns)
+                                                backup=backup, victim_owns=victim_owns,
+                                                reput=reput)
                     result.failure.outcomes = await run_with_failure(
-                        op, ctx, cluster, kill_node, kill_after, sig, backup, victim_owns)
+                        op, ctx, cluster, kill_node, kill_after, sig, backup, victim_owns,
+                        reput=reput)
                     result.failure.folds = await folds_by_node(
                         clients[1 if kill_node == 0 else 0], cluster)  # a survivor
                 return result
