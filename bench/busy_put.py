@@ -6,9 +6,9 @@ emulated cluster (root: network namespaces, ``--rate`` links), times three puts 
 ``--size`` on node ``--node`` with nothing else running (idle), then runs the collective
 (every node puts its own input under a random id, node 0 starts ``--op`` over them all) and,
 ``--after`` seconds after the collective starts, times the same put on the same node (busy).
-Each of ``--repeat`` rounds is a fresh cluster that first runs the collective once alone: the busy put is
-then the first time that node holds that much, as a lost input put again beside the node's
-own is in an application.
+Each of ``--repeat`` rounds is a fresh cluster that first runs the collective once alone:
+the busy put is then the first time that node holds that much, as a lost input put again
+beside the node's own is in an application.
 Each put is a plain client's, under a random id; the collective's result is checked.
 
 Usage: python -m bench.busy_put --nodes 8 --size 256MiB --rate 1Gbit --op reduce --repeat 5

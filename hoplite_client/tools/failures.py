@@ -7,11 +7,12 @@ the time it held its checked result, or the typed error it got. The victim's own
 not a participant (its daemon is gone or frozen). For reduce, allreduce and gather the
 victim's input is lost with it; as a task framework restarts the task that made it, the run
 puts the same input again, under the same id, on the next survivor (retrying while the
-directory still counts the old copy as live): by default (``reput="noticed"``) once that
-application could know of the death, as an ordinary client does: a SIGKILLed daemon's own
-client sees its connection close; a silenced or cut-off one is known once a survivor's
-daemon declares it dead. ``reput="at-signal"`` puts it again right after the signal, which
-no application can know of. With ``--backup`` (reduce and
+directory still counts the old copy as live): for a SIGKILL, by default
+(``reput="noticed"``) once the application could know of the death, when the killed
+daemon's own client sees its connection close; ``reput="at-signal"`` puts it again right
+after the signal, which no application can see. A silenced or cut-off node shows a client
+nothing before the cluster's verdict, which the put itself meets (refused while the lost copy
+is trusted), so there the put is tried from the signal on. With ``--backup`` (reduce and
 allreduce: then a reduce of N of the N+1 inputs that every node gets, where without a backup
 the allreduce is ``allreduce()`` as in the failure-free runs), the reduce instead has one
 input beyond the first N, a *backup* of another value
@@ -57,9 +58,9 @@ REPUT_POLL = 0.1
 # none of the inputs'.
 BESIDE = 1_000
 OPS = ("broadcast", "reduce", "allreduce", "gather")
-# When a lost input is put again: once an application could know of the death (its node's
-# client sees the connection close, or a survivor's daemon declares the node dead), or at the
-# signal itself (what no application can see: the run's shape before the first).
+# When a killed node's lost input is put again: once an application could know of the death
+# (its node's client sees the connection close), or at the signal itself (what no application
+# can see).
 REPUTS = ("noticed", "at-signal")
 
 
@@ -267,18 +268,12 @@ async def run_with_failure(op: str, ctx: BenchContext, cluster: LocalCluster, vi
         await lost(node)
 
     async def noticed(node: int) -> None:
-        """Return once the application could know that ``node`` is gone."""
-        if reput == "at-signal":
-            return
-        if sig == "KILL":  # its node's client sees the daemon's end
+        """Return once the application could know that ``node`` is gone: a killed daemon's
+        client sees its connection close. A silent or cut-off node shows nothing a client
+        sees before the cluster's own verdict, which the put meets: refused while the lost
+        copy is trusted, retried (``put_again``)."""
+        if reput == "noticed" and sig == "KILL":
             await clients[node].wait_closed()
-            return
-        gone = cluster.nodes[node].node_id
-        while True:  # a survivor's daemon declares it dead
-            members = (await helpers[node].status())["local"]["members"]
-            if not any(m["node_id"] == gone and m["alive"] for m in members):
-                return
-            await asyncio.sleep(REPUT_POLL)
 
     async def lost(node: int) -> None:
         if ids and not backup:  # the restarted task: the lost input again, elsewhere

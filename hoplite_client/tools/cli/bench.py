@@ -207,10 +207,10 @@ def _make_command(op: str) -> click.Command:
                        "further apart than the ring's wait may end as a pair of combiners "
                        "(docs/design.md §4) [default: theirs, on].")
     @click.option("--reput", default="noticed", show_default=True, type=click.Choice(REPUTS),
-                  help="When the victim's input is put again on the next survivor: once an "
-                       "application could know of the death (its node's client sees the "
-                       "connection close; a silent node, once a survivor declares it dead), "
-                       "or at the signal itself.")
+                  help="When a killed victim's input is put again on the next survivor: once "
+                       "an application could know of the death (its node's client sees the "
+                       "connection close), or at the signal itself. A stopped victim's is "
+                       "tried from the signal on, refused while the cluster trusts it.")
     @click.option("--victim-owns", is_flag=True,
                   help="Pick the ids so that node I's directory shard owns the broadcast "
                        "object, or node I's input: the hardest placement.")
