@@ -51,7 +51,8 @@ bench-loopback: install
 	$(BIN)/python bench/loopback_throughput.py --size 1GiB
 
 # Every collective with node 3 of 8 SIGKILLed or SIGSTOPped 1 s in, on emulated 1 Gbit links
-# (root: network namespaces), its input put again; then reduce and allreduce whose lost input
+# (root: network namespaces), its input put again by a plain client (a killed node's once its
+# own client sees the connection close); then reduce and allreduce whose lost input
 # a backup replaces; then the same signals where node 3's shard owns the id that matters; then
 # a broadcast whose original holder (node 0) dies once node 1 has a copy. The tables in
 # docs/benchmarks.md "Failures".
