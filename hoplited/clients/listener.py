@@ -15,7 +15,6 @@ import errno
 import logging
 import os
 import socket
-from typing import Any
 
 from hoplite_client.net.endpoints import private_dir
 from hoplite_client.net.handshake import HANDSHAKE_TIMEOUT, read_one_frame
@@ -85,12 +84,17 @@ class ClientListener:
             log.warning("client handshake failed: %s", exc or type(exc).__name__)
             conn.close()
             return
-        protocol: Any
-        _, protocol = await loop.connect_accepted_socket(
-            lambda: FrameProtocol(name=f"client-{hello.pid}"), conn)
-        session = ClientSession(protocol, self._deps)
-        self.sessions.add(session)
-        protocol.on_lost.append(lambda _: self._ended(session))
+
+        def serve() -> FrameProtocol:
+            """The connection's protocol with its session already listening: a frame that
+            comes with the first bytes read finds the session's handlers and Seal sink."""
+            protocol = FrameProtocol(name=f"client-{hello.pid}")
+            session = ClientSession(protocol, self._deps)
+            self.sessions.add(session)
+            protocol.on_lost.append(lambda _: self._ended(session))
+            return protocol
+
+        await loop.connect_accepted_socket(serve, conn)
 
     def _ended(self, session: ClientSession) -> None:
         self.sessions.discard(session)

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from helpers import RawConn, eventually, recv_until_close
 
-from hoplite_client.wire.frames import encode_header
+from hoplite_client.wire.frames import SUPPORTED_VERSIONS, encode_header
 from hoplite_client.wire.ids import ObjectID
-from hoplite_client.wire.messages import Create, Found, Get, Ok, Seal
+from hoplite_client.wire.messages import ClientHello, Create, Found, Get, Ok, Seal
 
 MiB = 1024 * 1024
 
@@ -93,6 +93,28 @@ async def test_a_client_that_knows_an_offset_cannot_change_the_object(make_clust
         here[0] = 1  # the view is read-only
     elsewhere = await connect(cluster.nodes[1].socket)
     assert np.array_equal(await elsewhere.get(oid, timeout=30), data)
+
+
+async def test_a_seal_sent_with_the_hello_meets_the_sessions_sink(make_cluster, connect):
+    """Regression: the session (and its Seal sink) was made only after the connection began
+    reading, so a Seal that came with the hello could be read as an ordinary payload and
+    answered, leaving the connection open; it must break the connection like any Seal for
+    what the client is not creating."""
+    cluster = await make_cluster(1)
+    raw = RawConn.unix(cluster.nodes[0].socket)
+    try:
+        size = 1024 * 1024  # small enough to be read into memory without the sink
+        hello = encode_header(ClientHello(versions=SUPPORTED_VERSIONS, pid=os.getpid()))
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # closed at the header
+            raw.send(hello + encode_header(Seal(rid=1, oid=ObjectID.random()), size)
+                     + bytes(size))
+        _, closed = await asyncio.to_thread(recv_until_close, raw.sock)
+        assert closed
+    finally:
+        raw.close()
+    client = await connect(cluster.nodes[0].socket)
+    data = np.arange(3 * MiB, dtype=np.uint8)
+    assert np.array_equal(await client.get(await client.put(data)), data)
 
 
 async def test_after_a_put_the_client_holds_no_writable_mapping(make_cluster, connect):
