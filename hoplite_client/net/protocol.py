@@ -189,9 +189,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
                 break
             events = self._parsed(reader.resume)
         if self.reader.streaming:
-            if self._bulk_reads and not self._reading_in_bulk:
+            if self._bulk_reads:
                 self._read_in_bulk()
-            elif self.on_stream is not None:
+            if self.on_stream is not None:
                 self.on_stream(self.reader.payload_received)
 
     def read_in_bulk(self) -> None:
@@ -203,8 +203,9 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def _read_in_bulk(self) -> None:
         """Hand the current stream's missing bytes to a worker thread, if they are many."""
         transport = self.transport
-        if (transport is None or transport.is_closing() or self._held is not None
-                or self.reader.broken is not None or self.reader.pending):
+        if (self._reading_in_bulk or transport is None or transport.is_closing()
+                or self._held is not None or self.reader.broken is not None
+                or self.reader.pending):
             return
         sock = transport.get_extra_info("socket")
         missing = self.reader.get_buffer()

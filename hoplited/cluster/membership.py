@@ -46,7 +46,7 @@ VECTOR_MIN = 12
 OWNED_ID_OWNERS = 64
 # Batches of N draws tried before a random id is taken: found with chance 1 - (1 - 1/N)^(16N),
 # 1 - 1e-7 or better. A put draws N ids on average whatever the bound; the bound only caps an
-# unlucky put's draws (at most 16 batches: about 10 ms at 64 owners), where 4 batches left
+# unlucky put's draws (at most 16 batches: about 10 ms at 64 owners). Four batches would leave
 # one put in 100 of a 4-member cluster to an owner elsewhere.
 OWNED_ID_BATCHES = 16
 

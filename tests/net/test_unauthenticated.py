@@ -78,22 +78,28 @@ async def round_trip(path: str, timeout: float = IO_TIMEOUT) -> None:
             del got
 
 
-async def test_strangers_announcing_maximal_headers_cost_little_memory(make_cluster) -> None:
-    """600 connections, each a 16-byte prelude announcing a MAX_HEADER header and nothing
-    more: under 40 MiB of the daemon's RSS, and a local client's put and get still work."""
-    cluster = await make_cluster(1)
+async def strangers_cost(cluster, header_len: int) -> int:
+    """Bytes of RSS the daemon of ``cluster`` gains from STRANGERS connections that each send
+    a prelude announcing a ``header_len``-byte header and nothing more; a local client's
+    round trip still works meanwhile."""
     node = cluster.nodes[0]
     await round_trip(node.socket)  # the daemon's steady state, before the strangers
     before = rss(node.pid)
-    prelude = PRELUDE.pack(MAGIC, PROTOCOL_VERSION, Hello.KIND, MAX_HEADER, 0)
+    prelude = PRELUDE.pack(MAGIC, PROTOCOL_VERSION, Hello.KIND, header_len, 0)
     socks = await asyncio.to_thread(connect_all, node.listen, STRANGERS, prelude)
     try:
         await round_trip(node.socket)
         await asyncio.sleep(2.0)  # every prelude read by now
-        grown = rss(node.pid) - before
+        return rss(node.pid) - before
     finally:
         for sock in socks:
             sock.close()
+
+
+async def test_strangers_announcing_maximal_headers_cost_little_memory(make_cluster) -> None:
+    """600 connections, each a 16-byte prelude announcing a MAX_HEADER header and nothing
+    more: under 40 MiB of the daemon's RSS, and a local client's put and get still work."""
+    grown = await strangers_cost(await make_cluster(1), MAX_HEADER)
     print(f"{STRANGERS} strangers announcing {MAX_HEADER}-byte headers: RSS +{grown / MiB:.1f} "
           f"MiB")
     assert grown < RSS_BUDGET, f"RSS grew by {grown / MiB:.1f} MiB"
@@ -102,20 +108,8 @@ async def test_strangers_announcing_maximal_headers_cost_little_memory(make_clus
 async def test_strangers_holding_their_handshake_open_cost_little_memory(make_cluster) -> None:
     """The costliest a stranger may hold: a prelude announcing the largest header still
     accepted before the handshake, the header never sent, until the handshake times out."""
-    cluster = await make_cluster(1)
-    node = cluster.nodes[0]
-    await round_trip(node.socket)
-    before = rss(node.pid)
     largest = HANDSHAKE_MAX_HEADER
-    prelude = PRELUDE.pack(MAGIC, PROTOCOL_VERSION, Hello.KIND, largest, 0)
-    socks = await asyncio.to_thread(connect_all, node.listen, STRANGERS, prelude)
-    try:
-        await round_trip(node.socket)
-        await asyncio.sleep(2.0)
-        grown = rss(node.pid) - before
-    finally:
-        for sock in socks:
-            sock.close()
+    grown = await strangers_cost(await make_cluster(1), largest)
     print(f"{STRANGERS} strangers holding {largest}-byte headers open: RSS "
           f"+{grown / MiB:.1f} MiB")
     assert grown < RSS_BUDGET, f"RSS grew by {grown / MiB:.1f} MiB"
