@@ -11,6 +11,11 @@ the busy put is then the first time that node holds that much, as a lost input p
 beside the node's own is in an application.
 Each put is a plain client's, under a random id; the collective's result is checked.
 
+The machine's share of the cost is measured in the same run: the same bytes copied through a
+bare Unix socket pair (two threads of this process, no daemon) with nothing running, and right
+before or after the busy put (alternating) while the collective runs. A busy put near the busy
+copy is as fast as the cores it is given allow.
+
 Usage: python -m bench.busy_put --nodes 8 --size 256MiB --rate 1Gbit --op reduce --repeat 5
 """
 
@@ -18,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import statistics
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -34,6 +41,8 @@ from hoplite_client.wire.units import parse_size
 RESULT_TIMEOUT = 300.0
 # Puts timed on the idle cluster, after its first collective.
 IDLE_PUTS = 3
+# The socket buffers of a put's bulk stream (hoplite_client.net.bulk_io).
+COPY_BUFFER = 4 << 20
 
 
 async def timed_put(client: hoplite_client.Client,
@@ -42,6 +51,25 @@ async def timed_put(client: hoplite_client.Client,
     start = time.perf_counter()
     oid = await client.put(data)
     return time.perf_counter() - start, oid
+
+
+def bare_copy(data: NDArray[Any], into: NDArray[Any]) -> float:
+    """Seconds to copy ``data`` into ``into`` through a Unix socket pair, sent and received
+    by two threads with the buffers a put uses."""
+    a, b = socket.socketpair()
+    with a, b:
+        for s in (a, b):
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, COPY_BUFFER)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, COPY_BUFFER)
+        src, dst = memoryview(data).cast("B"), memoryview(into).cast("B")
+        start = time.perf_counter()
+        sender = threading.Thread(target=a.sendall, args=(src,))
+        sender.start()
+        pos = 0
+        while pos < len(dst):
+            pos += b.recv_into(dst[pos:])
+        sender.join()
+        return time.perf_counter() - start
 
 
 async def collective(clients: list[hoplite_client.Client], inputs: list[NDArray[Any]],
@@ -75,6 +103,8 @@ async def one_cluster(nodes: int, size: int, rate: int, op: str, node: int, afte
         clients = [await hoplite_client.connect(n.socket) for n in cluster.nodes]
         try:
             extra = make_data(size, seed=nodes)
+            into = np.empty_like(extra)
+            into.fill(0)  # backed, as the arena's warm pages are
             inputs = [make_data(size, seed=i) for i in range(nodes)]
             expected = np.sum(np.stack(inputs), axis=0, dtype=np.float64).astype(inputs[0].dtype)
             times["free"].append(await collective(clients, inputs, expected, op))
@@ -82,11 +112,17 @@ async def one_cluster(nodes: int, size: int, rate: int, op: str, node: int, afte
                 seconds, oid = await timed_put(clients[node], extra)
                 times["idle"].append(seconds)
                 await clients[node].delete(oid)
+                times["idle copy"].append(await asyncio.to_thread(bare_copy, extra, into))
+            copy_first = len(times["busy"]) % 2 == 1
 
             async def busy_put() -> None:
                 await asyncio.sleep(after)
+                if copy_first:
+                    times["busy copy"].append(await asyncio.to_thread(bare_copy, extra, into))
                 seconds, oid = await timed_put(clients[node], extra)
                 times["busy"].append(seconds)
+                if not copy_first:
+                    times["busy copy"].append(await asyncio.to_thread(bare_copy, extra, into))
                 await clients[node].delete(oid)
 
             times[op].append(await collective(clients, inputs, expected, op, busy_put))
@@ -99,14 +135,20 @@ async def run(nodes: int, size: int, rate: int, op: str, node: int, after: float
               repeat: int) -> None:
     """Print the idle and busy put times and the collective's times, over ``repeat``
     fresh clusters."""
-    times: dict[str, list[float]] = {"free": [], "idle": [], "busy": [], op: []}
+    times: dict[str, list[float]] = {"free": [], "idle": [], "busy": [], "idle copy": [],
+                                     "busy copy": [], op: []}
     for _ in range(repeat):
         await one_cluster(nodes, size, rate, op, node, after, times)
-    ratio = statistics.median(times["busy"]) / statistics.median(times["idle"])
+    median = {k: statistics.median(v) for k, v in times.items()}
+    ratio = median["busy"] / median["idle"]
+    copy_ratio = median["busy copy"] / median["idle copy"]
     print(f"{op}, N={nodes}, {size / 2**20:g} MiB, put on node {node} {after} s in, "
           f"{repeat} fresh clusters:")
     print(f"  idle put          {ms(times['idle'])}")
     print(f"  busy put          {ms(times['busy'])}  = {ratio:.1f}x idle")
+    print(f"  bare copy, idle   {ms(times['idle copy'])}")
+    print(f"  bare copy, busy   {ms(times['busy copy'])}  = {copy_ratio:.1f}x idle; the busy "
+          f"put is {median['busy'] / median['busy copy']:.2f}x the busy copy")
     print(f"  {op} alone     {ms(times['free'])}")
     print(f"  {op} with put  {ms(times[op])}")
 

@@ -143,6 +143,7 @@ class ClientSession:
                                         wait=msg.timeout)
         self.d.store.pin(obj)
         self.creating[msg.oid] = obj
+        self.d.arena.fill_begins(obj.offset)
         try:
             await self.d.arena.populate(obj.offset, obj.size)
         except BaseException:
@@ -172,6 +173,7 @@ class ClientSession:
                 self._discard(obj)
             raise ObjectNotFoundError(f"no object {msg.oid.hex()} being created by this client")
         self.d.store.unpin(obj)
+        self.d.arena.fill_ends(obj.offset)
         if obj.deleted:
             raise ObjectDeletedError(f"object {msg.oid.hex()} was deleted while it was put",
                                      oid=msg.oid.hex())
@@ -191,6 +193,7 @@ class ClientSession:
     def _discard(self, obj: StoredObject) -> None:
         """Drop an object this client created and will not seal."""
         self.d.store.unpin(obj)
+        self.d.arena.fill_ends(obj.offset)
         if self.d.store.get(obj.oid) is obj:
             self.d.store.remove(obj.oid)
 

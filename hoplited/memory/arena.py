@@ -87,6 +87,10 @@ class Arena:
         self.largest = 0  # the largest extent given out so far
         self._high = 0  # the end of the highest extent given out so far
         self._grown = asyncio.Event()  # the warm target moved up: keep_warm has work
+        # extents clients' puts are filling now; warming ahead waits for none to be left
+        self._filling: set[int] = set()
+        self._quiet = asyncio.Event()
+        self._quiet.set()
 
     def alloc(self, size: int) -> int:
         """Reserve ``size`` bytes; returns the page-aligned offset or raises CapacityError."""
@@ -170,8 +174,11 @@ class Arena:
     async def keep_warm(self) -> None:
         """Back the pages below :attr:`warm_target` ahead of need, a slice at a time in a
         worker thread, for as long as the daemon runs; a machine out of memory leaves them to
-        the allocations (which then say so)."""
+        the allocations (which then say so). It waits while a put fills an extent: that put
+        is what the warm pages were for, and backing the next ones beside it took CPU from
+        its copy (1.7x a bare socket copy on a busy node, docs/design.md §2.2)."""
         while True:
+            await self._quiet.wait()
             gap = self.unwarmed()
             if gap is None:
                 self._grown.clear()
@@ -182,6 +189,17 @@ class Arena:
             except CapacityError as exc:
                 log.warning("stopped keeping arena pages warm ahead: %s", exc)
                 return
+
+    def fill_begins(self, offset: int) -> None:
+        """A client's put is filling the extent at ``offset``: warming ahead waits."""
+        self._filling.add(offset)
+        self._quiet.clear()
+
+    def fill_ends(self, offset: int) -> None:
+        """That put is sealed or gone (a second call is harmless)."""
+        self._filling.discard(offset)
+        if not self._filling:
+            self._quiet.set()
 
     def _mark_backed(self, lo: int, hi: int) -> None:
         """Add [lo, hi) to the backed ranges, merging it with those it touches."""

@@ -145,3 +145,26 @@ async def test_keep_warm_backs_the_reserve_and_wakes_on_a_larger_extent(arena: A
         assert arena.backed(0, 36 * PAGE) and not arena.backed(36 * PAGE, PAGE)
     finally:
         warming.cancel()
+
+
+async def test_warming_ahead_waits_while_a_put_fills_an_extent(arena: Arena) -> None:
+    """Pages backed ahead would take cores from the put they are for: no slice starts while
+    an extent is being filled, and warming goes on once the last fill ends (twice is fine)."""
+    first, second = arena.alloc(4 * PAGE), arena.alloc(4 * PAGE)
+    arena.fill_begins(first)
+    arena.fill_begins(second)
+    warming = asyncio.ensure_future(arena.keep_warm())
+    try:
+        await asyncio.sleep(0.2)
+        arena.fill_ends(first)
+        arena.fill_ends(first)
+        await asyncio.sleep(0.2)
+        assert arena.unwarmed() == (0, 12 * PAGE)
+        arena.fill_ends(second)
+        for _ in range(200):
+            if arena.unwarmed() is None:
+                break
+            await asyncio.sleep(0.01)
+        assert arena.backed(0, 12 * PAGE)
+    finally:
+        warming.cancel()
