@@ -15,8 +15,8 @@ import numpy as np
 import uvloop
 
 import hoplite_client
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.units import parse_size
+from hoplited.tools.local_cluster import LocalCluster
 
 
 def rss(pid: int) -> dict[str, int]:

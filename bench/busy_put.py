@@ -34,9 +34,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 import hoplite_client
-from hoplite_client.tools.scenarios import make_data
-from hoplite_client.tools.testbed import emulated_cluster, parse_rate
 from hoplite_client.wire.units import parse_size
+from hoplited.tools.scenarios import make_data
+from hoplited.tools.testbed import emulated_cluster, parse_rate
 
 RESULT_TIMEOUT = 300.0
 # Puts timed on the idle cluster, after its first collective.

@@ -5,9 +5,9 @@ daemons choose, allreduce in stripes, gather), 4 to 6 nodes, a size (inline to s
 a victim, SIGKILL or SIGSTOP, whether the victim's shard owns the ids that matter and, for a
 reduce, a backup input. It times one failure-free run of that shape, then runs it again and
 signals the victim at a moment drawn uniformly from the start to 1.2 times that run's length
-(:func:`hoplite_client.tools.failures.run_with_failure`: the victim's input is put again on
+(:func:`hoplited.tools.failures.run_with_failure`: the victim's input is put again on
 the next node, as a restarted task would; several victims' inputs on the spare nodes in
-turn, :func:`~hoplite_client.tools.failures.helpers_for`). The design promises that every
+turn, :func:`~hoplited.tools.failures.helpers_for`). The design promises that every
 survivor ends with the checked result (docs/design.md §5). A trial then deletes what it
 made and checks that every survivor lets go of it all. The verdicts:
 
@@ -102,16 +102,16 @@ from typing import Any
 import uvloop
 
 import hoplite_client
-from hoplite_client.tools.failures import (
+from hoplite_client.wire.errors import HopliteError
+from hoplited.tools.failures import (
     Outcome,
     check_others,
     check_victim,
     run_with_failure,
 )
-from hoplite_client.tools.local_cluster import LocalCluster
-from hoplite_client.tools.scenarios import BenchContext, Progress
-from hoplite_client.tools.testbed import emulated_cluster, parse_rate
-from hoplite_client.wire.errors import HopliteError
+from hoplited.tools.local_cluster import LocalCluster
+from hoplited.tools.scenarios import BenchContext, Progress
+from hoplited.tools.testbed import emulated_cluster, parse_rate
 
 DAEMON_ARGS = ["--heartbeat-interval", "0.5", "--heartbeat-timeout", "4"]
 # On loopback objects cross in milliseconds, below a pair's least transfer: without this no

@@ -21,8 +21,8 @@ import numpy as np
 import uvloop
 
 import hoplite_client
-from hoplite_client.tools.testbed import emulated_cluster, parse_rate
 from hoplite_client.wire.units import parse_size
+from hoplited.tools.testbed import emulated_cluster, parse_rate
 
 
 async def measure(nodes: int, per_node: int, size: int, rate_bps: int, repeat: int,

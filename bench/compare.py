@@ -30,9 +30,9 @@ import uvloop
 
 import hoplite_client
 from bench.baselines.common import MAX_INTERVAL
-from hoplite_client.tools.scenarios import BenchContext, Progress, optimum, run_scenario
-from hoplite_client.tools.testbed import emulated_cluster, format_rate, parse_rate
 from hoplite_client.wire.units import parse_size
+from hoplited.tools.scenarios import BenchContext, Progress, optimum, run_scenario
+from hoplited.tools.testbed import emulated_cluster, format_rate, parse_rate
 
 # (op, size) pairs measured by default: docs/design.md §8 and the list; a size may
 # say how far apart the inputs come (``@D``).

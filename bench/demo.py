@@ -18,8 +18,8 @@ import sys
 import uvloop
 
 from bench.compare import measure
-from hoplite_client.tools.testbed import TestbedError, format_rate, parse_rate, require_root
 from hoplite_client.wire.units import parse_size
+from hoplited.tools.testbed import TestbedError, format_rate, parse_rate, require_root
 
 
 def emulated(nodes: int, size: int, rate: int, repeat: int) -> None:
@@ -51,7 +51,7 @@ def loopback(nodes: int, size: str, repeat: int, why: str) -> None:
           f"machine's cores, with no link to spare, so a star and hoplite cannot be told "
           f"apart by what they save; as root, make demo compares them over emulated 1 Gbit/s "
           f"links. Hoplite's broadcast on loopback, every copy checked:\n", flush=True)
-    subprocess.run([sys.executable, "-m", "hoplite_client.tools.cli.main", "bench",
+    subprocess.run([sys.executable, "-m", "hoplited.tools.cli.main", "bench",
                     "broadcast", "--nodes", str(nodes), "--size", size, "--repeat",
                     str(repeat)], check=True)
 

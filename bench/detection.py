@@ -23,10 +23,10 @@ import uvloop
 from hoplite_client.net.channel import Channel
 from hoplite_client.net.endpoints import parse_address
 from hoplite_client.net.handshake import Identity, dial
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.messages import Stats
 from hoplited.cluster.watching import watchers_of
+from hoplited.tools.local_cluster import LocalCluster
 
 SETTLE = 5.0  # seconds after start-up: joins, first Pings
 POLL = 0.1

@@ -4,7 +4,7 @@ For each op and signal: one test bed (network namespaces, RATE links) and each s
 in turn (``--systems``): a baseline's failure-free runs, then a run whose rank VICTIM is
 signalled AFTER seconds in (bench/baselines/failure.py); hoplite's daemons, their
 failure-free runs and the failure run of ``hoplite bench OP --kill-node``
-(hoplite_client/tools/failures.py, where the victim's input is put again on the next node, as
+(hoplited/tools/failures.py, where the victim's input is put again on the next node, as
 a restarted task would). Every
 survivor's outcome is recorded: its checked result and when, the error it got, the end its
 launcher gave it, or nothing within PATIENCE seconds of the signal. Writes JSON and the
@@ -30,10 +30,10 @@ import uvloop
 import hoplite_client
 from bench.baselines.failure import SIGNALS, Failure, RankOutcome
 from bench.compare import NAMES, replace_section, run_baseline
-from hoplite_client.tools.failures import Outcome, run_with_failure
-from hoplite_client.tools.scenarios import BenchContext, Progress, run_scenario
-from hoplite_client.tools.testbed import EmulatedCluster, Testbed, format_rate, parse_rate
 from hoplite_client.wire.units import parse_size
+from hoplited.tools.failures import Outcome, run_with_failure
+from hoplited.tools.scenarios import BenchContext, Progress, run_scenario
+from hoplited.tools.testbed import EmulatedCluster, Testbed, format_rate, parse_rate
 
 OPS = ["broadcast", "reduce", "allreduce"]
 SYSTEMS = ["hoplite", "gloo", "mpi"]

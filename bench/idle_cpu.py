@@ -19,7 +19,7 @@ import time
 import uvloop
 
 from hoplite_client.daemon_process import cpu_seconds
-from hoplite_client.tools.local_cluster import LocalCluster
+from hoplited.tools.local_cluster import LocalCluster
 
 SETTLE = 5.0  # seconds after start-up before measuring: joins, first dials
 

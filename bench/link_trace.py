@@ -25,9 +25,9 @@ from multiprocessing.connection import Connection
 
 import uvloop
 
-from hoplite_client.tools.scenarios import SCENARIOS, BenchContext, Progress, bench_clients
-from hoplite_client.tools.testbed import DEFAULT_MTU, parse_rate
 from hoplite_client.wire.units import parse_size
+from hoplited.tools.scenarios import SCENARIOS, BenchContext, Progress, bench_clients
+from hoplited.tools.testbed import DEFAULT_MTU, parse_rate
 
 PERIOD = 0.003  # seconds between two readings of every node's counters
 # A run's counters start a little before its first put (nothing crosses a link before

@@ -21,8 +21,8 @@ import uvloop
 
 import hoplite_client
 from hoplite_client.net.tls import TlsFiles, tls_files
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.units import parse_size
+from hoplited.tools.local_cluster import LocalCluster
 
 CHUNK = 16 * 1024 * 1024
 

@@ -15,8 +15,8 @@ import time
 import numpy as np
 
 import hoplite_client
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.units import parse_size
+from hoplited.tools.local_cluster import LocalCluster
 
 WARMUP = 2  # puts left out of the figures: the first backs the extent's pages
 

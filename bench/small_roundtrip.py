@@ -17,8 +17,8 @@ import uvloop
 
 import hoplite_client
 from hoplite_client.daemon_process import cpu_seconds
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.units import parse_size
+from hoplited.tools.local_cluster import LocalCluster
 
 
 async def measure(size: int, count: int) -> tuple[list[float], list[float], list[float]]:

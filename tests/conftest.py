@@ -17,7 +17,7 @@ import pytest
 from helpers import TEST_CAPACITY
 
 import hoplite_client
-from hoplite_client.tools.local_cluster import LocalCluster
+from hoplited.tools.local_cluster import LocalCluster
 
 ClusterFactory = Callable[..., Awaitable[LocalCluster]]
 

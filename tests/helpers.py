@@ -222,7 +222,7 @@ async def every_node_stats(client: Any, nodes: Iterable[str]) -> dict[str, dict[
 
 
 # The ``hoplite`` CLI, run as a module of the interpreter under test.
-CLI = [sys.executable, "-m", "hoplite_client.tools.cli.main"]
+CLI = [sys.executable, "-m", "hoplited.tools.cli.main"]
 RUN_TIMEOUT = 300.0  # a command's whole run, on a loaded machine
 
 

@@ -1,6 +1,6 @@
 """``--emulate RATE``: an app in the emulated test bed, one Ray node per network namespace.
 
-As root: a :class:`~hoplite_client.tools.testbed.Testbed` of ``--nodes`` hosts whose links are
+As root: a :class:`~hoplited.tools.testbed.Testbed` of ``--nodes`` hosts whose links are
 limited to RATE (``tc tbf``), a Ray cluster in it as the Ray baseline builds one
 (:class:`bench.baselines.ray_baseline.RayCluster`: ``ray start --head`` in host 0's namespace,
 ``ray start --address`` in each other one, object stores sized for ``--size``), then the same
@@ -31,7 +31,7 @@ from bench.apps.common import App, hoplite_running, hoplite_workdir, remove_when
 from bench.baselines.common import REPO_ROOT, module_command
 from bench.baselines.procs import tail
 from bench.baselines.ray_baseline import DRIVER_START_TIMEOUT, RayCluster
-from hoplite_client.tools.testbed import Testbed, netns_pids, parse_rate
+from hoplited.tools.testbed import Testbed, netns_pids, parse_rate
 
 # The driver's whole run: the cluster's start is the outer process's, not counted here.
 RUN_TIMEOUT = 3600.0

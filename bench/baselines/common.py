@@ -45,7 +45,7 @@ from numpy.typing import NDArray
 # The baselines stay independent of the system under test where it matters: a rank, actor or
 # task imports numpy and this module only. The command-line side (:func:`measure`) imports
 # the installed tools -- the test bed, ``parse_size`` and the optimum every system is held to
-# (``hoplite_client.tools.scenarios.optimum``) -- so that hoplite and the baselines share one
+# (``hoplited.tools.scenarios.optimum``) -- so that hoplite and the baselines share one
 # definition of each.
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -112,9 +112,9 @@ async def measure(system: str, run_fn: Callable[..., Awaitable[list[float]]],
                   args: argparse.Namespace) -> list[dict[str, Any]]:
     """Build a test bed, run each of ``args.op`` (comma-separated) and print the results."""
     # the command line's side only: a rank never imports hoplite_client
-    from hoplite_client.tools.scenarios import optimum
-    from hoplite_client.tools.testbed import Testbed, parse_rate
     from hoplite_client.wire.units import parse_size
+    from hoplited.tools.scenarios import optimum
+    from hoplited.tools.testbed import Testbed, parse_rate
 
     rate = parse_rate(args.rate)
     size = parse_size(args.size)

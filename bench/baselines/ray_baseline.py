@@ -378,9 +378,9 @@ async def run(testbed: Any, op: str, size: int, repeat: int, warmup: int = 1) ->
 async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Build a test bed and one Ray cluster, run each of ``args.op``, print the results."""
     # the command line's side only: the driver and the actors never import hoplite_client
-    from hoplite_client.tools.scenarios import optimum
-    from hoplite_client.tools.testbed import Testbed, parse_rate
     from hoplite_client.wire.units import parse_size
+    from hoplited.tools.scenarios import optimum
+    from hoplited.tools.testbed import Testbed, parse_rate
 
     rate = parse_rate(args.rate)
     size = parse_size(args.size)

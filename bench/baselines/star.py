@@ -35,7 +35,7 @@ PAGE = 4096
 START_TIMEOUT = 60.0  # root and receivers up and connected, on a loaded 2-core VM
 MIN_RATE_FOR_TIMEOUT = 10e6  # bytes/s: the run timeout assumes at least this per receiver
 
-# (command prefix, IP) per host, as hoplite_client.tools.local_cluster.LocalCluster's placement
+# (command prefix, IP) per host, as hoplited.tools.local_cluster.LocalCluster's placement
 Hosts = Sequence[tuple[Sequence[str], str]]
 
 
@@ -125,7 +125,7 @@ async def receive(connect: str, size: int) -> None:
 
 
 def _placement(hosts: Any) -> list[tuple[list[str], str]]:
-    if hasattr(hosts, "placement"):  # a hoplite_client.tools.testbed.Testbed
+    if hasattr(hosts, "placement"):  # a hoplited.tools.testbed.Testbed
         hosts = hosts.placement()
     return [(list(prefix), ip) for prefix, ip in hosts]
 
@@ -150,7 +150,7 @@ async def run_star(testbed_or_hosts: Any | Hosts, size: int, repeat: int = 5,
     """Latency in seconds of each of ``repeat`` star broadcasts of ``size`` bytes (after
     ``warmup`` ones) from host 0 to every other host.
 
-    ``testbed_or_hosts``: a :class:`hoplite_client.tools.testbed.Testbed`, or (command prefix,
+    ``testbed_or_hosts``: a :class:`hoplited.tools.testbed.Testbed`, or (command prefix,
     IP) per host — ``[([], "127.0.0.1")] * 4`` runs it on loopback. Raises ``RuntimeError`` if a
     process fails or a receiver got wrong bytes.
     """
@@ -189,9 +189,9 @@ async def run_star(testbed_or_hosts: Any | Hosts, size: int, repeat: int = 5,
 
 async def _run_emulated(args: argparse.Namespace) -> list[float]:
     # the command line's side only: the root and the receivers never import hoplite_client
-    from hoplite_client.tools.scenarios import optimum
-    from hoplite_client.tools.testbed import Testbed, parse_rate
     from hoplite_client.wire.units import parse_size
+    from hoplited.tools.scenarios import optimum
+    from hoplited.tools.testbed import Testbed, parse_rate
 
     rate = parse_rate(args.rate)
     size = parse_size(args.size)

@@ -33,7 +33,7 @@ from hoplited.sim.errors import SimulationError
 # block of a 256 MiB object (4 MiB) is the reduce's compute step (collectives/worker.py).
 BLOCKS = 64
 # The test bed's unit of forwarding: one 64 KiB GSO packet on its MTU 65000 links, which the
-# tbf qdiscs pass whole (hoplite_client/tools/testbed.py, MIN_BURST_BYTES).
+# tbf qdiscs pass whole (hoplited/tools/testbed.py, MIN_BURST_BYTES).
 SEGMENT = 64 * 1024
 # One-way latencies before a pull's first byte leaves its source: TCP connect, the Hello /
 # Welcome and Auth / Accepted exchanges (hoplite_client/net/handshake.py), then the Pull.

@@ -1,6 +1,6 @@
 """The collectives of ``hoplite bench``, simulated: who puts what, who gets what, how long.
 
-Each scenario sets up what its benchmark does (hoplite_client/tools/scenarios.py) and times
+Each scenario sets up what its benchmark does (hoplited/tools/scenarios.py) and times
 it the same way: from the moment every input exists until the last participant holds its
 result. Broadcast: node 0 holds the object, every other node gets it. Reduce: every node
 holds an input, node 0 reduces (sum) and gets the result. Allreduce: every node holds an

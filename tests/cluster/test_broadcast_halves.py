@@ -17,8 +17,8 @@ from helpers import FAST_HEARTBEAT, eventually
 from test_reduce import node_stats, wait_settled
 
 import hoplite_client as hc
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplited.cluster.membership import rendezvous_owner
+from hoplited.tools.local_cluster import LocalCluster
 
 ALWAYS = ["--two-trees", "always"]
 GET_TIMEOUT = 120

@@ -16,7 +16,7 @@ import pytest
 from helpers import every_node_stats
 
 import hoplite_client
-from hoplite_client.tools.local_cluster import LocalCluster
+from hoplited.tools.local_cluster import LocalCluster
 
 NODES = 4
 PER_NODE = 3

@@ -15,9 +15,9 @@ import pytest
 from helpers import IO_TIMEOUT, MiB, eventually, every_node_stats, local_stats
 
 import hoplite_client
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.ids import ObjectID
 from hoplited.cluster.membership import rendezvous_owner
+from hoplited.tools.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.net
 

@@ -16,8 +16,8 @@ import numpy as np
 from helpers import FAST_HEARTBEAT, MiB, eventually, every_node_stats, wait_member_dead
 
 import hoplite_client as hc
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.ids import ObjectID
+from hoplited.tools.local_cluster import LocalCluster
 from hoplited.transfer.sender import AHEAD_WAIT
 
 GET_TIMEOUT = 120.0

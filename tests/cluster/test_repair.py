@@ -24,9 +24,9 @@ from helpers import FAST_HEARTBEAT, eventually, every_node_stats
 
 import hoplite_client
 from hoplite_client import ObjectID
-from hoplite_client.tools.failures import put_again
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplited.cluster.membership import rendezvous_owner
+from hoplited.tools.failures import put_again
+from hoplited.tools.local_cluster import LocalCluster
 
 NODES = 4
 VICTIM = 3

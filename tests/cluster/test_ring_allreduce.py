@@ -15,11 +15,11 @@ import pytest
 from helpers import FAST_HEARTBEAT, MiB, eventually, every_node_stats, wait_member_dead
 
 import hoplite_client as hc
-from hoplite_client.tools.failures import put_again
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.errors import PeerUnavailableError
 from hoplite_client.wire.ids import ObjectID
 from hoplited.cluster.membership import rendezvous_owner
+from hoplited.tools.failures import put_again
+from hoplited.tools.local_cluster import LocalCluster
 
 GET_TIMEOUT = 120.0
 # Members frozen for seconds are suspected, never declared dead.

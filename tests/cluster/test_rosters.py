@@ -16,7 +16,7 @@ from faultproxy import FaultProxy
 from helpers import IO_TIMEOUT, eventually, wait_member_dead
 
 import hoplite_client
-from hoplite_client.tools.local_cluster import LocalCluster
+from hoplited.tools.local_cluster import LocalCluster
 
 # A long timeout, so that the held bytes of a loaded machine's daemon start never make node 2
 # silent long enough to be declared dead; live sets are compared every timeout.

@@ -14,8 +14,8 @@ from test_reduce import check_result, make_inputs, node_stats, put_spaced, wait_
 from test_repair import NODES, RATE, VICTIM, check, value
 
 import hoplite_client as hc
-from hoplite_client.tools.failures import put_again
-from hoplite_client.tools.local_cluster import LocalCluster
+from hoplited.tools.failures import put_again
+from hoplited.tools.local_cluster import LocalCluster
 
 ALWAYS = ["--two-trees", "always"]
 GET_TIMEOUT = 120

@@ -29,9 +29,9 @@ from bench.baselines.common import (
 )
 from bench.baselines.failure import Failure, watch
 from bench.compare import parse_case
-from hoplite_client.tools.scenarios import optimum
-from hoplite_client.tools.testbed import Testbed, netns_pids
 from hoplite_client.wire.units import parse_size
+from hoplited.tools.scenarios import optimum
+from hoplited.tools.testbed import Testbed, netns_pids
 
 MBIT = 1_000_000
 NODES = 3

@@ -37,7 +37,7 @@ def _need(module: str, hint: str) -> None:
 
 def _left_in(testbed: object) -> list[int]:
     """PIDs still running inside the test bed's host namespaces."""
-    from hoplite_client.tools.testbed import netns_pids
+    from hoplited.tools.testbed import netns_pids
 
     return [pid for h in testbed.hosts for pid in netns_pids(h.netns)]  # type: ignore[attr-defined]
 
@@ -45,7 +45,7 @@ def _left_in(testbed: object) -> list[int]:
 @pytest_asyncio.fixture(scope="class", loop_scope="module")
 async def ray_cluster() -> AsyncIterator[ray_baseline.RayCluster]:
     _need("ray", ray_baseline.INSTALL_HINT)
-    from hoplite_client.tools.testbed import Testbed
+    from hoplited.tools.testbed import Testbed
 
     async with Testbed(NODES, RATE_BPS) as tb:
         async with ray_baseline.RayCluster(tb, SIZE) as cluster:
@@ -56,7 +56,7 @@ async def ray_cluster() -> AsyncIterator[ray_baseline.RayCluster]:
 @pytest_asyncio.fixture(scope="class", loop_scope="module")
 async def dask_cluster() -> AsyncIterator[dask_baseline.DaskCluster]:
     _need("distributed", dask_baseline.INSTALL_HINT)
-    from hoplite_client.tools.testbed import Testbed
+    from hoplited.tools.testbed import Testbed
 
     async with Testbed(NODES, RATE_BPS) as tb:
         async with dask_baseline.DaskCluster(tb) as cluster:
@@ -103,7 +103,7 @@ class TestDask:
                                             (dask_baseline, "distributed")])
 async def test_run_starts_and_stops_its_own_cluster(module: object, package: str) -> None:
     _need(package, module.INSTALL_HINT)  # type: ignore[attr-defined]
-    from hoplite_client.tools.testbed import Testbed
+    from hoplited.tools.testbed import Testbed
 
     async with Testbed(NODES, RATE_BPS) as tb:
         latencies = await module.run(tb, "allreduce", SIZE, REPEAT, 1)  # type: ignore[attr-defined]

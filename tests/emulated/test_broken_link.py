@@ -21,9 +21,9 @@ import pytest
 from helpers import FAST_HEARTBEAT, IO_TIMEOUT, MiB, eventually
 
 import hoplite_client as hc
-from hoplite_client.tools.testbed import emulated_cluster
 from hoplite_client.wire.ids import ObjectID
 from hoplited.cluster.membership import rendezvous_owner
+from hoplited.tools.testbed import emulated_cluster
 
 RATE = 1_000_000_000
 N = 4

@@ -13,7 +13,7 @@ import pytest
 from helpers import FAST_HEARTBEAT
 
 import hoplite_client as hc
-from hoplite_client.tools.testbed import emulated_cluster
+from hoplited.tools.testbed import emulated_cluster
 
 # Slow links so that a 64 MiB transfer takes seconds and can be cut in the middle.
 RATE = 200_000_000

@@ -19,7 +19,7 @@ import pytest
 
 import hoplite_client
 from bench.baselines.star import run_star
-from hoplite_client.tools.testbed import (
+from hoplited.tools.testbed import (
     STATE_DIR,
     Testbed,
     TestbedError,
@@ -192,7 +192,7 @@ def _start_time(pid: int) -> int:
 
 HOLD = """
 import asyncio, sys
-from hoplite_client.tools.testbed import Testbed
+from hoplited.tools.testbed import Testbed
 async def main():
     async with Testbed(2, 100_000_000) as tb:
         print(tb.prefix, flush=True)
@@ -259,7 +259,7 @@ async def test_star_baseline_runs_in_the_test_bed() -> None:
 
 @needs_root
 async def test_cli_up_persists_and_down_removes() -> None:
-    cli = [sys.executable, "-m", "hoplite_client.tools.cli.main", "testbed"]
+    cli = [sys.executable, "-m", "hoplited.tools.cli.main", "testbed"]
     up = await asyncio.create_subprocess_exec(*cli, "up", "2", "100Mbit", "--mtu", "9000",
                                               stdout=asyncio.subprocess.PIPE)
     out, _ = await asyncio.wait_for(up.communicate(), SUBPROCESS_TIMEOUT)

@@ -13,8 +13,8 @@ import pytest
 from helpers import MiB, every_node_stats
 
 import hoplite_client as hc
-from hoplite_client.tools.testbed import emulated_cluster
 from hoplite_client.wire.ids import ObjectID
+from hoplited.tools.testbed import emulated_cluster
 
 # A third of SIZE crosses a link in about 0.35 s alone, about a second while the three
 # stripes' chains share node 0's uplink: the first late put comes well inside that.

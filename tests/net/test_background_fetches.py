@@ -18,8 +18,8 @@ from faultproxy import FaultProxy
 from helpers import IO_TIMEOUT, MiB, eventually, put_get_roundtrip
 
 import hoplite_client as hc
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.ids import ObjectID
+from hoplited.tools.local_cluster import LocalCluster
 
 RATE = 8 * MiB  # bytes/s out of node 0: BIG takes about 2 s to arrive anywhere
 BIG = np.arange(16 * MiB // 4, dtype=np.float32)

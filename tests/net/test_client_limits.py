@@ -13,11 +13,11 @@ import pytest
 from helpers import IO_TIMEOUT, RawConn, eventually
 
 import hoplite_client
-from hoplite_client.tools.cli.main import _status_lines
 from hoplite_client.wire.errors import CapacityError
 from hoplite_client.wire.frames import encode_header
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import Release, Status, StatusReply
+from hoplited.tools.cli.main import _status_lines
 
 PENDING = 2_000
 CAP = 1_024  # hoplited.dispatch.MAX_CLIENT_WAITS

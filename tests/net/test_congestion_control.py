@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 from helpers import allowed_congestion, eventually
 
-from hoplite_client.tools.local_cluster import LocalCluster
+from hoplited.tools.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.skipif(
     shutil.which("ss") is None or not {"cubic", "reno"} <= set(allowed_congestion()),

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 from helpers import IO_TIMEOUT, eventually, local_stats
 
-from hoplite_client.tools.local_cluster import LocalCluster
+from hoplited.tools.local_cluster import LocalCluster
 
 # The first Ping goes out an interval after a link starts: far beyond this test's waits.
 SLOW_HEARTBEAT = ["--heartbeat-interval", "120", "--heartbeat-timeout", "600"]

@@ -13,7 +13,7 @@ from faultproxy import FaultProxy
 from helpers import FAST_HEARTBEAT, eventually
 
 import hoplite_client as hc
-from hoplite_client.tools.local_cluster import LocalCluster
+from hoplited.tools.local_cluster import LocalCluster
 
 SIZE = 256 * 1024  # above the inline limit: every get pulls over a data connection
 

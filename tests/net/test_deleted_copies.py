@@ -9,12 +9,12 @@ import pytest
 from helpers import IO_TIMEOUT, dial_as_peer, eventually
 
 import hoplite_client
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.errors import ObjectDeletedError, ObjectNotFoundError
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import Announce, Holding, Publish
 from hoplited.memory.store import VERSION_SIZE
+from hoplited.tools.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.net
 

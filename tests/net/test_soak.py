@@ -1,6 +1,6 @@
 """The soak's short form (``make soak`` runs the long one): a mixed workload at twice the
 store's capacity, then every daemon must be alive, within its memory bound, empty again once
-the workload is gone, and have seen no error but CapacityError (hoplite_client/tools/soak.py)."""
+the workload is gone, and have seen no error but CapacityError (hoplited/tools/soak.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from hoplite_client.tools.soak import SoakSettings, run_soak
+from hoplited.tools.soak import SoakSettings, run_soak
 
 pytestmark = pytest.mark.net
 

@@ -12,7 +12,7 @@ from faultproxy import FaultProxy
 from helpers import CLI, MiB
 
 import hoplite_client as hc
-from hoplite_client.tools.local_cluster import LocalCluster
+from hoplited.tools.local_cluster import LocalCluster
 
 RATE = 4 * MiB  # bytes/s out of node 0: DATA takes about 4 s to arrive
 DATA = np.arange(16 * MiB // 4, dtype=np.float32)

@@ -13,7 +13,7 @@ import pytest
 from numpy.typing import NDArray
 
 import hoplite_client as hc
-from hoplite_client.tools.local_cluster import LocalCluster
+from hoplited.tools.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.net
 

@@ -26,7 +26,6 @@ from helpers import (
 
 import hoplite_client
 from hoplite_client.net.handshake import HANDSHAKE_TIMEOUT, Identity, dial, refused
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.errors import ConnectionLostError
 from hoplite_client.wire.frames import (
     HANDSHAKE_MAX_HEADER,
@@ -37,6 +36,7 @@ from hoplite_client.wire.frames import (
 )
 from hoplite_client.wire.messages import Hello, Ok, Ping
 from hoplited.rpc import MAX_HANDSHAKES
+from hoplited.tools.local_cluster import LocalCluster
 
 STRANGERS = 600
 RSS_BUDGET = 40 * MiB

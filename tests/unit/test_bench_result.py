@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hoplite_client.tools.cli.bench import BenchResult
+from hoplited.tools.cli.bench import BenchResult
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.link_trace import Sample, _counters, _resent, summarise
-from hoplite_client.tools.testbed import DEFAULT_MTU
+from hoplited.tools.testbed import DEFAULT_MTU
 
 S = 1_000_000
 RATE = 80_000_000  # bit/s: S crosses a link in 0.1 s

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from hoplite_client.tools.cli.main import main
 from hoplited.sim.errors import SimulationError
 from hoplited.sim.scenarios import simulate
+from hoplited.tools.cli.main import main
 
 pytestmark = pytest.mark.unit
 

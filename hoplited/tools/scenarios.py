@@ -7,7 +7,7 @@ was put (a wrong result raises :class:`BenchError`). :func:`optimum` is the yard
 least time the links allow (docs/design.md §7).
 
 Two front ends share this module: the ``hoplite bench`` commands
-(:mod:`hoplite_client.tools.cli.bench`) and ``bench/compare.py``, which measures hoplite and
+(:mod:`hoplited.tools.cli.bench`) and ``bench/compare.py``, which measures hoplite and
 the baselines in the same emulated test bed; the baselines' command lines use :func:`optimum`
 too, so every system is held to the same bound. Nothing here knows about click.
 """
@@ -30,10 +30,10 @@ from hoplite_client.net.channel import Channel
 from hoplite_client.net.endpoints import host_id, parse_address, tool_token
 from hoplite_client.net.handshake import Identity, dial
 from hoplite_client.net.tls import TlsContexts, TlsFiles, load
-from hoplite_client.tools.local_cluster import LocalCluster
-from hoplite_client.tools.testbed import DEFAULT_MTU, emulated_cluster
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.messages import Stats
+from hoplited.tools.local_cluster import LocalCluster
+from hoplited.tools.testbed import DEFAULT_MTU, emulated_cluster
 
 GET_TIMEOUT = 600.0  # per get; a 256 MiB broadcast on a loaded machine takes seconds
 STATS_TIMEOUT = 10.0  # one Stats request to an existing cluster's seed

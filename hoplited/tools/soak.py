@@ -29,9 +29,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 import hoplite_client
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.errors import CapacityError, HopliteError, InvalidArgumentError
 from hoplite_client.wire.ids import ObjectID
+from hoplited.tools.local_cluster import LocalCluster
 
 MiB = 1 << 20
 INLINE_SIZE = 16 * 1024  # small objects: carried inline by the directory, no data transfer

@@ -13,13 +13,13 @@ import uvloop
 
 import hoplite_client
 from hoplite_client.net.endpoints import default_socket
-from hoplite_client.tools.cli.bench import bench
-from hoplite_client.tools.cli.options import tls_from, tls_options
-from hoplite_client.tools.cli.simulate import simulate
-from hoplite_client.tools.cli.soak import soak
-from hoplite_client.tools.cli.testbed import testbed
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.errors import HopliteError
+from hoplited.tools.cli.bench import bench
+from hoplited.tools.cli.options import tls_from, tls_options
+from hoplited.tools.cli.simulate import simulate
+from hoplited.tools.cli.soak import soak
+from hoplited.tools.cli.testbed import testbed
+from hoplited.tools.local_cluster import LocalCluster
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -2,7 +2,7 @@
 
 The click commands only: options, the one-line description, the summary and the JSON record.
 The scenarios themselves (what is timed, how results are checked) are
-:mod:`hoplite_client.tools.scenarios`, shared with ``bench/compare.py``.
+:mod:`hoplited.tools.scenarios`, shared with ``bench/compare.py``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ from typing import Any, TypeVar
 import click
 import uvloop
 
-from hoplite_client.tools.cli.options import tls_from, tls_options
-from hoplite_client.tools.failures import (
+from hoplite_client.wire.errors import HopliteError
+from hoplite_client.wire.units import parse_size
+from hoplited.collectives.tree import TWO_TREE_MODES
+from hoplited.tools.cli.options import tls_from, tls_options
+from hoplited.tools.failures import (
     REPUTS,
     SIGNALS,
     FailureRun,
@@ -25,8 +28,8 @@ from hoplite_client.tools.failures import (
     folds_by_node,
     run_with_failure,
 )
-from hoplite_client.tools.local_cluster import LocalCluster
-from hoplite_client.tools.scenarios import (
+from hoplited.tools.local_cluster import LocalCluster
+from hoplited.tools.scenarios import (
     SCENARIOS,
     BenchContext,
     BenchError,
@@ -35,10 +38,7 @@ from hoplite_client.tools.scenarios import (
     optimum,
     run_scenario,
 )
-from hoplite_client.tools.testbed import format_rate, parse_rate
-from hoplite_client.wire.errors import HopliteError
-from hoplite_client.wire.units import parse_size
-from hoplited.collectives.tree import TWO_TREE_MODES
+from hoplited.tools.testbed import format_rate, parse_rate
 
 F = TypeVar("F", bound=Callable[..., Any])
 

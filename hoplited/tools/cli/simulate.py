@@ -2,7 +2,7 @@
 
 The decisions are the daemon's own pure cores, the network is modelled
 (:mod:`hoplited.sim`, docs/simulation.md). Prints the simulated latency next to S/RATE and
-the optimum of ``hoplite bench`` (:func:`~hoplite_client.tools.scenarios.optimum`).
+the optimum of ``hoplite bench`` (:func:`~hoplited.tools.scenarios.optimum`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from typing import Any
 import click
 
 from hoplite_client.client import GATHER_CONCURRENCY
-from hoplite_client.tools.scenarios import optimum
-from hoplite_client.tools.testbed import DEFAULT_RATE_BPS, format_rate, parse_rate
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.units import parse_size
 from hoplited.cluster.link_model import DEFAULT_LATENCY
@@ -26,6 +24,8 @@ from hoplited.config import DaemonConfig
 from hoplited.sim import scenarios as sim
 from hoplited.sim.errors import SimulationError
 from hoplited.sim.network import MAX_MIN_NODES, SEGMENT, SHARING
+from hoplited.tools.scenarios import optimum
+from hoplited.tools.testbed import DEFAULT_RATE_BPS, format_rate, parse_rate
 
 # The depth column for an allreduce run by combiners, by how many (docs/design.md §4).
 COMBINERS = {2: "pair", 3: "trio"}

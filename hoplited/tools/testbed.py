@@ -40,8 +40,8 @@ from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
-from hoplite_client.tools.local_cluster import LocalCluster
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError
+from hoplited.tools.local_cluster import LocalCluster
 
 log = logging.getLogger("hoplite.testbed")
 T = TypeVar("T")

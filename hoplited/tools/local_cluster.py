@@ -7,7 +7,7 @@ here, and removes the directory.
 
 By default every daemon listens on loopback. ``placement`` runs daemon i as
 ``prefix_i + [python, -m, hoplited, --listen, host_i:0, ...]`` instead, e.g. inside a network
-namespace of an emulated test bed (``hoplite_client.tools.testbed``); the prefix must exec the
+namespace of an emulated test bed (``hoplited.tools.testbed``); the prefix must exec the
 daemon (as ``ip netns exec`` does), so that the PID we hold is the daemon's. Clients still
 connect from here: Unix sockets are paths, reachable from any network namespace.
 

@@ -43,11 +43,11 @@ from typing import Any
 from numpy.typing import NDArray
 
 import hoplite_client
-from hoplite_client.tools.local_cluster import LocalCluster
-from hoplite_client.tools.scenarios import BenchContext, reduced_ok, same_bytes
-from hoplite_client.tools.testbed import EmulatedCluster
 from hoplite_client.wire.errors import HopliteError, InvalidArgumentError
 from hoplited.cluster.membership import rendezvous_owner
+from hoplited.tools.local_cluster import LocalCluster
+from hoplited.tools.scenarios import BenchContext, reduced_ok, same_bytes
+from hoplited.tools.testbed import EmulatedCluster
 
 # A survivor that has nothing after this long counts as hung: the run must end.
 FAILURE_TIMEOUT = 120.0

@@ -7,9 +7,9 @@ import json
 import click
 import uvloop
 
-from hoplite_client.tools.soak import SoakSettings, run_soak
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.units import parse_size
+from hoplited.tools.soak import SoakSettings, run_soak
 
 
 @click.command()

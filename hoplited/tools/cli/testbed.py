@@ -1,7 +1,7 @@
 """``hoplite testbed up|down|list``: an emulated cluster that outlives the command (root only).
 
 ``up`` builds the namespaces, records them as persistent and exits; ``down`` removes them.
-Benchmarks that only need a test bed for their own run use ``hoplite_client.tools.testbed`` directly
+Benchmarks that only need a test bed for their own run use ``hoplited.tools.testbed`` directly
 (``hoplite bench ... --emulate RATE``), which removes it when they end.
 """
 
@@ -14,7 +14,8 @@ from typing import Any
 import click
 import uvloop
 
-from hoplite_client.tools.testbed import (
+from hoplite_client.wire.errors import HopliteError
+from hoplited.tools.testbed import (
     DEFAULT_MTU,
     PREFIX_RE,
     STATE_DIR,
@@ -27,7 +28,6 @@ from hoplite_client.tools.testbed import (
     remove_recorded,
     require_root,
 )
-from hoplite_client.wire.errors import HopliteError
 
 
 def _rate(ctx: click.Context, param: click.Parameter, value: str) -> int:
