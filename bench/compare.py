@@ -34,8 +34,8 @@ from hoplite_client.wire.units import parse_size
 from hoplited.tools.scenarios import BenchContext, Progress, optimum, run_scenario
 from hoplited.tools.testbed import emulated_cluster, format_rate, parse_rate
 
-# (op, size) pairs measured by default: docs/design.md §8 and the list; a size may
-# say how far apart the inputs come (``@D``).
+# (op, size) pairs measured by default: the cases of the targets in docs/design.md §8, and a
+# gather; a size may say how far apart the inputs come (``@D``).
 CASES = [("broadcast", "32MiB"), ("broadcast", "256MiB"), ("reduce", "32MiB"),
          ("allreduce", "32MiB"), ("allreduce", "32MiB@0.1"), ("gather", "32MiB"),
          ("broadcast", "1MiB"), ("reduce", "1MiB"), ("allreduce", "1MiB")]

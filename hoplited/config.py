@@ -46,7 +46,7 @@ class DaemonConfig:
     token_file: str | None = None
     insecure: bool = False
     capacity: int = field(default_factory=default_capacity)
-    # The artifact served one transfer per object per node; chains then cost one hop each,
+    # The artifact serves one transfer per object per node; chains then cost one hop each,
     # which cut-through forwarding makes cheap. Raise it to trade depth for uplink sharing.
     fanout: int = 1
     # When a reduce of every input runs as two trees of halves (docs/design.md §4): where the
@@ -68,8 +68,8 @@ class DaemonConfig:
     # one node"); off only to measure against.
     merge: bool = True
     # The TCP congestion control of the connections between daemons; "": the system's.
-    # Cubic, since BBR (v1) lost the tails of streams where three or more met on one link
-    # of shallow queues, and each such loss waited out a retransmission timeout
+    # Cubic, since BBR (v1) loses the tails of streams where three or more meet on one link
+    # of shallow queues, and each such loss waits out a retransmission timeout
     # (docs/design.md §3, "Congestion control").
     congestion: str = congestion.DEFAULT
     # Twice a second: a Ping to each member is a small frame, and a frozen member's Ping

@@ -207,7 +207,7 @@ class Rpc:
         The request runs in the caller's task, watched: a move cancels that task, and the
         cancellation is taken back here (``uncancel``, as ``asyncio.timeout`` does), unless
         someone else cancelled it too. A task of its own, raced by ``asyncio.wait`` against
-        the next move, cost every small get or put a task, a wait and a loop iteration more
+        the next move, would cost every small get or put a task, a wait and a loop iteration more
         (docs/design.md §2.4, "Small requests")."""
         if owner == self.me:
             return await self.call_node(owner, msg, payload, timeout)

@@ -217,8 +217,9 @@ class HopliteTransport(Transport):
         index = {oid: i for i, oid in enumerate(ids)}
         future = self._submit(self._reduce(ids, k, timeout))
         # Poll with wait(), not result(timeout=): the reduce's own HopliteTimeoutError is a
-        # TimeoutError too, and taken for a poll's end it was raised again at once, forever,
-        # its traceback growing by a frame each time (docs/benchmarks.md, "The async SGD hang")
+        # TimeoutError too, and taken for a poll's end it would be raised again at once, for
+        # ever, its traceback growing by a frame each time (docs/benchmarks.md, "The async SGD
+        # hang"; tests/net/test_app_transport.py::test_a_reduce_that_times_out_ends_the_wait)
         while not concurrent.futures.wait([future], timeout=POLL).done:
             if give_up():
                 future.cancel()

@@ -186,9 +186,9 @@ def available() -> str:
 def _agent_script(testbed: Any, tmp: str) -> str:
     """OpenMPI's ``plm_rsh_agent``: called as ``agent HOST COMMAND...`` (like ssh), run
     COMMAND in the namespace of the host whose address is HOST. Each host's orted keeps its
-    session directory under ``tmp``, apart from the others: on one machine they all made
-    /tmp/ompi.HOST.UID/jf.JOB at once, and one now and then failed with "File exists" (an
-    allreduce of 1 MiB in bench.compare on 2026-11-27)."""
+    session directory under ``tmp``, apart from the others: on one machine they would all
+    make /tmp/ompi.HOST.UID/jf.JOB at once, and one now and then fails with "File exists"
+    (as an allreduce of 1 MiB in bench.compare shows)."""
     cases = "".join(f"    {shlex.quote(h.ip)}) ns={shlex.quote(h.netns)} ;;\n"
                     for h in testbed.hosts)
     sessions = shlex.quote(os.path.join(tmp, "sessions"))

@@ -2,9 +2,9 @@
 
 Linux lets each socket choose its own (``TCP_CONGESTION``); a listening socket's choice is
 inherited by the connections it accepts. The daemons take cubic by default rather than the
-system's: on the emulated links, whose queues are a few packets deep, BBR (v1) lost segments
-whenever three or more streams met on one link, and a stream whose last segments were lost
-waited out a retransmission timeout, 100-200 ms, with nothing behind them to signal the loss
+system's: on the emulated links, whose queues are a few packets deep, BBR (v1) loses segments
+whenever three or more streams meet on one link, and a stream whose last segments are lost
+waits out a retransmission timeout, 100-200 ms, with nothing behind them to signal the loss
 (docs/design.md §3, "Congestion control").
 """
 

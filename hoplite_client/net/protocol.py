@@ -52,14 +52,14 @@ QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)
 
 # Over TLS a write is encrypted at once into a buffer that grows to hold it, then copied out:
 # an 8 MiB slice encrypted at 0.8 GB/s here, 256 KiB pieces at 2.1 GB/s. So bytes are handed
-# to TLS a piece at a time while its buffer stays small; a 1 GiB get went from 0.5-0.85 to
-# 1.1 GB/s (docs/security.md, "Cost").
+# to TLS a piece at a time while its buffer stays small: a 1 GiB get runs at 1.1 GB/s this
+# way, against 0.5-0.85 GB/s with whole slices (docs/security.md, "Cost").
 TLS_WRITE_PIECE = 256 * 1024
 TLS_WRITE_HIGH_WATER = 512 * 1024
 TLS_WRITE_LOW_WATER = 128 * 1024
 
 # A payload smaller than this goes through the transport even when sent in bulk: handing it
-# to a worker thread cost more than the loop's copy (a 1 MiB put took 0.55-0.65 ms in a
+# to a worker thread costs more than the loop's copy (a 1 MiB put takes 0.55-0.65 ms in a
 # thread, 0.35-0.4 ms copied by the loop).
 BULK_MIN = 4 * 1024 * 1024
 # The socket buffer of a connection that sends in bulk: on a Unix socket it bounds the bytes
@@ -132,7 +132,7 @@ class FrameProtocol(asyncio.BufferedProtocol):
     def ack_quickly(self) -> None:
         """Have the kernel acknowledge what arrives at once, not after its delayed-ACK timer,
         renewed after every read since Linux drops back to delaying on its own. For the side
-        that receives object streams: a sender held up for that ACK stalled 20-50 ms in
+        that receives object streams: a sender held up for that ACK stalls 20-50 ms in
         about one 1 MiB broadcast in twenty (docs/design.md §3, "Data connections")."""
         if QUICKACK is None or self.transport is None:
             return  # not Linux

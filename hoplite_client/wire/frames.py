@@ -76,8 +76,8 @@ READ_AHEAD = 4 * 1024
 # apart because numpy's stubs declare ``__buffer__`` only for Python >= 3.12.
 Payload: TypeAlias = "ReadableBuffer | NDArray[Any]"
 # Where a streamed payload goes, given its message's header and length. The message is typed
-# ``Any`` on purpose: the sink's owner knows which stream kind its connection carries (today
-# only DataStream), and a parameter typed ``WireMessage`` would refuse such a sink.
+# ``Any`` on purpose: the sink's owner knows which stream kind its connection carries (only
+# DataStream is streamed), and a parameter typed ``WireMessage`` would refuse such a sink.
 StreamSink = Callable[[Any, int], memoryview]
 
 M_co = TypeVar("M_co", bound=WireMessage, covariant=True)

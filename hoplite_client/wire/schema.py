@@ -23,8 +23,8 @@ _HINTS: dict[type, list[tuple[str, Any]]] = {}
 _C = TypeVar("_C")
 _Check = Callable[[Any], Any]
 # Each record's fields with their checkers, made on first decode of its kind: walking the
-# annotations with typing.get_origin for every field of every message made a decode twice as
-# dear (docs/design.md §2.1).
+# annotations with typing.get_origin for every field of every message would make a decode
+# twice as dear (docs/design.md §2.1).
 _CHECKS: dict[type, list[tuple[str, _Check]]] = {}
 # Fields whose values are msgpack-ready as they are (scalars, optional or not) encode as is.
 _PLAIN_HINTS = frozenset({int, str, bytes, bool, float, int | None, str | None, bytes | None,

@@ -4,7 +4,8 @@ A timeout is in seconds. ``None`` and ``+inf`` wait forever (normalised to ``Non
 what the wire and the event loop understand); ``0`` polls once: the answer is what is there
 now, or a timeout error at once; a finite positive number waits that long. A negative number,
 ``-inf`` and NaN are refused, and so is anything that is not a real number (``True`` included),
-because an event loop cannot schedule them: NaN used to raise inside the daemon.
+because an event loop cannot schedule them: NaN would raise inside the daemon (see
+``test_dispatcher_answers_invalid_and_never_calls_the_handler`` in tests/unit/test_limits.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What this daemon has measured about its links: per-hop latency L and bandwidth B.
 
 The reduce's shape, one chain or a binary tree, follows from the cost of a hop, L plus a
-forwarding unit at B (docs/design.md §4). The original compiled L and B in; we measure them:
+forwarding unit at B (docs/design.md §4). The original compiles L and B in; we measure them:
 L as the least half round trip among the recent heartbeats, B as the most that recent
 transfers of at least 1 MiB got while their bytes flowed (:class:`PullRate`).
 """
@@ -12,8 +12,8 @@ import math
 from collections import deque
 
 # Until measured: a LAN-ish hop and a 1 Gbit/s link; the first samples replace them. A node
-# that only sends (a broadcast's source) may never measure B, and a 10 Gbit/s guess made
-# its shard take a binary tree for a 1 MiB broadcast on 1 Gbit/s links (docs/design.md §4).
+# that only sends (a broadcast's source) may never measure B, and a 10 Gbit/s guess would
+# make its shard take a binary tree for a 1 MiB broadcast on 1 Gbit/s links (docs/design.md §4).
 DEFAULT_LATENCY = 100e-6
 DEFAULT_BANDWIDTH = 125e6
 # B is the largest of this many recent samples: a pull that shares its links with others
@@ -27,9 +27,9 @@ MIN_CHUNKS = 8
 BUCKETS_PER_OCTAVE = 16
 # L is the least half round trip of this many recent heartbeats (about 5 s of pings to 7
 # peers): a ping waits behind whatever the links and the event loop are busy with, which a
-# pipelined hop does not pay again; averaged, that wait made L 0.4-4.2 ms on the emulated
-# links, and a 1 MiB broadcast's shard took a binary tree (2.6-4.0x S/RATE) where the chain
-# runs at 1.6-2.0x (docs/design.md §4, "Tree shape").
+# pipelined hop does not pay again; averaged, that wait makes L 0.4-4.2 ms on the emulated
+# links, and a 1 MiB broadcast's shard would take a binary tree (2.6-4.0x S/RATE) where the
+# chain runs at 1.6-2.0x (docs/design.md §4, "Tree shape").
 LATENCY_WINDOW = 64
 # A source that sends nothing for this many slices' worth of link time has stalled...
 STALL_SLICES = 8
@@ -44,7 +44,7 @@ class PullRate:
     chunk's since the Pull was sent). A pull whose source is still producing its bytes (a
     partial sum waiting for an input, a result not begun) waits between chunks; the chunk
     after a wait brings few bytes at a low rate and falls below the median, where the whole
-    pull's bytes over its time measured the producer, 3-4 times below the link after
+    pull's bytes over its time measure the producer, 3-4 times below the link after
     staggered allreduces (docs/design.md §4, "The links' rate, measured while bytes flow")."""
 
     __slots__ = ("_last", "_received", "_chunks", "_bytes")

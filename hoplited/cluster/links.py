@@ -178,7 +178,8 @@ class PeerLink:
         """Send a one-way message, connecting first if needed; failures are only logged. A
         connection that is closing (its peer just died) refuses the frame before the channel
         hears that it is lost: that too is only logged, never raised into the sender's work
-        (a gather's fetch failed so, ``bench/chaos.py`` seed 8 trial 46)."""
+        (a gather's fetch, say: see ``test_a_notice_on_a_closing_connection_is_not_raised``
+        in tests/unit/test_link_notify.py)."""
         if self.channel is not None and self.channel.is_open:
             try:
                 self.channel.notify(msg, payload)

@@ -6,22 +6,22 @@ reply on the link (``Seen``); it moves ``last_seen`` forward, never back, so a l
 duplicated answer cannot make a peer look more silent than it is. A peer is declared dead
 
 - when an attempt fails (timeout, lost connection, any error) while it has been silent for at
-  least ``timeout`` (the rule links.py has always applied);
+  least ``timeout``;
 - at once when it refuses a reconnection: nothing listens on its port, its process is gone.
   A connection that closes on its own (``Closed``) is redialled at once rather than an
   interval later, so a killed peer (its kernel resets the connection, then refuses the
   redial) is declared dead within milliseconds;
 - at the latest at the *deadline* ``last_seen + timeout + interval``, whatever is in flight.
 
-The deadline is the part that used to be implicit. Today's loop checks the silence only when an
-attempt fails, and a failure can come early: a reply seen while a Ping was in flight (the peer
+The deadline bounds the verdict whatever the attempts do. Were the silence checked only when an
+attempt fails, a failure could come early: a reply seen while a Ping was in flight (the peer
 answered an older request, then was SIGSTOPped) makes the Ping's timeout end before
-``timeout`` of silence, so the verdict waited a whole further interval plus timeout (up to
-``2 x timeout + interval``, more when a reconnection's three handshake steps each took their own
-timeout). Here every Ping's timeout is cut so that it ends by the deadline, and after a failed
+``timeout`` of silence, and the verdict would wait a whole further interval plus timeout (up to
+``2 x timeout + interval``, more when a reconnection's three handshake steps each take their own
+timeout). So every Ping's timeout is cut so that it ends by the deadline, and after a failed
 attempt the driver is woken at the deadline at the latest. On the ordinary schedule (a Ping
 ``interval`` after the last answer) the cut is exactly ``timeout``, so a healthy or plainly
-silent peer is treated exactly as before: a SIGSTOPped peer is dead ``timeout + interval``
+silent peer's Pings keep their whole timeout: a SIGSTOPped peer is dead ``timeout + interval``
 after its last answer.
 
 Suspicion, optional (``suspect_after``). A Ping unanswered for ``suspect_after`` seconds, or a
@@ -57,7 +57,7 @@ meanwhile is not evidence. Its last sign of life moves forward by the stall, a P
 timeout ran out during it is asked again with a whole timeout, and a Ping still in flight is
 given ``suspect_after`` of our running time again before it makes the peer suspected. A node
 that ran again after a pause past the timeout would otherwise condemn peers that were only
-waiting for it; each verdict now rests on silence we were awake to see (docs/design.md §5,
+waiting for it; so each verdict rests on silence we were awake to see (docs/design.md §5,
 "Declared dead, then running again").
 
 Asking others first, optional (``indirect``). A peer silent to us may be silent to us only:
@@ -253,7 +253,7 @@ class Liveness:
         self._suspected = False
         self._suspect_at: float | None = None  # when the Ping in flight makes it suspected
         self._now = now  # the latest time any event carried: our clock never runs backwards
-        self._last_seen = now  # a new link counts as a sign of life, as PeerLink always did
+        self._last_seen = now  # a new link counts as a sign of life: silence counts from here
         self._next_ping = now + interval
         self._watched = watched
         self._asking = False  # a closed connection or an alarm: Ping until the peer answers

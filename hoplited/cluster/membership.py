@@ -8,7 +8,7 @@ so a verdict moves nothing more, and a member trusted again takes its objects ba
 (docs/design.md §5, "Ownership").
 
 A score is a 64-bit mix of the id's hash with the node's, the node's hashed once: an owner
-over 1,000 members is one vector operation (about 10 µs), where a hash per member took 0.6 ms,
+over 1,000 members is one vector operation (about 10 µs), where a hash per member takes 0.6 ms,
 and every owner-set change makes each node ask again for every entry and copy it has
 (docs/design.md §2.3).
 """
@@ -260,7 +260,8 @@ def rejoin_seeds(membership: Membership, by: str) -> list[tuple[str, int]]:
     those we declared dead, each address once (docs/design.md §5, "Declared dead, then
     running again"). A node cut off alone has declared everyone else dead, and ``by`` may be
     another node cut off alone, itself about to run again: the rest of the cluster is then
-    among the dead (``bench/chaos.py --partition --victims 2``, seed 31, trial 5)."""
+    among the dead (see the cut-off-alone case of ``test_rejoin_seeds`` in
+    tests/unit/test_membership.py)."""
     me = membership.me.node_id
     alive = [n for n in membership.alive_ids() if n not in (by, me)]
     dead = sorted(n for n in membership.members if n not in (by, me) and n not in alive)

@@ -7,7 +7,7 @@ the live members stand on a ring ordered by a hash of their ids, and each one pi
 predecessors), and a member's share of the pinging stays the same however large the cluster.
 The rest learn of a silent member from an ``Alarm`` its watchers send, and check it with a
 Ping of their own (docs/design.md §5, "Watchers"). Clusters of at most ``watchers + 1``
-members are a full mesh: everyone pings everyone, as before.
+members are a full mesh: everyone pings everyone.
 
 Every node computes the same ring from the same membership; views that differ for a moment
 (a death not yet known everywhere) only shift a few watchers for that moment.

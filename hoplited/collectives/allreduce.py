@@ -230,7 +230,7 @@ class Allreduces:
         """Record the allreduce's failure at its result's shard, if that shard can be reached."""
         try:
             await self._d.directory.fail(result, error)
-        except HopliteError as exc:  # its shard died too: gets there time out as before
+        except HopliteError as exc:  # its shard died too: gets there wait out their timeouts
             log.warning("allreduce %s: failure not recorded: %s", result.short(), exc)
 
     def on_stripe_task(self, peer: str, msg: StripeTask,
@@ -657,8 +657,8 @@ class Orchestrator:
         self._version = os.urandom(VERSION_SIZE)
         # The members saw the stream break before the membership hears why: a killed node
         # is declared dead (its port refuses the probe) within milliseconds. Asked at once,
-        # the shards still named it a holder, so its input took the chain's first slot and
-        # blocked the survivors' partial sums until it was put again (docs/benchmarks.md,
+        # the shards still name it a holder, so its input would take the chain's first slot
+        # and block the survivors' partial sums until it is put again (docs/benchmarks.md,
         # "Ring allreduce"); after the grace it hangs on the root instead.
         if ins.retire:
             self._waits.append(self._spawn(self._retire(retired), "allreduce-retire",
@@ -840,9 +840,9 @@ class Member:
         combiners then enrol in each other's stripes in the order they put, after every
         member, so the last to put forwards nothing: its uplink carries the rest of its input
         and its own stripe once each (docs/design.md §4, "A pair for the last two inputs",
-        "Three combiners"). Asked at once, a pair's combiner raced the members and forwarded
+        "Three combiners"). Asked at once, a pair's combiner races the members and forwards
         the other half in 3 of 8 runs; asked at their own stripes' first elements, three
-        combiners enrolled together and one forwarded another's third."""
+        combiners enrol together and one forwards another's third."""
         await self._until_put(own)
         await self._fetch(stripe)
 

@@ -26,8 +26,8 @@ from hoplited.collectives.layout import ALIGN, stripe_bounds
 from hoplited.collectives.tree import one_tree_cost
 
 # Bytes per segment: large enough that a frame header is noise, small enough that a hop adds
-# little latency (a scratch ring in this module's shape ran at 1.76x of S/RATE with 256 KiB
-# and 1 MiB segments at N = 8, docs/benchmarks.md "Ring allreduce").
+# little latency (a ring in this module's shape runs at 1.76x of S/RATE with 256 KiB and
+# 1 MiB segments at N = 8, docs/benchmarks.md "Ring allreduce").
 SEGMENT = 1 << 20
 # The most members a ring takes: as many nodes as a reduce takes inputs. Whether a ring pays
 # at all is ring_pays's to say: its 2(n-1) hops against the trees' depth (docs/simulation.md).

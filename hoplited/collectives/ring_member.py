@@ -327,8 +327,9 @@ class RingMember:
         """The successor died. With the result whole here, only the successor missed
         segments: stop streaming to it and go on to publish. A frozen successor reads
         nothing, and the stream would otherwise wait on the connection's write pressure
-        until the stall timeout, the member's copy and inputs pinned (``bench/chaos.py
-        --emulate``, seed 7 trial 25). A member still receiving fails, as for a lost
+        until the stall timeout, the member's copy and inputs pinned (see
+        ``test_a_member_whose_successor_died_stops_its_stream_and_publishes`` in
+        tests/unit/test_ring_member.py). A member still receiving fails, as for a lost
         predecessor (docs/design.md §5, "Sends to the dead")."""
         if not self.complete:
             self.fail(PeerUnavailableError(f"ring member {self.successor} died",

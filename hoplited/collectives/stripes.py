@@ -108,21 +108,24 @@ RING_TRIES = 2
 RING_REDO_WAIT = 0.5
 # The least each wait for the next input lasts, whatever the ring saves: inputs put before the
 # allreduce are reported by their shards some milliseconds apart, more on a loaded machine,
-# and a ring that saves 2 ms on fast links is still the ring they should get (a cluster test
-# of four inputs on loopback missed it under load with the saving alone as the wait).
+# and a ring that saves 2 ms on fast links is still the ring they should get (with the saving
+# alone as the wait, four inputs on loopback under load miss it: see
+# tests/cluster/test_ring_allreduce.py::test_each_link_carries_the_rings_bound_once).
 RING_WAIT_FLOOR = 0.05
 # The longest gap between inputs a pair waits for, in times the object takes to cross a link
 # (docs/design.md §4, "A pair for the last two inputs"). In the simulator the pair and the
 # plain reduce meet at about one transfer. Emulated (32 MiB, 1 Gbit/s), 0.75 transfers apart
-# (0.2 s) the pair ran at 1.18x and the plain reduce at 1.54x, 1.1 apart (0.3 s) the pair at
-# 1.13-1.24x and the plain reduce at 1.04-1.06x. It was 0.8 while the measured bandwidth
-# read a third of the link's (docs/design.md §4, "The links' rate, measured while bytes flow").
+# (0.2 s) the pair runs at 1.18x and the plain reduce at 1.54x, 1.1 apart (0.3 s) the pair at
+# 1.13-1.24x and the plain reduce at 1.04-1.06x. A transfer's time is the link's rate as the
+# link model measures it, while bytes flow (docs/design.md §4, "The links' rate, measured while
+# bytes flow"): a rate taken over whole pulls reads as little as a third of the link's, and
+# would stretch this gap threefold.
 PAIR_GAP = 1.0
 # The least time, in seconds, an object must take to cross a link for a pair: its chain
 # starts tens of milliseconds after the guess, and on the emulated links a pair of 4 MiB at
-# 500 Mbit/s (67 ms) lost a tail to a queue and waited out TCP's 200 ms retransmission
+# 500 Mbit/s (67 ms) loses a tail to a queue and waits out TCP's 200 ms retransmission
 # timeout in most runs, 3.87x S/RATE at N = 4 against 1.43x without it, where 16 MiB at
-# 1 Gbit/s (134 ms) paired at 1.49x (N = 8) and 1.58x (N = 4) against 1.66x
+# 1 Gbit/s (134 ms) pairs at 1.49x (N = 8) and 1.58x (N = 4) against 1.66x
 # (docs/design.md §4, "A pair for the last two inputs").
 PAIR_MIN_TRANSFER = 0.1
 # Inputs closer than this on average, in times the object takes to cross a link, get three
@@ -130,7 +133,7 @@ PAIR_MIN_TRANSFER = 0.1
 # nodes hold none (docs/design.md §4, "Three combiners"). The early inputs' chain then
 # starts one input sooner and ends before the last put. Simulated (32 MiB, N = 8, 1 Gbit/s)
 # three beat two up to 0.12 s apart (0.45 transfers: 1.139 against 1.152) and lose from
-# 0.13 s (1.120 against 1.078); emulated at 0.15 s apart they ran at 1.25x, the pair 1.09x.
+# 0.13 s (1.120 against 1.078); emulated at 0.15 s apart they run at 1.25x, the pair 1.09x.
 TRIO_GAP = 0.45
 # The most combiners of the last inputs: a pair or a trio.
 MAX_COMBINERS = 3
@@ -251,9 +254,10 @@ Event = (InputReady | InputFailed | NodeLost | MemberDone | StripeFailed | Gathe
 def undelivered(node: str, stripe: int, gen: int, error: HopliteError, alive: bool) -> Event:
     """The event for a stripe task that ``node`` never answered with success. An unreachable
     node is lost to the allreduce, and so is one whose connection broke before it answered
-    (killed while its task was on the way, before the membership heard: ``bench/chaos.py
-    --victims 3``, seed 28, trial 24), or one the membership no longer lists alive. An error
-    a live node itself answered with fails that stripe, and the plan judges it."""
+    (killed while its task was on the way, before the membership heard: see
+    ``test_a_stripe_task_not_delivered`` in tests/unit/test_stripes.py), or one the
+    membership no longer lists alive. An error a live node itself answered with fails that
+    stripe, and the plan judges it."""
     unreached = isinstance(error, (ConnectionLostError, PeerUnavailableError))
     if (unreached and not error.reported) or not alive:
         return NodeLost(node)

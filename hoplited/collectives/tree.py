@@ -43,7 +43,7 @@ from hoplited.memory.store import parse_dtype
 # its tbf qdiscs pass whole (docs/simulation.md §1, "Pipelining").
 HOP_UNIT = 64 * 1024
 # Two trees of halves must save this fraction of the best single shape's estimate, and this
-# many seconds. The model shares every link fairly; on the test bed two flows on a link lost
+# many seconds. The model shares every link fairly; on the test bed two flows on a link lose
 # 15-20% to the chain's one (N = 8, 32 and 256 MiB), and the second plan's tasks and edges
 # cost about 7 ms of control at 1 MiB (docs/design.md §4, "Two trees of halves").
 TWO_TREE_GAIN = 0.2

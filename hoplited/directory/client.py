@@ -93,8 +93,10 @@ class DirectoryClient:
         """Publish a small copy to its new owner; one deleted meanwhile goes (the owner refused
         it: docs/design.md §5, "Deletes and moving owners"). A copy dropped here before an
         owner took it is not sent (again): its memory may be freed already, and an owner would
-        list a copy nobody holds, one no delete removed (``bench.chaos --stagger``, seed 65,
-        trial 33: the deleter's own copy, removed as its delete returned)."""
+        list a copy nobody holds, one no delete removed (the deleter's own copy, say, removed
+        as its delete returns: see
+        ``test_a_small_copy_that_goes_while_its_republish_is_refused_is_not_sent_again`` in
+        tests/unit/test_reannounce.py)."""
         if self._store.get(obj.oid) is not obj:
             return
         try:
@@ -209,9 +211,8 @@ class DirectoryClient:
         """``obj`` was made here from a shard's answer to a request sent while ``asked_under``
         owned the ids. If owners moved before it existed, their move's re-announcement
         (``reannounce``) missed it, and only the shard that answered lists it: a stand-in
-        that then gave the id back to its trusted owner, whose delete left the copy here
-        (``bench/chaos.py --victims 2 --resume``, seed 37, trial 2). It is announced now, as
-        that move would have."""
+        that then gave the id back to its trusted owner, whose delete would then leave the
+        copy here. So it is announced here, as that move would have announced it."""
         if self._membership.owner_set is asked_under or not _announceable(obj):
             return
         if not self._republish_if_small(obj):

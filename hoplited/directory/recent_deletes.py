@@ -52,8 +52,9 @@ class RecentDeletes:
         put again since under the same id, and must never remove that. ``moved``: owners
         changed while the delete was on its way, so the resends of that move
         (``owners_moved``) ran before it was known here. It is sent again at once then: a
-        stand-in had answered it, and the owner trusted again kept its entry
-        (``bench/chaos.py --victims 2 --resume``, seed 37, trial 2). ``retire``: a delete of
+        stand-in answered it, and the owner trusted again keeps its entry (see the case "a
+        delete answered after owners moved is sent again at once" of
+        tests/unit/test_recent_deletes.py). ``retire``: a delete of
         that version only, whose maker puts another under the same id (docs/design.md §4,
         "Ring allreduce"); sent again the same way, so that a copy of the retired version
         announced to the next owner is withdrawn too."""

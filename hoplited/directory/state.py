@@ -733,8 +733,10 @@ class DirectoryState:
         """``node`` may serve ``requester``: it is not (and, enrolled later, may not be)
         downstream of it. A requester not enrolled yet may still feed ``node``: an entry
         rebuilt after ownership moved knows the chains its holders announced before it
-        knows every holder (``bench/chaos.py`` seed 70, trial 11: two nodes pulled from
-        each other for 30 s)."""
+        knows every holder, and two nodes pulling from each other would each wait for the
+        other until a stall timer fires (see the case
+        a-requester-not-announced-yet-gets-no-holder-that-pulls-from-it of
+        tests/unit/test_directory_state.py)."""
         me = entry.holders.get(requester)
         h = entry.holders[node]
         if h.received >= entry.size:

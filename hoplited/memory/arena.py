@@ -11,12 +11,13 @@ daemon (docs/security.md). Freed extents keep their pages ("warm"):
 faulting fresh shared pages inside recv_into measured 2.6 s/GiB against 0.3 s/GiB for a bulk
 populate, so allocation pre-populates in a worker thread and reuse costs nothing. The arena
 remembers which ranges are backed (nothing gives pages back), so an extent whose pages are all
-warm skips the worker thread too: a 1 MiB broadcast allocated and populated on every receiver
-in every run, a thread hand-off and a wake-up of the loop each (docs/benchmarks.md, "Warm
-extents"). And it keeps one more extent of the largest size it has given out warm ahead
-(:meth:`Arena.keep_warm`): an object that needs more memory than the node ever held (a lost
-input put again beside the node's own, in the middle of the collective) then finds its pages
-backed, where backing them while every core streams took seconds (docs/design.md §2.2).
+warm skips the worker thread too: a 1 MiB broadcast allocates and populates on every receiver
+in every run, and would pay a thread hand-off and a wake-up of the loop each time
+(docs/benchmarks.md, "Warm extents"). And it keeps one more extent of the largest size it has
+given out warm ahead (:meth:`Arena.keep_warm`): an object that needs more memory than the node
+ever held (a lost input put again beside the node's own, in the middle of the collective) then
+finds its pages backed, where backing them while every core streams takes seconds
+(docs/design.md §2.2).
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ class Arena:
         """Back the pages below :attr:`warm_target` ahead of need, a slice at a time in a
         worker thread, for as long as the daemon runs; a machine out of memory leaves them to
         the allocations (which then say so). It waits while a put fills an extent: that put
-        is what the warm pages were for, and backing the next ones beside it took CPU from
+        is what the warm pages are for, and backing the next ones beside it takes CPU from
         its copy (1.7x a bare socket copy on a busy node, docs/design.md §2.2)."""
         while True:
             await self._quiet.wait()

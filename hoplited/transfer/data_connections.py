@@ -4,7 +4,7 @@ The asyncio side of :mod:`.idle_pool`: it dials, closes what the pool hands back
 timer armed at the pool's next expiry (a timer, not a task: nothing to own). A member that
 joins gets one standing connection at once (``warm``): measured on emulated 1 Gbit/s links, a
 handshake dialled while the source is already receiving waits behind that traffic in its
-link's queue, and a 1 MiB broadcast chain stalled up to 8 ms on one such dial. A connection given
+link's queue, and a 1 MiB broadcast chain stalls up to 8 ms on one such dial. A connection given
 back gets handlers that refuse anything its source sends unasked, and leaves the pool the
 moment it closes, so a pull takes a closed one only in the instant before the loop hears of it;
 the fetcher then dials afresh rather than blaming the source (docs/design.md §3, "Data
@@ -30,7 +30,7 @@ log = logging.getLogger("hoplited.transfer")
 
 # Idle connections kept per member: as many as pulls from one source overlap, so a burst does
 # not dial again. A trio's member pulls up to six at once from its chains' predecessor (three
-# thirds of the early partial sum, three of the result); with four kept, each allreduce dialled
+# thirds of the early partial sum, three of the result); with four kept, each allreduce dials
 # again, 56 of 504 pulls in ten runs (docs/design.md §3, "Data connections").
 IDLE_PER_SOURCE = 8
 # Closed after this long unused: a member pulled from once in a while keeps nothing open.

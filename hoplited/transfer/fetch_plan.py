@@ -16,8 +16,9 @@ or hold a newer copy: a partial holder re-attaching, a reduce's result waiting f
 slot or started again with a backup input (docs/design.md §5). It is avoided for
 ``STALL_RETRY`` seconds; if the owner has nobody else by then, it is asked for again. So is a
 source this node only suspects (``silent`` on the pull's error), without counting against the
-attempts: it may answer again once a partition heals (``bench/chaos.py --partition --victims
-2``, seed 29, trial 12: excluded for good, the only holder of a stripe stalled a get 30 s). A source
+attempts: it may answer again once a partition heals, and excluded for good, the only holder
+of a stripe would leave its gets stalled until their timeouts (see the case "a source only
+suspected is avoided for a while, then taken again" of tests/unit/test_fetch_plan.py). A source
 offering another version clears every exclusion: they were about copies of the old one. After
 ``max_attempts`` pulls that brought no byte, and no sooner than ``patience`` seconds after the
 first of them, the fetch gives up: ``patience`` is the time the membership may take to declare
@@ -64,10 +65,10 @@ from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.ops import derived_id
 
 # Sources tried before a get gives up on a transfer: enough to ride out several deaths in a
-# row, few enough that a poisoned object fails in bounded time (the pre-plan fetcher's value).
+# row, few enough that a poisoned object fails in bounded time.
 MAX_ATTEMPTS = 8
-# Pull errors after which another source may do better; the rest end the fetch. The pre-plan
-# fetcher's ``_RETRIABLE``: lost / refused / stalled sources, garbage on the wire, socket errors.
+# Pull errors after which another source may do better; the rest end the fetch: lost / refused
+# / stalled sources, garbage on the wire, socket errors.
 RETRIABLE: tuple[type[BaseException], ...] = (
     ConnectionLostError, PeerUnavailableError, HopliteTimeoutError, ProtocolError,
     ObjectNotFoundError, OSError)

@@ -511,10 +511,11 @@ class Fetcher:
 
     async def _dial(self, source: str, host: str, port: int) -> FrameProtocol:
         """A new data connection to ``source``, given up on as soon as it dies or falls
-        silent (``source_died``): a pull must not wait out a handshake to a frozen node.
-        ``bench/chaos.py`` seed 21 trial 29: a reduce slot's pull on an idle connection was
-        aborted when its source fell silent, closed unanswered, and the pull dialled the
-        silent source again, waiting 10 s for the handshake."""
+        silent (``source_died``): a pull must not wait out a handshake to a frozen node, whose
+        kernel still accepts the connection (say, after a reduce slot's pull on an idle
+        connection to a source that fell silent ended unanswered: see
+        ``test_a_pull_aborted_by_its_source_falling_silent_does_not_dial_it_again`` in
+        tests/unit/test_fetcher_silent_source.py)."""
         if not self._membership.is_trusted(source):  # e.g. it fell silent while we used an
             # idle connection to it, which then closed unanswered
             raise self._untrusted(source, "died or fell silent")

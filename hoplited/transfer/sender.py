@@ -40,7 +40,8 @@ SEND_SLICE = 8 * 1024 * 1024
 ENROLLED_WAIT = 2.0
 # How long a Pull placed ahead (version b"": a reduce's leaf placed before its input exists,
 # docs/design.md §4, "The last input's leaf placed ahead") waits for a complete copy here;
-# after that the puller hears "no copy" and its plan waits for the input as before.
+# after that the puller hears "no copy" and its plan waits for the input, as for a leaf not
+# placed ahead.
 AHEAD_WAIT = 10.0
 
 # Takes a connection whose dialler opened a ring stream on it; True once the stream ended

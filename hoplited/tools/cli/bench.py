@@ -78,8 +78,9 @@ class BenchResult:
 
     @property
     def s_over_rate(self) -> float | None:
-        """One object's time on one link, S/RATE: what the issue's targets are ratios to
-        (for an allreduce with staggered inputs, the least time after the last arrival)."""
+        """One object's time on one link, S/RATE: what the targets of docs/design.md §8 are
+        ratios to (for an allreduce with staggered inputs, the least time after the last
+        arrival)."""
         return None if self.rate_bps is None else self.size * 8 / self.rate_bps
 
     def as_dict(self) -> dict[str, Any]:
