@@ -67,6 +67,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -106,6 +107,9 @@ MERGE_REACH = 4
 # until its own is put: that node's uplink then feeds the combiner that has put first
 # (docs/design.md §4, "Three combiners", "Who pulls a late input first").
 LATE_HOLD = 1.25
+# Tests set this: every plan then checks its records agree after each event (``validate``), at
+# a cost linear in its slots, which a 10,000-input plan cannot pay per event.
+CHECK_INVARIANTS = False
 # Errors of a request to a tree node that mean the node could not be reached at all.
 UNREACHABLE = (PeerUnavailableError, ConnectionLostError)
 
@@ -672,6 +676,50 @@ class ReducePlan:
         self.absorbed: dict[int, Absorb] = {}  # lost slot -> the leaf it took over
         self.history: deque[tuple[Event, tuple[Instruction, ...]]] = deque(maxlen=HISTORY_MAX)
 
+    def validate(self) -> None:
+        """Check that the plan's records agree: each slot is in one of placed, redo, merged,
+        folding or folded; the by-node indexes match the placements; every wait for a lost
+        input is a redo's. Raises AssertionError with the slot's last events otherwise."""
+        homes: dict[int, list[str]] = {}
+        for name, keys in (("placed", self.slots), ("redo", self.redo),
+                           ("merged", self.merged), ("folding", self.folding),
+                           ("folded", self.folds)):
+            for slot in keys:
+                homes.setdefault(slot, []).append(name)
+        for slot, names in homes.items():
+            self._check(len(names) == 1, slot, f"is {' and '.join(names)} at once")
+        for node_slots, task in ((self._hosts, True), (self._leaves, False)):
+            for node, indexed in node_slots.items():
+                for slot in indexed:
+                    placed = self.slots.get(slot)
+                    self._check(placed is not None and placed.node == node
+                                and placed.task == task, slot, f"is indexed on {node} "
+                                f"({'task' if task else 'leaf'}) as {placed}")
+        for slot, placed in self.slots.items():
+            by_node = self._hosts if placed.task else self._leaves
+            self._check(slot in by_node.get(placed.node, ()), slot, "is not indexed")
+        for oid, waiting in self._wanted.items():
+            for slot in waiting:
+                redo = self.redo.get(slot)
+                self._check(redo is not None and redo.input == oid, slot,
+                            f"waits for {oid.hex()} but is {redo}")
+        extra = self.shape.size if self.shape is not None else 0  # a fold's extra pulls
+        for slot in self._broken:
+            self._check(slot in self.slots or slot >= extra, slot,
+                        "has a broken pull but is not placed")
+        for name, a, b in (("folding/folded", self.folding, self.folds),
+                           ("absorbing/absorbed", self.absorbing, self.absorbed)):
+            for slot in a.keys() & b.keys():
+                self._check(False, slot, f"is in both of {name}")
+        self._check(not self.published or self.complete, -1, "published before complete")
+
+    def _check(self, ok: bool, slot: int, what: str) -> None:
+        """Raise with ``slot``'s story unless ``ok``."""
+        if not ok:
+            story = "\n".join(f"  {ev} -> {list(out)}" for ev, out in list(self.history)[-8:])
+            raise AssertionError(f"reduce {self.result.hex()}: slot {slot} {what}; last "
+                                 f"events:\n{story}")
+
     @property
     def chosen(self) -> bool:
         """All ``k`` inputs are chosen (``used`` is final)."""
@@ -690,6 +738,8 @@ class ReducePlan:
             out = self._handle(event)
         out = [edge for ins in out if (edge := self._addressed(ins)) is not None]
         self.history.append((event, tuple(out)))
+        if CHECK_INVARIANTS:
+            self.validate()
         return out
 
     def _addressed(self, ins: Instruction) -> Instruction | None:
@@ -709,57 +759,58 @@ class ReducePlan:
                        window=self.window if leaf else None)
 
     def _handle(self, ev: Event) -> list[Instruction]:
-        if isinstance(ev, InputReady):
-            if ev.oid in self._wanted:
-                self.ahead.discard(ev.oid)
-                return self._replace(ev)
-            if ev.oid in self.ahead:
-                return self._ahead_ready(ev)
-            if ev.oid in self._rewaiting:
-                return self._backup_ready(ev)
-            out = self._hold(ev) if self._holds(ev) else self._unheld(ev)
-            return out + self._place_ahead()
-        if isinstance(ev, HoldOver):
-            held = self.held.pop(ev.oid, None)
-            return [] if held is None else self._ready(held) + self._place_ahead()
-        if isinstance(ev, InputFailed):
-            return self._input_failed(ev)
-        if isinstance(ev, TaskStarted):
-            slot = self.slots.get(ev.slot)
-            if (slot is None or not slot.task or slot.version is not None
-                    or slot.gen != ev.gen):
-                return []
-            absorb = self.absorbing.get(ev.slot)
-            if absorb is not None and absorb.cut >= 0:  # the leaf's input first, then edges
-                absorb.version = ev.version
-                return [Fold(ev.slot, ev.slot, slot.node, ev.version, absorb.leaf_input,
-                             absorb.leaf_version, absorb.cut)]
-            slot.version = ev.version
-            return self._tell_extras(ev.slot) + self._links(ev.slot)
-        if isinstance(ev, SlotFailed):
-            return self._slot_failed(ev)
-        if isinstance(ev, ChildLost):
-            return self._child_lost(ev)
-        if isinstance(ev, Retry):
-            return self._retry(ev)
-        if isinstance(ev, NodeDied | NodeSuspected):  # a repair sees every input placed
-            return self._release_held() + self._node_died(ev.node)
-        if isinstance(ev, NodeTrusted):  # every lost input is waited for anew, it included
-            return ([WaitInput(oid, self._excluded(oid)) for oid in self._wanted]
-                    + self._resume_orphans())
-        if isinstance(ev, Folded):
-            return self._folded(ev)
-        if isinstance(ev, FoldFailed):
-            return self._fold_failed(ev)
-        if isinstance(ev, Reshaped):
-            return self._reshaped(ev)
-        if isinstance(ev, ResultComplete):
-            if self.complete:
-                return []
-            self.complete = True
-            return [Publish()]
-        if isinstance(ev, ResultFailed):
-            return self._fail(ev.error)
+        handler: Callable[[ReducePlan, Any], list[Instruction]] = EVENT_HANDLERS[type(ev)]
+        return handler(self, ev)
+
+    def _input_ready(self, ev: InputReady) -> list[Instruction]:
+        """An input is ready: a lost one back, a leaf placed ahead, a backup waited for
+        again, or a first-time input (held, if a combiner holds it)."""
+        if ev.oid in self._wanted:
+            self.ahead.discard(ev.oid)
+            return self._replace(ev)
+        if ev.oid in self.ahead:
+            return self._ahead_ready(ev)
+        if ev.oid in self._rewaiting:
+            return self._backup_ready(ev)
+        out = self._hold(ev) if self._holds(ev) else self._unheld(ev)
+        return out + self._place_ahead()
+
+    def _hold_over(self, ev: HoldOver) -> list[Instruction]:
+        held = self.held.pop(ev.oid, None)
+        return [] if held is None else self._ready(held) + self._place_ahead()
+
+    def _task_started(self, ev: TaskStarted) -> list[Instruction]:
+        """A slot's task runs: its edges, unless it first takes over a leaf's input."""
+        slot = self.slots.get(ev.slot)
+        if slot is None or not slot.task or slot.version is not None or slot.gen != ev.gen:
+            return []
+        absorb = self.absorbing.get(ev.slot)
+        if absorb is not None and absorb.cut >= 0:  # the leaf's input first, then edges
+            absorb.version = ev.version
+            return [Fold(ev.slot, ev.slot, slot.node, ev.version, absorb.leaf_input,
+                         absorb.leaf_version, absorb.cut)]
+        slot.version = ev.version
+        return self._tell_extras(ev.slot) + self._links(ev.slot)
+
+    def _node_lost(self, ev: NodeDied | NodeSuspected) -> list[Instruction]:
+        """A repair sees every input placed: held inputs go first."""
+        return self._release_held() + self._node_died(ev.node)
+
+    def _node_trusted(self, ev: NodeTrusted) -> list[Instruction]:
+        """Every lost input is waited for anew, the trusted node's copies included."""
+        return ([WaitInput(oid, self._excluded(oid)) for oid in self._wanted]
+                + self._resume_orphans())
+
+    def _result_complete(self, ev: ResultComplete) -> list[Instruction]:
+        if self.complete:
+            return []
+        self.complete = True
+        return [Publish()]
+
+    def _result_failed(self, ev: ResultFailed) -> list[Instruction]:
+        return self._fail(ev.error)
+
+    def _published(self, ev: Published) -> list[Instruction]:
         self.published = True
         return self._release()
 
@@ -1895,6 +1946,18 @@ class ReducePlan:
         dead in another node's view) may still hold pinned buffers of ours."""
         nodes = tuple(n for n in self.task_nodes if n not in self.declared)
         return [Release(nodes)] if nodes else []
+
+
+# Each event's handler; complete for ``Event`` (tests/unit/test_reduce_plan_invariants.py).
+EVENT_HANDLERS: dict[type, Callable[[ReducePlan, Any], list[Instruction]]] = {
+    InputReady: ReducePlan._input_ready, HoldOver: ReducePlan._hold_over,
+    InputFailed: ReducePlan._input_failed, TaskStarted: ReducePlan._task_started,
+    SlotFailed: ReducePlan._slot_failed, ChildLost: ReducePlan._child_lost,
+    Retry: ReducePlan._retry, NodeDied: ReducePlan._node_lost,
+    NodeSuspected: ReducePlan._node_lost, NodeTrusted: ReducePlan._node_trusted,
+    Folded: ReducePlan._folded, FoldFailed: ReducePlan._fold_failed,
+    Reshaped: ReducePlan._reshaped, ResultComplete: ReducePlan._result_complete,
+    ResultFailed: ReducePlan._result_failed, Published: ReducePlan._published}
 
 
 class EventQueue:

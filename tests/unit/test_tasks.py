@@ -118,11 +118,13 @@ async def test_the_check_sees_an_unowned_failure(unhandled: list[dict[str, Any]]
 
 
 def test_the_daemon_starts_tasks_only_through_their_owners() -> None:
+    """Every module the daemon runs; the developer tools (hoplited/tools) run in a bench's or
+    a test's process, not in the daemon."""
     root = Path(hoplited.__file__).parent
     offenders = []
     for path in sorted(root.rglob("*.py")):
         name = path.relative_to(root).as_posix()
-        if name in OWNERS:
+        if name in OWNERS or name.startswith("tools/"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name):
