@@ -136,23 +136,25 @@ async def watch_users(fd: int, stop: Callable[[], None]) -> None:
                                                  "of RAM].")
 @click.option("--fanout", default=1, show_default=True, type=int,
               help="Transfers one holder serves per object at once.")
-@click.option("--two-trees", default="auto", show_default=True,
+# The schedules' own switches (hidden): the chooser decides them; benches and tests that
+# compare a schedule with its alternative set them (docs/design.md §3, §4).
+@click.option("--two-trees", default="auto", show_default=True, hidden=True,
               type=click.Choice(TWO_TREE_MODES),
               help="When a reduce of every input, or a broadcast whose gets say how many "
                    "they are, runs as two trees of halves: where the link model says they "
                    "pay, always, or never (docs/design.md §3, §4).")
-@click.option("--ring-wait", default=0.1, show_default=True, type=float,
+@click.option("--ring-wait", default=0.1, show_default=True, type=float, hidden=True,
               help="Seconds an allreduce waits for each next input, to run them all as a "
                    "ring, and less where the ring saves less (docs/design.md §4); 0: never "
                    "a ring.")
-@click.option("--pair/--no-pair", default=True, show_default=True,
+@click.option("--pair/--no-pair", default=True, show_default=True, hidden=True,
               help="Let an allreduce whose inputs come further apart than the ring's wait "
                    "end as a pair of combiners, one per half (docs/design.md §4).")
 @click.option("--pair-min-transfer", default=DaemonConfig.pair_min_transfer, show_default=True,
-              type=float,
+              hidden=True, type=float,
               help="Seconds an object must take to cross a link for a pair (docs/design.md "
                    "§4, \"A pair for the last two inputs\"); 0: at any size.")
-@click.option("--merge/--no-merge", default=True, show_default=True,
+@click.option("--merge/--no-merge", default=True, show_default=True, hidden=True,
               help="Let a reduce's slot add the other inputs ready on its node, so that the "
                    "node's link carries one stream (docs/design.md §4, \"Several inputs on "
                    "one node\").")
