@@ -120,9 +120,11 @@ class Daemon:
                           patience=verdict_within, space=space, connections=connections)
         worker = ReduceWorker(store, arena, space, fetcher, rpc.tell, tasks, membership.is_alive,
                               membership.is_trusted)
-        reductions = Reductions(CoordinatorDeps(self.node_id, store, arena, space, directory, rpc,
-                                                fetcher, link_model, membership.is_alive,
-                                                tasks, patience=verdict_within),
+        reductions = Reductions(CoordinatorDeps(me=self.node_id, store=store, arena=arena,
+                                                space=space, directory=directory, rpc=rpc,
+                                                fetcher=fetcher, link_model=link_model,
+                                                is_alive=membership.is_alive, tasks=tasks,
+                                                patience=verdict_within),
                                 cfg.two_trees, cfg.merge)
         async def connect(node: str) -> FrameProtocol:
             """An idle data connection to ``node``, or a new one."""
@@ -130,17 +132,19 @@ class Daemon:
             return (connections.take(node, member.host, member.port)
                     or await connections.dial(member.host, member.port))
 
+        ring = RingDeps(me=self.node_id, store=store, directory=directory, tell=rpc.tell,
+                        connect=connect, give_back=connections.give_back,
+                        probe=lambda node: connections.probe(
+                            node, membership.members[node].host,
+                            membership.members[node].port, links.refused),
+                        observe_rate=link_model.observe_bandwidth, traffic=traffic,
+                        tasks=tasks, stall_timeout=cfg.stall_timeout)
         allreduces = Allreduces(AllreduceDeps(
-            self.node_id, store, space, directory, rpc, fetcher, reductions,
-            membership.is_alive,
-            tasks, membership.alive_ids,
-            RingDeps(self.node_id, store, directory, rpc.tell, connect, connections.give_back,
-                     lambda node: connections.probe(node, membership.members[node].host,
-                                                    membership.members[node].port,
-                                                    links.refused),
-                     link_model.observe_bandwidth, traffic, tasks, cfg.stall_timeout),
-            cfg.ring_wait, lambda: (link_model.bandwidth, link_model.latency), cfg.pair,
-            cfg.pair_min_transfer))
+            me=self.node_id, store=store, space=space, directory=directory, rpc=rpc,
+            fetcher=fetcher, reductions=reductions, is_alive=membership.is_alive, tasks=tasks,
+            members=membership.alive_ids, ring=ring, ring_wait=cfg.ring_wait,
+            link=lambda: (link_model.bandwidth, link_model.latency), pair=cfg.pair,
+            pair_min_transfer=cfg.pair_min_transfer))
         sender = Sender(store, traffic, fetcher.fetching, allreduces.serve_ring)
         prober = Prober(self.identity, membership, links, tasks, first=cfg.heartbeat_timeout,
                         run_again=self.run_again)
@@ -162,12 +166,10 @@ class Daemon:
             "transfers": fetcher.in_flight, "reduce_slots": worker.in_flight},
             errors=errors)
         listener = self._listener = ClientListener(cfg.socket_path, self.node_id, arena,
-                                                   SessionDeps(store, arena, fetcher, directory,
-                                                               reductions, allreduces,
-                                                               status.cluster, tasks, errors,
-                                                               space, lambda: owned_id(
-                                                                   membership.owner_set,
-                                                                   self.node_id)))
+                                                   SessionDeps(
+            store=store, arena=arena, fetcher=fetcher, directory=directory, reductions=reductions,
+            allreduces=allreduces, cluster_status=status.cluster, tasks=tasks, errors=errors,
+            space=space, put_id=lambda: owned_id(membership.owner_set, self.node_id)))
         handlers = {**cluster.handlers(), **status.handlers(), **directory.handlers(),
                     **DirectoryService(shard, self.node_id, membership.owner,
                                        membership.is_alive, rpc, tasks).handlers(),

@@ -64,7 +64,7 @@ from hoplited.transfer.fetcher import Fetcher
 log = logging.getLogger("hoplited.clients")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SessionDeps:
     """What serving a client takes: the store, transfers, the directory, reduces, status, and
     allocation that evicts or waits for room."""

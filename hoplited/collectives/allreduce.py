@@ -90,7 +90,7 @@ STRIPE_RETRY = 0.2
 OWN_POLL = 0.05
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AllreduceDeps:
     """What allreduces use: this node's id, store, the directory, peers, the fetcher, the
     reduces (each stripe is one), liveness, the live members (the ring, in id order), what

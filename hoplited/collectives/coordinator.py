@@ -52,7 +52,7 @@ from hoplited.transfer.fetcher import Fetcher
 log = logging.getLogger("hoplited.reduce")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CoordinatorDeps:
     """What a coordinator uses: this node's id, store and arena, the directory, peers;
     ``patience``: how long a member may look alive while unreachable (its liveness bound)."""

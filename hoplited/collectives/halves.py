@@ -49,7 +49,7 @@ def half_id(result: ObjectID, half: int) -> ObjectID:
     return derived_id(result, half, b"half")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HalvesDeps:
     """What a reduce in halves uses: the store, the arena, the directory, liveness and tasks;
     ``open(oid, window, half)``: a coordinator for the result (no window) or one half, started

@@ -93,8 +93,9 @@ class Reductions:
             return two_tree_halves(self._two_trees, len(inputs), k, size, dtype, op,
                                    model.bandwidth, model.latency)
 
-        front = HalvesReduce(HalvesDeps(d.store, d.arena, d.directory, d.is_alive, d.tasks,
-                                        open_part, self._forget_coordinator, choose),
+        front = HalvesReduce(HalvesDeps(store=d.store, arena=d.arena, directory=d.directory,
+                                        is_alive=d.is_alive, tasks=d.tasks, open=open_part,
+                                        close=self._forget_coordinator, choose=choose),
                              result, inputs, deadline)
         self._fronts[result] = front
         front.start()

@@ -69,7 +69,7 @@ OPEN_TIMEOUT = 10.0
 RATE_SAMPLE_MIN = 1 << 20
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RingDeps:
     """What a ring member uses: this node's id, its store, the directory (to publish), a
     one-way to the caller, data connections to members (taken or dialled, given back once a

@@ -91,10 +91,12 @@ class Ring:
         async def connect(successor: str) -> FrameProtocol:
             return await self._connect(successor)
 
-        return RingDeps(node.name, node.store, node.directory,  # type: ignore[arg-type]
-                        lambda to, msg: node.told.append(msg), connect,
-                        lambda to, protocol: protocol.close(), lambda n: None,
-                        lambda rate: None, Traffic(), node.tasks, stall_timeout=WAIT * 10)
+        return RingDeps(me=node.name, store=node.store,
+                        directory=node.directory,  # type: ignore[arg-type]
+                        tell=lambda to, msg: node.told.append(msg), connect=connect,
+                        give_back=lambda to, protocol: protocol.close(),
+                        probe=lambda n: None, observe_rate=lambda rate: None,
+                        traffic=Traffic(), tasks=node.tasks, stall_timeout=WAIT * 10)
 
     async def _connect(self, successor: str) -> FrameProtocol:
         """A data connection to ``successor``, whose end attaches the stream to its member
