@@ -67,7 +67,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -451,6 +451,34 @@ class Merge:
     gen: int = 0  # the next placement of ``slot``, should the merge be undone
 
 
+# Where a slot of the tree stands between events (ReducePlan.slot_state): not placed (free);
+# placed on a node, its input there and a task if it adds children (placed); its node lost,
+# waiting for its input to be placed again (redo); out of the tree, its input added by the
+# slot on the same node (merged); its lost input back on a node whose slot adds it into its
+# sums (folding), and once the consumer took the new shape (folded); its lost input back where
+# only a leaf runs, about to take that leaf's input over (absorbing). docs/design.md §4, §5.
+SlotState = Literal["free", "placed", "redo", "merged", "folding", "folded", "absorbing"]
+# Every move a slot may make from one event to the next; validate() refuses any other.
+SLOT_TRANSITIONS: frozenset[tuple[SlotState, SlotState]] = frozenset({
+    ("free", "placed"),  # its input is ready (or a leaf is placed ahead of it)
+    ("free", "merged"),  # its input is ready on a node whose slot adds it
+    ("placed", "free"),  # a leaf placed ahead: its input did not come there in time
+    ("placed", "redo"),  # its node is lost while its consumer lacks bytes
+    ("redo", "placed"),  # its input is back, or a backup takes the slot
+    ("redo", "merged"),  # back on a node whose slot can add it from its start
+    ("redo", "folding"),  # back on a node whose slot adds it from where it stands
+    ("redo", "absorbing"),  # back on a node where only a leaf runs
+    ("folding", "folded"),  # the consumer took the new shape
+    ("folding", "placed"),  # the slot to fold into is gone: placed as usual
+    ("folding", "redo"),  # ... and its node is lost as well
+    ("absorbing", "placed"),  # the leaf's input is in its sums
+    # a restart from byte 0 (a node a fold or merge relied on is lost): each slot is placed
+    # anew, or waits for its input where its node is lost
+    ("absorbing", "redo"), ("folded", "placed"), ("folded", "redo"),
+    ("merged", "placed"), ("merged", "redo"),
+})
+
+
 @dataclass(slots=True)
 class Slot:
     """A placed slot: its node, input and output; ``version`` is None until its task started;
@@ -675,11 +703,22 @@ class ReducePlan:
         self.absorbing: dict[int, Absorb] = {}  # lost slot -> a leaf it takes over, not yet
         self.absorbed: dict[int, Absorb] = {}  # lost slot -> the leaf it took over
         self.history: deque[tuple[Event, tuple[Instruction, ...]]] = deque(maxlen=HISTORY_MAX)
+        self._states: dict[int, SlotState] = {}  # as validate() last saw them
+
+    def slot_state(self, slot: int) -> SlotState:
+        """Where ``slot`` stands (``SLOT_STATES``)."""
+        for state, records in (("placed", self.slots), ("redo", self.redo),
+                               ("merged", self.merged), ("folding", self.folding),
+                               ("folded", self.folds), ("absorbing", self.absorbing)):
+            if slot in records:
+                return state  # type: ignore[return-value]
+        return "free"
 
     def validate(self) -> None:
         """Check that the plan's records agree: each slot is in one of placed, redo, merged,
         folding or folded; the by-node indexes match the placements; every wait for a lost
-        input is a redo's. Raises AssertionError with the slot's last events otherwise."""
+        input is a redo's; each slot moved as ``SLOT_TRANSITIONS`` allows since the last
+        check. Raises AssertionError with the plan's last events otherwise."""
         homes: dict[int, list[str]] = {}
         for name, keys in (("placed", self.slots), ("redo", self.redo),
                            ("merged", self.merged), ("folding", self.folding),
@@ -712,6 +751,13 @@ class ReducePlan:
             for slot in a.keys() & b.keys():
                 self._check(False, slot, f"is in both of {name}")
         self._check(not self.published or self.complete, -1, "published before complete")
+        states = {slot: self.slot_state(slot) for slot in homes.keys() | self.absorbing.keys()}
+        for slot in states.keys() | self._states.keys():
+            move = (self._states.get(slot, "free"), states.get(slot, "free"))
+            self._check(move[0] == move[1] or move in SLOT_TRANSITIONS, slot,
+                        f"went from {move[0]} to {move[1]}, which SLOT_TRANSITIONS does not "
+                        f"allow")
+        self._states = states
 
     def _check(self, ok: bool, slot: int, what: str) -> None:
         """Raise with ``slot``'s story unless ``ok``."""

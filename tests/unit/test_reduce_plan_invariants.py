@@ -12,13 +12,16 @@ from hoplite_client.wire.errors import PeerUnavailableError
 from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives.plan import (
     EVENT_HANDLERS,
+    SLOT_TRANSITIONS,
     ChildLost,
     Event,
+    FoldState,
     InputReady,
     Merge,
     NodeDied,
     Redo,
     ReducePlan,
+    SlotState,
     TaskStarted,
 )
 
@@ -78,6 +81,13 @@ def waiting_without_a_redo(plan: ReducePlan) -> str:
     return "slot 2 waits for"
 
 
+def placed_then_folded(plan: ReducePlan) -> str:
+    slot = max(plan.slots)
+    plan._drop_slot(slot)
+    plan.folds[slot] = FoldState(slot, I[0], b"v0", "n0", min(plan.slots), 0, 0, 1, [])
+    return f"slot {slot} went from placed to folded, which SLOT_TRANSITIONS does not allow"
+
+
 def broken_pull_of_no_slot(plan: ReducePlan) -> str:
     slot = min(plan.slots)
     plan._drop_slot(slot)
@@ -87,7 +97,7 @@ def broken_pull_of_no_slot(plan: ReducePlan) -> str:
 
 @pytest.mark.parametrize("corrupt", [placed_and_redone, placed_and_merged,
                                      indexed_on_another_node, waiting_without_a_redo,
-                                     broken_pull_of_no_slot])
+                                     placed_then_folded, broken_pull_of_no_slot])
 def test_records_that_disagree_are_named_with_the_last_events(
         corrupt: Callable[[ReducePlan], str]) -> None:
     plan = running_plan()
@@ -95,6 +105,20 @@ def test_records_that_disagree_are_named_with_the_last_events(
     with pytest.raises(AssertionError, match=expected) as caught:
         plan.validate()
     assert "TaskStarted" in str(caught.value)  # the story comes with it
+
+
+def test_each_slot_moves_only_as_the_transition_table_allows() -> None:
+    """Every state is reachable from free, and each move's ends are states."""
+    states = set(get_args(SlotState))
+    assert {end for move in SLOT_TRANSITIONS for end in move} <= states
+    reached, frontier = {"free"}, ["free"]
+    while frontier:
+        here = frontier.pop()
+        for start, end in SLOT_TRANSITIONS:
+            if start == here and end not in reached:
+                reached.add(end)
+                frontier.append(end)
+    assert reached == states
 
 
 def test_every_event_has_one_handler() -> None:
