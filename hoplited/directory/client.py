@@ -212,7 +212,8 @@ class DirectoryClient:
         owned the ids. If owners moved before it existed, their move's re-announcement
         (``reannounce``) missed it, and only the shard that answered lists it: a stand-in
         that then gave the id back to its trusted owner, whose delete would then leave the
-        copy here. So it is announced here, as that move would have announced it."""
+        copy here. So it is announced here, as that move would have announced it
+        (tests/unit/test_announce_late.py)."""
         if self._membership.owner_set is asked_under or not _announceable(obj):
             return
         if not self._republish_if_small(obj):
