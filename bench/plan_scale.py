@@ -26,6 +26,7 @@ from hoplited.collectives.plan import (
     InputReady,
     Published,
     ReducePlan,
+    ReduceSpec,
     ResultComplete,
     StartTask,
     TaskStarted,
@@ -42,7 +43,7 @@ def plan_seconds(k: int, depth: int, ring: Sequence[str] = (), merge: bool = Fal
     inputs = [ObjectID.random() for _ in range(k)]
     window = (0, SIZE) if ring else None
     plan = ReducePlan(ObjectID.random(), inputs, k, "sum", "me", depth=lambda n, s: depth,
-                      window=window, ring=tuple(ring), merge=merge)
+                      spec=ReduceSpec(window=window, ring=tuple(ring), merge=merge))
     start = time.perf_counter()
     tasks: list[StartTask] = []
     for i, oid in enumerate(inputs):
@@ -62,7 +63,7 @@ def repair_seconds(k: int) -> float:
     slot again as the inputs are put again on another node."""
     inputs = [ObjectID.random() for _ in range(k)]
     plan = ReducePlan(ObjectID.random(), inputs, k, "sum", "me", depth=lambda n, s: 0,
-                      merge=False)
+                      spec=ReduceSpec(merge=False))
     for oid in inputs:
         for ins in plan.handle(InputReady(oid, ("n1",), ("n1",), SIZE, "<f4", (SIZE // 4,),
                                           b"v")):

@@ -6,7 +6,7 @@ size and decides (``tree.two_tree_halves``, pure):
 
 - one tree: the plain coordinator runs under the result's id;
 - two trees of halves: two coordinators run under the halves' own ids, each reducing one half
-  of every input (``ReducePlan(window=, half=)``) into a view of the result, a composite of
+  of every input (``ReduceSpec(window=, half=)``) into a view of the result, a composite of
   the two halves (the striped allreduce's memory, :mod:`hoplited.memory.store`).
 
 Both plans get every ready input, in one order, so the i-th input takes complementary slots

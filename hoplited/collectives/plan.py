@@ -589,40 +589,56 @@ def drive(steps: Steps) -> list[Instruction]:
     return result
 
 
+@dataclass(frozen=True, kw_only=True)
+class ReduceSpec:
+    """The schedule of one reduce, fixed when it opens; the defaults are one tree over whole
+    inputs, its result for the caller's node (docs/design.md §4 tells each choice)."""
+
+    # reduce only the inputs' bytes lo..hi (a stripe of a striped allreduce): the result is
+    # that stripe, a flat array of hi - lo bytes
+    window: tuple[int, int] | None = None
+    # the nodes in ring order: an input held elsewhere takes the free slot nearest its node's
+    # distance after ``me`` there, rather than the first free one ("Ring-ordered stripes")
+    ring: tuple[str, ...] = ()
+    # every node gets the result (a plain allreduce): if the first input reported is held
+    # here, or ``here`` says one ready input is, it takes the root and the last input a leaf
+    # of the root's ("The last input hangs on the root")
+    everyone: bool = False
+    # this plan is tree 0 or 1 of two trees of halves (``window`` is that half): the inputs
+    # fill complete trees whose inner slots differ (docs/simulation.md §6)
+    half: int | None = None
+    here: bool = False
+    # the root is a task here that adds no input of its own, started once the size is known,
+    # over a chain of the first k - ``late`` inputs and a leaf for each of the last ``late``
+    # (``pair_shape``): a stripe of an allreduce's pair or trio ("A pair for the last two
+    # inputs", "Three combiners")
+    combiner: bool = False
+    # an input ready on a node whose slot has combined nothing yet is added by that slot, in
+    # place of a slot of its own ("Several inputs on one node")
+    merge: bool = True
+    late: int = 2
+    # the links' bytes/s: a trio's combiner holds late inputs while its own is missing
+    # (``LATE_HOLD``)
+    rate: float = 0.0
+    # the nodes guessed to put the late inputs (the combiners): once one input is missing and
+    # all of them but one, not this node, have put a late input, that input's leaf is placed
+    # ahead on the node left ("The last input's leaf placed ahead")
+    late_nodes: tuple[str, ...] = ()
+
+
 class ReducePlan:
-    """One reduce into ``result`` coordinated on node ``me``; ``depth(k, size)`` is the tree
-    depth for ``k`` inputs of ``size`` bytes (the driver's link model); ``patience``: seconds
-    a node that looks alive may stay unreachable before the reduce fails. ``window``: reduce
-    only the inputs' bytes ``lo..hi`` (a stripe of a striped allreduce, docs/design.md §4);
-    the result is then that stripe, a flat array of ``hi - lo`` bytes. ``ring``: the nodes in
-    ring order; an input held elsewhere then takes the free slot nearest its node's distance
-    after ``me`` there, rather than the first free one (docs/design.md §4, "Ring-ordered
-    stripes"). ``everyone``: every node gets the result (a plain allreduce); if the first
-    input reported is held here, or ``here`` says one ready input is, that input takes the
-    root and the last input a leaf of the root's (docs/design.md §4, "The last input hangs on
-    the root"), whichever of the ready inputs is reported first. ``half``: this plan is tree 0 or 1
-    of two trees of halves (``window`` is that half): the inputs fill complete trees whose
-    inner slots differ (docs/simulation.md §6). ``combiner``: the root is a task here that
-    adds no input of its own (its ``StartTask`` names the result as its input), started as
-    soon as the size is known, over a chain of the first ``k - late`` inputs and a leaf for
-    each of the last ``late`` (``pair_shape``): a stripe of an allreduce's pair or trio,
-    whose partial sum reaches this node before this node's input exists (docs/design.md §4,
-    "A pair for the last two inputs", "Three combiners"); with ``rate`` (the links' bytes/s)
-    a trio's combiner holds late inputs while its own is missing (``LATE_HOLD``); with
-    ``late_nodes`` (the nodes guessed to put the late inputs: the combiners), once one input
-    is missing and all of those nodes but one, not this node, have put a late input, that
-    input's leaf is placed *ahead* on the node left, before it exists there: its consumer's
-    pull waits there for it (docs/design.md §4, "The last input's leaf placed ahead"). ``merge``:
-    an input ready on a node whose slot has combined nothing yet is added by that slot, which
-    takes it in place of a slot of its own (docs/design.md §4, "Several inputs on one
-    node")."""
+    """One reduce into ``result`` coordinated on node ``me``, scheduled as ``spec`` says;
+    ``depth(k, size)`` is the tree depth for ``k`` inputs of ``size`` bytes (the driver's link
+    model); ``patience``: seconds a node that looks alive may stay unreachable before the
+    reduce fails."""
 
     def __init__(self, result: ObjectID, inputs: list[ObjectID], k: int, op: str, me: str,
                  depth: Callable[[int, int], int], patience: float = 6.0,
-                 window: tuple[int, int] | None = None, ring: tuple[str, ...] = (),
-                 everyone: bool = False, half: int | None = None, here: bool = False,
-                 combiner: bool = False, merge: bool = True, late: int = 2,
-                 rate: float = 0.0, late_nodes: tuple[str, ...] = ()) -> None:
+                 spec: ReduceSpec = ReduceSpec()) -> None:
+        window, ring, everyone, half, here = (spec.window, spec.ring, spec.everyone, spec.half,
+                                              spec.here)
+        combiner, merge, late, rate = spec.combiner, spec.merge, spec.late, spec.rate
+        late_nodes = spec.late_nodes
         if not inputs or not 1 <= k <= len(inputs):
             raise InvalidArgumentError(f"num_objects must be between 1 and the "
                                        f"{len(inputs)} inputs")

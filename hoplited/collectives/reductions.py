@@ -106,11 +106,12 @@ class Reductions:
               combiner: bool = False, late: int = 2,
               late_nodes: tuple[str, ...] = ()) -> p.ReducePlan:
         model = self._deps.link_model
+        spec = p.ReduceSpec(window=window, ring=ring, everyone=everyone, half=half, here=here,
+                            combiner=combiner, merge=self._merge, late=late,
+                            rate=model.bandwidth, late_nodes=late_nodes)
         return p.ReducePlan(result, inputs, k, op, self._deps.me, depth=lambda n, size: (
             tree_depth(n, size, model.bandwidth, model.latency)), patience=self._deps.patience,
-            window=window, ring=ring, everyone=everyone, half=half, here=here,
-            combiner=combiner, merge=self._merge, late=late, rate=model.bandwidth,
-            late_nodes=late_nodes)
+            spec=spec)
 
     def _open(self, plan: p.ReducePlan, inputs: list[ObjectID], deadline: float | None,
               wait_inputs: bool, ready: Sequence[p.InputReady] = ()) -> ReduceCoordinator:

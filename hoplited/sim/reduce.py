@@ -70,8 +70,9 @@ class ReduceRun:
         self.cluster, self.me, self.result = cluster, me, result
         self.depth: int | None = None  # the tree depth the plan chose (0: one chain)
         self.plan = p.ReducePlan(result, inputs, len(inputs), op, me, depth=self._depth,
-                                 everyone=everyone, window=window, half=half, here=here,
-                                 combiner=combiner, late=late, rate=cluster.net.rate)
+                                 spec=p.ReduceSpec(everyone=everyone, window=window, half=half,
+                                                   here=here, combiner=combiner, late=late,
+                                                   rate=cluster.net.rate))
         self._inputs = list(dict.fromkeys(inputs))
         self.tasks: dict[int, Combine] = {}  # by slot
         self._adds: dict[int, ObjectID] = {}  # slot -> the input its task adds

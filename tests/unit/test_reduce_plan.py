@@ -49,6 +49,7 @@ from hoplited.collectives.plan import (
     Published,
     PullRoot,
     ReducePlan,
+    ReduceSpec,
     Release,
     Reshape,
     Reshaped,
@@ -1021,9 +1022,9 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_plan(case: Case) -> None:
     idx = case.inputs or tuple(range(case.n or case.k))
-    plan = ReducePlan(R, [I[i] for i in idx], case.k, "sum", ME,
-                      depth=lambda k, size: case.depth, patience=case.patience,
-                      everyone=case.everyone, here=case.here, merge=case.merge)
+    plan = ReducePlan(R, [I[i] for i in idx], case.k, "sum", ME, depth=lambda k, size: case.depth,
+                      patience=case.patience,
+                      spec=ReduceSpec(everyone=case.everyone, here=case.here, merge=case.merge))
     for i, (event, expected) in enumerate(case.steps):
         assert norm(plan.handle(event)) == norm(expected), f"step {i}: {event}"
 
@@ -1157,7 +1158,7 @@ WSHAPE = (WSIZE // 4,)
 
 
 def stripe_plan(k: int = 2) -> ReducePlan:
-    return ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0, window=WIN)
+    return ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0, spec=ReduceSpec(window=WIN))
 
 
 def failure(out: list[Instruction]) -> Fail | None:
@@ -1200,10 +1201,12 @@ def test_stripe_inputs_must_agree_as_whole_inputs(other: InputReady, why: str) -
 
 
 def test_a_stripe_outside_the_inputs_or_across_elements_fails() -> None:
-    outside = ReducePlan(R, I[:2], 2, "sum", ME, depth=lambda n, s: 0, window=(0, BIG * 2))
+    outside = ReducePlan(R, I[:2], 2, "sum", ME, depth=lambda n, s: 0,
+                         spec=ReduceSpec(window=(0, BIG * 2)))
     fail = failure(outside.handle(ready(0, ME)))
     assert isinstance(fail, Fail) and isinstance(fail.error, InvalidArgumentError)
-    odd = ReducePlan(R, I[:2], 2, "sum", ME, depth=lambda n, s: 0, window=(2, BIG // 2))
+    odd = ReducePlan(R, I[:2], 2, "sum", ME, depth=lambda n, s: 0,
+                     spec=ReduceSpec(window=(2, BIG // 2)))
     fail = failure(odd.handle(ready(0, ME)))
     assert isinstance(fail, Fail) and "whole elements" in str(fail.error)
 
@@ -1211,7 +1214,7 @@ def test_a_stripe_outside_the_inputs_or_across_elements_fails() -> None:
 @pytest.mark.parametrize("window", [(0, INLINE_MAX), (-4, BIG), (BIG, BIG)])
 def test_a_stripe_must_be_larger_than_inline(window: tuple[int, int]) -> None:
     with pytest.raises(InvalidArgumentError):
-        ReducePlan(R, I[:2], 2, "sum", ME, depth=lambda n, s: 0, window=window)
+        ReducePlan(R, I[:2], 2, "sum", ME, depth=lambda n, s: 0, spec=ReduceSpec(window=window))
 
 
 # --- ring order: a stripe's chain runs round the ring and ends at its reducer (§4) ---
@@ -1220,8 +1223,8 @@ RING = ("n1", "n2", "n3", ME, "n5", "n6")
 
 def slots_taken(k: int, ring: tuple[str, ...], order: list[str]) -> dict[str, int]:
     """Which slot each node's input takes (its last) when they become ready in ``order``."""
-    p = ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0, window=WIN, ring=ring,
-                   merge=False)
+    p = ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0,
+                   spec=ReduceSpec(window=WIN, ring=ring, merge=False))
     got: dict[str, int] = {}
     for i, node in enumerate(order):
         p.handle(ready(i, node))
@@ -1261,8 +1264,8 @@ def test_ring_slots_follow_the_nearest_free_rule_however_crowded(seed: int) -> N
     rng = random.Random(seed)
     k = rng.randint(3, 40)
     inputs = [ObjectID(bytes([i + 1]) * 20) for i in range(k)]
-    p = ReducePlan(R, inputs, k, "sum", ME, depth=lambda n, size: 0, window=WIN, ring=RING,
-                   merge=False)
+    p = ReducePlan(R, inputs, k, "sum", ME, depth=lambda n, size: 0,
+                   spec=ReduceSpec(window=WIN, ring=RING, merge=False))
     taken: set[int] = set()
     for i in range(k):
         node = rng.choice([*RING, "x"])
@@ -1315,7 +1318,8 @@ def test_two_trees_of_halves_share_no_inner_node(k: int, local: bool) -> None:
     input's node computes a slot with children in both (its downlink would carry the object
     twice) but the roots' node, whose root has one child in each tree: this node if it holds
     an input, else the last to arrive."""
-    plans = [ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0, window=w, half=h)
+    plans = [ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0,
+                        spec=ReduceSpec(window=w, half=h))
              for h, w in enumerate(HALVES)]
     inner: list[set[str]] = [set(), set()]
     roots: list[tuple[str, int]] = []
@@ -1335,17 +1339,19 @@ def test_two_trees_of_halves_share_no_inner_node(k: int, local: bool) -> None:
 
 def test_a_tree_of_halves_needs_a_window_of_every_input() -> None:
     with pytest.raises(InvalidArgumentError, match="window of every input"):
-        ReducePlan(R, I[:4], 4, "sum", ME, depth=lambda n, size: 0, half=0)
+        ReducePlan(R, I[:4], 4, "sum", ME, depth=lambda n, size: 0, spec=ReduceSpec(half=0))
     with pytest.raises(InvalidArgumentError, match="window of every input"):
-        ReducePlan(R, I[:4], 3, "sum", ME, depth=lambda n, size: 0, window=HALVES[0], half=0)
+        ReducePlan(R, I[:4], 3, "sum", ME, depth=lambda n, size: 0,
+                   spec=ReduceSpec(window=HALVES[0], half=0))
     with pytest.raises(InvalidArgumentError, match="window of every input"):
-        ReducePlan(R, I[:4], 4, "sum", ME, depth=lambda n, size: 0, window=HALVES[0], half=2)
+        ReducePlan(R, I[:4], 4, "sum", ME, depth=lambda n, size: 0,
+                   spec=ReduceSpec(window=HALVES[0], half=2))
 
 
 # --- a combiner: a pair's stripe, whose root adds no input (docs/design.md §4) ---
 def combiner_plan(k: int, late: int = 2) -> ReducePlan:
-    return ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0, window=WIN,
-                      combiner=True, late=late)
+    return ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0,
+                      spec=ReduceSpec(window=WIN, combiner=True, late=late))
 
 
 def test_a_combiner_starts_its_root_here_before_any_input_of_its_own() -> None:
@@ -1394,8 +1400,8 @@ HOLD = LATE_HOLD * WSIZE / RATE  # one third combiner's stripe, at the link's ra
 
 
 def trio_plan(k: int = 5, late: int = 3, rate: float = RATE) -> ReducePlan:
-    return ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0, window=WIN,
-                      combiner=True, late=late, rate=rate)
+    return ReducePlan(R, I[:k], k, "sum", ME, depth=lambda n, size: 0,
+                      spec=ReduceSpec(window=WIN, combiner=True, late=late, rate=rate))
 
 
 def placing(p: ReducePlan, *events: Event) -> list[ObjectID]:
@@ -1522,8 +1528,9 @@ TRIO = ("n3", "n4", ME)  # the nodes guessed to put the late inputs
 
 
 def ahead_plan(late: int = 3, late_nodes: tuple[str, ...] = TRIO) -> ReducePlan:
-    return ReducePlan(R, I[:5], 5, "sum", ME, depth=lambda n, size: 0, window=WIN,
-                      combiner=True, late=late, rate=RATE, late_nodes=late_nodes)
+    return ReducePlan(R, I[:5], 5, "sum", ME, depth=lambda n, size: 0,
+                      spec=ReduceSpec(window=WIN, combiner=True, late=late, rate=RATE,
+                                      late_nodes=late_nodes))
 
 
 def root_started(p: ReducePlan) -> int:
@@ -1619,9 +1626,10 @@ def test_a_combiner_reduces_a_window_of_every_input(kwargs: dict[str, object]) -
     args: dict[str, object] = {"inputs": I[:4], "k": 4, "window": WIN} | kwargs
     with pytest.raises(InvalidArgumentError, match="combiner"):
         ReducePlan(R, args["inputs"], args["k"], "sum", ME,  # type: ignore[arg-type]
-                   depth=lambda n, size: 0, window=args["window"],  # type: ignore[arg-type]
-                   half=args.get("half"), combiner=True,  # type: ignore[arg-type]
-                   late=args.get("late", 2))  # type: ignore[arg-type]
+                   depth=lambda n, size: 0,
+                   spec=ReduceSpec(window=args["window"],  # type: ignore[arg-type]
+                                   half=args.get("half"), combiner=True,  # type: ignore[arg-type]
+                                   late=args.get("late", 2)))  # type: ignore[arg-type]
 
 
 def test_a_chain_deeper_than_pythons_recursion_is_repaired() -> None:
@@ -1631,7 +1639,7 @@ def test_a_chain_deeper_than_pythons_recursion_is_repaired() -> None:
     slot is placed there."""
     k = 3 * sys.getrecursionlimit()
     ids = [ObjectID(i.to_bytes(4, "big") * 5) for i in range(k)]
-    plan = ReducePlan(R, ids, k, "sum", ME, depth=lambda n, size: 0, merge=False)
+    plan = ReducePlan(R, ids, k, "sum", ME, depth=lambda n, size: 0, spec=ReduceSpec(merge=False))
     first: list[Instruction] = []
     for i, oid in enumerate(ids):
         first += plan.handle(InputReady(oid, ("n1",), ("n1",), BIG, DT, SHAPE, b"v%d" % i))

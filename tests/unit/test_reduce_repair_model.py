@@ -98,7 +98,8 @@ class World:
         self.waits: dict[ObjectID, tuple[str, ...]] = {}
         self.events: list[p.Event] = []
         self.plan = p.ReducePlan(R, list(self.inputs), k, "sum", ME,
-                                 depth=lambda n, size: depth, everyone=everyone)
+                                 depth=lambda n, size: depth,
+                                 spec=p.ReduceSpec(everyone=everyone))
 
     def put(self, node: str, oid: ObjectID) -> None:
         self.versions += 1
