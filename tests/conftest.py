@@ -4,17 +4,24 @@ Tests live in one directory per tier and are marked by it: ``unit`` (pure cores 
 I/O), ``net`` (real daemons on loopback), ``cluster`` (several daemons, processes killed or
 stopped), ``emulated`` (network namespaces: each module skips itself, saying why, without
 root, iproute2 or the baseline's packages), ``integrations`` (hoplite inside real local Ray
-and Dask clusters of several processes).
+and Dask clusters of several processes). Minutes-long runs are marked ``soak`` and left out
+unless asked for (``make soak``).
+
+Hypothesis runs derandomized by default (profile ``ci``): every run draws the same examples, and
+no example database is written. ``HYPOTHESIS_PROFILE=explore`` draws new ones each run and keeps
+the failing ones in ``.hypothesis/``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from helpers import TEST_CAPACITY
+from hypothesis import settings
 
 import hoplite_client
 from hoplited.tools.local_cluster import LocalCluster
@@ -23,6 +30,10 @@ ClusterFactory = Callable[..., Awaitable[LocalCluster]]
 
 
 TIERS = ("unit", "net", "cluster", "emulated", "integrations")
+
+settings.register_profile("ci", derandomize=True, database=None, deadline=None)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -4,6 +4,8 @@ A daemon listens on 127.0.0.1:P and advertises 127.0.0.2 to its peers, so every 
 to it goes through a proxy listening on 127.0.0.2:P (Linux routes all of 127.0.0.0/8 to loopback).
 The proxy can then limit the link to a known rate (so a kill lands mid-transfer), stall it (bytes
 stop, sockets stay open, like a SIGSTOPped peer) or cut every connection mid-stream (a reset).
+It counts the bytes it passes on, and ``forwarded(n)`` returns once n have passed: the trigger
+a test kills, stalls or cuts on, at a known point of a transfer, however loaded the machine.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class FaultProxy:
         self.port = port
         self.bytes_forwarded = 0  # both directions, every connection
         self.connections = 0  # accepted so far
+        self._triggers: list[tuple[int, asyncio.Future[None]]] = []  # forwarded() waiting
         self._up = _Bucket(None)  # client -> target
         self._down = _Bucket(None)  # target -> client
         self.set_rate(rate)
@@ -150,6 +153,31 @@ class FaultProxy:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.stop()
+
+    async def forwarded(self, count: int, timeout: float = 120.0) -> int:
+        """Wait until ``bytes_forwarded`` reaches ``count``; return it then. The proxy runs in
+        the caller's event loop, so it passes at most a chunk or two more before the caller
+        goes on: what the caller does next lands at that point of the transfer. An
+        AssertionError after ``timeout`` s."""
+        if self.bytes_forwarded < count:
+            fut = asyncio.get_running_loop().create_future()
+            self._triggers.append((count, fut))
+            try:
+                async with asyncio.timeout(timeout):
+                    await fut
+            except TimeoutError:
+                raise AssertionError(f"{self.bytes_forwarded} of {count} bytes forwarded "
+                                     f"within {timeout} s") from None
+            finally:
+                self._triggers = [(n, f) for n, f in self._triggers if f is not fut]
+        return self.bytes_forwarded
+
+    def _count(self, n: int) -> None:
+        """``n`` more bytes passed on: wake the triggers they reach."""
+        self.bytes_forwarded += n
+        for at, fut in self._triggers:
+            if at <= self.bytes_forwarded and not fut.done():
+                fut.set_result(None)
 
     def set_rate(self, rate: float | None) -> None:
         """Limit each direction, shared by all connections, to ``rate`` bytes/s (None: no limit)."""
@@ -228,5 +256,5 @@ class FaultProxy:
             await bucket.take(len(data))
             await self._flowing.wait()
             writer.write(data)
-            self.bytes_forwarded += len(data)
+            self._count(len(data))
             await writer.drain()

@@ -265,6 +265,18 @@ async def wait_member_dead(client: hoplite_client.Client, node_id: str) -> None:
     await eventually(dead, what=f"member {node_id} declared dead")
 
 
+async def wait_declared_dead(cluster: Any, by: int, node_id: str) -> None:
+    """``wait_member_dead`` asked of node ``by`` of ``cluster`` alone (``own_record``): while
+    ``node_id`` is frozen and not yet dead, a client's status would wait on it for its
+    status timeout at every look."""
+
+    async def dead() -> bool:
+        members = (await own_record(cluster, by))["members"]
+        return any(m["node_id"] == node_id and m["alive"] is False for m in members)
+
+    await eventually(dead, what=f"member {node_id} declared dead by node {by}")
+
+
 async def put_get_roundtrip(put_socket: str, get_socket: str) -> None:
     """A small and a large object put through one daemon come back intact through another."""
     async with await hoplite_client.connect(put_socket) as a, await hoplite_client.connect(get_socket) as b:
@@ -277,9 +289,10 @@ async def put_get_roundtrip(put_socket: str, get_socket: str) -> None:
             del got
 
 
-# A daemon counts as idle when it uses less than IDLE_CPU seconds of CPU over IDLE_WINDOW.
-IDLE_CPU = 1.0
-IDLE_WINDOW = 3.0
+# A daemon counts as idle when it uses less than IDLE_CPU seconds of CPU over IDLE_WINDOW (a
+# third of a core; a spinning daemon takes a whole one, or half of one on a loaded machine).
+IDLE_CPU = 0.7
+IDLE_WINDOW = 2.0
 
 
 async def assert_healthy_after_abuse(cluster: Any) -> None:
@@ -323,6 +336,14 @@ async def dial_as_peer(cluster: Any, name: str, node: int = 0) -> tuple[FramePro
     host, port = cluster.nodes[node].listen.rsplit(":", 1)
     protocol, _ = await dial(host, int(port), "peer", me)
     return protocol, Channel(protocol)
+
+
+async def own_record(cluster: Any, index: int) -> dict[str, Any]:
+    """Node ``index``'s own status record (``local_stats`` with the cluster's token): no other
+    member is asked, so a frozen one does not hold the answer up for its status timeout, as
+    it does a client's ``status()``."""
+    with open(cluster.token_file, "rb") as f:
+        return await local_stats(cluster.nodes[index], f.read().strip())
 
 
 async def local_stats(node: Any, token: bytes) -> dict[str, Any]:

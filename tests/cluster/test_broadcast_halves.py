@@ -13,7 +13,7 @@ import asyncio
 import numpy as np
 import pytest
 from faultproxy import FaultProxy
-from helpers import FAST_HEARTBEAT, eventually
+from helpers import FAST_HEARTBEAT, eventually, local_stats
 from test_reduce import node_stats, wait_settled
 
 import hoplite_client as hc
@@ -35,6 +35,18 @@ async def survivors_hold_nothing(client: hc.Client, cluster: LocalCluster) -> bo
     stats = await node_stats(client, cluster)
     return all(s["store"]["objects"] == 0 and s["store"]["pinned_deleted"] == 0
                for s in stats.values() if s.get("store") is not None)
+
+
+async def fetching(cluster: LocalCluster, index: int, oid: hc.ObjectID) -> None:
+    """Wait until node ``index`` has a fetch of ``oid`` under way (its get has begun)."""
+    with open(cluster.token_file, "rb") as f:
+        token = f.read().strip()
+
+    async def under_way() -> bool:
+        transfers = (await local_stats(cluster.nodes[index], token))["transfers"]
+        return any(t["object"] == oid.hex() for t in transfers)
+
+    await eventually(under_way, what=f"node {index} fetching {oid.hex()}")
 
 
 def payload(shape: tuple[int, ...], dtype: type, seed: int) -> np.ndarray:
@@ -92,7 +104,7 @@ async def test_deleting_the_object_ends_the_gets_in_halves(make_cluster, connect
     clients = [await connect(s) for s in cluster.sockets]
     oid = await clients[0].put(payload((4 * MiB,), np.float32, 3))
     waiting = asyncio.ensure_future(clients[1].get(oid, timeout=GET_TIMEOUT, receivers=3))
-    await asyncio.sleep(0.2)  # receiver 0 waits for receiver 1, its parent in tree 1
+    await fetching(cluster, 1, oid)  # receiver 0 waits for receiver 1, its parent in tree 1
     await clients[0].delete(oid)
     with pytest.raises((hc.ObjectDeletedError, hc.ObjectNotFoundError)):
         await waiting
@@ -120,13 +132,14 @@ async def test_a_receiver_killed_while_it_forwards_a_half(make_cluster, connect,
         oid = hc.ObjectID.random()
         while (rendezvous_owner(oid, nodes) == nodes[3]) != victim_owns:
             oid = hc.ObjectID.random()
-        data = payload((16 * MiB,), np.float32, 4)  # 64 MiB: ~2 s per half through the proxy
+        data = payload((4 * MiB,), np.float32, 4)  # 16 MiB: half 0 to two children takes ~1 s
         await clients[0].put(data, object_id=oid)
         first = asyncio.ensure_future(clients[3].get(oid, timeout=GET_TIMEOUT, receivers=5))
-        await asyncio.sleep(0.3)  # node 3 is receiver 0: inner in tree 0
+        await fetching(cluster, 3, oid)  # node 3 is receiver 0: inner in tree 0
+        start = proxy.bytes_forwarded
         others = [asyncio.ensure_future(c.get(oid, timeout=GET_TIMEOUT, receivers=5))
                   for i, c in enumerate(clients) if i not in (0, 3)]
-        await asyncio.sleep(1.0)
+        await proxy.forwarded(start + data.nbytes // 8)  # a quarter of half 0 to each child
         cluster.kill(3)
         got = await asyncio.gather(*others)
         assert all(np.array_equal(a, data) for a in got)

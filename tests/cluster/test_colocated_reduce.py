@@ -45,7 +45,7 @@ async def test_several_inputs_on_each_node_sum_exactly(
     """Three inputs on each of four nodes, put one per node in turn, before the reduce or
     after it started: every node gets the exact sum of all twelve, four times over. With the
     inputs there first, the coordinator merges some of them into a slot of their node."""
-    elements = 4 << 20  # 16 MiB per input
+    elements = 1 << 20  # 4 MiB per input: many chunks, far above the inline limit
     cluster = await make_cluster(NODES)
     clients = [await connect(s) for s in cluster.sockets]
     n = NODES * PER_NODE

@@ -18,7 +18,7 @@ from helpers import (
     memfd_holders,
     put_get_roundtrip,
     shm_files,
-    wait_member_dead,
+    wait_declared_dead,
 )
 
 import hoplite_client
@@ -84,7 +84,7 @@ async def test_stopped_member_is_declared_dead(make_cluster, connect):
     frozen = cluster.nodes[2].node_id
     cluster.kill(2, signal.SIGSTOP)
     try:
-        await wait_member_dead(c0, frozen)
+        await wait_declared_dead(cluster, 0, frozen)
         with pytest.raises(HopliteError):
             await asyncio.wait_for(c0.get(oid, timeout=3.0), 60.0)
     finally:
@@ -110,7 +110,13 @@ async def test_getters_of_a_result_fail_when_its_coordinator_dies(make_cluster, 
     ids = [await c.put(x) for c in clients] + [ObjectID.random()]  # one input never comes
     await clients[0].reduce(ids, object_id=result)
     gets = [asyncio.ensure_future(c.get(result, timeout=120)) for c in clients[1:]]
-    await asyncio.sleep(1.0)  # the result is announced; the reduce waits for the last input
+
+    async def pulled() -> bool:  # the result is announced: every getter pulls it (a chain)
+        stats = (await clients[1].status())["nodes"]
+        return all(any(t["object"] == result.hex() and t["phase"] == "pulling"
+                       for t in n["transfers"]) for n in stats if n["node_id"] != members[0])
+
+    await eventually(pulled, what="every getter pulling the result")
     assert not any(g.done() for g in gets)
     cluster.kill(0)
     started = time.monotonic()
@@ -171,7 +177,7 @@ async def test_a_send_to_a_receiver_declared_dead_ends_and_lets_go_of_the_object
     oid, pulling = caught
     try:
         cluster.kill(1, signal.SIGSTOP)
-        await wait_member_dead(sender, cluster.nodes[1].node_id)
+        await wait_declared_dead(cluster, 0, cluster.nodes[1].node_id)
         await sender.delete(oid)
 
         async def freed() -> bool:

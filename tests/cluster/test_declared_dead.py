@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import FAST_HEARTBEAT, IO_TIMEOUT, MiB, eventually, wait_member_dead
+from helpers import FAST_HEARTBEAT, IO_TIMEOUT, MiB, eventually, wait_declared_dead
 
 import hoplite_client
 from hoplite_client.wire.errors import ConnectionLostError, HopliteError
@@ -52,7 +52,7 @@ async def test_a_member_declared_dead_runs_again_as_a_new_member(make_cluster, c
     address = cluster.nodes[FROZEN].listen
     cluster.kill(FROZEN, signal.SIGSTOP)
     try:
-        await wait_member_dead(clients[0], old_id)
+        await wait_declared_dead(cluster, 0, old_id)
     finally:
         cluster.kill(FROZEN, signal.SIGCONT)
 

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 import pytest
-from helpers import IO_TIMEOUT, MiB, eventually, every_node_stats, local_stats
+from helpers import IO_TIMEOUT, MiB, eventually, every_node_stats, local_stats, own_record
 
 import hoplite_client
 from hoplite_client.wire.ids import ObjectID
@@ -26,9 +26,10 @@ pytestmark = pytest.mark.net
 SUSPICION = ["--heartbeat-interval", "0.5", "--heartbeat-timeout", "600", "--suspect-after", "1"]
 
 
-async def suspected(cluster: LocalCluster, client: hoplite_client.Client, index: int) -> bool:
-    """Whether ``client``'s daemon suspects node ``index``."""
-    members = (await client.status())["local"]["members"]
+async def suspected(cluster: LocalCluster, by: int, index: int) -> bool:
+    """Whether node ``by`` suspects node ``index`` (asked of node ``by`` alone: a client's
+    status would wait on the frozen node for its status timeout)."""
+    members = (await own_record(cluster, by))["members"]
     return any(m["node_id"] == cluster.nodes[index].node_id and m["suspected"]
                for m in members)
 
@@ -39,8 +40,8 @@ async def freeze_until_suspected(cluster: LocalCluster, clients: list[hoplite_cl
     cluster.kill(index, signal.SIGSTOP)
 
     async def suspected_by_the_others() -> bool:
-        return all([await suspected(cluster, c, index)
-                    for i, c in enumerate(clients) if i != index])
+        return all([await suspected(cluster, i, index)
+                    for i in range(len(clients)) if i != index])
 
     await eventually(suspected_by_the_others, what=f"node {index} suspected by the others")
 
@@ -51,7 +52,7 @@ async def resume_until_trusted(cluster: LocalCluster, clients: list[hoplite_clie
     cluster.kill(index, signal.SIGCONT)
 
     async def trusted_everywhere() -> bool:
-        return not any([await suspected(cluster, c, index) for c in clients])
+        return not any([await suspected(cluster, i, index) for i in range(len(clients))])
 
     await eventually(trusted_everywhere, what=f"node {index} trusted again")
 

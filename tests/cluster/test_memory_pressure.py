@@ -18,6 +18,9 @@ CAPACITY = "16MiB"
 OBJ = 4 * MiB  # four fill a store
 SLOTS = 4
 VERDICT = PUT_TIMEOUT + 60.0  # generous: the put's own wait plus a loaded machine
+# A put that must wait for room in vain waits this long (its own timeout, not the default
+# PUT_TIMEOUT): the same wait and the same failure, sooner.
+SHORT_PUT = 3.0
 
 
 def value(i: int) -> np.ndarray[Any, np.dtype[np.uint8]]:
@@ -80,7 +83,7 @@ async def test_sole_copies_stay_and_the_put_fails_after_waiting(make_cluster, co
     cluster = await make_cluster(2, capacity=CAPACITY)
     a, watcher = [await connect(cluster.sockets[0]) for _ in range(2)]
     oids = await fill(a)
-    put = asyncio.create_task(a.put(value(9)))
+    put = asyncio.create_task(a.put(value(9), timeout=SHORT_PUT))
     await until_waiting(watcher, put)
     with pytest.raises(hc.CapacityError) as info:
         await asyncio.wait_for(put, VERDICT)
@@ -125,7 +128,7 @@ async def test_a_pinned_copy_is_never_evicted(make_cluster, connect) -> None:
     st = await store_of(a)
     assert st["evictions"] == SLOTS - 1, st
     with pytest.raises(hc.CapacityError):  # only the pinned copy is held elsewhere now
-        await asyncio.wait_for(a.put(value(30)), VERDICT)
+        await asyncio.wait_for(a.put(value(30), timeout=SHORT_PUT), VERDICT)
     assert np.array_equal(view, value(0))
     del view
 

@@ -21,7 +21,8 @@ from hoplited.tools.local_cluster import LocalCluster
 from hoplited.transfer.sender import AHEAD_WAIT
 
 GET_TIMEOUT = 120.0
-APART = 0.5  # before each of the last two puts: far more than the ring's wait on loopback
+APART = 0.5  # before each of the last two puts, on purpose: far more than the ring's wait
+# on loopback
 # Objects cross loopback in milliseconds, below the least transfer a pair is taken for.
 ANY_SIZE = ["--pair-min-transfer", "0"]
 
@@ -163,6 +164,17 @@ async def test_a_wrong_guess_costs_no_correctness(make_cluster, connect) -> None
     assert await counts(clients[0], cluster, 0) == (1, 0)
 
 
+async def leaves_placed_ahead(trio: Trio) -> None:
+    """Wait until nodes 2 and 3, having put, placed the last input's leaves ahead on node 4."""
+    late = [n.node_id for n in trio.cluster.nodes[2:4]]
+
+    async def ahead() -> bool:
+        stats = await every_node_stats(trio.clients[0], late)
+        return [stats[n]["late_leaves_ahead"] for n in late] == [1, 1]
+
+    await eventually(ahead, what="the last input's leaves placed ahead on node 4")
+
+
 async def test_a_last_input_put_where_it_was_not_guessed_moves_its_leaves(
         make_cluster, connect) -> None:
     """Nodes 2 and 3 put, so nodes 2 and 3 place the last input's leaves ahead on node 4;
@@ -172,13 +184,7 @@ async def test_a_last_input_put_where_it_was_not_guessed_moves_its_leaves(
     for i in (2, 3):
         await asyncio.sleep(APART)
         await trio.clients[i].put(trio.arrays[i], object_id=trio.ids[i])
-    late = [n.node_id for n in trio.cluster.nodes[2:4]]
-
-    async def ahead() -> bool:
-        stats = await every_node_stats(trio.clients[0], late)
-        return [stats[n]["late_leaves_ahead"] for n in late] == [1, 1]
-
-    await eventually(ahead, what="the last input's leaves placed ahead on node 4")
+    await leaves_placed_ahead(trio)
     await trio.clients[0].put(trio.arrays[4], object_id=trio.ids[4])
     await every_get_is_the_sum(trio, trio.clients)
 
@@ -191,7 +197,9 @@ async def test_a_leaf_placed_ahead_whose_input_is_late_waits_for_it(make_cluster
     for i in (2, 3):
         await asyncio.sleep(APART)
         await trio.clients[i].put(trio.arrays[i], object_id=trio.ids[i])
-    await asyncio.sleep(AHEAD_WAIT + 2.0)
+    await leaves_placed_ahead(trio)
+    # the point of the test: the input comes after the wait for it ran out, on purpose
+    await asyncio.sleep(AHEAD_WAIT + 0.5)
     await trio.clients[4].put(trio.arrays[4], object_id=trio.ids[4])
     await every_get_is_the_sum(trio, trio.clients)
 

@@ -27,6 +27,16 @@ FLOAT_TOL = {np.dtype(np.float16): (1e-2, 5e-2), np.dtype(np.float32): (1e-5, 1e
 INLINE_MAX = 64 * 1024
 GET_TIMEOUT = 120
 KiB, MiB = 1024, 1024 * 1024
+# How long a result must stay absent while an input is missing: an observation window for a
+# check that something does not happen, not a synchronisation.
+ABSENT_FOR = 0.3
+# Inputs that come late on purpose: the second of a mismatched pair comes this long after
+# the first (placed by then, a large result announced); one-by-one puts this far apart.
+SECOND_LATER = 0.5
+ONE_BY_ONE = 0.1
+# A second input this late: longer than the ~12 s of fruitless pulls after which a get once
+# gave up on the result's silent (trusted) node; the point of that test.
+SLOW_INPUT = 15.0
 
 
 # ------------------------------------------------------------------------------- helpers ---
@@ -86,10 +96,21 @@ def page(n: int) -> int:
 async def put_spaced(clients: Sequence[hc.Client], arrays: Sequence[np.ndarray],
                      nodes: Sequence[int], ids: Sequence[hc.ObjectID], order: Sequence[int],
                      delays: Sequence[float]) -> None:
-    """Put input i (for i in ``order``) on ``clients[nodes[i]]``, sleeping ``delays`` before."""
+    """Put input i (for i in ``order``) on ``clients[nodes[i]]``, ``delays`` apart: inputs
+    that come late and in a chosen order, on purpose."""
     for i, pause in zip(order, delays):
         await asyncio.sleep(pause)
         await clients[nodes[i]].put(arrays[i], object_id=ids[i])
+
+
+async def waits_left(client: hc.Client, waiting: int) -> None:
+    """Wait until the gets and reduce waits pending at the shards number ``waiting``."""
+
+    async def left() -> bool:
+        nodes = (await client.status())["nodes"]
+        return sum(n["directory"]["waiting_gets"] for n in nodes) == waiting
+
+    await eventually(left, what=f"{waiting} waits left at the shards")
 
 
 async def node_stats(client: hc.Client, cluster) -> dict[int, dict]:
@@ -180,7 +201,7 @@ async def test_reduce_before_inputs_exist_random_order_and_delays(make_cluster, 
         ids = [hc.ObjectID.random() for _ in range(n)]
         result = await clients[coord].reduce(ids, op=op)
         getter = asyncio.create_task(clients[coord].get(result, timeout=GET_TIMEOUT))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(ABSENT_FOR)
         assert not getter.done(), f"{what}: result exists before any input"
         order = prng.sample(range(n), n)
         delays = [prng.uniform(0.0, 0.15) for _ in range(n)]
@@ -219,8 +240,12 @@ async def test_subset_reduce_uses_the_first_k_ready(make_cluster, connect) -> No
         ids = [hc.ObjectID.random() for _ in range(n)]
         result = await clients[coord].reduce(ids, op=op, num_objects=k)
         order = prng.sample(range(n), n)
-        # Clearly sequential puts: the first k to be ready are order[:k], in that order.
-        await put_spaced(clients, arrays, nodes, ids, order[:k], [0.4] * k)
+        # Sequential puts: each once the coordinator's wait for it at its shard has ended
+        # (after the k-th, every other wait is cancelled): the first k to be ready are
+        # order[:k], in that order.
+        for put, i in enumerate(order[:k], start=1):
+            await clients[nodes[i]].put(arrays[i], object_id=ids[i])
+            await waits_left(clients[coord], n - put if put < k else 0)
         used = await clients[coord].reduced_inputs(result, timeout=GET_TIMEOUT)
         assert used == [ids[i] for i in order[:k]], what
         await put_spaced(clients, arrays, nodes, ids, order[k:], [0.0] * (n - k))
@@ -316,7 +341,7 @@ async def test_mismatched_inputs_fail_with_invalid_argument(make_cluster, connec
         early = [asyncio.create_task(outcome(c.get(result, timeout=wait))) for c in clients]
         chooser = asyncio.create_task(outcome(clients[0].reduced_inputs(result, timeout=wait)))
         await clients[1].put(first, object_id=ids[0])
-        await asyncio.sleep(0.5)  # the first input is placed (a large result is announced)
+        await asyncio.sleep(SECOND_LATER)
         await clients[2].put(second, object_id=ids[1])
         got = [await t for t in [*early, chooser]]
         # After the failure: still an error everywhere, never data.
@@ -412,24 +437,28 @@ async def test_reduce_into_an_id_that_exists_elsewhere_leaves_it_intact(
         assert result == taken
     except hc.ObjectExistsError:
         pass  # refusing at once is fine too
-    await asyncio.sleep(1.5)  # let the reduce finish (and fail)
+    else:  # the reduce ends (and fails): its inputs are never reported
+        with pytest.raises(hc.HopliteError):
+            await clients[0].reduced_inputs(taken, timeout=30)
     for i, c in enumerate(clients):
         got = await c.get(taken, timeout=30)
         assert same_bytes(got, original), f"node {i} sees a different object"
 
 
-async def test_allreduce_64mib_on_8_nodes(make_cluster, connect) -> None:
+async def test_a_reduce_on_8_nodes_gives_every_getter_the_same_sum(make_cluster,
+                                                                   connect) -> None:
     """Reduce on node 0 with gets issued on all 8 nodes before it completes: every node gets
-    identical bytes equal to numpy's sum of 64 MiB float32 inputs; no temporaries remain."""
+    identical bytes equal to numpy's sum of 16 MiB float32 inputs (pipelined in many
+    chunks; 64 MiB took the same path four times as long); no temporaries remain."""
     cluster = await make_cluster(8, capacity="1GiB")
     clients = [await connect(s) for s in cluster.sockets]
     rng = np.random.default_rng(55)
-    arrays = [rng.random(16 * MiB, dtype=np.float32) for _ in range(8)]
+    arrays = [rng.random(4 * MiB, dtype=np.float32) for _ in range(8)]
     ids = [await c.put(x) for c, x in zip(clients[:7], arrays[:7])]
     ids.append(hc.ObjectID.random())
     result = await clients[0].reduce(ids)
     gets = [asyncio.create_task(c.get(result, timeout=GET_TIMEOUT)) for c in clients]
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(ABSENT_FOR)
     assert not any(g.done() for g in gets), "the result exists before its last input"
     await clients[7].put(arrays[7], object_id=ids[7])
     await every_node_got_the_sum(cluster, clients, gets, arrays)
@@ -465,7 +494,7 @@ async def test_allreduce_with_inputs_put_one_by_one(make_cluster, connect) -> No
     for c, oid, x in zip(clients, ids, arrays, strict=True):
         await c.put(x, object_id=oid)
         gets.append(asyncio.create_task(c.get(result, timeout=GET_TIMEOUT)))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(ONE_BY_ONE)
     await every_node_got_the_sum(cluster, clients, gets, arrays)
 
 
@@ -483,7 +512,7 @@ async def test_allreduce_whose_gets_form_a_tree(make_cluster, connect) -> None:
     ids.append(hc.ObjectID.random())
     result = await clients[0].allreduce(ids)
     gets = [asyncio.create_task(c.get(result, timeout=GET_TIMEOUT)) for c in clients]
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(ABSENT_FOR)
     assert not any(g.done() for g in gets), "the result exists before its last input"
     await clients[-1].put(arrays[-1], object_id=ids[-1])
     await every_node_got_the_sum(cluster, clients, gets, arrays)
@@ -502,7 +531,7 @@ async def test_a_get_of_a_result_waits_while_its_inputs_are_slow_to_come(make_cl
     ids = [await clients[0].put(arrays[0]), hc.ObjectID.random()]
     result = await clients[0].reduce(ids)
     get = asyncio.create_task(clients[2].get(result, timeout=GET_TIMEOUT))
-    await asyncio.sleep(15)
+    await asyncio.sleep(SLOW_INPUT)
     assert not get.done(), "the result exists before its second input"
     await clients[1].put(arrays[1], object_id=ids[1])
     check_result(await get, "sum", arrays, "slow inputs")
@@ -557,7 +586,11 @@ async def test_gather_8_objects_from_8_nodes(make_cluster, connect) -> None:
     late = hc.ObjectID.random()
     gathering = asyncio.create_task(
         clients[3].gather([late, *reversed(ids)], timeout=GET_TIMEOUT, concurrency=3))
-    await asyncio.sleep(0.3)
+
+    async def waiting_for_late() -> bool:  # the gather started: its get of ``late`` waits
+        return sum(n["directory"]["waiting_gets"] for n in (await clients[0].status())["nodes"]) > 0
+
+    await eventually(waiting_for_late, what="the gather's get waiting for the late id")
     extra = np.arange(5000, dtype=np.int16)
     await clients[6].put(extra, object_id=late)
     got = await gathering

@@ -3,10 +3,11 @@ of an object being received, dies, is frozen or loses its connections mid-stream
 survivors still get the right bytes.
 
 Node 3 sits behind a fault-injecting proxy (tests/faultproxy.py) that carries every peer
-connection to it at a known rate, so a kill lands while its slot's output is still streaming,
-without root or tc. A restarted task is modelled as the application putting the lost input
-again, under the same id, on another node. Results are checked element by element; failures
-by their typed errors.
+connection to it at a known rate and counts the bytes: a kill, freeze or cut comes once a
+quarter of node 3's output has passed, so it lands while the rest is still streaming, without
+root or tc, however loaded the machine. A restarted task is modelled as the application
+putting the lost input again, under the same id, on another node. Results are checked element
+by element; failures by their typed errors.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from faultproxy import FaultProxy
-from helpers import FAST_HEARTBEAT, eventually, every_node_stats
+from helpers import FAST_HEARTBEAT, eventually, every_node_stats, own_record
 
 import hoplite_client
 from hoplite_client import ObjectID
@@ -30,9 +31,13 @@ from hoplited.tools.local_cluster import LocalCluster
 
 NODES = 4
 VICTIM = 3
-ELEMENTS = 16 << 20  # float32: 64 MiB per input
-RATE = 16 << 20  # bytes/s through the victim's proxy: its output takes ~4 s to stream
+ELEMENTS = 4 << 20  # float32: 16 MiB per input
+RATE = 16 << 20  # bytes/s through the victim's proxy: its output takes ~1 s to stream
+MID_STREAM = ELEMENTS  # bytes of node 3's output (a quarter) passed when the fault comes
 GET_TIMEOUT = 120.0
+# The backup put after the kill comes this long after it, on purpose: once the coordinator
+# has had its moment to see the slot lost.
+BACKUP_LATER = 0.3
 
 
 def value(i: int) -> np.ndarray:
@@ -67,6 +72,24 @@ async def proxied(make_cluster: Callable[..., Awaitable[LocalCluster]],
         await proxy.stop()
 
 
+async def mid_stream(proxy: FaultProxy, start: int) -> None:
+    """Return once a quarter of an input has passed node 3's proxy since ``start`` (its count
+    before the transfer began): node 3's output is streaming, three quarters still to come."""
+    await proxy.forwarded(start + MID_STREAM)
+
+
+async def waits_at_shards(client: hoplite_client.Client, waiting: int) -> None:
+    """Wait until the reduce's waits for inputs at their shards number ``waiting``: each shard
+    has answered the coordinator for the inputs put so far (so it hears of them in the order
+    they were put), or the wait for a backup was cancelled once the inputs were chosen."""
+
+    async def answered() -> bool:
+        nodes = (await client.status())["nodes"]
+        return sum(n["directory"]["waiting_gets"] for n in nodes) == waiting
+
+    await eventually(answered, what=f"{waiting} waits for inputs left at their shards")
+
+
 def check(results: list[np.ndarray], nodes: range) -> None:
     want = expected(nodes)
     for got in results:
@@ -81,9 +104,10 @@ async def test_allreduce_survives_a_killed_input_holder_whose_input_is_put_again
     stopped."""
     cluster, proxy, clients = proxied
     ids = [await c.put(value(i)) for i, c in enumerate(clients)]
+    start = proxy.bytes_forwarded
     result = await clients[0].reduce(ids)
     gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
-    await asyncio.sleep(0.7)
+    await mid_stream(proxy, start)
     cluster.kill(VICTIM)
     await put_again(clients[1], ids[VICTIM], value(VICTIM))
     check(list(await asyncio.gather(*gets)), range(NODES))
@@ -105,12 +129,13 @@ async def test_a_lost_input_put_again_where_a_slot_runs_is_folded_into_it(
     stopped adding it. Every getter gets the exact sum."""
     cluster, proxy, clients = proxied
     ids = [ObjectID.random() for _ in clients]
+    start = proxy.bytes_forwarded
     result = await clients[0].reduce(ids)
     for i, c in enumerate(clients):
         await c.put(value(i), object_id=ids[i])
-        await asyncio.sleep(0.3)  # ready in this order: the slots follow it
+        await waits_at_shards(clients[0], NODES - 1 - i)  # ready in this order: slots follow
     gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
-    await asyncio.sleep(0.7)
+    await mid_stream(proxy, start)
     cluster.kill(VICTIM)
     await put_again(clients[again_on], ids[VICTIM], value(VICTIM))
     check(list(await asyncio.gather(*gets)), range(NODES))
@@ -129,9 +154,10 @@ async def test_a_killed_node_holding_merged_inputs_loses_them_all_and_the_sum_is
     cluster, proxy, clients = proxied
     homes = [0, 1, 2, VICTIM, VICTIM]
     ids = [await clients[node].put(value(i)) for i, node in enumerate(homes)]
+    start = proxy.bytes_forwarded
     result = await clients[0].reduce(ids)
     gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
-    await asyncio.sleep(0.7)
+    await mid_stream(proxy, start)
     node0 = cluster.nodes[0].node_id
     merged = (await every_node_stats(clients[0], [node0]))[node0]["reduce_merges"]
     assert merged == 1, "node 3's second input took a slot of its own"
@@ -152,11 +178,12 @@ async def test_root_slot_on_a_killed_node_is_placed_again(proxied: Cluster) -> N
     cluster, proxy, clients = proxied
     ids = [await clients[i].put(value(i)) for i in (1, 2)]
     late = ObjectID.random()
+    start = proxy.bytes_forwarded
     result = await clients[0].reduce([*ids, late])
-    await asyncio.sleep(0.5)  # slots 0 and 1 are placed; the root waits for the late input
+    await waits_at_shards(clients[0], 1)  # slots 0 and 1 placed; the root waits for the late input
     await clients[VICTIM].put(value(VICTIM), object_id=late)
     gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
-    await asyncio.sleep(0.7)
+    await mid_stream(proxy, start)
     cluster.kill(VICTIM)
     await put_again(clients[0], late, value(VICTIM))
     check(list(await asyncio.gather(*gets)), range(1, NODES))
@@ -172,15 +199,16 @@ async def test_a_backup_input_takes_a_killed_slot_and_the_result_restarts(
     cluster, proxy, clients = proxied
     ids = [await clients[i].put(value(i)) for i in (1, 2, VICTIM)]
     backup = ObjectID.random()
+    start = proxy.bytes_forwarded
     result = await clients[0].reduce([*ids, backup], num_objects=3)
-    await asyncio.sleep(0.5)  # the three inputs are chosen; the backup's wait is cancelled
+    await waits_at_shards(clients[0], 0)  # the three inputs are chosen; the backup's wait cancelled
     if backup_first:
         await clients[0].put(value(0), object_id=backup)
     gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
-    await asyncio.sleep(0.7)
+    await mid_stream(proxy, start)
     cluster.kill(VICTIM)
     if not backup_first:
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(BACKUP_LATER)
         await clients[0].put(value(0), object_id=backup)
     check(list(await asyncio.gather(*gets)), range(VICTIM))
     assert sorted(await clients[0].reduced_inputs(result, timeout=GET_TIMEOUT)) == sorted(
@@ -193,10 +221,11 @@ async def test_cut_connections_are_resumed_without_a_repair(proxied: Cluster) ->
     are reconnected and resume at their offsets; nothing is put again."""
     cluster, proxy, clients = proxied
     ids = [await c.put(value(i)) for i, c in enumerate(clients)]
+    start = proxy.bytes_forwarded
     result = await clients[0].reduce(ids)
     gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients]
-    for _ in range(3):
-        await asyncio.sleep(0.4)
+    for quarter in (1, 2, 3):  # cut a quarter, a half and three quarters into node 3's output
+        await proxy.forwarded(start + quarter * MID_STREAM)
         await proxy.cut()
     check(list(await asyncio.gather(*gets)), range(NODES))
 
@@ -206,9 +235,10 @@ async def test_a_frozen_input_holder_is_repaired_once_declared_dead(proxied: Clu
     dead (heartbeat timeout), its slot is placed again on the copy put again on node 2."""
     cluster, proxy, clients = proxied
     ids = [await c.put(value(i)) for i, c in enumerate(clients)]
+    start = proxy.bytes_forwarded
     result = await clients[0].reduce(ids)
     gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
-    await asyncio.sleep(0.7)
+    await mid_stream(proxy, start)
     cluster.kill(VICTIM, signal.SIGSTOP)
     try:
         await put_again(clients[2], ids[VICTIM], value(VICTIM))
@@ -226,9 +256,10 @@ async def test_a_lost_input_that_never_comes_back_fails_every_waiter_at_once(
     # 4 s: the reduce's verdict must come well before a getter chained behind the stalled
     # result gives up on its own (no sooner than the heartbeat timeout + 2 intervals after
     # its first fruitless pull, docs/design.md §5); with 8 s the two raced on a loaded machine
+    start = proxy.bytes_forwarded
     result = await clients[0].reduce(ids, timeout=4)
     gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
-    await asyncio.sleep(0.7)
+    await mid_stream(proxy, start)
     cluster.kill(VICTIM)
     ended = []
     for get in gets:
@@ -247,8 +278,9 @@ async def test_a_get_whose_only_source_dies_completes_from_the_id_put_again(
     cluster, proxy, clients = proxied
     data = value(VICTIM)
     oid = await clients[VICTIM].put(data)
+    start = proxy.bytes_forwarded
     get = asyncio.ensure_future(clients[0].get(oid, timeout=GET_TIMEOUT))
-    await asyncio.sleep(0.7)
+    await mid_stream(proxy, start)
     cluster.kill(VICTIM)
     await put_again(clients[2], oid, data)
     got = await get
@@ -256,16 +288,33 @@ async def test_a_get_whose_only_source_dies_completes_from_the_id_put_again(
     assert proxy.bytes_forwarded < data.nbytes, "node 3's copy was never all sent"
 
 
-async def _copied_then_pulled_from_node_3(clients: list[hoplite_client.Client]
-                                          ) -> tuple[ObjectID, np.ndarray, asyncio.Future[Any]]:
-    """A 16 MiB object put on node 3 and copied whole to node 1; node 0's get of it then
-    starts, from node 3 (the earliest complete holder) through the slow proxy."""
-    data = value(VICTIM)[: 4 << 20]
-    oid = await clients[VICTIM].put(data)
-    await clients[1].get(oid, timeout=GET_TIMEOUT)
-    get = asyncio.ensure_future(clients[0].get(oid, timeout=GET_TIMEOUT))
-    await asyncio.sleep(0.3)
-    return oid, data, get
+async def _copied_then_pulled_from_node_3(cluster: LocalCluster, proxy: FaultProxy,
+                                          clients: list[hoplite_client.Client]
+                                          ) -> tuple[np.ndarray, asyncio.Future[Any], int]:
+    """An 8 MiB object put on node 3 and copied whole to node 1; node 0's get of it then
+    pulls from node 3 (the earliest complete holder; a get that took node 1's copy instead
+    ends, and a new object is tried, five at most) through the slow proxy, and has received
+    a quarter of it. Returns the data, the get and the proxy's count from before it."""
+    data = value(VICTIM)[: 2 << 20]
+    node3 = cluster.nodes[VICTIM].node_id
+    for _ in range(5):
+        oid = await clients[VICTIM].put(data)
+        await clients[1].get(oid, timeout=GET_TIMEOUT)
+        start = proxy.bytes_forwarded
+        get = asyncio.ensure_future(clients[0].get(oid, timeout=GET_TIMEOUT))
+
+        async def source(get: asyncio.Future[Any] = get, oid: ObjectID = oid) -> str | None:
+            if get.done():
+                return "done"
+            transfers = (await clients[0].status())["local"]["transfers"]
+            return next((str(t["source"]) for t in transfers
+                         if t["object"] == oid.hex() and t["source"]), None)
+
+        if await eventually(source, what="node 0's source") == node3:
+            await proxy.forwarded(start + data.nbytes // 4)
+            return data, get, start
+        assert np.array_equal(await get, data)
+    raise AssertionError("five gets on node 0 took node 1's copy, none node 3's")
 
 
 async def test_broadcast_survives_the_original_holder_killed_after_a_copy(
@@ -273,9 +322,10 @@ async def test_broadcast_survives_the_original_holder_killed_after_a_copy(
     """Node 3 (the put's node) dies while node 0 receives from it: node 0 keeps its bytes and
     resumes from node 1's copy."""
     cluster, proxy, clients = proxied
-    oid, data, get = await _copied_then_pulled_from_node_3(clients)
+    data, get, start = await _copied_then_pulled_from_node_3(cluster, proxy, clients)
     cluster.kill(VICTIM)
     assert np.array_equal(await get, data)
+    assert proxy.bytes_forwarded < start + data.nbytes, "node 3 sent node 0 all of it"
 
 
 async def test_broadcast_leaves_a_silent_source(proxied: Cluster) -> None:
@@ -283,7 +333,7 @@ async def test_broadcast_leaves_a_silent_source(proxied: Cluster) -> None:
     receives from it: node 0 resumes from node 1's copy after a stall window (on loopback
     about a second, before the heartbeat's verdict; either way it never waits on node 3)."""
     cluster, proxy, clients = proxied
-    oid, data, get = await _copied_then_pulled_from_node_3(clients)
+    data, get, start = await _copied_then_pulled_from_node_3(cluster, proxy, clients)
     proxy.stall()
     try:
         assert np.array_equal(await get, data)
@@ -330,15 +380,17 @@ async def test_a_frozen_input_holder_is_repaired_around_before_any_verdict(
         own = ids_owned(nodes, [nodes[VICTIM] if i in FROZEN_OWNS[owns] else None
                                 for i in range(NODES + 1)])
         ids = [await c.put(value(i), object_id=own[i]) for i, c in enumerate(clients)]
+        start = proxy.bytes_forwarded
         result = await clients[0].reduce(ids, object_id=own[NODES])
         gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT))
                 for c in clients[:VICTIM]]
-        await asyncio.sleep(0.7)
+        await mid_stream(proxy, start)
         cluster.kill(VICTIM, signal.SIGSTOP)
         try:
             await put_again(clients[2], ids[VICTIM], value(VICTIM))
             check(list(await asyncio.gather(*gets)), range(NODES))
-            members = {m["node_id"]: m for m in (await clients[0].status())["local"]["members"]}
+            # node 0's own view (a client's status would wait on frozen node 3 for seconds)
+            members = {m["node_id"]: m for m in (await own_record(cluster, 0))["members"]}
             victim = members[cluster.nodes[VICTIM].node_id]
             assert victim["alive"] and victim["suspected"], victim
         finally:

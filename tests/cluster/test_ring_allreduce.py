@@ -12,7 +12,15 @@ import signal
 
 import numpy as np
 import pytest
-from helpers import FAST_HEARTBEAT, MiB, eventually, every_node_stats, wait_member_dead
+from helpers import (
+    FAST_HEARTBEAT,
+    MiB,
+    eventually,
+    every_node_stats,
+    local_stats,
+    wait_declared_dead,
+    wait_member_dead,
+)
 
 import hoplite_client as hc
 from hoplite_client.wire.errors import PeerUnavailableError
@@ -25,6 +33,8 @@ GET_TIMEOUT = 120.0
 # Members frozen for seconds are suspected, never declared dead.
 NEVER_DEAD = ["--heartbeat-interval", "0.5", "--heartbeat-timeout", "600",
               "--suspect-after", "1"]
+# Staggered inputs come this long apart, on purpose: longer than the ring's wait (0.2 s).
+STAGGER = 0.5
 
 
 def data(i: int, shape: tuple[int, ...] = (2 * MiB,), dtype: type = np.float32) -> np.ndarray:
@@ -36,6 +46,14 @@ async def ring_counts(client: hc.Client, cluster: LocalCluster, index: int) -> t
     """(allreduces run as a ring, rings given up) of node ``index``."""
     node = cluster.nodes[index].node_id
     n = (await every_node_stats(client, [node]))[node]
+    return n["allreduces_as_ring"], n["rings_given_up"]
+
+
+async def own_ring_counts(cluster: LocalCluster, index: int) -> tuple[int, int]:
+    """``ring_counts`` asked of node ``index`` alone (as a tool): no other member is asked,
+    so a frozen one does not hold the answer up."""
+    with open(cluster.token_file, "rb") as f:
+        n = await local_stats(cluster.nodes[index], f.read().strip())
     return n["allreduces_as_ring"], n["rings_given_up"]
 
 
@@ -133,7 +151,7 @@ async def test_staggered_inputs_go_in_stripes(make_cluster, connect) -> None:
     result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
     for i in range(3):
         await clients[i].put(data(i), object_id=ids[i])
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(STAGGER)
     expected = sum(data(i) for i in range(3))
     for c in clients:
         np.testing.assert_array_equal(await c.get(result, timeout=GET_TIMEOUT), expected)
@@ -175,7 +193,18 @@ async def test_a_member_frozen_in_the_ring_is_waited_for_without_the_ring(make_c
     try:
         result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT,
                                             object_id=unowned_id(cluster, 2))
-        await asyncio.sleep(2.0)  # suspected after 1 s
+
+        with open(cluster.token_file, "rb") as f:
+            token = f.read().strip()
+
+        async def run_again_without_it() -> bool:
+            """The ring given up (node 2 suspected after 1 s) and the allreduce placed
+            again in stripes, node 0 computing some, while node 2 is still frozen."""
+            node0 = await local_stats(cluster.nodes[0], token)
+            return ((node0["allreduces_as_ring"], node0["rings_given_up"]) == (1, 1)
+                    and bool(node0["reduce_slots"]))
+
+        await eventually(run_again_without_it, what="the allreduce run again without node 2")
     finally:
         cluster.kill(2, signal.SIGCONT)
     expected = sum(arrays)
@@ -214,7 +243,16 @@ async def test_deleting_the_result_mid_ring_stops_it(make_cluster, connect) -> N
     cluster.kill(1, signal.SIGSTOP)
     try:
         await clients[0].delete(result)
-        await asyncio.sleep(0.5)
+        with open(cluster.token_file, "rb") as f:
+            token = f.read().strip()
+
+        async def stopped_beside_it() -> bool:  # the members that run stop their part
+            for i in (0, 2):
+                if (await local_stats(cluster.nodes[i], token))["allreduces"]:
+                    return False
+            return True
+
+        await eventually(stopped_beside_it, what="nodes 0 and 2 left the ring")
     finally:
         cluster.kill(1, signal.SIGCONT)
     for c in clients:
@@ -230,10 +268,14 @@ async def test_the_callers_death_mid_ring_fails_every_get_typed(make_cluster, co
     cluster.kill(3, signal.SIGSTOP)  # no shard of ours on it: the ring starts at once
     result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT,
                                         object_id=unowned_id(cluster, 3))
-    await asyncio.sleep(0.5)
+
+    async def started() -> bool:
+        return await own_ring_counts(cluster, 0) == (1, 0)
+
+    await eventually(started, what="the ring started")
     caller = cluster.nodes[0].node_id
     cluster.kill(0)
-    await wait_member_dead(clients[1], caller)
+    await wait_declared_dead(cluster, 1, caller)  # node 1 alone: node 3 is frozen
     cluster.kill(3)
     for c in clients[1:3]:
         with pytest.raises(PeerUnavailableError):

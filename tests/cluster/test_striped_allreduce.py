@@ -9,18 +9,40 @@ import signal
 
 import numpy as np
 import pytest
-from helpers import FAST_HEARTBEAT, IO_TIMEOUT, MiB, eventually, wait_member_dead
+from helpers import FAST_HEARTBEAT, IO_TIMEOUT, MiB, eventually, local_stats, wait_member_dead
 
 import hoplite_client as hc
 from hoplite_client.wire.errors import InvalidArgumentError, PeerUnavailableError
 from hoplite_client.wire.ids import ObjectID
+from hoplited.tools.local_cluster import LocalCluster
 
 GET_TIMEOUT = 120.0
 SIZE = 8 * MiB  # four inputs: 2 MiB stripes, above the 1 MiB a stripe needs
+ONE_BY_ONE = 0.1  # inputs put after the allreduce come this far apart, on purpose
 
 
 def data(i: int, size: int = SIZE) -> np.ndarray:
     return np.arange(size // 4, dtype=np.float32) % 97 + i
+
+
+async def stats_of(cluster: LocalCluster, index: int) -> dict:
+    """Node ``index``'s own status record, asked as a tool (no other member is asked)."""
+    with open(cluster.token_file, "rb") as f:
+        return await local_stats(cluster.nodes[index], f.read().strip())
+
+
+async def stripes_assigned(cluster: LocalCluster, nodes: list[int]) -> None:
+    """Wait until each of ``nodes`` takes part in the allreduce and computes a stripe's slot
+    (the stripes are assigned; those missing an input wait for it)."""
+
+    async def assigned() -> bool:
+        for i in nodes:
+            stats = await stats_of(cluster, i)
+            if not (stats["allreduces"] and stats["reduce_slots"]):
+                return False
+        return True
+
+    await eventually(assigned, what=f"stripes assigned on nodes {nodes}")
 
 
 async def store_empty(client: hc.Client) -> bool:
@@ -54,7 +76,7 @@ async def test_inputs_put_after_the_allreduce_started(make_cluster, connect) -> 
     result = await clients[2].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
     getters = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients]
     for i in (3, 0, 2, 1):
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(ONE_BY_ONE)
         await clients[i].put(data(i), object_id=ids[i])
     expected = sum(data(i) for i in range(4))
     for arr in await asyncio.gather(*getters):
@@ -79,7 +101,7 @@ async def test_a_member_killed_mid_allreduce_is_replaced(make_cluster, connect) 
     clients = [await connect(s) for s in cluster.sockets]
     ids = [await clients[i].put(data(i)) for i in range(3)] + [ObjectID.random()]
     result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
-    await asyncio.sleep(0.5)  # stripes 0-2 assigned, every stripe waiting for input 3
+    await stripes_assigned(cluster, [0, 1, 2])  # every stripe waiting for input 3
     victim = cluster.nodes[2].node_id
     cluster.kill(2)
     await asyncio.wait_for(cluster.nodes[2].process.wait(), IO_TIMEOUT)
@@ -100,7 +122,7 @@ async def test_the_callers_death_fails_every_get_typed(make_cluster, connect) ->
     clients = [await connect(s) for s in cluster.sockets]
     ids = [await clients[i].put(data(i)) for i in range(4)] + [ObjectID.random()]
     result = await clients[3].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
-    await asyncio.sleep(0.5)  # stripes assigned, every stripe waiting for the last input
+    await stripes_assigned(cluster, [0, 1, 2])  # every stripe waiting for the last input
     caller = cluster.nodes[3].node_id
     cluster.kill(3)
     await asyncio.wait_for(cluster.nodes[3].process.wait(), IO_TIMEOUT)
@@ -120,10 +142,18 @@ async def test_a_member_only_suspected_keeps_its_stripes(make_cluster, connect) 
     clients = [await connect(s) for s in cluster.sockets]
     ids = [await clients[i].put(data(i)) for i in range(3)] + [ObjectID.random()]
     result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
-    await asyncio.sleep(0.5)  # stripes 0-2 assigned, every stripe waiting for input 3
+    await stripes_assigned(cluster, [0, 1, 2])  # every stripe waiting for input 3
+    frozen = cluster.nodes[2].node_id
     cluster.kill(2, signal.SIGSTOP)
     try:
-        await asyncio.sleep(2.0)  # suspected by every other node meanwhile
+        async def suspected_by_all() -> bool:
+            for i in (0, 1, 3):
+                members = {m["node_id"]: m for m in (await stats_of(cluster, i))["members"]}
+                if not (members[frozen]["alive"] and members[frozen]["suspected"]):
+                    return False
+            return True
+
+        await eventually(suspected_by_all, what="node 2 suspected by every other node")
     finally:
         cluster.kill(2, signal.SIGCONT)
     await clients[3].put(data(3), object_id=ids[3])
@@ -139,7 +169,7 @@ async def test_deleting_the_result_mid_allreduce_stops_it(make_cluster, connect)
     clients = [await connect(s) for s in cluster.sockets]
     ids = [await clients[i].put(data(i, 6 * MiB)) for i in range(2)] + [ObjectID.random()]
     result = await clients[0].allreduce(ids, striped=True, timeout=GET_TIMEOUT)
-    await asyncio.sleep(0.5)
+    await stripes_assigned(cluster, [0, 1])  # every stripe waiting for the last input
     await clients[0].delete(result)
     for oid in ids[:2]:
         await clients[0].delete(oid)

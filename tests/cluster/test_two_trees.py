@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import numpy as np
 import pytest
 from faultproxy import FaultProxy
-from helpers import FAST_HEARTBEAT
+from helpers import FAST_HEARTBEAT, eventually
 from test_reduce import check_result, make_inputs, node_stats, put_spaced, wait_settled
-from test_repair import NODES, RATE, VICTIM, check, value
+from test_repair import NODES, RATE, VICTIM, check, mid_stream, value
 
 import hoplite_client as hc
 from hoplited.tools.failures import put_again
@@ -89,8 +89,11 @@ async def test_a_deleted_result_stops_both_halves(make_cluster, connect) -> None
     for i in range(3):
         await clients[i].put(np.full(MiB, i, dtype=np.float32), object_id=ids[i])
     gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:2]]
-    await asyncio.sleep(1.0)
-    assert await halved(clients[0], cluster) == {0: 1, 1: 0, 2: 0, 3: 0}
+
+    async def in_halves() -> bool:
+        return await halved(clients[0], cluster) == {0: 1, 1: 0, 2: 0, 3: 0}
+
+    await eventually(in_halves, what="the reduce coordinated in halves on node 0")
     assert not any(g.done() for g in gets)
     await clients[0].delete(result)
     for g in gets:
@@ -131,8 +134,8 @@ async def test_an_input_that_never_comes_times_the_reduce_out(make_cluster, conn
 async def proxied(make_cluster: Callable[..., Awaitable[LocalCluster]],
                   connect: Callable[[str], Awaitable[hc.Client]]
                   ) -> AsyncIterator[tuple[LocalCluster, FaultProxy, list[hc.Client]]]:
-    """Four daemons reducing in halves; peer connections to node 3 pass a slow proxy (64 MiB
-    inputs, 32 MiB halves, ~4 s to stream)."""
+    """Four daemons reducing in halves; peer connections to node 3 pass a slow proxy (16 MiB
+    inputs, 8 MiB halves, ~1 s to stream)."""
     proxy = await FaultProxy.free_pair(rate=RATE)
     try:
         cluster = await make_cluster(NODES, daemon_args=[*FAST_HEARTBEAT, *ALWAYS], node_args={
@@ -148,9 +151,10 @@ async def test_both_halves_survive_a_killed_input_holder(proxied) -> None:
     half places its lost slot anew, and every survivor gets the exact sum."""
     cluster, proxy, clients = proxied
     ids = [await c.put(value(i)) for i, c in enumerate(clients)]
+    start = proxy.bytes_forwarded
     result = await clients[0].reduce(ids)
     gets = [asyncio.ensure_future(c.get(result, timeout=GET_TIMEOUT)) for c in clients[:VICTIM]]
-    await asyncio.sleep(0.7)
+    await mid_stream(proxy, start)
     cluster.kill(VICTIM)
     await put_again(clients[1], ids[VICTIM], value(VICTIM))
     check(list(await asyncio.gather(*gets)), range(NODES))

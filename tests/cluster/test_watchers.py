@@ -12,28 +12,29 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import FAST_HEARTBEAT, IO_TIMEOUT, MiB, eventually
+from helpers import FAST_HEARTBEAT, IO_TIMEOUT, MiB, eventually, own_record
 
-import hoplite_client
 from hoplited.cluster.watching import to_alarm, watchers_of
+from hoplited.tools.local_cluster import LocalCluster
 
 K = 4
 WATCHERS = ["--watchers", str(K)]
 N = 8
 
 
-async def member_states(client: hoplite_client.Client) -> dict[str, dict[str, Any]]:
-    """The members as the client's daemon sees them, by node id."""
-    return {m["node_id"]: m for m in (await client.status())["local"]["members"]}
+async def member_states(cluster: LocalCluster, index: int) -> dict[str, dict[str, Any]]:
+    """The members as node ``index`` sees them, by node id (asked of it alone)."""
+    return {m["node_id"]: m for m in (await own_record(cluster, index))["members"]}
 
 
-async def everyone_sees(clients: list[hoplite_client.Client], node: str, alive: bool,
-                        suspected: bool, what: str) -> None:
-    """Wait until every client's daemon lists ``node`` so."""
+async def everyone_sees(cluster: LocalCluster, node: str, alive: bool, suspected: bool,
+                        what: str) -> None:
+    """Wait until every node of ``cluster`` but ``node`` lists ``node`` so."""
+    others = [i for i, n in enumerate(cluster.nodes) if n.node_id != node]
 
     async def seen() -> bool:
-        for client in clients:
-            state = (await member_states(client))[node]
+        for i in others:
+            state = (await member_states(cluster, i))[node]
             if (state["alive"], state["suspected"]) != (alive, suspected):
                 return False
         return True
@@ -74,7 +75,7 @@ async def test_every_member_declares_a_silent_member_dead(make_cluster, connect,
     oid = await clients[0].put(data)
     cluster.kill(N - 1, sig)
     try:
-        await everyone_sees(clients, victim, alive=False, suspected=False,
+        await everyone_sees(cluster, victim, alive=False, suspected=False,
                             what=f"{victim} dead everywhere")
         for client in clients[1:]:
             np.testing.assert_array_equal(await client.get(oid, timeout=IO_TIMEOUT), data)
@@ -93,11 +94,11 @@ async def test_a_member_frozen_for_a_moment_is_suspected_then_trusted_everywhere
     victim = cluster.nodes[-1].node_id
     cluster.kill(N - 1, signal.SIGSTOP)
     try:
-        await everyone_sees(clients, victim, alive=True, suspected=True,
+        await everyone_sees(cluster, victim, alive=True, suspected=True,
                             what=f"{victim} suspected everywhere")
     finally:
         cluster.kill(N - 1, signal.SIGCONT)
-    await everyone_sees(clients, victim, alive=True, suspected=False,
+    await everyone_sees(cluster, victim, alive=True, suspected=False,
                         what=f"{victim} trusted again everywhere")
     resumed = await connect(cluster.nodes[-1].socket)
     data = np.arange(1000, dtype=np.int64)

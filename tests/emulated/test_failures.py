@@ -1,4 +1,6 @@
-"""A node dies or falls silent mid-transfer: receivers keep their bytes and resume elsewhere."""
+"""A node dies or falls silent mid-transfer: receivers keep their bytes and resume elsewhere.
+The kill or freeze comes once the receiver behind it has a quarter of the object (its bytes
+counted by its daemon), so it lands mid-stream however loaded the machine."""
 
 from __future__ import annotations
 
@@ -15,12 +17,24 @@ from helpers import FAST_HEARTBEAT
 import hoplite_client as hc
 from hoplited.tools.testbed import emulated_cluster
 
-# Slow links so that a 64 MiB transfer takes seconds and can be cut in the middle.
+# Slow links so that a 32 MiB transfer takes more than a second and can be cut in the middle.
 RATE = 200_000_000
-SIZE = 64 * 1024 * 1024
+SIZE = 32 * 1024 * 1024
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None,
                                 reason="the emulated cluster needs root and iproute2")
+
+
+async def received(client: hc.Client, oid: hc.ObjectID, at_least: int) -> str:
+    """Return the source once ``client``'s daemon has received ``at_least`` bytes of ``oid``
+    (its fetch's count, polled closely: the links carry a quarter of the object in a third
+    of a second)."""
+    async with asyncio.timeout(60):
+        while True:
+            for fetch in (await client.status())["local"]["transfers"]:
+                if fetch["object"] == oid.hex() and fetch["received"] >= at_least:
+                    return str(fetch["source"])
+            await asyncio.sleep(0.02)
 
 
 async def test_receiver_resumes_when_its_source_dies() -> None:
@@ -32,9 +46,10 @@ async def test_receiver_resumes_when_its_source_dies() -> None:
             x = np.frombuffer(np.random.default_rng(5).bytes(SIZE), dtype=np.uint8)
             oid = await clients[0].put(x)
             first = asyncio.ensure_future(clients[1].get(oid, timeout=120))
-            await asyncio.sleep(0.3)
+            await received(clients[1], oid, 1)  # node 1 pulls from node 0: node 2 chains on it
             second = asyncio.ensure_future(clients[2].get(oid, timeout=120))
-            await asyncio.sleep(1.0)  # both mid-stream (the whole takes ~2.7 s per hop)
+            source = await received(clients[2], oid, SIZE // 4)  # both mid-stream (~1.4 s a hop)
+            assert source == cluster.nodes[1].node_id, source
             assert not second.done()
             cluster.kill(1)
             got = await asyncio.wait_for(second, 120)
@@ -63,9 +78,10 @@ async def test_receiver_leaves_a_silent_source() -> None:
             x = np.frombuffer(np.random.default_rng(6).bytes(SIZE), dtype=np.uint8)
             oid = await clients[0].put(x)
             first = asyncio.ensure_future(frozen.get(oid, timeout=120))
-            await asyncio.sleep(0.3)
+            await received(frozen, oid, 1)  # node 1 pulls from node 0: node 2 chains on it
             second = asyncio.ensure_future(clients[1].get(oid, timeout=120))
-            await asyncio.sleep(1.0)  # both mid-stream (the whole takes ~2.7 s per hop)
+            source = await received(clients[1], oid, SIZE // 4)  # both mid-stream (~1.4 s a hop)
+            assert source == cluster.nodes[1].node_id, source
             assert not second.done()
             cluster.kill(1, signal.SIGSTOP)
             stopped = time.monotonic()

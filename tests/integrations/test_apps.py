@@ -101,7 +101,9 @@ def test_smoke_run_reports_positive_throughput(cluster: Cluster, system: str, ap
         assert values["round"]["p50_ms"] > 0
 
 
-KILLS = [("ray", "async_sgd"), ("hoplite", "async_sgd"), ("hoplite", "serving")]
+# Hoplite's runs only: a removed node on plain Ray tests Ray's recovery, not ours (the app's
+# kill option is the same code on both systems, and plain Ray's runs are in the smoke tests).
+KILLS = [("hoplite", "async_sgd"), ("hoplite", "serving")]
 
 
 @pytest.mark.parametrize(("system", "app"), KILLS, ids=[f"{s}-{a}" for s, a in KILLS])

@@ -209,7 +209,8 @@ def test_tasks_pass_ids_through_dask_and_reduce(hoplite: Client) -> None:
     first, *others = list(hosts.values())
     later = ObjectID.random()
     pending = [hoplite.submit(get_later, later, workers=[w], pure=False) for w in others]
-    time.sleep(1.0)  # the gets wait on an id nobody has put yet
+    # the put comes a second after the gets, on purpose: they wait on an id nobody has put
+    time.sleep(1.0)
     hoplite.submit(put_as, later, 7.0, workers=[first], pure=False).result(timeout=60)
     assert [p.result(timeout=120) for p in pending] == [7.0] * len(others)
 

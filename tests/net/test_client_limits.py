@@ -104,14 +104,16 @@ async def test_a_release_of_ids_not_held_costs_a_line_of_log(make_cluster) -> No
     conn = RawConn.unix(node.socket)
     try:
         await asyncio.to_thread(conn.client_handshake)
-        await asyncio.sleep(0.5)  # the daemon's lines about the new client written
+        # a first request answered: the daemon has written its lines about the new client
+        # (it logs as it handles each message, before it answers the next)
+        conn.send(encode_header(Status(rid=1)))
+        assert (await asyncio.to_thread(conn.next_frame)).msg.rid == 1
         before = os.path.getsize(node.log_path)
-        for rid in (1, 2):
+        for rid in (2, 3):
             conn.send(encode_header(Release(oids=[ObjectID.random() for _ in range(10_000)])))
             conn.send(encode_header(Status(rid=rid)))  # answered after the Release is handled
             reply = (await asyncio.to_thread(conn.next_frame)).msg
             assert isinstance(reply, StatusReply) and reply.rid == rid
-        await asyncio.sleep(0.5)
         grown = os.path.getsize(node.log_path) - before
     finally:
         conn.close()

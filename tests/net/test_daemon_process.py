@@ -98,7 +98,9 @@ async def test_exit_when_unused_stops_the_daemon_once_no_user_holds_the_lock(tmp
         json.loads(await asyncio.wait_for(daemon.stdout.readline(), 60))
         users[0].kill()
         await users[0].wait()
-        await asyncio.sleep(2.0)  # four of the daemon's looks at the lock: one user is left
+        # an observation window (nothing to wait for: the daemon must not stop): four of
+        # its looks at the lock while one user is left
+        await asyncio.sleep(2.0)
         assert daemon.returncode is None and sock.exists()
         users[1].kill()
         await users[1].wait()

@@ -131,7 +131,7 @@ async def test_lifting_the_rate_wakes_waiting_transfers(proxy: FaultProxy, echo:
     """A transfer that would take a minute at the old rate finishes soon after set_rate(None)."""
     proxy.set_rate(16 * 1024)
     transfer = asyncio.create_task(round_trip(proxy, bytes(MiB)))
-    await asyncio.sleep(0.3)
+    await proxy.forwarded(16 * 1024)  # under way: a minute to go
     assert not transfer.done()
     proxy.set_rate(None)
     async with asyncio.timeout(10):
@@ -163,6 +163,22 @@ async def test_stall_holds_bytes_and_resume_releases_them(proxy: FaultProxy, ech
         await writer.wait_closed()
 
 
+async def test_forwarded_returns_once_that_many_bytes_have_passed(proxy: FaultProxy,
+                                                                  echo: Echo) -> None:
+    """A trigger at 1 MiB of a 2 MiB echo at 4 MiB/s a direction returns with the count
+    reached and the transfer still under way; a trigger nothing reaches fails, saying so."""
+    proxy.set_rate(4 * MiB)
+    transfer = asyncio.create_task(round_trip(proxy, bytes(2 * MiB)))
+    reached = await proxy.forwarded(MiB)
+    assert MiB <= reached == proxy.bytes_forwarded < 2 * MiB + 256 * 1024
+    assert not transfer.done()
+    assert await proxy.forwarded(MiB) == proxy.bytes_forwarded  # reached already: at once
+    async with asyncio.timeout(10):
+        assert len(await transfer) == 2 * MiB
+    with pytest.raises(AssertionError, match="bytes forwarded within"):
+        await proxy.forwarded(5 * MiB, timeout=0.2)
+
+
 async def test_cut_drops_connections_but_keeps_listening(proxy: FaultProxy, echo: Echo) -> None:
     """Clients see their connection closed at once; a new connection works as before."""
     reader, writer = await open_client(proxy)
@@ -190,7 +206,7 @@ async def test_stop_closes_everything_and_leaves_no_task(proxy: FaultProxy, echo
     """stop() with a busy and a stalled connection: clients closed, no proxy task, no listener."""
     proxy.set_rate(64 * 1024)
     busy = asyncio.create_task(round_trip(proxy, bytes(4 * MiB)))
-    await asyncio.sleep(0.2)
+    await proxy.forwarded(16 * 1024)  # under way: a minute to go
     proxy.stall()
     reader, writer = await open_client(proxy)
     writer.write(b"x")

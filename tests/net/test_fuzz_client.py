@@ -9,8 +9,8 @@ closed connection (after which the fuzzer reconnects). Afterwards: both daemons 
 no traceback in their logs, every store back to empty once the ids used are deleted, no get
 still waiting, and put/get still correct between them.
 
-``make fuzz`` runs it long (``HOPLITE_FUZZ_REQUESTS``, default 1,500 here; the seed is
-``HOPLITE_FUZZ_SEED``).
+``make fuzz`` runs it long (``HOPLITE_FUZZ_REQUESTS``, default 300 here: every kind first, in
+a random order, then kinds at random; the seed is ``HOPLITE_FUZZ_SEED``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from collections import Counter
 from typing import Any
 
 import msgpack
-import pytest
 from helpers import IO_TIMEOUT, RawConn, assert_healthy_after_abuse, eventually, raw_frame
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hoplite_client as hc
 from hoplite_client.wire.errors import RemoteProtocolError
@@ -32,7 +33,7 @@ from hoplite_client.wire.frames import Frame, FrameReader
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import CLIENT, Error, kinds_for
 
-REQUESTS = int(os.environ.get("HOPLITE_FUZZ_REQUESTS", "1500"))
+REQUESTS = int(os.environ.get("HOPLITE_FUZZ_REQUESTS", "300"))
 SEED = int(os.environ.get("HOPLITE_FUZZ_SEED", "20261123"))
 POOL = [ObjectID.random() for _ in range(24)]  # ids reused across requests, deleted after
 OTHERS: set[bytes] = set()  # valid ids drawn outside the pool, deleted after too
@@ -105,9 +106,19 @@ FIELDS: dict[str, list[str]] = {
 }
 
 
-def request(rng: random.Random, rid: int) -> tuple[str, bytes]:
-    """One well-framed request of a random client kind: (its name, the frame's bytes)."""
-    cls = rng.choice(list(kinds_for(CLIENT)))
+def kinds_to_send(rng: random.Random, n: int) -> list[type[Any]]:
+    """The kinds of ``n`` requests: every client kind once, in a random order, then kinds
+    at random (with ``n`` at least the number of kinds, each is sent)."""
+    kinds = list(kinds_for(CLIENT))
+    first = rng.sample(kinds, len(kinds))
+    return (first + [rng.choice(kinds) for _ in range(n - len(first))])[:n]
+
+
+def request(rng: random.Random, rid: int, cls: type[Any] | None = None) -> tuple[str, bytes]:
+    """One well-framed request of client kind ``cls`` (None: one at random): (its name, the
+    frame's bytes)."""
+    if cls is None:
+        cls = rng.choice(list(kinds_for(CLIENT)))
     name = cls.__name__
     fields: list[Any] = [] if cls.SHAPE == "oneway" else [rid]
     fields += [some_value(rng, kind) for kind in FIELDS[name]]
@@ -188,8 +199,8 @@ async def test_hostile_client_requests(make_cluster, connect) -> None:  # type: 
     kinds: Counter[str] = Counter()
 
     def run() -> None:
-        for rid in range(1, REQUESTS + 1):
-            name, frame = request(rng, rid)
+        for rid, cls in enumerate(kinds_to_send(rng, REQUESTS), start=1):
+            name, frame = request(rng, rid, cls)
             kinds[name] += 1
             fuzzers[rid % 2].send(frame)
         for f in fuzzers:
@@ -203,6 +214,8 @@ async def test_hostile_client_requests(make_cluster, connect) -> None:  # type: 
     outcomes = fuzzers[0].outcomes + fuzzers[1].outcomes
     print(f"seed {SEED}: {REQUESTS} requests {dict(kinds)}; outcomes {dict(outcomes)}")
     assert outcomes["reply"] + sum(v for k, v in outcomes.items() if k.startswith("error")) > 0
+    if len(kinds_for(CLIENT)) <= REQUESTS:
+        assert set(kinds) == {cls.__name__ for cls in kinds_for(CLIENT)}, kinds
 
     for node in cluster.nodes:
         assert node.running, f"daemon {node.index} died: {cluster.log_tail(node)}"
@@ -232,7 +245,8 @@ async def test_hostile_client_requests(make_cluster, connect) -> None:  # type: 
     await assert_healthy_after_abuse(cluster)
 
 
-@pytest.mark.parametrize("seed", range(3))
+@settings(max_examples=3)
+@given(seed=st.integers(0, 2**32 - 1))
 def test_requests_are_well_framed(seed: int) -> None:
     """The generator's frames are frames: each decodes to one event (a message, or a header
     the reader refuses but skips) or, over the header limit, to the fatal error a daemon

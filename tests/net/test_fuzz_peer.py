@@ -12,12 +12,12 @@ of its own making (``FailEntry``), which later answers for that id. Lying is not
 a hostile member may publish holdings it does not have — so the stores are not checked for
 emptiness here (tests/net/test_fuzz_client.py does that for clients).
 
-``HOPLITE_FUZZ_REQUESTS`` and ``HOPLITE_FUZZ_SEED`` as for the client fuzzer.
+``HOPLITE_FUZZ_REQUESTS`` and ``HOPLITE_FUZZ_SEED`` as for the client fuzzer (300 here: every
+kind first, in a random order, then kinds at random).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import math
 import os
@@ -26,7 +26,7 @@ from collections import Counter
 from typing import Any
 
 import msgpack
-from helpers import IDLE_WINDOW, assert_healthy_after_abuse, raw_frame
+from helpers import assert_healthy_after_abuse, eventually, local_stats, raw_frame
 
 from hoplite_client.net.handshake import Identity, dial
 from hoplite_client.net.protocol import FrameProtocol
@@ -34,7 +34,7 @@ from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import PEER, Error, kinds_for
 
-REQUESTS = int(os.environ.get("HOPLITE_FUZZ_REQUESTS", "1500"))
+REQUESTS = int(os.environ.get("HOPLITE_FUZZ_REQUESTS", "300"))
 SEED = int(os.environ.get("HOPLITE_FUZZ_SEED", "20261123"))
 REPLY_WINDOW = 0.02
 MORE_REPLIES = 0.001
@@ -74,8 +74,15 @@ def value(rng: random.Random, typ: str, nodes: list[str]) -> Any:
                        [["junk"] * 3] * 3, [[rng.choice(POOL).binary(), 5, 4, b"v"]]])
 
 
-def request(rng: random.Random, rid: int, nodes: list[str]) -> bytes:
-    cls = rng.choice(list(kinds_for(PEER)))
+def kinds_to_send(rng: random.Random, n: int) -> list[type[Any]]:
+    """The kinds of ``n`` requests: every peer kind once, in a random order, then kinds at
+    random (with ``n`` at least the number of kinds, each is sent)."""
+    kinds = list(kinds_for(PEER))
+    first = rng.sample(kinds, len(kinds))
+    return (first + [rng.choice(kinds) for _ in range(n - len(first))])[:n]
+
+
+def request(rng: random.Random, rid: int, nodes: list[str], cls: type[Any]) -> bytes:
     types = [str(f.type) for f in dataclasses.fields(cls)]
     fields = [rid if i == 0 and cls.SHAPE == "request" else value(rng, t, nodes)
               for i, t in enumerate(types)]
@@ -90,6 +97,7 @@ async def test_hostile_peer_requests(make_cluster) -> None:  # type: ignore[no-u
     nodes = [n.node_id for n in cluster.nodes]
     rng = random.Random(SEED)
     outcomes: Counter[str] = Counter()
+    sent: Counter[str] = Counter()
     conns: dict[int, FrameProtocol] = {}
 
     async def conn(i: int) -> FrameProtocol:
@@ -99,9 +107,10 @@ async def test_hostile_peer_requests(make_cluster) -> None:  # type: ignore[no-u
         return conns[i]
 
     try:
-        for rid in range(1, REQUESTS + 1):
+        for rid, cls in enumerate(kinds_to_send(rng, REQUESTS), start=1):
             protocol = await conn(rid % 2)
-            protocol.write_raw(memoryview(request(rng, rid, nodes)))
+            protocol.write_raw(memoryview(request(rng, rid, nodes, cls)))
+            sent[cls.__name__] += 1
             window = REPLY_WINDOW
             try:
                 while True:
@@ -117,10 +126,22 @@ async def test_hostile_peer_requests(make_cluster) -> None:  # type: ignore[no-u
     finally:
         for protocol in conns.values():
             protocol.close()
-    print(f"seed {SEED}: {REQUESTS} peer requests; outcomes {dict(outcomes)}")
+    print(f"seed {SEED}: {REQUESTS} peer requests {dict(sent)}; outcomes {dict(outcomes)}")
     assert sum(outcomes.values()) > 0
+    if len(kinds_for(PEER)) <= REQUESTS:
+        assert set(sent) == {cls.__name__ for cls in kinds_for(PEER)}, sent
 
     for node in cluster.nodes:
         assert node.running, f"daemon {node.index} died: {cluster.log_tail(node)}"
-    await asyncio.sleep(IDLE_WINDOW)  # let the fake members it announced be judged dead
+    token = me.token
+
+    async def fakes_judged_dead() -> bool:
+        """No daemon counts a member the fuzzer announced (one of neither daemon) alive."""
+        for node in cluster.nodes:
+            members = (await local_stats(node, token))["members"]
+            if any(m["alive"] and m["node_id"] not in nodes for m in members):
+                return False
+        return True
+
+    await eventually(fakes_judged_dead, timeout=60, what="the announced members judged dead")
     await assert_healthy_after_abuse(cluster)

@@ -1,6 +1,7 @@
-"""The soak's short form (``make soak`` runs the long one): a mixed workload at twice the
-store's capacity, then every daemon must be alive, within its memory bound, empty again once
-the workload is gone, and have seen no error but CapacityError (hoplited/tools/soak.py)."""
+"""The soak's short form, run by ``make soak`` after the long one (``make test`` leaves it out:
+it is marked ``soak``): a mixed workload at twice the store's capacity, then every daemon must
+be alive, within its memory bound, empty again once the workload is gone, and have seen no
+error but CapacityError (hoplited/tools/soak.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pytest
 
 from hoplited.tools.soak import SoakSettings, run_soak
 
-pytestmark = pytest.mark.net
+pytestmark = [pytest.mark.net, pytest.mark.soak]
 
-# CI runs two minutes; HOPLITE_SOAK_SECONDS sets another length.
+# Two minutes; HOPLITE_SOAK_SECONDS sets another length.
 SOAK_SECONDS = float(os.environ.get("HOPLITE_SOAK_SECONDS", "120"))
 
 

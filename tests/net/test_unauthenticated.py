@@ -35,7 +35,7 @@ from hoplite_client.wire.frames import (
     PROTOCOL_VERSION,
 )
 from hoplite_client.wire.messages import Hello, Ok, Ping
-from hoplited.rpc import MAX_HANDSHAKES
+from hoplited.rpc import FD_RESERVE, MAX_HANDSHAKES
 from hoplited.tools.local_cluster import LocalCluster
 
 STRANGERS = 600
@@ -51,6 +51,20 @@ def rss(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def open_fds(pid: int) -> int:
+    """How many descriptors process ``pid`` holds open (/proc/PID/fd)."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def holding(pid: int, fds: int) -> None:
+    """Wait until process ``pid`` holds at least ``fds`` descriptors (its accepted sockets)."""
+
+    async def enough() -> bool:
+        return open_fds(pid) >= fds
+
+    await eventually(enough, what=f"{fds} descriptors open in process {pid}")
 
 
 def connect_all(listen: str, n: int, first_bytes: bytes) -> list[socket.socket]:
@@ -78,18 +92,41 @@ async def round_trip(path: str, timeout: float = IO_TIMEOUT) -> None:
             del got
 
 
-async def strangers_cost(cluster, header_len: int) -> int:
+def all_closed(socks: list[socket.socket]) -> bool:
+    """Whether the other end closed every one of ``socks`` (what it sent first is read and
+    dropped; an EOF or a reset is waiting)."""
+    for sock in socks:
+        try:
+            while sock.recv(65536, socket.MSG_DONTWAIT):
+                pass
+        except BlockingIOError:
+            return False
+        except OSError:
+            pass  # reset
+    return True
+
+
+async def strangers_cost(cluster, header_len: int, held: bool) -> int:
     """Bytes of RSS the daemon of ``cluster`` gains from STRANGERS connections that each send
-    a prelude announcing a ``header_len``-byte header and nothing more; a local client's
-    round trip still works meanwhile."""
+    a prelude announcing a ``header_len``-byte header and nothing more, once it has read
+    every prelude (``held``: it keeps the connections open in their handshake; or it closes
+    each); a local client's round trip still works meanwhile."""
     node = cluster.nodes[0]
     await round_trip(node.socket)  # the daemon's steady state, before the strangers
-    before = rss(node.pid)
+    before, fds = rss(node.pid), open_fds(node.pid)
     prelude = PRELUDE.pack(MAGIC, PROTOCOL_VERSION, Hello.KIND, header_len, 0)
     socks = await asyncio.to_thread(connect_all, node.listen, STRANGERS, prelude)
     try:
+        if held:  # every stranger accepted (fewer than the cap; the baseline may still
+            # count the round trip's connection, closing), then its prelude read
+            await holding(node.pid, fds + STRANGERS - 4)
+        else:  # every prelude read, and its connection closed
+
+            async def closed() -> bool:
+                return all_closed(socks)
+
+            await eventually(closed, what="every stranger's connection closed")
         await round_trip(node.socket)
-        await asyncio.sleep(2.0)  # every prelude read by now
         return rss(node.pid) - before
     finally:
         for sock in socks:
@@ -99,7 +136,7 @@ async def strangers_cost(cluster, header_len: int) -> int:
 async def test_strangers_announcing_maximal_headers_cost_little_memory(make_cluster) -> None:
     """600 connections, each a 16-byte prelude announcing a MAX_HEADER header and nothing
     more: under 40 MiB of the daemon's RSS, and a local client's put and get still work."""
-    grown = await strangers_cost(await make_cluster(1), MAX_HEADER)
+    grown = await strangers_cost(await make_cluster(1), MAX_HEADER, held=False)
     print(f"{STRANGERS} strangers announcing {MAX_HEADER}-byte headers: RSS +{grown / MiB:.1f} "
           f"MiB")
     assert grown < RSS_BUDGET, f"RSS grew by {grown / MiB:.1f} MiB"
@@ -109,7 +146,7 @@ async def test_strangers_holding_their_handshake_open_cost_little_memory(make_cl
     """The costliest a stranger may hold: a prelude announcing the largest header still
     accepted before the handshake, the header never sent, until the handshake times out."""
     largest = HANDSHAKE_MAX_HEADER
-    grown = await strangers_cost(await make_cluster(1), largest)
+    grown = await strangers_cost(await make_cluster(1), largest, held=True)
     print(f"{STRANGERS} strangers holding {largest}-byte headers open: RSS "
           f"+{grown / MiB:.1f} MiB")
     assert grown < RSS_BUDGET, f"RSS grew by {grown / MiB:.1f} MiB"
@@ -155,10 +192,9 @@ async def test_bad_frames_before_the_handshake_close_at_once_and_cost_little_log
             latencies.append(time.monotonic() - start)
             assert isinstance(reply.msg, Ok)
             await asyncio.sleep(0.05)
-        outcomes = await flooding
+        outcomes = await flooding  # every connection closed: the daemon logged first
     finally:
         protocol.close()
-    await asyncio.sleep(0.5)  # the daemon's last lines written
     grown = os.path.getsize(node.log_path) - log_before
     print(f"bad-frame flood: log +{grown} bytes; Ping max {max(latencies) * 1000:.0f} ms "
           f"over {len(latencies)}")
@@ -212,7 +248,8 @@ async def test_local_clients_are_served_when_strangers_hold_every_tcp_descriptor
     stop = threading.Event()
     flooding = asyncio.ensure_future(asyncio.to_thread(flood_idle, cluster.seed, 400, stop))
     try:
-        await asyncio.sleep(2.0)  # the daemon's descriptors are taken by now
+        # the daemon's descriptors are taken: all it lets strangers have (FD_RESERVE kept)
+        await holding(cluster.nodes[0].pid, 256 - FD_RESERVE - 8)
         assert not flooding.done()
         # Connecting within 5 s, before the first strangers' handshakes time out (10 s after
         # they came) and give their descriptors back for a while.
@@ -244,7 +281,9 @@ async def test_connections_beyond_the_handshake_cap_are_closed_at_once(make_clus
     await asyncio.gather(*(dial_once() for _ in range(300)))
     strangers = await asyncio.to_thread(connect_all, node.listen, MAX_HANDSHAKES, b"")
     try:
-        await asyncio.sleep(1.0)  # all accepted
+        # accepted, most of them (the rest wait in the kernel's queue, and it hands them out
+        # in order: the connections below come after every stranger)
+        await holding(node.pid, MAX_HANDSHAKES)
         start = time.monotonic()
         extra = await asyncio.to_thread(connect_all, node.listen, 20, b"")
         try:

@@ -116,7 +116,7 @@ async def test_a_request_that_is_not_a_wait_runs_to_its_end(
     channel, shard, tasks = link
     with pytest.raises(HopliteTimeoutError):
         await channel.request(Stats(), timeout=0.2)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # an observation window: nothing may stop the handler meanwhile
     assert shard.ended == []
     shard.release.set()
     await until(lambda: shard.ended)

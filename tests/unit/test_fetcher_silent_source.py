@@ -64,7 +64,10 @@ async def test_a_pull_aborted_by_its_source_falling_silent_does_not_dial_it_agai
         connections.give_back("src", idle)  # a kept connection from an earlier pull
         obj = store.create(ObjectID.random(), SIZE, "|u1", [SIZE], bytes(VERSION_SIZE))
         pull = asyncio.ensure_future(fetcher.pull_into(obj, "src", obj.oid, obj.version))
-        await asyncio.sleep(0.2)  # the Pull is out on the idle connection, unanswered
+        # the Pull is out on the idle connection (its bytes wait at the other end), unanswered
+        theirs.setblocking(False)
+        async with asyncio.timeout(WITHIN):
+            assert await loop.sock_recv(theirs, 1 << 16)
         assert not pull.done()
         membership.suspect("src", True)  # as the daemon does on a suspicion
         fetcher.source_died("src")

@@ -42,18 +42,58 @@ from hoplited.transfer.traffic import Traffic
 
 SIZE = 4096
 GONE = ObjectNotFoundError("no such object")
+WAIT = 10.0  # the longest a step below may take, on a loaded machine
 
 
-class Shard:
+class Asked:
+    """How often a stand-in shard was asked to locate, and a wait for the n-th ask."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        self._changed = asyncio.Event()
+
+    def note_ask(self) -> None:
+        self.asked += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def asked_times(self, n: int) -> None:
+        async with asyncio.timeout(WAIT):
+            while self.asked < n:
+                await self._changed.wait()
+
+
+def waited_on(obj: StoredObject) -> asyncio.Event:
+    """Set once something waits for ``obj``'s bytes (its ``watermark``, which ``wait_for``
+    calls too), while they are still to come."""
+    waiting = asyncio.Event()
+    watermark = obj.watermark
+
+    def traced(threshold: int) -> asyncio.Future[int]:
+        fut = watermark(threshold)
+        if not fut.done():
+            waiting.set()
+        return fut
+
+    obj.watermark = traced  # type: ignore[method-assign]
+    return waiting
+
+
+async def until_set(event: asyncio.Event) -> None:
+    async with asyncio.timeout(WAIT):
+        await event.wait()
+
+
+class Shard(Asked):
     """Answers the first locate, once ``here`` is set, with this node as the source (a
     ring member's copy, published as it completes), and fails every later one."""
 
     def __init__(self) -> None:
-        self.asked = 0
+        super().__init__()
         self.here = asyncio.Event()
 
     async def locate(self, oid: ObjectID, *args: Any) -> Frame[Located]:
-        self.asked += 1
+        self.note_ask()
         if self.asked > 1:
             raise GONE
         await self.here.wait()
@@ -96,12 +136,13 @@ async def test_a_fetch_joining_one_ended_by_a_withdrawn_copy_starts_anew(
     fetcher = make_fetcher(shard, store, tasks)
     oid = ObjectID.random()
     first = asyncio.ensure_future(fetcher.fetch(oid, timeout=30.0))
-    await asyncio.sleep(0.05)  # its fetch asks the shard, which holds the answer
+    await shard.asked_times(1)  # its fetch asks the shard, which holds the answer
     assert shard.asked == 1 and not first.done()
     # a ring member's copy, being written here: the fetch is told to wait on it
-    store.create(oid, SIZE, "|u1", [SIZE], bytes(VERSION_SIZE), temporary=True)
+    copy = store.create(oid, SIZE, "|u1", [SIZE], bytes(VERSION_SIZE), temporary=True)
+    waiting = waited_on(copy)
     shard.here.set()
-    await asyncio.sleep(0.05)
+    await until_set(waiting)
     assert not first.done()
     store.remove(oid, CopyWithdrawn("the ring was given up"))  # as a withdraw does,
     second = asyncio.ensure_future(fetcher.fetch(oid, timeout=30.0))  # then fetches
@@ -112,19 +153,19 @@ async def test_a_fetch_joining_one_ended_by_a_withdrawn_copy_starts_anew(
     assert 2 <= shard.asked <= 3  # asked once more, by one new fetch per caller at most
 
 
-class ResultShard:
+class ResultShard(Asked):
     """The shard of a reduce's result after its owner moved: it first names another node,
     a receiver it learnt of before the producer (the fetch then finds the copy being
     produced here and waits on it); later asks wait until the copy here is complete, which
     it names then (the requester holds it)."""
 
     def __init__(self) -> None:
-        self.asked = 0
+        super().__init__()
         self.named = asyncio.Event()
         self.complete = asyncio.Event()
 
     async def locate(self, oid: ObjectID, *args: Any) -> Frame[Located]:
-        self.asked += 1
+        self.note_ask()
         first = self.asked == 1
         await (self.named if first else self.complete).wait()
         return Frame(Located(source="other" if first else "me", size=SIZE, dtype="|u1",
@@ -143,16 +184,17 @@ async def test_a_get_where_the_result_is_produced_outlasts_its_restart(
     fetcher = make_fetcher(shard, store, tasks)
     oid = ObjectID.random()
     get = asyncio.ensure_future(fetcher.fetch(oid, timeout=30.0))
-    await asyncio.sleep(0.05)  # before the result opened here: a fetch asks the shard
+    await shard.asked_times(1)  # before the result opened here: a fetch asks the shard
     old = store.create(oid, SIZE, "|u1", [SIZE])
     old.producing = True
     store.pin(old)  # the coordinator's pin
+    waiting = waited_on(old)
     shard.named.set()
-    await asyncio.sleep(0.05)
+    await until_set(waiting)
     assert shard.asked == 1 and not get.done()  # waiting on the copy being produced
     withdraw_result(store, old)
     store.unpin(old)
-    await asyncio.sleep(0.05)  # the new version waits for room meanwhile
+    await shard.asked_times(2)  # fetching again; the new version waits for room meanwhile
     assert not get.done()
     new = store.create(oid, SIZE, "|u1", [SIZE])
     new.advance(SIZE)
@@ -161,15 +203,15 @@ async def test_a_get_where_the_result_is_produced_outlasts_its_restart(
         assert await get is new
 
 
-class NewCopyShard:
+class NewCopyShard(Asked):
     """Names this node as the source once the new copy here is complete."""
 
     def __init__(self) -> None:
-        self.asked = 0
+        super().__init__()
         self.complete = asyncio.Event()
 
     async def locate(self, oid: ObjectID, *args: Any) -> Frame[Located]:
-        self.asked += 1
+        self.note_ask()
         await self.complete.wait()
         return Frame(Located(source="me", size=SIZE, dtype="|u1", shape=[SIZE],
                              version=bytes(VERSION_SIZE)))
@@ -188,12 +230,13 @@ async def test_a_get_whose_ring_copy_is_withdrawn_as_it_completes_fetches_again(
     fetcher = make_fetcher(shard, store, tasks)
     oid = ObjectID.random()
     ring_copy = store.create(oid, SIZE, "|u1", [SIZE], bytes(VERSION_SIZE), temporary=True)
+    waiting = waited_on(ring_copy)
     get = asyncio.ensure_future(fetcher.fetch(oid, timeout=30.0))
-    await asyncio.sleep(0.05)
+    await until_set(waiting)
     assert not get.done() and shard.asked == 0  # waiting on the copy being made here
     ring_copy.advance(SIZE)
     store.remove(oid, CopyWithdrawn("the ring was given up"))
-    await asyncio.sleep(0.05)
+    await shard.asked_times(1)
     assert not get.done()  # asking for the result of the ring run again
     new = store.create(oid, SIZE, "|u1", [SIZE])
     new.advance(SIZE)

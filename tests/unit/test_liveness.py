@@ -1,13 +1,15 @@
-"""Liveness, the heartbeat's pure core: tables of timed events and the exact instructions."""
+"""Liveness, the heartbeat's pure core: tables of timed events and the exact instructions; its
+bounds as properties over peers Hypothesis draws (derandomized: tests/conftest.py)."""
 
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass, field
 
 import pytest
 from helpers import top_level_imports
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hoplited.cluster.liveness as liveness_module
 from hoplite_client.wire.errors import InvalidArgumentError
@@ -384,7 +386,7 @@ def test_liveness_table(case: Case) -> None:
     assert live.suspected == case.suspected
 
 
-# --- the deadline, checked over many silences with a simulated driver ---
+# --- the deadline, checked over many silences (drawn by Hypothesis) with a simulated driver ---
 @dataclass
 class Peer:
     """A simulated peer: answers Pings after ``rtt`` until it stops at ``stop``; then its Pings
@@ -427,20 +429,39 @@ def drive(live: Liveness, peer: Peer) -> tuple[float, list[float]]:
     raise AssertionError("never declared dead")
 
 
-def random_peer(rng: random.Random) -> tuple[float, float, Peer]:
-    interval = rng.choice([0.25, 0.5, 1.0])
-    timeout = interval * rng.choice([2, 4, 5, 8])
-    stop = rng.uniform(0.0, 20.0)
-    fail_after = rng.choice([None, None, rng.uniform(0.0, timeout), rng.uniform(0.0, 0.05)])
-    seen = [rng.uniform(0.0, stop) for _ in range(rng.randrange(0, 6))]
-    if rng.random() < 0.5:  # a reply just before the stop: the case today's loop overshoots
-        seen.append(max(0.0, stop - rng.uniform(0.0, 0.01)))
-    return interval, timeout, Peer(stop, rng.choice([0.0, 0.001, 0.01]), fail_after, seen)
+@st.composite
+def peers(draw: st.DrawFn) -> tuple[float, float, Peer]:
+    """A heartbeat's interval and timeout, and a peer that stops answering within 20 s: its
+    round trip, whether its Pings then hang or break (and when), and replies to other
+    requests before it stops, often one just before the stop (the case today's loop
+    overshoots)."""
+    interval = draw(st.sampled_from([0.25, 0.5, 1.0]))
+    timeout = interval * draw(st.sampled_from([2, 4, 5, 8]))
+    stop = draw(st.floats(0.0, 20.0))
+    fail_after = draw(st.none() | st.floats(0.0, timeout) | st.floats(0.0, 0.05))
+    seen = draw(st.lists(st.floats(0.0, stop), max_size=5))
+    if draw(st.booleans()):
+        seen.append(max(0.0, stop - draw(st.floats(0.0, 0.01))))
+    rtt = draw(st.sampled_from([0.0, 0.001, 0.01]))
+    return interval, timeout, Peer(stop, rtt, fail_after, seen)
 
 
-@pytest.mark.parametrize("seed", range(300))
-def test_silent_peer_dead_within_timeout_plus_interval(seed: int) -> None:
-    interval, timeout, peer = random_peer(random.Random(seed))
+# Suspicion after an unanswered Ping of this long (at most half the timeout), in the cases
+# with suspicion; with others asked, they are asked this long before the deadline.
+SUSPECT_AFTER = st.sampled_from([0.1, 0.25, 0.5, 1.0])
+INDIRECT = st.sampled_from(["suspect_after", "interval", "half the timeout"])
+
+
+def indirect_for(kind: str, suspect_after: float, interval: float, timeout: float) -> float:
+    return {"suspect_after": suspect_after, "interval": interval,
+            "half the timeout": timeout / 2}[kind]
+
+
+@settings(max_examples=300)
+@given(peers())
+def test_silent_peer_dead_within_timeout_plus_interval(
+        drawn: tuple[float, float, Peer]) -> None:
+    interval, timeout, peer = drawn
     live = Liveness(interval, timeout, now=0.0)
     died, sends = drive(live, peer)
     silent = died - live.last_seen
@@ -487,13 +508,15 @@ def drive_suspecting(live: Liveness, peer: Peer, vouch: float | None = None,
     raise AssertionError("never declared dead")
 
 
-@pytest.mark.parametrize("seed", range(200))
-def test_silent_peer_suspected_soon_and_dead_as_without_suspicion(seed: int) -> None:
+@settings(max_examples=200)
+@given(peers(), SUSPECT_AFTER)
+def test_silent_peer_suspected_soon_and_dead_as_without_suspicion(
+        drawn: tuple[float, float, Peer], suspect_after: float) -> None:
     """Suspected at most an interval plus ``suspect_after`` after it stops (never before, as
     it answers in time until then); the verdict keeps its bounds."""
-    interval, timeout, peer = random_peer(random.Random(seed))
+    interval, timeout, peer = drawn
     peer.seen = []  # replies to other requests would clear a suspicion: not modelled here
-    suspect_after = min(timeout / 2, random.Random(seed).choice([0.1, 0.25, 0.5, 1.0]))
+    suspect_after = min(timeout / 2, suspect_after)
     live = Liveness(interval, timeout, now=0.0, suspect_after=suspect_after)
     died, suspected = drive_suspecting(live, peer)
     silent = died - live.last_seen
@@ -502,15 +525,16 @@ def test_silent_peer_suspected_soon_and_dead_as_without_suspicion(seed: int) -> 
     assert suspected <= peer.stop + interval + suspect_after + 1e-9, (suspected, peer)
 
 
-@pytest.mark.parametrize("seed", range(200))
-def test_asking_others_keeps_the_verdict_s_bounds_when_nobody_vouches(seed: int) -> None:
+@settings(max_examples=200)
+@given(peers(), SUSPECT_AFTER, INDIRECT)
+def test_asking_others_keeps_the_verdict_s_bounds_when_nobody_vouches(
+        drawn: tuple[float, float, Peer], suspect_after: float, asked: str) -> None:
     """With others asked before each verdict and none reaching the peer, the verdict keeps
     its bounds: asking costs no time."""
-    rng = random.Random(seed)
-    interval, timeout, peer = random_peer(rng)
+    interval, timeout, peer = drawn
     peer.seen = []
-    suspect_after = min(timeout / 2, rng.choice([0.1, 0.25, 0.5, 1.0]))
-    indirect = rng.choice([suspect_after, interval, timeout / 2])
+    suspect_after = min(timeout / 2, suspect_after)
+    indirect = indirect_for(asked, suspect_after, interval, timeout)
     live = Liveness(interval, timeout, now=0.0, suspect_after=suspect_after, indirect=indirect)
     died, suspected = drive_suspecting(live, peer)
     silent = died - live.last_seen
@@ -518,16 +542,18 @@ def test_asking_others_keeps_the_verdict_s_bounds_when_nobody_vouches(seed: int)
     assert suspected is not None
 
 
-@pytest.mark.parametrize("seed", range(100))
-def test_a_peer_others_reach_is_never_declared_dead_by_its_silence_to_us(seed: int) -> None:
-    """Our way to the peer breaks for good, but the members we ask reach it: it stays
-    suspected and a member, however long that lasts."""
-    rng = random.Random(seed)
-    interval, timeout, peer = random_peer(rng)
+@settings(max_examples=100)
+@given(peers(), SUSPECT_AFTER, INDIRECT, st.floats(0.0, 0.9))
+def test_a_peer_others_reach_is_never_declared_dead_by_its_silence_to_us(
+        drawn: tuple[float, float, Peer], suspect_after: float, asked: str,
+        vouch_share: float) -> None:
+    """Our way to the peer breaks for good, but the members we ask reach it (within 90% of
+    the time they are given): it stays suspected and a member, however long that lasts."""
+    interval, timeout, peer = drawn
     peer.seen = []
-    suspect_after = min(timeout / 2, rng.choice([0.1, 0.25, 0.5, 1.0]))
-    indirect = rng.choice([suspect_after, interval, timeout / 2])
-    vouch = rng.uniform(0.0, indirect * 0.9)
+    suspect_after = min(timeout / 2, suspect_after)
+    indirect = indirect_for(asked, suspect_after, interval, timeout)
+    vouch = vouch_share * indirect
     live = Liveness(interval, timeout, now=0.0, suspect_after=suspect_after, indirect=indirect)
     died, suspected = drive_suspecting(live, peer, vouch=vouch, until=peer.stop + 50 * timeout)
     assert died == math.inf and not live.dead, peer

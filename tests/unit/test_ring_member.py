@@ -182,7 +182,7 @@ async def test_a_member_whose_successor_died_stops_its_stream_and_publishes(
             await asyncio.sleep(0.01)
     assert a.member.complete
     a.member.commit()
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # an observation window: a may not be forgotten meanwhile
     assert not a.forgotten.is_set()  # its stream to b still waits
     a.member.successor_died()
     await until(a.forgotten)
