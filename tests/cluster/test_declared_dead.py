@@ -1,8 +1,8 @@
 """A member declared dead that runs again: fenced by the others, it comes back as a new member.
 
 A SIGSTOP longer than the heartbeat timeout makes the others declare the frozen member dead;
-SIGCONT then lets it run again. Before fencing it kept its own view (everyone alive) while
-the others refused to list it, for good: its objects unreachable, its puts unseen. Now the
+SIGCONT then lets it run again. Unfenced, it would keep its own view (everyone alive) while
+the others refused to list it, for good: its objects unreachable, its puts unseen. So the
 first member it talks to answers that it declared it dead, and the daemon runs again, in the
 same process, as a new member (docs/design.md §5, "Declared dead, then running again").
 """

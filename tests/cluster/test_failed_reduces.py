@@ -75,7 +75,7 @@ async def test_a_failed_reduces_result_as_input_is_a_failed_input_not_a_spin(
     """``reduce([x, other], num_objects=1)`` with no timeout, where x is the result of a reduce
     that timed out: the shard answers x's wait at once with that stored timeout. It is x's
     failure, so the reduce waits for ``other`` (put seconds later) and uses it; meanwhile no
-    daemon burns CPU (it used to poll the shard again at once, forever)."""
+    daemon burns CPU (none polls the shard again at once, forever)."""
     cluster = await make_cluster(2)
     a, b = [await connect(s) for s in cluster.sockets]
     members = [n.node_id for n in cluster.nodes]

@@ -1,4 +1,4 @@
-"""BenchResult's JSON record: ratios to the optimum and to S/RATE (the issue's yardstick), and
+"""BenchResult's JSON record: ratios to the optimum and to S/RATE (the targets' yardstick, docs/design.md §7), and
 the runs' quartiles."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A fetch that joins, in the same step, a fetch ended by its local copy's withdrawal
 starts anew instead of spinning.
 
-``bench/chaos.py`` seed 42, trial 19 (2026-11-28): a ring member's node had a fetch of the
+``bench/chaos.py`` seed 42, trial 19: a ring member's node had a fetch of the
 result waiting on the member's own copy (the shard named this node as its source). The caller
 withdrew that copy, and in the same step this node began fetching the result from the others.
 The first fetch ended with ``CopyWithdrawn``, but its done-callbacks had not run yet, so the

@@ -2,8 +2,8 @@
 
 Tables of (call, expected step) on a bare ``InputWait``, no shard. The property that matters
 most: whatever the shard answers, the wait never asks twice in a row without a poll held at the
-shard for a good share of its time or a sleep in between (a stored timeout error used to be
-taken for the poll's expiry and asked again at once, forever, at 100% CPU).
+shard for a good share of its time or a sleep in between (a stored timeout error taken for
+the poll's expiry would be asked again at once, forever, at 100% CPU).
 """
 
 from __future__ import annotations

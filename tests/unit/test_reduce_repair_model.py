@@ -409,7 +409,7 @@ FIXED = [(311, 2), (339, 2), (509, 2), (823, 2), (963, 2), (2019, 2), (2261, 2),
          (1601, 2), (1879, 2), (3404, 2), (6017, 2), (7319, 2), (4317, 1), (411, 3), (1963, 3),
          (2902, 3), (3573, 3), (14974, 3)]
 # The same model for an allreduce whose first input is here: on a chain the last input hangs
-# on the root (tree_shape's last_leaf). Seeds that ended wrong or stuck before the fixes above.
+# on the root (tree_shape's last_leaf); its examples are seeds that once ended wrong or stuck.
 FIXED_ALLREDUCE = [(244, 2), (892, 2), (1043, 2), (1106, 2), (1279, 1), (2194, 3)]
 
 
