@@ -23,10 +23,11 @@ import statistics
 import struct
 import time
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from bench.baselines.common import REPO_ROOT, module_command
+from hoplited.tools.testbed import helper_process
 
 HEADER = struct.Struct("!Q")  # per run: the object size; 0 asks for the CRC and ends
 CRC = struct.Struct("!I")
@@ -130,21 +131,6 @@ def _placement(hosts: Any) -> list[tuple[list[str], str]]:
     return [(list(prefix), ip) for prefix, ip in hosts]
 
 
-@contextlib.asynccontextmanager
-async def _process(argv: Sequence[str]) -> AsyncIterator[asyncio.subprocess.Process]:
-    """A helper process (started in the repository root, see bench.baselines.common), killed
-    by its PID if still running when the block ends."""
-    process = await asyncio.create_subprocess_exec(
-        *argv, cwd=REPO_ROOT, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE)
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-        await process.wait()
-
-
 async def run_star(testbed_or_hosts: Any | Hosts, size: int, repeat: int = 5,
                    warmup: int = 1) -> list[float]:
     """Latency in seconds of each of ``repeat`` star broadcasts of ``size`` bytes (after
@@ -162,16 +148,17 @@ async def run_star(testbed_or_hosts: Any | Hosts, size: int, repeat: int = 5,
     timeout = START_TIMEOUT + runs * (len(hosts) - 1) * size / MIN_RATE_FOR_TIMEOUT
     async with contextlib.AsyncExitStack() as stack:
         (prefix, ip), receivers = hosts[0], hosts[1:]
-        server = await stack.enter_async_context(_process(
+        server = await stack.enter_async_context(helper_process(
             prefix + me + ["root", "--listen", ip, "--receivers", str(len(receivers)),
-                           "--size", str(size), "--runs", str(runs)]))
+                           "--size", str(size), "--runs", str(runs)], cwd=REPO_ROOT))
         assert server.stdout is not None
         line = await asyncio.wait_for(server.stdout.readline(), START_TIMEOUT)
         if not line:
             raise RuntimeError(f"star root failed to start (exit {await server.wait()})")
         port = json.loads(line)["port"]
-        clients = [await stack.enter_async_context(_process(
-            p + me + ["receive", "--connect", f"{ip}:{port}", "--size", str(size)]))
+        clients = [await stack.enter_async_context(helper_process(
+            p + me + ["receive", "--connect", f"{ip}:{port}", "--size", str(size)],
+            cwd=REPO_ROOT))
             for p, _ in receivers]
         out, _ = await asyncio.wait_for(server.communicate(), timeout)
         codes = [await asyncio.wait_for(c.wait(), START_TIMEOUT) for c in clients]

@@ -597,7 +597,7 @@ class Testbed:
 
     async def _measure(self, src: int, dst: int, seconds: float) -> LinkMeasurement:
         async with contextlib.AsyncExitStack() as stack:
-            receiver = await stack.enter_async_context(_helper(
+            receiver = await stack.enter_async_context(helper_process(
                 self.exec_prefix(dst) + [sys.executable, "-c", _RECEIVER, self.hosts[dst].ip,
                                          str(seconds + COMMAND_TIMEOUT)]))
             assert receiver.stdout is not None
@@ -605,7 +605,7 @@ class Testbed:
                 port = await receiver.stdout.readline()
             if not port.strip().isdigit():
                 raise TestbedError(f"link check receiver in h{dst} failed to start")
-            sender = await stack.enter_async_context(_helper(
+            sender = await stack.enter_async_context(helper_process(
                 self.exec_prefix(src) + [sys.executable, "-c", _SENDER, self.hosts[dst].ip,
                                          port.decode().strip(), str(seconds)]))
             timeout = seconds + COMMAND_TIMEOUT
@@ -622,10 +622,12 @@ class Testbed:
 
 
 @contextlib.asynccontextmanager
-async def _helper(argv: Sequence[str]) -> AsyncIterator[asyncio.subprocess.Process]:
-    """A helper process, killed (by its PID) if still running when the block ends."""
+async def helper_process(argv: Sequence[str], cwd: str | None = None
+                         ) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A helper process (its stdout piped), killed by its PID if still running when the
+    block ends."""
     process = await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE)
+        *argv, cwd=cwd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE)
     try:
         yield process
     finally:
