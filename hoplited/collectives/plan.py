@@ -56,6 +56,17 @@ version (``RestartResult``; getters behind it start over). Every other slot keep
 and children repaired earlier from a later byte are started again from 0. ``used`` names the
 inputs in the result once it is complete.
 
+Slot states. Each slot is in one state (``SlotState``: free, placed, redo, merged, folding,
+folded, absorbing), kept with that state's record in one table entry per slot (``SlotEntry``).
+Every change goes through ``ReducePlan._move``, which refuses at once a move that
+``SLOT_TRANSITIONS`` does not list, telling the plan's last events; it keeps the indexes of
+the table that placement and repair look things up in: by state (read outside as the views
+``slots``, ``redo``, ``merged``, ``folding``, ``folds``, ``absorbing``, ``absorbed``) and
+by node. A repair that must decide a slot's next state while no lookup sees it (a restart, a
+backup taking a slot, a lost input back, a failed fold) lifts it out of its index first; the
+move it then makes is checked from the state it left. ``validate`` checks the rest: the
+indexes against the table, and the records that refer to slots.
+
 Nothing here waits or does I/O: ``ReducePlan.handle(event)`` returns the instructions the
 driver (``hoplited.collectives.coordinator``) carries out, in order, feeding outcomes back as
 events. ``history`` keeps the last (event, instructions) pairs for debugging.
@@ -65,9 +76,10 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -107,8 +119,9 @@ MERGE_REACH = 4
 # until its own is put: that node's uplink then feeds the combiner that has put first
 # (docs/design.md §4, "Three combiners", "Who pulls a late input first").
 LATE_HOLD = 1.25
-# Tests set this: every plan then checks its records agree after each event (``validate``), at
-# a cost linear in its slots, which a 10,000-input plan cannot pay per event.
+# Tests set this: every plan then checks its indexes and records agree after each event
+# (``validate``), at a cost linear in its slots, which a 10,000-input plan cannot pay per event;
+# each slot's moves are checked as they are made, always (``ReducePlan._move``).
 CHECK_INVARIANTS = False
 # Errors of a request to a tree node that mean the node could not be reached at all.
 UNREACHABLE = (PeerUnavailableError, ConnectionLostError)
@@ -451,18 +464,27 @@ class Merge:
     gen: int = 0  # the next placement of ``slot``, should the merge be undone
 
 
-# Where a slot of the tree stands between events (ReducePlan.slot_state): not placed (free);
-# placed on a node, its input there and a task if it adds children (placed); its node lost,
-# waiting for its input to be placed again (redo); out of the tree, its input added by the
-# slot on the same node (merged); its lost input back on a node whose slot adds it into its
-# sums (folding), and once the consumer took the new shape (folded); its lost input back where
-# only a leaf runs, about to take that leaf's input over (absorbing). docs/design.md §4, §5.
+# Where a slot of the tree stands (ReducePlan.slot_state; docs/design.md §4, §5), each state
+# with the record it keeps (SlotEntry.record):
+#   free       no input has taken it (no record: the slot has no entry)
+#   placed     on a node, its input there and a task if it adds children (``Slot``); it may
+#              carry an ``Absorb``: the leaf whose input it takes, or took, over
+#   redo       its node lost while its consumer lacked bytes: it waits for its input (``Redo``)
+#   merged     out of the tree, its input added by the slot on the same node (``Merge``)
+#   folding    its lost input back on a node whose slot is told to add it (``FoldState``)
+#   folded     that slot adds it, and the consumer took the new shape: out of the tree
+#   absorbing  its lost input back on a node where only a leaf runs: it waits for the leaf's
+#              consumer to stop adding the leaf's input, then is placed there (``Absorb``)
 SlotState = Literal["free", "placed", "redo", "merged", "folding", "folded", "absorbing"]
-# Every move a slot may make from one event to the next; validate() refuses any other.
+SLOT_STATES: tuple[SlotState, ...] = get_args(SlotState)
+# Every move a slot may make; ReducePlan._move refuses any other as it is made.
 SLOT_TRANSITIONS: frozenset[tuple[SlotState, SlotState]] = frozenset({
     ("free", "placed"),  # its input is ready (or a leaf is placed ahead of it)
     ("free", "merged"),  # its input is ready on a node whose slot adds it
     ("placed", "free"),  # a leaf placed ahead: its input did not come there in time
+    # placed again: its task starts again from byte 0 (a restart, an input merged into it,
+    # a consumer that reads it from an earlier byte), or a ready backup takes it at once
+    ("placed", "placed"),
     ("placed", "redo"),  # its node is lost while its consumer lacks bytes
     ("redo", "placed"),  # its input is back, or a backup takes the slot
     ("redo", "merged"),  # back on a node whose slot can add it from its start
@@ -471,7 +493,9 @@ SLOT_TRANSITIONS: frozenset[tuple[SlotState, SlotState]] = frozenset({
     ("folding", "folded"),  # the consumer took the new shape
     ("folding", "placed"),  # the slot to fold into is gone: placed as usual
     ("folding", "redo"),  # ... and its node is lost as well
-    ("absorbing", "placed"),  # the leaf's input is in its sums
+    # the leaf's consumer stopped adding the leaf's input: placed, carrying its ``Absorb``
+    # until its task has that input in its sums
+    ("absorbing", "placed"),
     # a restart from byte 0 (a node a fold or merge relied on is lost): each slot is placed
     # anew, or waits for its input where its node is lost
     ("absorbing", "redo"), ("folded", "placed"), ("folded", "redo"),
@@ -553,6 +577,26 @@ class Absorb:
     consumer: int
     cut: int = -1
     version: bytes | None = None
+
+
+SlotRecord = Slot | Redo | Merge | FoldState | Absorb
+# The kind of record each state keeps: ReducePlan._move refuses another.
+STATE_RECORDS: dict[SlotState, type] = {
+    "free": type(None), "placed": Slot, "redo": Redo, "merged": Merge, "folding": FoldState,
+    "folded": FoldState, "absorbing": Absorb}
+
+
+@dataclass(slots=True)
+class SlotEntry:
+    """A slot's one state (``SlotState``) and the record it keeps there (``STATE_RECORDS``).
+    ``absorb``: the leaf input the slot takes over, set as it becomes absorbing and kept by
+    its placements until the result starts again (``absorbed`` once that input is in its
+    task's sums)."""
+
+    state: SlotState
+    record: SlotRecord
+    absorb: Absorb | None = None
+    absorbed: bool = False
 
 
 def redo_path(shape: TreeShape, slot: int) -> list[int]:
@@ -679,11 +723,32 @@ class ReducePlan:
         self.meta: InputReady | None = None  # the result's size and type (the stripe's)
         self.whole: InputReady | None = None  # the first input's: the others must agree
         self.shape: TreeShape | None = None
-        self.slots: dict[int, Slot] = {}  # by _set_slot, _drop_slot (and _restart_all: emptied)
-        self._leaves: dict[str, set[int]] = {}  # placed slots without a task, by node
-        self._hosts: dict[str, set[int]] = {}  # placed slots with a task, by node
-        # slot -> the merge that took it out of the tree, in the order they were made
-        self.merged: dict[int, Merge] = {}
+        # Each taken slot's state and record (a free slot has no entry): the one account of
+        # where the slots stand, changed only by _move, which checks each move against
+        # SLOT_TRANSITIONS as it is made
+        self._table: dict[int, SlotEntry] = {}
+        # slots _lift took out of their state's index, for _move to give them their next
+        # state before the event is handled (a repair decides it while they are in none)
+        self._lifted: set[int] = set()
+        # The table's records by state, kept by _move for the lookups and scans placement and
+        # repair make per event (read outside through the views ``slots``, ``redo``, ...):
+        # slot -> record, in the order the slots entered the state (the merges: the order
+        # they were made, which a restart keeps: hosts add their extras in it)
+        self._slots: dict[int, Slot] = {}  # placed
+        self._redo: dict[int, Redo] = {}  # waiting for their inputs again
+        self._merged: dict[int, Merge] = {}  # out of the tree, their inputs added by hosts
+        self._folding: dict[int, FoldState] = {}  # lost slot -> its fold, not in effect yet
+        self._folds: dict[int, FoldState] = {}  # lost slot -> its fold, in effect
+        self._by_state: dict[SlotState, dict[int, Any]] = {
+            "placed": self._slots, "redo": self._redo, "merged": self._merged,
+            "folding": self._folding, "folded": self._folds}
+        # the slots' absorbs (SlotEntry.absorb): lost slot -> the leaf it takes over, while
+        # that leaf's input is not in its sums (absorbing, or placed since), and once it is
+        self._absorbing: dict[int, Absorb] = {}
+        self._absorbed: dict[int, Absorb] = {}
+        # the placed slots by node (kept by _move): without a task, and with one
+        self._leaves: dict[str, set[int]] = {}
+        self._hosts: dict[str, set[int]] = {}
         self.merges = 0  # inputs merged into another's slot so far (status, metrics)
         self.holds = 0  # late inputs held (LATE_HOLD) so far (status, metrics)
         self.hurried = 0  # early chains sent ahead of their siblings (Hurry; status, metrics)
@@ -698,7 +763,6 @@ class ReducePlan:
         self.error: HopliteError | None = None
         self.complete = False
         self.published = False
-        self.redo: dict[int, Redo] = {}  # slots being placed again
         self._wanted: dict[ObjectID, list[int]] = {}  # lost input -> slots waiting for it
         self._broken: dict[int, int] = {}  # slot -> offset its consumer stopped at, node alive
         # slot -> (its version, its consumer's, offset): a broken pull reported, or due to be
@@ -714,73 +778,177 @@ class ReducePlan:
         # with backups, a lost slot may restart from 0; in a stripe, a fold's consumer may
         # have to pull the input's own bytes, which only a slot reads at the window's offset
         self._may_fold = len(inputs) == k and window is None
-        self.folding: dict[int, FoldState] = {}  # lost slot -> its fold, not in effect yet
-        self.folds: dict[int, FoldState] = {}  # lost slot -> its fold, in effect
-        self.absorbing: dict[int, Absorb] = {}  # lost slot -> a leaf it takes over, not yet
-        self.absorbed: dict[int, Absorb] = {}  # lost slot -> the leaf it took over
         self.history: deque[tuple[Event, tuple[Instruction, ...]]] = deque(maxlen=HISTORY_MAX)
-        self._states: dict[int, SlotState] = {}  # as validate() last saw them
+        self._event: Event | None = None  # the event being handled (the end of a story)
 
+    # --- the slots' states: one entry each, changed only by _move ---
     def slot_state(self, slot: int) -> SlotState:
         """Where ``slot`` stands (``SLOT_STATES``)."""
-        for state, records in (("placed", self.slots), ("redo", self.redo),
-                               ("merged", self.merged), ("folding", self.folding),
-                               ("folded", self.folds), ("absorbing", self.absorbing)):
-            if slot in records:
-                return state  # type: ignore[return-value]
-        return "free"
+        entry = self._table.get(slot)
+        return "free" if entry is None else entry.state
+
+    @property
+    def slots(self) -> Mapping[int, Slot]:
+        """The placed slots and their placements (read-only)."""
+        return MappingProxyType(self._slots)
+
+    @property
+    def redo(self) -> Mapping[int, Redo]:
+        """The slots waiting for their inputs again (read-only)."""
+        return MappingProxyType(self._redo)
+
+    @property
+    def merged(self) -> Mapping[int, Merge]:
+        """The merged slots and their merges, in the order they were made (read-only)."""
+        return MappingProxyType(self._merged)
+
+    @property
+    def folding(self) -> Mapping[int, FoldState]:
+        """The folding slots and their folds, not in effect yet (read-only)."""
+        return MappingProxyType(self._folding)
+
+    @property
+    def folds(self) -> Mapping[int, FoldState]:
+        """The folded slots and their folds, in effect (read-only)."""
+        return MappingProxyType(self._folds)
+
+    @property
+    def absorbing(self) -> Mapping[int, Absorb]:
+        """The slots taking a leaf's input over, absorbing or placed (read-only)."""
+        return MappingProxyType(self._absorbing)
+
+    @property
+    def absorbed(self) -> Mapping[int, Absorb]:
+        """The placed slots that took a leaf's input over (read-only)."""
+        return MappingProxyType(self._absorbed)
+
+    def _move(self, slot: int, to: SlotState, record: SlotRecord | None = None) -> None:
+        """``slot`` is ``to`` now, keeping ``record`` (``STATE_RECORDS``), and the indexes
+        follow; its absorb goes with it into ``placed`` (from absorbing, or from one placement
+        to the next) and ends with any other move. A move ``SLOT_TRANSITIONS`` does not allow
+        (from the state a lifted slot left), or a record of another kind, raises
+        AssertionError with the slot's story."""
+        entry = self._table.get(slot)
+        was: SlotState = "free" if entry is None else entry.state
+        if (was, to) not in SLOT_TRANSITIONS:
+            raise self._fault(slot, f"went from {was} to {to}, which SLOT_TRANSITIONS does "
+                                    f"not allow")
+        if type(record) is not STATE_RECORDS[to]:
+            raise self._fault(slot, f"went to {to} with {record!r}, not a "
+                                    f"{STATE_RECORDS[to].__name__}")
+        if entry is not None:
+            if slot in self._lifted:
+                self._lifted.discard(slot)
+            else:
+                self._unindex(slot, entry)
+            if entry.absorb is not None and to != "placed":
+                self._end_absorb(slot, entry)
+        if record is None:  # free: no entry
+            del self._table[slot]
+            return
+        if entry is None:
+            entry = self._table[slot] = SlotEntry(to, record)
+        entry.state, entry.record = to, record
+        if isinstance(record, Absorb):
+            entry.absorb = self._absorbing[slot] = record
+        index = self._by_state.get(to)
+        if index is not None:
+            index[slot] = record
+        if isinstance(record, Slot):
+            by_node = self._hosts if record.task else self._leaves
+            by_node.setdefault(record.node, set()).add(slot)
+
+    def _unindex(self, slot: int, entry: SlotEntry) -> None:
+        """Take ``slot`` out of its state's index (and a placed one out of its node's)."""
+        index = self._by_state.get(entry.state)
+        if index is not None:
+            del index[slot]
+        placed = entry.record
+        if isinstance(placed, Slot):
+            by_node = self._hosts if placed.task else self._leaves
+            by_node[placed.node].discard(slot)
+
+    def _lift(self, slot: int) -> None:
+        """Take ``slot`` out of its state's index, so that no lookup sees it while a repair
+        decides where it goes (a restart, a backup's swap, a lost input back, a failed
+        fold); ``_move`` gives it its next state, checked from the one it left, before the
+        event is handled."""
+        self._unindex(slot, self._table[slot])
+        self._lifted.add(slot)
+
+    def _absorb_done(self, slot: int) -> None:
+        """The leaf input that placed ``slot`` takes over is in its task's sums."""
+        self._table[slot].absorbed = True
+        self._absorbed[slot] = self._absorbing.pop(slot)
+
+    def _end_absorb(self, slot: int, entry: SlotEntry) -> None:
+        """``slot`` carries no absorb any more (the result starts again)."""
+        (self._absorbed if entry.absorbed else self._absorbing).pop(slot)
+        entry.absorb, entry.absorbed = None, False
 
     def validate(self) -> None:
-        """Check that the plan's records agree: each slot is in one of placed, redo, merged,
-        folding or folded; the by-node indexes match the placements; every wait for a lost
-        input is a redo's; each slot moved as ``SLOT_TRANSITIONS`` allows since the last
-        check. Raises AssertionError with the plan's last events otherwise."""
-        homes: dict[int, list[str]] = {}
-        for name, keys in (("placed", self.slots), ("redo", self.redo),
-                           ("merged", self.merged), ("folding", self.folding),
-                           ("folded", self.folds)):
-            for slot in keys:
-                homes.setdefault(slot, []).append(name)
-        for slot, names in homes.items():
-            self._check(len(names) == 1, slot, f"is {' and '.join(names)} at once")
+        """Check what the moves themselves do not: every slot the table holds has a state and
+        is in that state's index, under its record, and no index holds another; the by-node
+        indexes match the placements and the absorbs their slots; every wait for a lost input
+        is a redo's, every broken pull a placed slot's; a published result is complete.
+        Raises AssertionError with the plan's last events otherwise."""
+        for slot, entry in self._table.items():
+            state, record, absorb = entry.state, entry.record, entry.absorb
+            index = self._by_state.get(state)
+            absorbs = self._absorbed if entry.absorbed else self._absorbing
+            if slot in self._lifted:
+                raise self._fault(slot, f"was lifted out of {state} and given no state")
+            if type(record) is not STATE_RECORDS[state]:
+                raise self._fault(slot, f"is {state} with {record!r}")
+            if index is not None and index.get(slot) is not record:
+                raise self._fault(slot, f"is {state} but not indexed so")
+            if (absorb is not record if state == "absorbing"
+                    else absorb is not None and state != "placed"):
+                raise self._fault(slot, f"is {state} with the absorb {absorb}")
+            if (absorb is not None or entry.absorbed) and absorbs.get(slot) is not absorb:
+                raise self._fault(slot, f"has an absorb not indexed so: {absorb}")
+        for state, index in self._by_state.items():
+            for slot in index:
+                if self.slot_state(slot) != state:
+                    raise self._fault(slot, f"is indexed as {state} but is "
+                                            f"{self.slot_state(slot)}")
+        for name, absorbs in (("absorbing", self._absorbing), ("absorbed", self._absorbed)):
+            for slot, absorb in absorbs.items():
+                carrier = self._table.get(slot)
+                if (carrier is None or carrier.absorb is not absorb
+                        or carrier.absorbed != (name == "absorbed")):
+                    raise self._fault(slot, f"is indexed as {name} but is {carrier}")
         for node_slots, task in ((self._hosts, True), (self._leaves, False)):
             for node, indexed in node_slots.items():
                 for slot in indexed:
-                    placed = self.slots.get(slot)
-                    self._check(placed is not None and placed.node == node
-                                and placed.task == task, slot, f"is indexed on {node} "
-                                f"({'task' if task else 'leaf'}) as {placed}")
-        for slot, placed in self.slots.items():
+                    placed = self._slots.get(slot)
+                    if placed is None or placed.node != node or placed.task != task:
+                        raise self._fault(slot, f"is indexed on {node} "
+                                                f"({'task' if task else 'leaf'}) as {placed}")
+        for slot, placed in self._slots.items():
             by_node = self._hosts if placed.task else self._leaves
-            self._check(slot in by_node.get(placed.node, ()), slot, "is not indexed")
+            if slot not in by_node.get(placed.node, ()):
+                raise self._fault(slot, "is not indexed")
         for oid, waiting in self._wanted.items():
             for slot in waiting:
-                redo = self.redo.get(slot)
-                self._check(redo is not None and redo.input == oid, slot,
-                            f"waits for {oid.hex()} but is {redo}")
+                redo = self._redo.get(slot)
+                if redo is None or redo.input != oid:
+                    raise self._fault(slot, f"waits for {oid.hex()} but is {redo}")
         extra = self.shape.size if self.shape is not None else 0  # a fold's extra pulls
         for slot in self._broken:
-            self._check(slot in self.slots or slot >= extra, slot,
-                        "has a broken pull but is not placed")
-        for name, a, b in (("folding/folded", self.folding, self.folds),
-                           ("absorbing/absorbed", self.absorbing, self.absorbed)):
-            for slot in a.keys() & b.keys():
-                self._check(False, slot, f"is in both of {name}")
-        self._check(not self.published or self.complete, -1, "published before complete")
-        states = {slot: self.slot_state(slot) for slot in homes.keys() | self.absorbing.keys()}
-        for slot in states.keys() | self._states.keys():
-            move = (self._states.get(slot, "free"), states.get(slot, "free"))
-            self._check(move[0] == move[1] or move in SLOT_TRANSITIONS, slot,
-                        f"went from {move[0]} to {move[1]}, which SLOT_TRANSITIONS does not "
-                        f"allow")
-        self._states = states
+            if slot not in self._slots and slot < extra:
+                raise self._fault(slot, "has a broken pull but is not placed")
+        if self.published and not self.complete:
+            raise self._fault(-1, "published before complete")
 
-    def _check(self, ok: bool, slot: int, what: str) -> None:
-        """Raise with ``slot``'s story unless ``ok``."""
-        if not ok:
-            story = "\n".join(f"  {ev} -> {list(out)}" for ev, out in list(self.history)[-8:])
-            raise AssertionError(f"reduce {self.result.hex()}: slot {slot} {what}; last "
-                                 f"events:\n{story}")
+    def _fault(self, slot: int, what: str) -> AssertionError:
+        """``slot`` did ``what``, which it must not: an error telling the plan's last events
+        (and the one being handled, if any)."""
+        story = [f"  {ev} -> {list(out)}" for ev, out in list(self.history)[-8:]]
+        if self._event is not None:
+            story.append(f"  {self._event} (being handled)")
+        return AssertionError(f"reduce {self.result.hex()}: slot {slot} {what}; last events:\n"
+                              + "\n".join(story))
 
     @property
     def chosen(self) -> bool:
@@ -797,7 +965,13 @@ class ReducePlan:
         if isinstance(event, NodeTrusted) and event.node not in self.declared:
             self.dead.discard(event.node)
         if self.error is None and not self.published:
-            out = self._handle(event)
+            self._event = event
+            try:
+                out = self._handle(event)
+            finally:
+                self._event = None
+            if self._lifted:  # a repair that gave a slot no next state
+                raise self._fault(min(self._lifted), "was lifted and given no state")
         out = [edge for ins in out if (edge := self._addressed(ins)) is not None]
         self.history.append((event, tuple(out)))
         if CHECK_INVARIANTS:
@@ -810,11 +984,11 @@ class ReducePlan:
         again in the same event, whose new task is told of its children once it exists."""
         if not isinstance(ins, Connect):
             return ins
-        parent = self.slots.get(ins.parent_slot)
+        parent = self._slots.get(ins.parent_slot)
         if parent is None or parent.version is None or parent.node != ins.parent_node:
             return None
         parent.fed.add(ins.child_slot)
-        child = self.slots.get(ins.child_slot)
+        child = self._slots.get(ins.child_slot)
         leaf = (child is not None and not child.task and ins.child_output == child.input
                 and ins.child_node == child.node)
         return replace(ins, parent_version=parent.version,
@@ -843,10 +1017,10 @@ class ReducePlan:
 
     def _task_started(self, ev: TaskStarted) -> list[Instruction]:
         """A slot's task runs: its edges, unless it first takes over a leaf's input."""
-        slot = self.slots.get(ev.slot)
+        slot = self._slots.get(ev.slot)
         if slot is None or not slot.task or slot.version is not None or slot.gen != ev.gen:
             return []
-        absorb = self.absorbing.get(ev.slot)
+        absorb = self._absorbing.get(ev.slot)
         if absorb is not None and absorb.cut >= 0:  # the leaf's input first, then edges
             absorb.version = ev.version
             return [Fold(ev.slot, ev.slot, slot.node, ev.version, absorb.leaf_input,
@@ -925,7 +1099,7 @@ class ReducePlan:
         if (not self.combiner or self.late < 3 or self.rate <= 0 or self.shape is None
                 or self.shape.root < 2):
             return []
-        head, parent = self.slots.get(0), self.slots.get(1)
+        head, parent = self._slots.get(0), self._slots.get(1)
         if (head is None or parent is None or parent.version is None
                 or 0 not in parent.fed):
             return []
@@ -959,7 +1133,7 @@ class ReducePlan:
 
     def _ahead(self, slot: int) -> bool:
         """``slot`` is a leaf placed ahead: its input's version is not known yet."""
-        placed = self.slots.get(slot)
+        placed = self._slots.get(slot)
         return placed is not None and not placed.task and placed.input in self.ahead
 
     def _ahead_ready(self, ev: InputReady) -> list[Instruction]:
@@ -968,7 +1142,7 @@ class ReducePlan:
         the pull's start, nothing else: the guessed node had no byte of it)."""
         self.ahead.discard(ev.oid)
         out: list[Instruction] = []
-        for slot, placed in sorted(self.slots.items()):
+        for slot, placed in sorted(self._slots.items()):
             if placed.task or placed.input != ev.oid:
                 continue
             if placed.node in ev.alive and placed.node not in self.dead:
@@ -984,7 +1158,8 @@ class ReducePlan:
     def _unplace_ahead(self, slot: int) -> list[Instruction]:
         """The pull of a leaf placed ahead found no input there in time: the input is waited
         for as before it was placed (its wait at the shard still runs)."""
-        placed = self._drop_slot(slot)
+        placed = self._slots[slot]
+        self._move(slot, "free")
         self.ahead.discard(placed.input)
         self._reconnects.pop(slot, None)
         self._broken.pop(slot, None)
@@ -1097,7 +1272,7 @@ class ReducePlan:
             return None
         best: tuple[int, list[int]] | None = None  # the fewest slots placed again
         for slot in sorted(self._hosts.get(node, set()) | self._leaves.get(node, set())):
-            placed = self.slots[slot]
+            placed = self._slots[slot]
             if placed.input == self.result or self._folded_into(slot):
                 continue  # a combiner adds no input; a lost input's fold relies on it
             if placed.task and any(c not in placed.fed for c in shape.children[slot]):
@@ -1116,32 +1291,33 @@ class ReducePlan:
         path = [slot]
         while True:
             top = path[-1]
-            placed = self.slots[top]
+            placed = self._slots[top]
             if placed.output == self.result:  # the root computed in place: its sums are
                 # the result's bytes, read by gets; none yet while it has combined nothing
                 return path if any(c not in placed.fed for c in shape.children[top]) else []
             if not placed.connected:
                 return path
             parent = shape.parent[top]
-            above = None if parent is None else self.slots.get(parent)
+            above = None if parent is None else self._slots.get(parent)
             if (parent is None or above is None or not above.task or above.node in self.dead
                     or self._folded_into(parent) or len(path) >= MERGE_REACH):
                 return []
             path.append(parent)
 
     def _removable(self, slot: int) -> bool:
-        """``slot`` can leave the tree, its children hung on its parent: it is free, not the
-        root, and its parent's task, if placed, was never told of it and either keeps its
-        number of children or, ``slot`` being a leaf, is told to count it cut (``_merge``).
-        A parent waiting to be placed again counts its children once placed."""
+        """``slot``, about to take an input (a free slot, or a lifted one whose lost input is
+        back), can leave the tree, its children hung on its parent: it is not the root, and
+        its parent's task, if placed, was never told of it and either keeps its number of
+        children or, ``slot`` being a leaf, is told to count it cut (``_merge``). A parent
+        waiting to be placed again counts its children once placed."""
         shape = self.shape
         assert shape is not None
         parent = shape.parent[slot]
-        if not self._may_merge or parent is None or self._taken(slot):
+        if not self._may_merge or parent is None:
             return False
-        placed = self.slots.get(parent)
+        placed = self._slots.get(parent)
         if placed is None:
-            return (not self._taken(parent) or parent in self.redo
+            return (not self._taken(parent) or parent in self._redo
                     or len(shape.children[slot]) == 1)
         if slot in placed.fed:
             return False
@@ -1174,9 +1350,9 @@ class ReducePlan:
         children = list(shape.children[merge.slot])
         parent = shape.parent[merge.slot]
         self._remove(merge.slot)
-        self.merged[merge.slot] = merge
+        self._move(merge.slot, "merged", merge)
         self.merges += 1
-        host = self.slots[merge.host]
+        host = self._slots[merge.host]
         host.extras += (merge,)
         out: list[Instruction] = []
         for slot in again:  # the host first, a task that adds every input from byte 0
@@ -1184,13 +1360,13 @@ class ReducePlan:
         if not again:  # it has combined nothing yet
             out += self._tell_extras(merge.host)
         assert parent is not None
-        consumer = self.slots.get(parent)
+        consumer = self._slots.get(parent)
         if not children and consumer is not None and consumer.version is not None:
             # a leaf its consumer's task counts among its children (not placed again above):
             # it ends before any byte, so the task waits for it no more
             out.append(Reshape(parent, consumer.node, consumer.version, merge.slot, 0, 0))
         for child in children:  # the parent reads them now, wherever the slot was to be
-            placed = self.slots.get(child)
+            placed = self._slots.get(child)
             if (consumer is not None and consumer.version is not None and placed is not None
                     and placed.version is not None):
                 placed.connected = True
@@ -1201,7 +1377,7 @@ class ReducePlan:
     def _tell_extras(self, slot: int) -> list[Instruction]:
         """Folds of the inputs merged into ``slot`` that its task does not know yet, from its
         start (none before the task exists: they follow its ``TaskStarted``)."""
-        placed = self.slots[slot]
+        placed = self._slots[slot]
         if placed.version is None:
             return []
         out: list[Instruction] = [
@@ -1214,8 +1390,8 @@ class ReducePlan:
         """A merge's fold into the current task took effect late (its host combined first:
         the input's first bytes are in no sum) or failed: the result starts again from byte
         0, every merge still possible made again, the others' inputs placed as slots."""
-        merge = self.merged[ev.slot]
-        host = self.slots.get(merge.host)
+        merge = self._merged[ev.slot]
+        host = self._slots.get(merge.host)
         if (self.complete or host is None or host.version != ev.version
                 or host.node in self.dead):
             return []  # a task placed again since knew its extras; a death is handled as such
@@ -1228,13 +1404,12 @@ class ReducePlan:
         return self._restart_all()
 
     def _taken(self, slot: int) -> bool:
-        """``slot`` has an input: placed, waiting to be placed again, folded, or taking a
-        leaf's input over. A slot once taken stays taken (repairs move it between these; only a
-        leaf placed ahead whose input did not come leaves, ``_unplace_ahead``), so the free
-        slots only shrink and placement scans each slot about once: a reduce of
-        10,000 inputs places them in well under a second (bench/plan_scale.py)."""
-        return (slot in self.slots or slot in self.redo or slot in self.folding
-                or slot in self.folds or slot in self.absorbing or slot in self.merged)
+        """``slot`` has an input: it is in any state but free. A slot once taken stays taken
+        (repairs move it between the others; only a leaf placed ahead whose input did not come
+        leaves, ``_unplace_ahead``), so the free slots only shrink and placement scans each
+        slot about once: a reduce of 10,000 inputs places them in well under a second
+        (bench/plan_scale.py)."""
+        return slot in self._table
 
     def _first_free(self) -> int | None:
         """The lowest free slot other than the root (None if there is none)."""
@@ -1295,12 +1470,12 @@ class ReducePlan:
         instead (a restarted child would lose its cut)."""
         shape = self.shape
         assert shape is not None and self.meta is not None
-        late = [c for c in shape.children[slot] if (placed := self.slots.get(c)) is not None
+        late = [c for c in shape.children[slot] if (placed := self._slots.get(c)) is not None
                 and placed.task and placed.node not in self.dead
                 and self._aligned(placed.start) > self._aligned(start)]
         if any(self._folded_into(c) for c in late):  # this slot is placed by the restart
-            self._set_slot(slot, Slot(node, oid, oid, version, task=False, gen=gen, start=start,
-                                      held=version))
+            self._move(slot, "placed", Slot(node, oid, oid, version, task=False, gen=gen,
+                                            start=start, held=version))
             return self._restart_all()
         if start > 0:
             self._may_merge = False
@@ -1308,12 +1483,13 @@ class ReducePlan:
         in_place = slot == shape.root and node == self.me
         if children == 0 and not in_place and not extras:  # a stripe's leaf too: its
             # consumer reads the stripe's window of the input, with no task and no copy
-            self._set_slot(slot, Slot(node, oid, oid, version, task=False, gen=gen, start=start,
-                                      held=version))
+            self._move(slot, "placed", Slot(node, oid, oid, version, task=False, gen=gen,
+                                            start=start, held=version))
             return self._links(slot)
         output = self.result if in_place else derived_id(self.result, slot, b"out%d" % gen)
-        self._set_slot(slot, Slot(node, oid, output, None, task=True, gen=gen, start=start,
-                                  extras=extras, told=len(extras), held=version))
+        self._move(slot, "placed", Slot(node, oid, output, None, task=True, gen=gen,
+                                        start=start, extras=extras, told=len(extras),
+                                        held=version))
         if node not in self.task_nodes:
             self.task_nodes.append(node)
         m = self.meta
@@ -1322,26 +1498,11 @@ class ReducePlan:
                                             m.shape, children, start, lo, hi,
                                             tuple(x.input for x in extras))]
         for child in shape.children[slot]:
-            if self.slots.get(child) is None and child in self.redo:  # placed from here later
-                self.redo[child].start = min(self.redo[child].start, start)
+            if self._slots.get(child) is None and child in self._redo:  # placed from here later
+                self._redo[child].start = min(self._redo[child].start, start)
         for child in late:
             out += yield self._restart_steps(child)
         return out
-
-    def _set_slot(self, slot: int, placed: Slot) -> None:
-        """``slot`` is placed as ``placed`` (replacing any placement it had)."""
-        if slot in self.slots:
-            self._drop_slot(slot)
-        self.slots[slot] = placed
-        by_node = self._hosts if placed.task else self._leaves
-        by_node.setdefault(placed.node, set()).add(slot)
-
-    def _drop_slot(self, slot: int) -> Slot:
-        """``slot`` is placed no more: its placement."""
-        placed = self.slots.pop(slot)
-        by_node = self._hosts if placed.task else self._leaves
-        by_node[placed.node].discard(slot)
-        return placed
 
     def _links(self, slot: int) -> list[Instruction]:
         """Edges around ``slot`` (parent's first) and the root pull, that ``slot``'s placement or
@@ -1352,11 +1513,11 @@ class ReducePlan:
         pairs = [(parent, slot)] if parent is not None else []
         out: list[Instruction] = []
         for p, c in pairs + [(slot, child) for child in shape.children[slot]]:
-            ps, cs = self.slots.get(p), self.slots.get(c)
+            ps, cs = self._slots.get(p), self._slots.get(c)
             if ps and cs and ps.version is not None and cs.version is not None:
                 cs.connected = True
                 out.append(Connect(p, ps.node, c, cs.node, cs.output, cs.version))
-        root = self.slots[slot]
+        root = self._slots[slot]
         if slot == shape.root and root.version is not None and root.output != self.result:
             root.connected = True
             out.append(PullRoot(root.node, root.output, root.version))
@@ -1374,21 +1535,21 @@ class ReducePlan:
         slots = self._wanted.pop(ev.oid, None)
         if not slots:  # ready already, or a cancelled backup
             return []
-        redo = self.redo[slots[0]]
+        redo = self._redo[slots[0]]
         return self._fail(PeerUnavailableError(
             f"node {redo.died_on} died holding input {ev.oid.hex()} (slot {slots[0]}) of reduce "
             f"{self.result.hex()}, and no copy came back: {ev.error}",
             node=redo.died_on, slot=slots[0], oid=ev.oid.hex()))
 
     def _slot_failed(self, ev: SlotFailed) -> list[Instruction]:
-        placed = self.slots.get(ev.slot)
-        if self.complete or (placed is None and ev.slot in self.redo):
+        placed = self._slots.get(ev.slot)
+        if self.complete or (placed is None and ev.slot in self._redo):
             return []
         if placed is not None and (ev.gen is not None and placed.gen != ev.gen
                                    or ev.version is not None and placed.version != ev.version):
             return []  # an earlier placement's task, replaced since
         if placed is not None and placed.node in self.dead:
-            child = None if ev.child is None else self.slots.get(ev.child)
+            child = None if ev.child is None else self._slots.get(ev.child)
             if ev.child is not None and child is not None:  # a connect to a node we
                 # suspect: sent again if it answers
                 self._orphan(ev.child, child.version, placed, placed.start)
@@ -1408,12 +1569,12 @@ class ReducePlan:
         shape = self.shape
         if shape is not None and ev.child >= shape.size:
             return self._extra_lost(ev)
-        placed = self.slots.get(ev.child)
+        placed = self._slots.get(ev.child)
         if (self.complete or shape is None or placed is None or placed.version != ev.version
                 or ev.parent != shape.parent[ev.child]):
             return []  # stale: the slot was placed again since, or the report makes no sense
         if ev.parent is not None:
-            consumer = self.slots.get(ev.parent)
+            consumer = self._slots.get(ev.parent)
             if consumer is None or ev.consumer != consumer.version:
                 return []  # the consumer was placed again since: it connects its children
             if consumer.node in self.dead:  # if it is lost, its repair redoes this slot
@@ -1451,8 +1612,8 @@ class ReducePlan:
         """The pull of a folded input's bytes below its fold (a child key beyond the slots)
         broke: reconnected while its node looks alive, else everything starts again."""
         assert self.shape is not None
-        fold = self.folds.get(ev.child - self.shape.size)
-        consumer = None if fold is None else self.slots.get(fold.parent)
+        fold = self._folds.get(ev.child - self.shape.size)
+        consumer = None if fold is None else self._slots.get(fold.parent)
         if (self.complete or fold is None or consumer is None or ev.parent != fold.parent
                 or ev.version != fold.version or ev.consumer != consumer.version):
             return []
@@ -1465,12 +1626,12 @@ class ReducePlan:
     def _retry(self, ev: Retry) -> list[Instruction]:
         shape = self.shape
         if shape is not None and ev.child >= shape.size:
-            fold = self.folds.get(ev.child - shape.size)
+            fold = self._folds.get(ev.child - shape.size)
             if (self.complete or fold is None or fold.version != ev.version
                     or self._broken.pop(ev.child, None) is None):
                 return []
             return self._extra_connect(fold)
-        placed = self.slots.get(ev.child)
+        placed = self._slots.get(ev.child)
         offset = self._broken.pop(ev.child, None)
         if (self.complete or shape is None or placed is None or placed.version != ev.version
                 or offset is None):
@@ -1478,7 +1639,7 @@ class ReducePlan:
         parent = shape.parent[ev.child]
         if parent is None:
             return [PullRoot(placed.node, placed.output, placed.version)]
-        ps = self.slots.get(parent)
+        ps = self._slots.get(parent)
         if ps is None or ps.version is None:
             return []
         if ps.node in self.dead:  # a pull to start on a node we suspect now
@@ -1503,8 +1664,8 @@ class ReducePlan:
             return out
         for child, (version, consumer_version, offset) in list(self._orphans.items()):
             parent = shape.parent[child]
-            consumer = None if parent is None else self.slots.get(parent)
-            placed = self.slots.get(child)
+            consumer = None if parent is None else self._slots.get(parent)
+            placed = self._slots.get(child)
             if (consumer is None or consumer.version != consumer_version or placed is None
                     or placed.version != version):
                 del self._orphans[child]  # placed again since: connected by that placement
@@ -1529,15 +1690,15 @@ class ReducePlan:
         if node in self._fold_nodes():
             return self._restart_all()
         out: list[Instruction] = []
-        for slot in sorted(s for s, placed in self.slots.items() if placed.node == node):
-            placed = self.slots.get(slot)
+        for slot in sorted(s for s, placed in self._slots.items() if placed.node == node):
+            placed = self._slots.get(slot)
             if placed is None:  # redone already, as a dead child of a slot redone above
                 continue
             parent = shape.parent[slot]
-            consumer = None if parent is None else self.slots.get(parent)
-            if parent in self.redo:  # the consumer waits to be placed again: its repair
+            consumer = None if parent is None else self._slots.get(parent)
+            if parent in self._redo:  # the consumer waits to be placed again: its repair
                 # looked at its children before this death, so this slot is redone now
-                out += self._repair(slot, self.redo[parent].start)
+                out += self._repair(slot, self._redo[parent].start)
                 continue
             if consumer is not None and consumer.node in self.dead:
                 continue  # the consumer is lost too: its repair redoes this slot
@@ -1560,12 +1721,13 @@ class ReducePlan:
         assert shape is not None
         if self._fold_relies_on(slot):
             return self._restart_all()
-        placed = self._drop_slot(slot)
+        placed = self._slots[slot]
         self._reconnects.pop(slot, None)
         self._broken.pop(slot, None)
         redo = Redo(placed.input, placed.node, placed.gen + 1, start)
         spare = self._spare()
         if spare is not None:
+            self._lift(slot)
             return (yield self._swap_steps(slot, redo, spare))
         out = self._want(slot, redo)
         for oid in self._backups:
@@ -1573,16 +1735,16 @@ class ReducePlan:
             self._rewaiting.add(oid)
         self._backups = []
         for child in shape.children[slot]:
-            c = self.slots.get(child)
+            c = self._slots.get(child)
             if c is not None and c.node in self.dead:
                 out += yield self._repair_steps(child, start)
-            elif child in self.redo:
-                self.redo[child].start = min(self.redo[child].start, start)
+            elif child in self._redo:
+                self._redo[child].start = min(self._redo[child].start, start)
         return out
 
     def _want(self, slot: int, redo: Redo) -> list[Instruction]:
         """``slot`` waits for its input again (one wait per input, whatever its slots)."""
-        self.redo[slot] = redo
+        self._move(slot, "redo", redo)
         out: list[Instruction] = []
         if redo.input not in self._wanted:
             self._wanted[redo.input] = []
@@ -1621,11 +1783,12 @@ class ReducePlan:
         self._rewaiting.discard(ev.oid)
         if not self._usable(ev):
             return []  # another type or shape, or no live holder: never used
-        if not self.redo:
+        if not self._redo:
             self.spares.append(ev)
             return []
-        slot = min(self.redo)
-        redo = self.redo.pop(slot)
+        slot = min(self._redo)
+        redo = self._redo[slot]
+        self._lift(slot)
         out: list[Instruction] = []
         waiting = self._wanted.get(redo.input, [])
         if slot in waiting:
@@ -1640,8 +1803,9 @@ class ReducePlan:
         return drive(self._swap_steps(slot, redo, ev))
 
     def _swap_steps(self, slot: int, redo: Redo, ev: InputReady) -> Steps:
-        """Backup ``ev`` takes ``slot`` (lost ``redo.input``) from byte 0: if the consumer had
-        bytes of the lost value, every partial sum up to the result starts again from 0."""
+        """Backup ``ev`` takes lifted ``slot`` (lost ``redo.input``) from byte 0: if the
+        consumer had bytes of the lost value, every partial sum up to the result starts again
+        from 0 (first: the slot is placed once they are)."""
         shape = self.shape
         assert shape is not None
         self.used[self.used.index(redo.input)] = ev.oid
@@ -1658,11 +1822,11 @@ class ReducePlan:
     def _restart_steps(self, slot: int) -> Steps:
         """Start ``slot``'s task again from byte 0 on its node (a new output), unless it is
         lost itself (then its repair starts from 0)."""
-        placed = self.slots.get(slot)
+        placed = self._slots.get(slot)
         if placed is None:
-            if slot not in self.redo:
+            if slot not in self._redo:
                 return []
-            self.redo[slot].start = 0  # waiting for its input: placed later, from 0
+            self._redo[slot].start = 0  # waiting for its input: placed later, from 0
             return (yield self._from_zero_below_steps(slot))
         if placed.node in self.dead:
             return (yield self._repair_steps(slot, 0))
@@ -1679,10 +1843,10 @@ class ReducePlan:
         assert shape is not None
         out: list[Instruction] = []
         for child in shape.children[slot]:
-            c = self.slots.get(child)
+            c = self._slots.get(child)
             if c is None:
-                if child in self.redo:
-                    self.redo[child].start = 0
+                if child in self._redo:
+                    self._redo[child].start = 0
                     out += yield self._from_zero_below_steps(child)
                 continue
             c.connected = False
@@ -1709,7 +1873,8 @@ class ReducePlan:
         node = self.me if self.me in alive else alive[0]
         out: list[Instruction] = []
         for slot in slots:
-            redo = self.redo.pop(slot)
+            redo = self._redo[slot]
+            self._lift(slot)
             host = self._host(node) if redo.start == 0 and self._removable(slot) else None
             into = (self._fold_target(slot, node, redo.start) if len(slots) == 1
                     and host is None else None)
@@ -1735,16 +1900,16 @@ class ReducePlan:
         shape = self.shape
         assert shape is not None
         parent = shape.parent[slot]
-        consumer = None if parent is None else self.slots.get(parent)
-        if (not self._may_fold or self.folding or consumer is None or not consumer.task
+        consumer = None if parent is None else self._slots.get(parent)
+        if (not self._may_fold or self._folding or consumer is None or not consumer.task
                 or consumer.version is None or consumer.node in self.dead):
             return None
         aligned = self._aligned(start)
         for child in shape.children[slot]:
-            c = self.slots.get(child)
+            c = self._slots.get(child)
             if c is None or c.version is None or c.node in self.dead or c.start > aligned:
                 return None
-        hosted = sorted(s for s, placed in self.slots.items()
+        hosted = sorted(s for s, placed in self._slots.items()
                         if placed.node == node and placed.task and placed.version is not None)
         ancestors = [s for s in redo_path(shape, slot)[1:] if s in hosted]
         best = ancestors or hosted
@@ -1762,26 +1927,26 @@ class ReducePlan:
               ev: InputReady) -> list[Instruction]:
         shape = self.shape
         parent = None if shape is None else shape.parent[slot]
-        target = self.slots[into]
+        target = self._slots[into]
         assert shape is not None and parent is not None and target.version is not None
         fold = FoldState(slot, ev.oid, ev.version, node, into, parent,
                          self._aligned(redo.start), redo.gen, list(shape.children[slot]))
-        self.folding[slot] = fold
+        self._move(slot, "folding", fold)
         return [Fold(slot, into, node, target.version, ev.oid, ev.version, fold.start)]
 
     def _absorb_target(self, node: str) -> int | None:
         """The leaf on ``node`` whose input a lost slot placed there can take over, when no
         slot there computes (None: no such leaf, or its consumer is not a live task)."""
         shape = self.shape
-        if shape is None or not self._may_fold or self.folding or self.absorbing:
+        if shape is None or not self._may_fold or self._folding or self._absorbing:
             return None
-        taken = {a.leaf for a in self.absorbed.values()}
+        taken = {a.leaf for a in self._absorbed.values()}
         for leaf in sorted(self._leaves.get(node, ())):  # the node's leaves only: a reduce of
             # thousands of inputs put again after a loss asks this once per input
             parent = shape.parent[leaf]
             if leaf in taken:
                 continue
-            consumer = None if parent is None else self.slots.get(parent)
+            consumer = None if parent is None else self._slots.get(parent)
             if (consumer is not None and consumer.task and consumer.version is not None
                     and consumer.node not in self.dead):
                 return leaf
@@ -1792,12 +1957,13 @@ class ReducePlan:
         """Ask the leaf's consumer to stop adding the leaf's input where it is (the lost slot
         is placed once it answered)."""
         shape = self.shape
-        placed = self.slots[leaf]
+        placed = self._slots[leaf]
         parent = None if shape is None else shape.parent[leaf]
-        consumer = None if parent is None else self.slots.get(parent)
+        consumer = None if parent is None else self._slots.get(parent)
         assert parent is not None and consumer is not None and consumer.version is not None
-        self.absorbing[slot] = Absorb(slot, node, ev.oid, ev.version, redo.gen, redo.start,
-                                      leaf, placed.input, placed.version or b"", parent)
+        self._move(slot, "absorbing", Absorb(slot, node, ev.oid, ev.version, redo.gen,
+                                             redo.start, leaf, placed.input,
+                                             placed.version or b"", parent))
         # not below the slot's start: the leaf may be on another branch, whose bytes below
         # it the lost slot's consumer never had; and from a whole element *above* it when the
         # consumer stopped inside one: the lost slot's new output must hold the old value up
@@ -1805,7 +1971,7 @@ class ReducePlan:
         start = self._aligned(redo.start + self._item() - 1)
         # nor below the byte the consumer reads the leaf from: a fold hung the leaf on it
         # from the fold's start, and below that the leaf came in the folded slot's old sums
-        start = max([start] + [f.start for f in self.folds.values()
+        start = max([start] + [f.start for f in self._folds.values()
                                if f.parent == parent and leaf in f.children])
         # nor below where a slot on the leaf's way up to the lost slot's (up to where the two
         # ways meet) computes from: below it, its consumer holds an older placement's sums,
@@ -1814,8 +1980,8 @@ class ReducePlan:
         ours = set(redo_path(shape, slot))
         up: int | None = parent
         while up is not None and up not in ours:
-            placed_up = self.slots.get(up)
-            redone = self.redo.get(up)
+            placed_up = self._slots.get(up)
+            redone = self._redo.get(up)
             start = max(start, self._aligned(placed_up.start if placed_up is not None
                                              else redone.start if redone is not None else 0))
             up = shape.parent[up]
@@ -1827,25 +1993,24 @@ class ReducePlan:
         return self._put(absorb.slot, absorb.node, absorb.input, absorb.input_version,
                          absorb.gen, absorb.start)
 
-    def _absorbed(self, ev: Folded) -> list[Instruction]:
+    def _absorb_folded(self, ev: Folded) -> list[Instruction]:
         """The leaf's input is in the placed slot's sums: its edges may carry bytes now."""
-        absorb = self.absorbing.get(ev.slot)
-        placed = self.slots.get(ev.slot)
+        absorb = self._absorbing.get(ev.slot)
+        placed = self._slots.get(ev.slot)
         if absorb is None or absorb.version is None or placed is None or placed.gen != absorb.gen:
             return []
-        del self.absorbing[ev.slot]
-        self.absorbed[ev.slot] = absorb
+        self._absorb_done(ev.slot)
         placed.version = absorb.version
         return self._links(ev.slot)
 
     def _folded(self, ev: Folded) -> list[Instruction]:
         """The input is in ``into``'s sums from ``ev.at``: reshape the consumer."""
-        if ev.slot in self.merged:
+        if ev.slot in self._merged:
             return self._merge_answered(ev)
-        if ev.slot in self.absorbing:
-            return self._absorbed(ev)
-        fold = self.folding.get(ev.slot)
-        consumer = None if fold is None else self.slots.get(fold.parent)
+        if ev.slot in self._absorbing:
+            return self._absorb_folded(ev)
+        fold = self._folding.get(ev.slot)
+        consumer = None if fold is None else self._slots.get(fold.parent)
         if (self.complete or fold is None or fold.into != ev.into or fold.at >= 0
                 or consumer is None or consumer.version is None):
             return []
@@ -1856,13 +2021,14 @@ class ReducePlan:
     def _fold_failed(self, ev: FoldFailed) -> list[Instruction]:
         """The slot to fold into is gone: the lost slot is placed as usual after all (a leaf's
         consumer already stopped adding its input: everything starts again)."""
-        if ev.slot in self.merged:
+        if ev.slot in self._merged:
             return self._merge_answered(ev)
-        if ev.slot in self.absorbing and not self.complete:
+        if ev.slot in self._absorbing and not self.complete:
             return self._restart_all()
-        fold = self.folding.pop(ev.slot, None)
+        fold = self._folding.get(ev.slot)
         if self.complete or fold is None:
             return []
+        self._lift(ev.slot)
         if fold.node in self.dead:
             return self._want(fold.slot, Redo(fold.input, fold.node, fold.gen, fold.start))
         return self._put(fold.slot, fold.node, fold.input, fold.version, fold.gen, fold.start)
@@ -1871,18 +2037,17 @@ class ReducePlan:
         """The consumer took the new shape: the lost slot's children hang on it from the fold
         on, and it pulls the input's bytes the fold came too late for."""
         shape = self.shape
-        cut = [a for a in self.absorbing.values() if a.leaf == ev.slot and a.cut < 0]
+        cut = [a for a in self._absorbing.values() if a.leaf == ev.slot and a.cut < 0]
         if cut and not self.complete:
             return self._cut(cut[0], ev.until)
-        fold = self.folding.get(ev.slot)
+        fold = self._folding.get(ev.slot)
         if self.complete or shape is None or fold is None or fold.at < 0:
             return []
-        consumer = self.slots.get(fold.parent)
-        children = [self.slots.get(c) for c in fold.children]
+        consumer = self._slots.get(fold.parent)
+        children = [self._slots.get(c) for c in fold.children]
         if consumer is None or any(c is None or c.version is None for c in children):
             return self._restart_all()
-        del self.folding[ev.slot]
-        self.folds[ev.slot] = fold
+        self._move(ev.slot, "folded", fold)
         siblings = [c for c in shape.children[fold.parent] if c != ev.slot]
         shape.children[fold.parent] = sorted(siblings + fold.children)
         shape.children[ev.slot] = []
@@ -1900,7 +2065,7 @@ class ReducePlan:
         """The consumer pulls the input's bytes from the fold's start to where it took
         effect, under a child key beyond the slots (none if it took effect at the start)."""
         shape = self.shape
-        consumer = self.slots.get(fold.parent)
+        consumer = self._slots.get(fold.parent)
         if shape is None or consumer is None or fold.at <= fold.start:
             return []
         return [Connect(fold.parent, consumer.node, shape.size + fold.slot, fold.node,
@@ -1910,27 +2075,27 @@ class ReducePlan:
         """Nodes whose loss a fold cannot survive: where its input was added, its consumer,
         and (until it is in effect) the lost slot's children."""
         nodes: set[str] = set()
-        for fold in [*self.folds.values(), *self.folding.values()]:
-            slots = [fold.parent] + (fold.children if fold.slot in self.folding else [])
+        for fold in [*self._folds.values(), *self._folding.values()]:
+            slots = [fold.parent] + (fold.children if fold.slot in self._folding else [])
             nodes.add(fold.node)
-            nodes.update(self.slots[s].node for s in slots if s in self.slots)
-        for absorb in [*self.absorbed.values(), *self.absorbing.values()]:
+            nodes.update(self._slots[s].node for s in slots if s in self._slots)
+        for absorb in [*self._absorbed.values(), *self._absorbing.values()]:
             nodes.add(absorb.node)
-            if absorb.consumer in self.slots:
-                nodes.add(self.slots[absorb.consumer].node)
+            if absorb.consumer in self._slots:
+                nodes.add(self._slots[absorb.consumer].node)
         return nodes
 
     def _fold_relies_on(self, slot: int) -> bool:
         """Losing ``slot`` loses more than its own input's bytes: a fold or a merge went into
         it, or a fold's consumer or lost children are it."""
-        placed = self.slots.get(slot)
+        placed = self._slots.get(slot)
         return self._folded_into(slot) or (placed is not None and bool(placed.extras))
 
     def _folded_into(self, slot: int) -> bool:
         """A lost input's fold or a leaf's absorption relies on ``slot``."""
-        absorbs = [*self.absorbed.values(), *self.absorbing.values()]
-        return any(slot in (f.into, f.parent) or (f.slot in self.folding and slot in f.children)
-                   for f in [*self.folds.values(), *self.folding.values()]) or any(
+        absorbs = [*self._absorbed.values(), *self._absorbing.values()]
+        return any(slot in (f.into, f.parent) or (f.slot in self._folding and slot in f.children)
+                   for f in [*self._folds.values(), *self._folding.values()]) or any(
             slot in (a.slot, a.leaf, a.consumer) for a in absorbs)
 
     def _restart_all(self) -> list[Instruction]:
@@ -1938,12 +2103,16 @@ class ReducePlan:
         so the result starts again from byte 0 over the tree's first shape; every live slot's
         task starts again, lost inputs are waited for again (docs/design.md §5)."""
         assert self.meta is not None
-        folded: dict[int, FoldState | Absorb] = {**self.folds, **self.folding}
-        folded.update((a.slot, a) for a in self.absorbing.values() if a.slot not in self.slots)
-        self.folds.clear()
-        self.folding.clear()
-        self.absorbing.clear()
-        self.absorbed.clear()
+        folded: dict[int, FoldState | Absorb] = {**self._folds, **self._folding}
+        folded.update((a.slot, a) for a in self._absorbing.values() if a.slot not in self._slots)
+        placed = dict(self._slots)
+        merges = list(self._merged.values())  # in the order they were made
+        for slot in [*self._absorbing, *self._absorbed]:
+            self._end_absorb(slot, self._table[slot])
+        # every slot with an input in the tree is lifted, so that none is linked to before it
+        # is placed anew; a slot waiting for its input waits on, to be placed from byte 0
+        for slot in [*placed, *folded]:
+            self._lift(slot)
         self._may_fold = False
         self._may_merge = self._merging  # every slot is placed anew from byte 0
         self._broken.clear()
@@ -1952,23 +2121,20 @@ class ReducePlan:
         self.shape = shape = self._new_shape()
         self._low, self._fill, self._fill_at = 0, None, 0  # its root may be another slot
         out: list[Instruction] = [RestartResult()]
-        placed, self.slots = self.slots, {}  # none is linked to before it is placed anew
-        self._leaves, self._hosts = {}, {}
-        merges, self.merged = self.merged, {}
         apart: list[tuple[Merge, str]] = []  # merges undone: their inputs take their slots
-        for merge in merges.values():  # made again in the new shape where the host lives on
+        for merge in merges:  # made again in the new shape where the host lives on
             host = placed.get(merge.host)
             node = "" if host is None else host.node  # "": not placed (waited for anywhere)
             lacking = {*self._lacking.get(merge.input, ()),
                        *(() if host is None else self._lacking.get(host.input, ()))}
             if host is None or node in self.dead or node in lacking:
+                self._lift(merge.slot)
                 apart.append((merge, node))
             else:
                 self._remove(merge.slot)
-                self.merged[merge.slot] = merge
         for slot in range(shape.size):
             fold, old = folded.get(slot), placed.get(slot)
-            if slot in self.merged:
+            if slot in self._merged:
                 continue
             if isinstance(fold, Absorb):
                 node, oid, version, gen = fold.node, fold.input, fold.input_version, fold.gen + 1
@@ -1977,10 +2143,10 @@ class ReducePlan:
             elif old is not None:  # a task's output version is made anew
                 version, node, oid, gen = old.held, old.node, old.input, old.gen + 1
             else:
-                if slot in self.redo:
-                    self.redo[slot].start = 0
+                if slot in self._redo:
+                    self._redo[slot].start = 0
                 continue
-            extras = tuple(m for m in self.merged.values() if m.host == slot)
+            extras = tuple(m for m in self._merged.values() if m.host == slot)
             if node in self.dead or node in self._lacking.get(oid, ()):
                 out += self._want(slot, Redo(oid, node, gen, 0))
             else:
