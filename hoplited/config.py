@@ -10,7 +10,7 @@ from hoplite_client.net import congestion
 from hoplite_client.net.endpoints import default_socket, is_loopback
 from hoplite_client.net.tls import TlsContexts, TlsFiles, load, tls_files
 from hoplite_client.wire.errors import InvalidArgumentError
-from hoplited.collectives.stripes import PAIR_MIN_TRANSFER
+from hoplited.collectives.choose import PAIR_MIN_TRANSFER
 from hoplited.collectives.tree import TWO_TREE_MODES
 
 log = logging.getLogger("hoplited")

@@ -28,11 +28,12 @@ from hoplited.cluster.links import Links
 from hoplited.cluster.membership import Membership, OwnerSet, owned_id, rejoin_seeds
 from hoplited.cluster.probing import Prober
 from hoplited.cluster.service import ClusterService
+from hoplited.collectives import choose as c
 from hoplited.collectives.allreduce import AllreduceDeps, Allreduces
 from hoplited.collectives.coordinator import CoordinatorDeps
 from hoplited.collectives.reductions import Reductions
 from hoplited.collectives.ring_member import RingDeps
-from hoplited.collectives.tree import broadcast_halves, tree_fanout
+from hoplited.collectives.tree import tree_fanout
 from hoplited.collectives.worker import ReduceWorker
 from hoplited.config import DaemonConfig
 from hoplited.directory.client import DirectoryClient
@@ -108,9 +109,10 @@ class Daemon:
         shard = DirectoryShard(cfg.fanout, membership.is_trusted, membership.owner, self.node_id,
                                fanout_for=lambda n, size: tree_fanout(
                                    n, size, link_model.bandwidth, link_model.latency),
-                               halves_for=lambda n, size, dtype: broadcast_halves(
-                                   cfg.two_trees, n, size, dtype, link_model.bandwidth,
-                                   link_model.latency))
+                               halves_for=lambda n, size, dtype: c.bounds(c.broadcast_shape(
+                                   c.Known(n, size, dtype,
+                                           link=(link_model.bandwidth, link_model.latency),
+                                           settings=c.Settings(two_trees=cfg.two_trees)))))
         directory = DirectoryClient(rpc, store, membership, tasks)
         space = Space(store, directory.may_drop, tasks)  # evicts what the shards agree to
         self._connections = connections = DataConnections(self.identity, tasks,

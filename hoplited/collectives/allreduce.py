@@ -57,6 +57,7 @@ from hoplite_client.wire.messages import (
 )
 from hoplited.collectives import plan as p
 from hoplited.collectives import stripes as s
+from hoplited.collectives.choose import MAX_COMBINERS
 from hoplited.collectives.coordinator import wait_ready
 from hoplited.collectives.layout import ALIGN, stripe_bounds
 from hoplited.collectives.ops import check_op
@@ -438,7 +439,7 @@ def check_task(msg: StripeTask) -> None:
     if (not 2 <= msg.stripes <= min(n, MAX_IDS_PER_FRAME) or not -1 <= msg.stripe < msg.stripes
             or msg.gen < 0 or len(msg.version) != VERSION_SIZE
             or msg.size // msg.stripes <= INLINE_MAX + ALIGN
-            or msg.pair and msg.stripes > s.MAX_COMBINERS):
+            or msg.pair and msg.stripes > MAX_COMBINERS):
         raise InvalidArgumentError(f"a stripe task of {msg.size} bytes in {msg.stripes} "
                                    f"stripes of {n} inputs (stripe {msg.stripe}, generation "
                                    f"{msg.gen}{', a pair' if msg.pair else ''})")

@@ -2,7 +2,7 @@
 
 A reduce of every listed input (k = n) into a result on this node is driven by a
 :class:`HalvesReduce`. It waits for the inputs itself and, once the first is ready, knows the
-size and decides (``tree.two_tree_halves``, pure):
+size and decides (``choose.reduce_shape``, pure):
 
 - one tree: the plain coordinator runs under the result's id;
 - two trees of halves: two coordinators run under the halves' own ids, each reducing one half
@@ -54,7 +54,7 @@ class HalvesDeps:
     """What a reduce in halves uses: the store, the arena, the directory, liveness and tasks;
     ``open(oid, window, half)``: a coordinator for the result (no window) or one half, started
     with its waits shared; ``close(oid)``: forget it (a running one stops); ``choose(size,
-    dtype)``: the halves' bounds or None, as ``tree.two_tree_halves`` decides for this node's
+    dtype)``: the halves' bounds or None, as ``choose.reduce_shape`` decides for this node's
     link model."""
 
     store: ObjectStore

@@ -24,9 +24,10 @@ from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import ReduceChildLost, ReduceFailed, WireMessage
 from hoplited.cluster.membership import OwnerSet
 from hoplited.collectives import plan as p
+from hoplited.collectives.choose import Known, Settings, bounds, reduce_shape
 from hoplited.collectives.coordinator import CoordinatorDeps, ReduceCoordinator
 from hoplited.collectives.halves import HalvesDeps, HalvesReduce
-from hoplited.collectives.tree import TWO_TREE_MODES, tree_depth, two_tree_halves
+from hoplited.collectives.tree import TWO_TREE_MODES, tree_depth
 from hoplited.dispatch import Handler
 
 
@@ -90,8 +91,9 @@ class Reductions:
 
         def choose(size: int, dtype: str) -> list[tuple[int, int]] | None:
             model = d.link_model
-            return two_tree_halves(self._two_trees, len(inputs), k, size, dtype, op,
-                                   model.bandwidth, model.latency)
+            return bounds(reduce_shape(Known(
+                len(inputs), size, dtype, op, (model.bandwidth, model.latency),
+                Settings(two_trees=self._two_trees), subset=k != len(inputs))))
 
         front = HalvesReduce(HalvesDeps(store=d.store, arena=d.arena, directory=d.directory,
                                         is_alive=d.is_alive, tasks=d.tasks, open=open_part,

@@ -12,7 +12,10 @@ finished part of the result it forwards unless it is the last step. So each link
 carry the same bytes in ``2(n-1)`` flows per link and lose 15-20% to their interplay
 (docs/benchmarks.md, "Ring allreduce").
 
-Nothing here waits or does I/O (``hoplited.collectives.ring_member`` carries it out).
+Whether a ring runs at all, and how long an allreduce waits for its inputs to have one, is
+:mod:`~.choose`'s to say (``ring_pays``, ``ring_saving``: the ring's cost, ``ring_cost``,
+against the trees'). Nothing here waits or does I/O (``hoplited.collectives.ring_member``
+carries it out).
 """
 
 from __future__ import annotations
@@ -23,14 +26,14 @@ from dataclasses import dataclass
 
 from hoplite_client.wire.frames import MAX_IDS_PER_FRAME
 from hoplited.collectives.layout import ALIGN, stripe_bounds
-from hoplited.collectives.tree import one_tree_cost
 
 # Bytes per segment: large enough that a frame header is noise, small enough that a hop adds
 # little latency (a ring in this module's shape runs at 1.76x of S/RATE with 256 KiB and
 # 1 MiB segments at N = 8, docs/benchmarks.md "Ring allreduce").
 SEGMENT = 1 << 20
 # The most members a ring takes: as many nodes as a reduce takes inputs. Whether a ring pays
-# at all is ring_pays's to say: its 2(n-1) hops against the trees' depth (docs/simulation.md).
+# at all is choose.ring_pays's to say: its 2(n-1) hops against the trees' depth
+# (docs/simulation.md).
 RING_MAX = MAX_IDS_PER_FRAME
 # Holders the members' matching may look at in all to move inputs: far more than any real
 # allreduce needs (each input on its own node needs none), few enough for about 0.1 s at worst.
@@ -90,22 +93,6 @@ def ring_cost(n: int, size: int, bandwidth: float, latency: float) -> float:
     """Seconds a ring of ``n`` takes: 2(n-1)/n of the object through each link, and a link's
     latency for each of the 2(n-1) chunks a member waits for its predecessor's."""
     return 2 * (n - 1) / n * size / max(bandwidth, 1.0) + 2 * (n - 1) * latency
-
-
-def ring_saving(n: int, size: int, bandwidth: float, latency: float) -> float:
-    """Seconds a ring saves over a reduce then a broadcast of the result (each the best
-    single tree, :func:`~.tree.one_tree_cost`), negative where it costs more: at scale its
-    2(n-1) steps cost more latency than the tree's depth. It is also how far apart the last
-    inputs may come and the ring still win: the reduce's partial sum streams while they
-    arrive, so it ends about that much sooner after the last (docs/design.md §4)."""
-    return 2 * one_tree_cost(n, size, bandwidth, latency) - ring_cost(n, size, bandwidth,
-                                                                       latency)
-
-
-def ring_pays(n: int, size: int, bandwidth: float, latency: float) -> bool:
-    """Whether a ring beats a reduce then a broadcast of the result (:func:`ring_saving`);
-    beyond :data:`RING_MAX` members none is taken."""
-    return 2 <= n <= RING_MAX and ring_saving(n, size, bandwidth, latency) > 0
 
 
 def ring_members(ready: Mapping[int, Sequence[str]], n: int,

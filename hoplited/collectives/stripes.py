@@ -26,27 +26,27 @@ fails for any other reason, or an input that never comes, fails the allreduce (`
 a report of an assignment that was replaced is stale and changes nothing.
 
 With ``ring_wait`` > 0 the plan first tries a ring (docs/design.md §4, "Ring allreduce"), where
-it pays (:func:`~.ring.ring_pays`): at the first ready input it arms a timer (``Arm``), again
+it pays (:func:`~.choose.ring_pays`): at the first ready input it arms a timer (``Arm``), again
 at each input after it, and holds the inputs' events; each wait is ``ring_wait`` at most, and
-at most what the ring saves (:func:`~.ring.ring_saving`; at least :data:`RING_WAIT_FLOOR`):
-inputs further apart than that are better served by the reduce, whose partial sum streams while
-they arrive. If every input is ready before the timer fires and at least two live nodes that
-have not fallen silent hold them, those nodes run the ring (``StartRing``;
-:func:`~.ring.ring_members`: inputs spread over as many nodes as they can be, a node holding
-several adding them all). The first member to hold the whole result makes the plan commit
-(``Commit``: every member publishes its copy once complete); from then on a member that fails
-only loses its copy, since the result exists, and a member falling silent has those not done
-yet drop theirs; both fetch the result from the members done instead (``Withdraw``). The
-plan ends once every member is over and every live member not silent holds the result: the
-members done, and the others once the result's shard names them (``Watch``, answered by
-``ResultReady``; none runs when every member finished the ring). Until then the result may
-exist only on the members that reported it whole: while none of them answers, the watch
-also looks for a copy elsewhere; if every one of them dies (or fails) with nobody else left
-running, the shard is asked once more (:data:`COPY_CHECK`), and with no copy anywhere the
-allreduce starts over as below, the committed version first retired at the shard, so that a
-copy of it published late is refused and gets waiting on it take the next (``Restart`` with
-``retire``). A member done but only silent is waited for: it answers again (``NodeTrusted``),
-or is declared dead. A member lost, failed or fallen silent before the
+at most what the ring saves (:func:`~.choose.ring_saving`; at least
+:data:`~.choose.RING_WAIT_FLOOR`): inputs further apart than that are better served by the
+reduce, whose partial sum streams while they arrive. If every input is ready before the timer
+fires and at least two live nodes that have not fallen silent hold them, those nodes run the
+ring (``StartRing``; :func:`~.ring.ring_members`: inputs spread over as many nodes as they
+can be, a node holding several adding them all). The first member to hold the whole result
+makes the plan commit (``Commit``: every member publishes its copy once complete); from then
+on a member that fails only loses its copy, since the result exists, and a member falling
+silent has those not done yet drop theirs; both fetch the result from the members done
+instead (``Withdraw``). The plan ends once every member is over and every live member not
+silent holds the result: the members done, and the others once the result's shard names them
+(``Watch``, answered by ``ResultReady``; none runs when every member finished the ring). Until
+then the result may exist only on the members that reported it whole: while none of them
+answers, the watch also looks for a copy elsewhere; if every one of them dies (or fails) with
+nobody else left running, the shard is asked once more (:data:`COPY_CHECK`), and with no copy
+anywhere the allreduce starts over as below, the committed version first retired at the shard,
+so that a copy of it published late is refused and gets waiting on it take the next
+(``Restart`` with ``retire``). A member done but only silent is waited for: it answers again
+(``NodeTrusted``), or is declared dead. A member lost, failed or fallen silent before the
 commit leaves nothing published: the members drop their copies and the allreduce starts over
 (``Restart``, :meth:`AllreducePlan.again`), waiting for the inputs again: as a ring once more
 (:data:`RING_TRIES`) without the nodes lost or silent, so a lost input put again on a survivor
@@ -63,13 +63,16 @@ chain of the inputs ready and a leaf for each of the last two, so that the early
 partial sum crosses the links before the last inputs exist; the combiners are told first,
 each with the records of the inputs ready (``Assign.ready``), so that their chains start
 without asking the inputs' shards again. Every other live node is a member that fetches both
-halves. From then on it is a striped allreduce of two stripes: a
-dead member's half is reduced again by another member, the ordinary way. Where the inputs
-held came closer than :data:`TRIO_GAP` transfers apart on average, the guess is made one
-input sooner: with three missing and exactly three idle nodes, each of those reduces a third
+halves. From then on it is a striped allreduce of two stripes: a dead member's half is
+reduced again by another member, the ordinary way. Where the inputs held came closer than
+:data:`~.choose.TRIO_GAP` transfers apart on average, the guess is made one input sooner:
+with three missing and exactly three idle nodes, each of those reduces a third
 (docs/design.md §4, "Three combiners"). Otherwise the held inputs go to the stripes or the
 plain reduce, as when the ring's wait runs out.
 
+Which of these schedules runs is :mod:`~.choose`'s to say, at each moment a choice is made
+(the first input; each input held for a ring or for combiners; the end of each wait): the
+plan asks it with what it knows (``_known``) and carries out the answer (``_follow``).
 Nothing here waits or does I/O: ``handle(event)`` returns instructions
 (``hoplited.collectives.allreduce`` carries them out).
 """
@@ -85,16 +88,12 @@ from hoplite_client.wire.errors import (
     InvalidArgumentError,
     PeerUnavailableError,
 )
-from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplited.cluster.link_model import DEFAULT_BANDWIDTH, DEFAULT_LATENCY
-from hoplited.collectives.ops import check_op, check_reducible, derived_id
-from hoplited.collectives.ring import ring_members, ring_pays, ring_saving
-from hoplited.collectives.tree import tree_depth
+from hoplited.collectives import choose as c
+from hoplited.collectives.choose import MIN_STRIPE, PAIR_MIN_TRANSFER
+from hoplited.collectives.ops import check_op, derived_id
 
-# The smallest stripe worth its own tree: below it, the handshakes and lookups of m trees cost
-# more than the bandwidth they save (docs/benchmarks.md, "Striped allreduce").
-MIN_STRIPE = 1 << 20
 # How many rings one allreduce may run: the first, and one more after it gave way (a member
 # died or fell silent; the node that took a lost input put again adds it too). A second
 # failure is taken by the stripes or the reduce, which repair around a loss, unless a node
@@ -106,37 +105,6 @@ RING_TRIES = 2
 # (0.63 s after a SIGKILL at 256 MiB, N = 8, 1 Gbit/s, docs/benchmarks.md "Ring allreduce"),
 # and a ring started that much later still ends before the stripes started at once.
 RING_REDO_WAIT = 0.5
-# The least each wait for the next input lasts, whatever the ring saves: inputs put before the
-# allreduce are reported by their shards some milliseconds apart, more on a loaded machine,
-# and a ring that saves 2 ms on fast links is still the ring they should get (with the saving
-# alone as the wait, four inputs on loopback under load miss it: see
-# tests/cluster/test_ring_allreduce.py::test_each_link_carries_the_rings_bound_once).
-RING_WAIT_FLOOR = 0.05
-# The longest gap between inputs a pair waits for, in times the object takes to cross a link
-# (docs/design.md §4, "A pair for the last two inputs"). In the simulator the pair and the
-# plain reduce meet at about one transfer. Emulated (32 MiB, 1 Gbit/s), 0.75 transfers apart
-# (0.2 s) the pair runs at 1.18x and the plain reduce at 1.54x, 1.1 apart (0.3 s) the pair at
-# 1.13-1.24x and the plain reduce at 1.04-1.06x. A transfer's time is the link's rate as the
-# link model measures it, while bytes flow (docs/design.md §4, "The links' rate, measured while
-# bytes flow"): a rate taken over whole pulls reads as little as a third of the link's, and
-# would stretch this gap threefold.
-PAIR_GAP = 1.0
-# The least time, in seconds, an object must take to cross a link for a pair: its chain
-# starts tens of milliseconds after the guess, and on the emulated links a pair of 4 MiB at
-# 500 Mbit/s (67 ms) loses a tail to a queue and waits out TCP's 200 ms retransmission
-# timeout in most runs, 3.87x S/RATE at N = 4 against 1.43x without it, where 16 MiB at
-# 1 Gbit/s (134 ms) pairs at 1.49x (N = 8) and 1.58x (N = 4) against 1.66x
-# (docs/design.md §4, "A pair for the last two inputs").
-PAIR_MIN_TRANSFER = 0.1
-# Inputs closer than this on average, in times the object takes to cross a link, get three
-# combiners, one a third each, guessed when three inputs are missing and exactly three live
-# nodes hold none (docs/design.md §4, "Three combiners"). The early inputs' chain then
-# starts one input sooner and ends before the last put. Simulated (32 MiB, N = 8, 1 Gbit/s)
-# three beat two up to 0.12 s apart (0.45 transfers: 1.139 against 1.152) and lose from
-# 0.13 s (1.120 against 1.078); emulated at 0.15 s apart they run at 1.25x, the pair 1.09x.
-TRIO_GAP = 0.45
-# The most combiners of the last inputs: a pair or a trio.
-MAX_COMBINERS = 3
 # How long a committed ring that lost every member known to hold its result asks the result's
 # shard for a copy elsewhere (nodes that fetched it) before it runs again: a copy there is
 # named at once, so this is the answer's time on a loaded machine, paid only when none is.
@@ -391,12 +359,13 @@ class AllreducePlan:
         self.crowded = crowded
         self.suspected: set[str] = set(suspected)  # fell silent: no ring goes through them
         self.striped = striped  # False: no ring means the plain reduce (then gets)
-        self.link = link  # the links' bandwidth (bytes/s) and latency (s), for ring_pays
+        self.link = link  # the links' bandwidth (bytes/s) and latency (s), for the choices
         self.pair = pair  # may hold late inputs for a pair (or trio) of combiners
         self.pair_min_transfer = pair_min_transfer  # seconds to cross a link, at least
         self.nodes = nodes  # the cluster's nodes, for the pair's guess
         self.paired = False  # the stripes are a pair's halves (or a trio's thirds)
         self.held: list[InputReady] = []  # inputs ready while gathering, in order
+        self.ready: list[c.Ready] = []  # the same, as the choice of schedule knows them
         self.ring: list[str] = []  # the ring's nodes, in ring order
         self.ring_over: set[str] = set()  # ring members done, failed or lost
         self.holders: set[str] = set()  # ring members that reported the result whole
@@ -408,6 +377,7 @@ class AllreducePlan:
         self.gone = ""  # the last ring member lost or failed, named if the ring runs again
         self.unfetched: set[str] = set()  # members whose fetch of the result failed
         self.inputs = list(dict.fromkeys(inputs))
+        self.index = {oid: i for i, oid in enumerate(self.inputs)}
         self.waiting = set(self.inputs)
         self.first: InputReady | None = None
         self.stripes = 0  # 0: not decided yet (or plain)
@@ -434,10 +404,8 @@ class AllreducePlan:
             return []
         if self.phase == "gathering" and isinstance(ev, (InputReady, GatherOver)):
             return self._gather(ev)
-        if self.phase == "pairing" and isinstance(ev, InputReady):
-            return self._pairing(ev)
-        if self.phase == "pairing" and isinstance(ev, GatherOver):  # a gap of a transfer
-            return self._release_held()
+        if self.phase == "pairing" and isinstance(ev, (InputReady, GatherOver)):
+            return self._pairing(ev)  # GatherOver: a gap of a transfer
         if self.phase == "ring":
             return self._ring_event(ev)
         if isinstance(ev, (GatherOver, RingDone, RingFailed, NodeSuspected, NodeTrusted,
@@ -467,30 +435,39 @@ class AllreducePlan:
         self.waiting.discard(ev.oid)
         if self.first is None:
             self.first = ev
-            n = len(self.inputs)
-            try:
-                check_reducible(self.op, ev.dtype)
-            except (InvalidArgumentError, TypeError):
-                self.phase = "plain"  # the plain reduce reports the error
-                return [Plain()]
-            if (self.ring_wait > 0 and (self.rings > 0 or self.crowded)
-                    and ev.size > INLINE_MAX and ring_pays(n, ev.size, *self.link)):
-                self.phase, self.held = "gathering", [ev]
-                return [Arm(self._wait_for_next())]
-            return self._choose_stripes()
+            strategy = c.at_first_input(self._known())
+            if isinstance(strategy, c.Wait):  # for a ring
+                self.phase = "gathering"
+                self._keep(ev)
+                return [Arm(strategy.delay)]
+            return self._follow(strategy)
         mismatch = self._mismatch(ev)
         if mismatch or self.paired:  # a pair's halves take every input as it comes
             return mismatch
         return self._place(ev)
 
-    def _wait_for_next(self) -> float:
-        """How long to hold the inputs for the next one to come, for a ring (once the first
-        input is in)."""
+    def _known(self) -> c.Known:
+        """What the choice of schedule knows now (:mod:`~.choose`)."""
         assert self.first is not None
-        if not self.cap_wait:
-            return self.ring_wait
-        saving = ring_saving(len(self.inputs), self.first.size, *self.link)
-        return min(self.ring_wait, max(RING_WAIT_FLOOR, saving))
+        settings = c.Settings(self.min_stripe, self.striped, self.ring_wait, self.pair,
+                              self.pair_min_transfer)
+        return c.Known(len(self.inputs), self.first.size, self.first.dtype, self.op,
+                       self.link, settings, awaited=len(self.waiting), ready=self.ready,
+                       nodes=self.nodes, gone=self.lost | self.suspected, rings=self.rings,
+                       crowded=self.crowded, cap_wait=self.cap_wait)
+
+    def _follow(self, strategy: c.Tree | c.Stripes | c.Ring | c.Combiners | c.Wait,
+                ) -> list[Instruction]:
+        """Carry out the schedule chosen, for the inputs held so far."""
+        if isinstance(strategy, c.Wait):  # for the next input
+            if strategy.combiners:
+                self.phase = "pairing"
+            return [Arm(strategy.delay)]
+        if isinstance(strategy, c.Ring):
+            return self._start_ring(strategy)
+        if isinstance(strategy, c.Combiners):
+            return self._combine(strategy)
+        return self._release_held(strategy)
 
     def _mismatch(self, ev: InputReady) -> list[Instruction]:
         """Fail if ``ev`` differs in size, type or shape from the first input."""
@@ -502,74 +479,22 @@ class AllreducePlan:
             f"input {ev.oid.hex()} is {ev.dtype}{list(ev.shape)} but the first input was "
             f"{self.first.dtype}{list(self.first.shape)}", oid=ev.oid.hex()))
 
-    def _choose_stripes(self) -> list[Instruction]:
-        """Stripes for the first input's size, or the plain reduce if they would be small."""
-        assert self.first is not None
-        n, size = len(self.inputs), self.first.size
-        if not self.striped or n < 2 or size <= INLINE_MAX or size < n * self.min_stripe:
-            self.phase = "plain"
-            return [Plain()]
-        self.stripes, self.phase = n, "striped"
-        return self._place(self.first)
-
     def _gather(self, ev: InputReady | GatherOver) -> list[Instruction]:
         """Hold ready inputs for the ring; run it once all are here, else give it up."""
-        if isinstance(ev, InputReady):
-            refused = self._hold(ev)
-            if refused is not None:
-                return refused
-            if self.waiting:
-                return [Arm(self._wait_for_next())]
-            index = {oid: i for i, oid in enumerate(self.inputs)}
-            members = ring_members({index[h.oid]: [n for n in h.alive if n not in self.lost
-                                                   and n not in self.suspected]
-                                    for h in self.held}, len(self.inputs))
-            if members is not None and self._ring_allowed(members) and ring_pays(
-                    len(members), self.held[0].size, *self.link):
-                self.phase, self.ring = "ring", [node for node, _ in members]
-                count = Counter(self.listed)
-                return [StartRing(tuple(
-                    (node, tuple(self.inputs[i] for i in adds for _ in range(count[
-                        self.inputs[i]]))) for node, adds in members))]
-        if self.rings > 0 and self._pair_pays():
-            self.phase = "pairing"
-            return self._pair_or_wait()
-        return self._release_held()
+        if isinstance(ev, GatherOver):
+            return self._follow(c.when_wait_ends(self._known()))
+        refused = self._hold(ev)
+        if refused is not None:
+            return refused
+        return self._follow(c.while_gathering(self._known()))
 
-    def _ring_allowed(self, members: list[tuple[str, tuple[int, ...]]]) -> bool:
-        """A ring try is left, or (past them) some member would add several inputs."""
-        return self.rings > 0 or any(len(adds) > 1 for _, adds in members)
-
-    def _pair_pays(self) -> bool:
-        """Whether inputs still awaited once the ring's wait ran out should be held for a
-        pair: an object that takes at least ``pair_min_transfer``
-        (:data:`PAIR_MIN_TRANSFER`) to cross a link, and ``_combiners_fit`` for two."""
-        assert self.first is not None
-        return (self.pair and bool(self.waiting) and self._combiners_fit(2)
-                and self.first.size / max(self.link[0], 1.0) >= self.pair_min_transfer)
-
-    def _combiners_fit(self, m: int) -> bool:
-        """``m`` stripes larger than inline, an input at least for the chain, and a chain
-        the link model would take for that many stripes (where it takes a tree, the chain's
-        hops cost more than the combiners save: 3.56x against 2.23x for a pair simulated at
-        N = 256)."""
-        assert self.first is not None
-        n, size = len(self.inputs), self.first.size
-        return (n > m and size >= m * max(self.min_stripe, INLINE_MAX + 1)
-                and tree_depth(n - m, size // m, *self.link) == 0)
-
-    def _trio_pays(self) -> bool:
-        """Three combiners rather than two: ``_combiners_fit`` for three, and the inputs
-        held so far came closer than :data:`TRIO_GAP` transfers apart on average."""
-        assert self.first is not None
-        times = [h.at for h in self.held]
-        if len(times) < 2 or not self._combiners_fit(3):
-            return False
-        first, last = times[0], times[-1]
-        if first is None or last is None:
-            return False
-        transfer = self.first.size / max(self.link[0], 1.0)
-        return (last - first) / (len(times) - 1) < TRIO_GAP * transfer
+    def _start_ring(self, ring: c.Ring) -> list[Instruction]:
+        """Run the ring over its members, each adding its inputs as often as listed."""
+        self.phase, self.ring = "ring", [node for node, _ in ring.members]
+        count = Counter(self.listed)
+        return [StartRing(tuple(
+            (node, tuple(self.inputs[i] for i in adds for _ in range(count[self.inputs[i]])))
+            for node, adds in ring.members))]
 
     def _hold(self, ev: InputReady) -> list[Instruction] | None:
         """Hold ``ev`` for a ring or a pair; None if held, else what to do instead (nothing
@@ -580,57 +505,51 @@ class AllreducePlan:
         mismatch = self._mismatch(ev)
         if mismatch:
             return mismatch
-        self.held.append(ev)
+        self._keep(ev)
         return None
 
-    def _pairing(self, ev: InputReady) -> list[Instruction]:
-        """Hold ``ev`` until two inputs are missing."""
+    def _keep(self, ev: InputReady) -> None:
+        self.held.append(ev)
+        self.ready.append(c.Ready(self.index[ev.oid], ev.alive, ev.at))
+
+    def _take_held(self) -> list[InputReady]:
+        held, self.held, self.ready = self.held, [], []
+        return held
+
+    def _pairing(self, ev: InputReady | GatherOver) -> list[Instruction]:
+        """Hold ``ev`` for combiners; once the wait for the next ran out (``GatherOver``),
+        the held inputs go the usual way."""
+        if isinstance(ev, GatherOver):
+            return self._follow(c.when_pair_wait_ends(self._known()))
         refused = self._hold(ev)
-        return self._pair_or_wait() if refused is None else refused
+        return self._follow(c.while_pairing(self._known())) if refused is None else refused
 
-    def _pair_or_wait(self) -> list[Instruction]:
-        """The pair, the usual way, or a wait for the next input: :data:`PAIR_GAP` of the time
-        the object takes to cross a link. Inputs further apart than that go the usual way,
-        whose last input hangs on the root and is added at the link's rate already (1.04x
-        emulated at 0.3 s apart, 32 MiB, against the pair's 1.13x; docs/design.md §4)."""
-        out = self._pair_or_not()
-        if self.phase == "pairing":
-            assert self.first is not None
-            transfer = self.first.size / max(self.link[0], 1.0)
-            out.append(Arm(max(RING_WAIT_FLOOR, PAIR_GAP * transfer)))
-        return out
-
-    def _pair_or_not(self) -> list[Instruction]:
-        """With three inputs missing, a trio if exactly three live nodes hold none and
-        ``_trio_pays``; with two, a pair if exactly two hold none; else the held inputs go
-        the usual way."""
-        missing = len(self.waiting)
-        if missing > MAX_COMBINERS:
-            return []
+    def _combine(self, combiners: c.Combiners) -> list[Instruction]:
+        """The combiners reduce a stripe each; every other live node not silent is a member
+        that fetches them all."""
+        held = tuple(self._take_held())
+        self.stripes, self.phase, self.paired = combiners.m, "striped", True
         gone = self.lost | self.suspected
-        holding = {node for h in self.held for node in h.alive}
-        idle = [n for n in self.nodes if n not in gone and n not in holding]
-        if missing == MAX_COMBINERS and (len(idle) != missing or not self._trio_pays()):
-            return []  # perhaps a pair, one input later
-        if missing < 2 or len(idle) != missing:
-            return self._release_held()
-        held, self.held = tuple(self.held), []
-        self.stripes, self.phase, self.paired = missing, "striped", True
         members: list[Instruction] = []
         for node in self.nodes:
-            if node not in gone and node not in idle:
+            if node not in gone and node not in combiners.nodes:
                 self.members.append(node)
                 members.append(Assign(node, -1, 0, pair=True))
         # the combiners first, each with the inputs ready so far: their chains are what the
         # last inputs wait for (docs/design.md §4, "A pair for the last two inputs")
-        combiners = [x for stripe, node in enumerate(idle)
-                     for x in self._assign(stripe, node, 0, held)]
-        return combiners + members
+        assigned = [x for stripe, node in enumerate(combiners.nodes)
+                    for x in self._assign(stripe, node, 0, held)]
+        return assigned + members
 
-    def _release_held(self) -> list[Instruction]:
+    def _release_held(self, strategy: c.Tree | c.Stripes) -> list[Instruction]:
         """The stripes or the plain reduce, fed the held inputs in order."""
-        held, self.held = self.held, []
-        out = self._choose_stripes()
+        held = self._take_held()
+        if isinstance(strategy, c.Tree):
+            self.phase = "plain"
+            return [Plain()]
+        assert self.first is not None
+        self.stripes, self.phase = strategy.m, "striped"
+        out = self._place(self.first)
         for h in held[1:]:
             if self.over:
                 break

@@ -15,17 +15,21 @@ each input pulls from the one that arrived before it.
 A third shape, two trees of halves (``two_tree_shape``, ``two_tree_fill``), lets every link
 carry the object once over log2(n) levels: each half climbs a complete tree, and the second
 tree makes every inner slot of the first a leaf. It costs about S/B + D'·(L + 2u/B),
-D' = ceil(log2(n+1)): a hop passes a unit at half the rate, but there are only D' of them.
-Two flows share every link, which the model does not charge, and two plans run twice the
-tasks and edges, so ``two_trees_pay`` takes them only where the model saves a fifth of the
-best single tree's time and at least ``TWO_TREE_SAVING`` (docs/design.md §4, "Two trees of
+D' = ceil(log2(n+1)): a hop passes a unit at half the rate, but there are only D' of them
+(``two_tree_cost``). Two flows share every link, which the model does not charge, and two
+plans run twice the tasks and edges, so two trees are taken only where the model saves a
+fifth of the best single tree's time and some milliseconds (docs/design.md §4, "Two trees of
 halves").
 
 A broadcast to n receivers that say how many they are can run as two trees of halves too
-(``half_parent``, ``broadcast_halves``): complete binary trees in heap order under the object's
-holder, the i-th receiver to ask at heap position i + 1 in tree 0 and, rotated by n // 2, in
-tree 1, so that the inner positions 1..n // 2 hold different receivers in the two trees
-(docs/design.md §3, "Two trees of halves for a broadcast").
+(``half_parent``): complete binary trees in heap order under the object's holder, the i-th
+receiver to ask at heap position i + 1 in tree 0 and, rotated by n // 2, in tree 1, so that
+the inner positions 1..n // 2 hold different receivers in the two trees (docs/design.md §3,
+"Two trees of halves for a broadcast").
+
+This module gives the shapes and their costs; which shape a reduce or a broadcast takes (one
+tree or two trees of halves) is :mod:`~.choose`'s to say (``reduce_shape``,
+``broadcast_shape``), with this module's link model.
 """
 
 from __future__ import annotations
@@ -33,23 +37,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hoplite_client.wire.errors import InvalidArgumentError
-from hoplite_client.wire.frames import INLINE_MAX
-from hoplited.collectives.layout import stripe_bounds
-from hoplited.collectives.ops import check_reducible
-from hoplited.memory.store import parse_dtype
-
 # The forwarding unit of a pipelined hop: the test bed's 64 KiB GSO segment (MTU 65000), which
 # its tbf qdiscs pass whole (docs/simulation.md §1, "Pipelining").
 HOP_UNIT = 64 * 1024
-# Two trees of halves must save this fraction of the best single shape's estimate, and this
-# many seconds. The model shares every link fairly; on the test bed two flows on a link lose
-# 15-20% to the chain's one (N = 8, 32 and 256 MiB), and the second plan's tasks and edges
-# cost about 7 ms of control at 1 MiB (docs/design.md §4, "Two trees of halves").
-TWO_TREE_GAIN = 0.2
-TWO_TREE_SAVING = 0.01
-# When a reduce of every input runs as two trees of halves: where ``two_trees_pay`` says they
-# pay, always (where the halves are too large to send inline), or never.
+# When a reduce of every input runs as two trees of halves: where ``choose.two_trees_pay`` says
+# they pay, always (where the halves are too large to send inline), or never.
 TWO_TREE_MODES = ("auto", "always", "never")
 
 
@@ -107,17 +99,6 @@ def two_tree_cost(n: int, size: int, bandwidth: float, latency: float,
     one unit of a half at half the link's rate."""
     half_hop = latency + 2 * min(size // 2, unit) / max(bandwidth, 1.0)
     return size / max(bandwidth, 1.0) + math.ceil(math.log2(n + 1)) * half_hop
-
-
-def two_trees_pay(n: int, size: int, bandwidth: float, latency: float,
-                  unit: int = HOP_UNIT) -> bool:
-    """Whether ``n`` inputs of ``size`` bytes should be reduced as two trees of halves: the
-    model saves ``TWO_TREE_GAIN`` of the best single shape and ``TWO_TREE_SAVING`` seconds."""
-    if n < 3:
-        return False
-    one = one_tree_cost(n, size, bandwidth, latency, unit)
-    two = two_tree_cost(n, size, bandwidth, latency, unit)
-    return two <= (1 - TWO_TREE_GAIN) * one and one - two >= TWO_TREE_SAVING
 
 
 @dataclass
@@ -263,40 +244,6 @@ def two_tree_fill(n: int, half: int) -> list[int]:
     return [b[s] for s in order]
 
 
-def two_tree_halves(mode: str, n: int, k: int, size: int, dtype: str, op: str,
-                    bandwidth: float, latency: float) -> list[tuple[int, int]] | None:
-    """The byte ranges of the two halves if a reduce of ``k`` of ``n`` inputs of ``size``
-    bytes should run as two trees of halves, else None (one tree). Never for a subset (a
-    backup could replace a lost input in one half only), for fewer than two inputs, for a
-    type the reduce will refuse anyway, or for halves that would be sent inline."""
-    _check_mode(mode)
-    if mode == "never" or k != n or n < 2:
-        return None
-    try:
-        check_reducible(op, dtype)
-    except InvalidArgumentError:
-        return None  # the one tree's plan reports it
-    return _halves_that_pay(mode, n, size, parse_dtype(dtype).itemsize, bandwidth, latency)
-
-
-def _check_mode(mode: str) -> None:
-    if mode not in TWO_TREE_MODES:
-        raise InvalidArgumentError(f"two-trees mode {mode!r}; one of "
-                                   f"{', '.join(TWO_TREE_MODES)}")
-
-
-def _halves_that_pay(mode: str, n: int, size: int, itemsize: int, bandwidth: float,
-                     latency: float) -> list[tuple[int, int]] | None:
-    """The two halves of ``size`` bytes of ``itemsize``-byte elements, for ``n`` nodes under
-    ``mode`` (``always``, or ``auto`` where ``two_trees_pay``), unless one would go inline."""
-    halves = stripe_bounds(size, itemsize, 2)
-    if any(hi - lo <= INLINE_MAX for lo, hi in halves):
-        return None
-    if mode == "always" or two_trees_pay(n, size, bandwidth, latency):
-        return halves
-    return None
-
-
 # --- two trees of halves for a broadcast (docs/design.md §3) ---
 def half_position(n: int, half: int, index: int) -> int:
     """The heap position (1 is the top) of the ``index``-th of ``n`` receivers in the tree of
@@ -320,21 +267,3 @@ def half_parent(n: int, half: int, index: int) -> int | None:
     None: from a holder of the whole object (it is the top of that tree)."""
     up = half_position(n, half, index) // 2
     return None if up == 0 else half_receiver(n, half, up)
-
-
-def broadcast_halves(mode: str, receivers: int, size: int, dtype: str, bandwidth: float,
-                     latency: float) -> list[tuple[int, int]] | None:
-    """The byte ranges of the two halves if ``receivers`` nodes getting an object of ``size``
-    bytes should take it as two trees of halves, else None (one tree). ``mode`` is
-    ``--two-trees``, which rules the reduce's shape too; the rule is the reduce's
-    (``two_trees_pay``), the receivers counting as its inputs."""
-    _check_mode(mode)
-    if mode == "never" or receivers < 2:
-        return None
-    try:
-        itemsize = parse_dtype(dtype).itemsize
-    except InvalidArgumentError:
-        return None  # not an array the store would take: its gets report that
-    if itemsize < 1:
-        return None
-    return _halves_that_pay(mode, receivers, size, itemsize, bandwidth, latency)

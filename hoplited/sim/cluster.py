@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
-from hoplited.collectives.tree import broadcast_halves, tree_fanout
+from hoplited.collectives import choose as c
+from hoplited.collectives.tree import tree_fanout
 from hoplited.sim.clock import Clock
 from hoplited.sim.network import Copy, Network, Stream
 from hoplited.sim.shard import Shard
@@ -59,8 +60,9 @@ class Cluster:
         return cls(clock, Network(clock, rate, latency, segment, sharing),
                    Shard(clock, latency, fanout, node_name(0), lambda n, size: tree_fanout(
                        n, size, rate, latency, segment),
-                       lambda n, size, dtype: broadcast_halves(two_trees, n, size, dtype,
-                                                               rate, latency)))
+                       lambda n, size, dtype: c.bounds(c.broadcast_shape(c.Known(
+                           n, size, dtype, link=(rate, latency),
+                           settings=c.Settings(two_trees=two_trees))))))
 
     def put(self, node: str, oid: ObjectID, size: int, dtype: str,
             shape: tuple[int, ...]) -> None:

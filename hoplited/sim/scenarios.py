@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
 from hoplited.cluster.link_model import DEFAULT_LATENCY
-from hoplited.collectives.tree import broadcast_halves, two_tree_halves
+from hoplited.collectives import choose
 from hoplited.config import DaemonConfig
 from hoplited.sim.allreduce import AllreduceRun
 from hoplited.sim.cluster import Cluster, node_name
@@ -78,7 +78,7 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
     """Run ``op`` on ``nodes`` nodes with objects of ``size`` bytes over links of ``rate_bps``
     bit/s and ``latency`` s per hop; ``concurrency`` bounds a gather's gets (None: none);
     ``two_trees``: when the reduce runs, or a broadcast is taken, as two trees of halves, as
-    hoplited's ``--two-trees`` decides (``tree.two_tree_halves``, ``tree.broadcast_halves``
+    hoplited's ``--two-trees`` decides (``choose.reduce_shape``, ``choose.broadcast_shape``
     on the simulated links; docs/simulation.md §6); ``interval`` > 0: a reduce's or an
     allreduce's inputs are put that far apart, as ``hoplite bench --arrival-interval`` puts
     them (the collective is called first, each node asks for the result once it has put its
@@ -97,12 +97,13 @@ def simulate(op: str, nodes: int, size: int, rate_bps: float, *,
     if not 0 <= interval < math.inf or (interval and op not in ("reduce", "allreduce")):
         raise SimulationError(f"an arrival interval of {interval} s: staggered inputs are "
                               f"a reduce's or an allreduce's, at least 0 s apart")
-    halves = two_tree_halves(two_trees, nodes, nodes, size, DTYPE, "sum", rate_bps / 8,
-                             latency) if op == "reduce" else None
+    links, settings = (rate_bps / 8, latency), choose.Settings(two_trees=two_trees)
+    halves = choose.bounds(choose.reduce_shape(choose.Known(
+        nodes, size, DTYPE, "sum", links, settings))) if op == "reduce" else None
     if two_trees == "always" and (
             op not in ("reduce", "broadcast") or (op == "reduce" and halves is None)
-            or (op == "broadcast" and broadcast_halves(two_trees, nodes - 1, size, DTYPE,
-                                                       rate_bps / 8, latency) is None)):
+            or (op == "broadcast" and isinstance(choose.broadcast_shape(choose.Known(
+                nodes - 1, size, DTYPE, link=links, settings=settings)), choose.Tree))):
         raise SimulationError(f"two trees of halves are a shape of the reduce and of a "
                               f"broadcast to two receivers or more, for halves of more than "
                               f"{INLINE_MAX} bytes")

@@ -13,8 +13,8 @@ from hoplite_client.wire.errors import (
     PeerUnavailableError,
 )
 from hoplite_client.wire.ids import ObjectID
+from hoplited.collectives.choose import Known, Settings, bounds, broadcast_shape
 from hoplited.collectives.tree import (
-    broadcast_halves,
     half_parent,
     half_position,
     half_receiver,
@@ -259,4 +259,5 @@ def test_the_two_trees_place_every_receiver_once_and_inner_in_one_tree_at_most(
 ])
 def test_when_a_broadcast_is_split(mode: str, receivers: int, size: int, dtype: str,
                                    expected: list[tuple[int, int]] | None) -> None:
-    assert broadcast_halves(mode, receivers, size, dtype, 125e6, 1e-4) == expected
+    known = Known(receivers, size, dtype, link=(125e6, 1e-4), settings=Settings(two_trees=mode))
+    assert bounds(broadcast_shape(known)) == expected

@@ -1,4 +1,4 @@
-"""When a reduce runs as two trees of halves (``tree.two_tree_halves``): a table, one row per reason."""
+"""When a reduce runs as two trees of halves (``choose.reduce_shape``): a table, one row per reason."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 
 from hoplite_client.wire.errors import InvalidArgumentError
 from hoplite_client.wire.ids import ObjectID
+from hoplited.collectives.choose import Known, Settings, bounds, reduce_shape
 from hoplited.collectives.halves import half_id
-from hoplited.collectives.tree import two_tree_halves
 
 GBIT = 125e6  # bytes per second
 KiB, MiB = 1 << 10, 1 << 20
@@ -32,14 +32,15 @@ KiB, MiB = 1 << 10, 1 << 20
      "bytes are not reducible: the one tree's plan reports it"),
     ("never", 1000, 1000, 32 * MiB, "<f4", "sum", 1e-4, None, "never"),
 ])
-def test_two_tree_halves(mode: str, n: int, k: int, size: int, dtype: str, op: str, latency: float,
-               halves: list[tuple[int, int]] | None, why: str) -> None:
-    assert two_tree_halves(mode, n, k, size, dtype, op, GBIT, latency) == halves, why
+def test_reduce_shape(mode: str, n: int, k: int, size: int, dtype: str, op: str, latency: float,
+                      halves: list[tuple[int, int]] | None, why: str) -> None:
+    known = Known(n, size, dtype, op, (GBIT, latency), Settings(two_trees=mode), subset=k != n)
+    assert bounds(reduce_shape(known)) == halves, why
 
 
 def test_an_unknown_mode_is_refused() -> None:
     with pytest.raises(InvalidArgumentError, match="two-trees mode 'sometimes'"):
-        two_tree_halves("sometimes", 8, 8, MiB, "<f4", "sum", GBIT, 1e-4)
+        reduce_shape(Known(8, MiB, "<f4", "sum", (GBIT, 1e-4), Settings(two_trees="sometimes")))
 
 
 def test_the_halves_have_ids_of_their_own() -> None:

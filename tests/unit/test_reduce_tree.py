@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from hoplited.collectives.choose import two_trees_pay
 from hoplited.collectives.tree import (
     HOP_UNIT,
     TreeShape,
@@ -16,7 +17,6 @@ from hoplited.collectives.tree import (
     tree_fanout,
     tree_shape,
     two_tree_cost,
-    two_trees_pay,
 )
 
 

@@ -9,6 +9,7 @@ import pytest
 from helpers import top_level_imports
 
 import hoplited.collectives.ring as ring_module
+from hoplited.collectives.choose import ring_pays
 from hoplited.collectives.layout import ALIGN
 from hoplited.collectives.ring import (
     RING_MAX,
@@ -16,7 +17,6 @@ from hoplited.collectives.ring import (
     chunk_segments,
     ring_cost,
     ring_members,
-    ring_pays,
     ring_schedule,
 )
 

@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from hoplite_client.wire.errors import InvalidArgumentError
+from hoplited.collectives import choose as choose_module
 from hoplited.collectives import plan as plan_module
-from hoplited.collectives import stripes as stripes_module
 from hoplited.collectives.tree import tree_depth, tree_shape
 from hoplited.sim.cluster import Cluster, node_name
 from hoplited.sim.errors import SimulationError
@@ -115,7 +115,7 @@ def test_a_plan_that_fails_fails_the_simulation(monkeypatch: pytest.MonkeyPatch)
     def refuse(op: str, dtype: str) -> None:
         raise InvalidArgumentError(f"cannot {op} {dtype} here")
     monkeypatch.setattr(plan_module, "check_reducible", refuse)
-    monkeypatch.setattr(stripes_module, "check_reducible", refuse)  # so no ring: the plain way
+    monkeypatch.setattr(choose_module, "check_reducible", refuse)  # so no ring: the plain way
     result = simulate("allreduce", 4, 8 * MiB, GBIT)
     assert result.seconds is None and result.ratio is None
     assert result.error == "the reduce failed: cannot sum uint8 here"
@@ -180,7 +180,7 @@ def test_two_trees_of_halves(op: str, nodes: int, size: int, one: float, two: fl
 ])
 def test_the_reduce_takes_two_trees_where_hoplited_would(nodes: int, size: int,
                                                          two_trees: bool) -> None:
-    """By default the simulated reduce follows hoplited's rule (``tree.two_tree_halves``, auto)."""
+    """By default the simulated reduce follows hoplited's rule (``choose.reduce_shape``, auto)."""
     assert simulate("reduce", nodes, size, GBIT).two_trees is two_trees
 
 
@@ -221,6 +221,6 @@ def test_two_trees_are_for_halves_that_are_not_inline(op: str, nodes: int, size:
 ])
 def test_the_broadcast_takes_two_trees_where_hoplited_would(nodes: int, size: int,
                                                             two_trees: bool) -> None:
-    """By default the simulated shard follows hoplited's rule (``tree.broadcast_halves``)."""
+    """By default the simulated shard follows hoplited's rule (``choose.broadcast_shape``)."""
     assert simulate("broadcast", nodes, size, GBIT).two_trees is two_trees
 

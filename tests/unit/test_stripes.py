@@ -19,13 +19,10 @@ from hoplite_client.wire.errors import (
     error_from_wire,
 )
 from hoplite_client.wire.ids import ObjectID
+from hoplited.collectives.choose import PAIR_GAP, PAIR_MIN_TRANSFER, RING_WAIT_FLOOR, ring_saving
 from hoplited.collectives.layout import ALIGN, stripe_bounds
-from hoplited.collectives.ring import ring_saving
 from hoplited.collectives.stripes import (
     COPY_CHECK,
-    PAIR_GAP,
-    PAIR_MIN_TRANSFER,
-    RING_WAIT_FLOOR,
     AllreducePlan,
     Arm,
     Assign,
