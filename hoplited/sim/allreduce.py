@@ -33,11 +33,13 @@ from hoplited.collectives.ring import ring_schedule
 from hoplited.directory.state import Entry
 from hoplited.sim.cluster import Cluster
 from hoplited.sim.errors import SimulationError
+from hoplited.sim.plan_driver import PlanDriver
 from hoplited.sim.reduce import ReduceRun
 
 # Hops from StartRing to a member's first byte: RingTask reaches the member, its RingOpen the
 # successor, and the successor's answer comes back (the data connection is a standing one).
 RING_SETUP_HOPS = 3
+NOT_MODELLED = "is not modelled: the stripes or a failure"
 
 
 def ring_times(sizes: tuple[int, int], n: int, rate: float, latency: float,
@@ -66,7 +68,7 @@ def ring_times(sizes: tuple[int, int], n: int, rate: float, latency: float,
     return [ends[p - 1][-1] + latency for p in range(n)]
 
 
-class AllreduceRun:
+class AllreduceRun(PlanDriver[s.AllreducePlan, s.Event]):
     """One allreduce of ``inputs`` into ``result``, called on node ``me``; ``getters``: when
     each node (every one of the cluster's) asks for the result; ``start_get(node, oid)``
     starts a get of ``oid`` there (the plain reduce's result, or a pair's half);
@@ -79,15 +81,23 @@ class AllreduceRun:
                  on_done: Callable[[str, float], None], pair: bool = True) -> None:
         self.cluster, self.me, self.result, self.getters = cluster, me, result, getters
         net = cluster.net
-        self.plan = s.AllreducePlan(result, inputs, "sum", ring_wait=ring_wait,
-                                    striped=False, link=(net.rate, net.latency), pair=pair,
-                                    nodes=tuple(getters))
+        super().__init__(s.AllreducePlan(result, inputs, "sum", ring_wait=ring_wait,
+                                         striped=False, link=(net.rate, net.latency),
+                                         pair=pair, nodes=tuple(getters)),
+                         cluster.clock.after)
         self._inputs = list(dict.fromkeys(inputs))
         self._start_get, self._on_done = start_get, on_done
         self._ready_entries: dict[ObjectID, Entry] = {}  # the inputs ready so far, in order
         self.runs: list[ReduceRun] = []  # the plain reduce, or a pair's halves
         self.ring: tuple[str, ...] = ()  # the ring's members, if one ran
         self._arms = 0  # Arm instructions so far: only the last one's timer counts
+        self.on(s.Arm, self._arm)
+        self.on(s.StartRing, self._start_ring)
+        self.on(s.Plain, self._plain)
+        self.on(s.Assign, self._assign)
+        self.ignore(s.Commit)  # members' gets end on their own copies
+        self.refuse(NOT_MODELLED, s.Cleanup, s.Fail, s.Restart, s.Withdraw, s.WaitAgain,
+                    s.Watch)
 
     @property
     def error(self) -> HopliteError | None:
@@ -99,37 +109,39 @@ class AllreduceRun:
 
     def _ready(self, oid: ObjectID, entry: Entry) -> None:
         self._ready_entries[oid] = entry
-        self._feed(s.InputReady(oid, tuple(entry.complete_holders()), entry.size,
-                                entry.dtype, tuple(entry.shape), at=self.cluster.clock.now))
+        self.feed(s.InputReady(oid, tuple(entry.complete_holders()), entry.size,
+                               entry.dtype, tuple(entry.shape), at=self.cluster.clock.now))
 
-    def _feed(self, ev: s.Event) -> None:
-        for ins in self.plan.handle(ev):
-            self._execute(ins)
+    def _arm(self, ins: s.Arm) -> None:
+        """``GatherOver`` in ``ins.delay``, unless a later Arm replaces this one's timer."""
+        self._arms += 1
+        arm = self._arms
+        self.later(ins.delay, lambda: self.feed(s.GatherOver()) if arm == self._arms
+                   else None)
 
-    def _execute(self, ins: s.Instruction) -> None:
+    def _start_ring(self, ins: s.StartRing) -> None:
+        self._run_ring(tuple(node for node, _ in ins.members))
+
+    def _plain(self, ins: s.Plain) -> None:
+        """The plain reduce, coordinated here, fed the inputs heard ready so far; each node
+        gets its result."""
         c = self.cluster
-        if isinstance(ins, s.Arm):  # a later Arm replaces this one's timer
-            self._arms += 1
-            arm = self._arms
-            c.clock.after(ins.delay, lambda: self._feed(s.GatherOver()) if arm == self._arms
-                          else None)
-        elif isinstance(ins, s.StartRing):
-            self._run_ring(tuple(node for node, _ in ins.members))
-        elif isinstance(ins, s.Plain):
-            here = any(copy.complete for oid in self._inputs
-                       if (copy := c.copies.get((self.me, oid))) is not None)
-            run = ReduceRun(c, self.me, self.result, list(self.plan.listed), everyone=True,
-                            here=here)
-            self.runs = [run]
-            run.start(self._ready_entries)
-            for node, when in self.getters.items():
-                c.clock.at(when, functools.partial(self._start_get, node, self.result))
-        elif isinstance(ins, s.Assign) and ins.pair and ins.stripe >= 0 and not ins.gen:
+        here = any(copy.complete for oid in self._inputs
+                   if (copy := c.copies.get((self.me, oid))) is not None)
+        run = ReduceRun(c, self.me, self.result, list(self.plan.listed), everyone=True,
+                        here=here)
+        self.runs = [run]
+        run.start(self._ready_entries)
+        for node, when in self.getters.items():
+            c.clock.at(when, functools.partial(self._start_get, node, self.result))
+
+    def _assign(self, ins: s.Assign) -> None:
+        """A pair's half to reduce (its first placement), or a member of a pair, whose gets
+        start with each half's reduce."""
+        if ins.pair and ins.stripe >= 0 and not ins.gen:
             self._run_half(ins.stripe, ins.node)
-        elif isinstance(ins, s.Assign) and ins.stripe < 0:
-            pass  # a member of a pair: its gets start with each half's reduce
-        elif not isinstance(ins, s.Commit):  # members' gets end on their own copies
-            raise SimulationError(f"{ins} is not modelled: the stripes or a failure")
+        elif ins.stripe >= 0:
+            raise SimulationError(f"{ins} {NOT_MODELLED}")
 
     def _run_half(self, half: int, root: str) -> None:
         """``root`` coordinates the reduce of stripe ``half`` of a pair or trio (the plan's

@@ -283,8 +283,10 @@ class Network:
             raise SimulationError(f"links shared {sharing!r}: one of {', '.join(SHARING)}")
         self.clock, self.rate, self.latency, self.segment = clock, rate, latency, segment
         self.max_min = sharing == "maxmin"
-        self.up: defaultdict[str, set[Stream]] = defaultdict(set)
-        self.down: defaultdict[str, set[Stream]] = defaultdict(set)
+        # insertion-ordered (dicts, not sets): same-time events then happen in one order,
+        # whatever the streams' addresses
+        self.up: defaultdict[str, dict[Stream, None]] = defaultdict(dict)
+        self.down: defaultdict[str, dict[Stream, None]] = defaultdict(dict)
 
     def layout(self, size: int) -> Layout:
         return Layout(size, self.segment)
@@ -299,13 +301,13 @@ class Network:
         return stream
 
     def activate(self, s: Stream) -> None:
-        self.up[s.source.node].add(s)
-        self.down[s.sink.node].add(s)
+        self.up[s.source.node][s] = None
+        self.down[s.sink.node][s] = None
         self._reshare(s)
 
     def deactivate(self, s: Stream) -> None:
-        self.up[s.source.node].discard(s)
-        self.down[s.sink.node].discard(s)
+        self.up[s.source.node].pop(s, None)
+        self.down[s.sink.node].pop(s, None)
         self._reshare(s)
 
     def sending_changed(self) -> None:
@@ -325,5 +327,5 @@ class Network:
         if self.max_min:
             return
         up, down, rate = self.up, self.down, self.rate
-        for t in up[s.source.node] | down[s.sink.node] | {s}:
+        for t in {**up[s.source.node], **down[s.sink.node], s: None}:
             t.reshare(rate / max(len(up[t.source.node]), len(down[t.sink.node]), 1))

@@ -1,12 +1,13 @@
 """A simulated reduce: the real ``ReducePlan`` and tree decide, simulated nodes carry out.
 
-The driver mirrors ``collectives/coordinator.py`` (waits for the inputs at the shard, tasks,
-edges, the result) and the tree nodes of ``collectives/worker.py``: a slot's task combines
-block i once every child's buffer holds it. Compute time is not modelled (numpy adds a block
-far faster than a link brings it); the message hops are, and so is a trio's combiner's hold
-of a late input (``After`` with ``HoldOver``). Instructions that only follow a failure
-(``WaitInput``, ``After`` with ``Retry``, ``RestartResult``) stop the simulation: failures
-are not modelled (docs/simulation.md).
+The driver (a :class:`~hoplited.sim.plan_driver.PlanDriver`, a handler per instruction)
+mirrors ``collectives/coordinator.py`` (waits for the inputs at the shard, tasks, edges, the
+result) and the tree nodes of ``collectives/worker.py``: a slot's task combines block i once
+every child's buffer holds it. Compute time is not modelled (numpy adds a block far faster
+than a link brings it); the message hops are, and so is a trio's combiner's hold of a late
+input (``After`` with ``HoldOver``). Instructions that only follow a failure (``WaitInput``,
+``After`` with ``Retry``, ``RestartResult``) stop the simulation: failures are not modelled
+(docs/simulation.md).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.frames import INLINE_MAX
@@ -25,8 +27,11 @@ from hoplited.sim.clock import Clock
 from hoplited.sim.cluster import Cluster, SlotPull
 from hoplited.sim.errors import SimulationError
 from hoplited.sim.network import Copy
+from hoplited.sim.plan_driver import PlanDriver
 
 RESULT_VERSION = b"sim-result"  # the result is created once: no failures, no restart
+FAILURE_ONLY = "only follows a failure, which is not modelled"
+Ins = TypeVar("Ins")  # one kind of instruction
 
 
 class Combine:
@@ -55,7 +60,7 @@ class Combine:
             out.add_full(max(b.full[len(out.full)] for b in bufs))
 
 
-class ReduceRun:
+class ReduceRun(PlanDriver[p.ReducePlan, p.Event]):
     """One reduce of ``inputs`` into ``result``, coordinated on node ``me``; ``everyone``: an
     allreduce, whose plan may shape the tree for it, ``here``: an input is complete on ``me``
     (``collectives/reductions.py`` tells the plan so); ``window`` and ``half``: one of two
@@ -69,18 +74,32 @@ class ReduceRun:
                  here: bool = False, combiner: bool = False, late: int = 2) -> None:
         self.cluster, self.me, self.result = cluster, me, result
         self.depth: int | None = None  # the tree depth the plan chose (0: one chain)
-        self.plan = p.ReducePlan(result, inputs, len(inputs), op, me, depth=self._depth,
-                                 spec=p.ReduceSpec(everyone=everyone, window=window, half=half,
-                                                   here=here, combiner=combiner, late=late,
-                                                   rate=cluster.net.rate))
+        super().__init__(p.ReducePlan(result, inputs, len(inputs), op, me, depth=self._depth,
+                                      spec=p.ReduceSpec(everyone=everyone, window=window,
+                                                        half=half, here=here,
+                                                        combiner=combiner, late=late,
+                                                        rate=cluster.net.rate)),
+                         cluster.clock.after)
         self._inputs = list(dict.fromkeys(inputs))
         self.tasks: dict[int, Combine] = {}  # by slot
         self._adds: dict[int, ObjectID] = {}  # slot -> the input its task adds
         self._pulls: dict[tuple[int, int], SlotPull] = {}  # (slot, child) -> its pull
         self.published_at: float | None = None
         self._cancelled: set[ObjectID] = set()
-        self._queue = p.EventQueue(self.plan, self._execute)
         self._versions = itertools.count()
+        self.on(p.OpenResult, self._open)
+        self.on(p.StartTask, self._a_hop_away(self._task))
+        self.on(p.Connect, self._a_hop_away(self._connect))
+        self.on(p.Hurry, self._a_hop_away(self._hurry))
+        self.on(p.PullRoot, self._pull_root)
+        self.on(p.Publish, self._publish)
+        self.on(p.CombineInline, self._combine_inline)
+        self.on(p.Fold, self._fold)
+        self.on(p.After, self._hold)
+        self.on(p.CancelWaits, self._cancel)
+        self.on(p.Fail, self._fail)
+        self.ignore(p.Release)  # nothing to release: no memory is modelled
+        self.refuse(FAILURE_ONLY, p.WaitInput, p.Reshape, p.RestartResult)
 
     def _depth(self, n: int, size: int) -> int:
         """The tree depth from the link model, which here knows the links exactly."""
@@ -102,10 +121,6 @@ class ReduceRun:
             if oid not in known:
                 self.cluster.shard.wait_object(oid, functools.partial(self._ready, oid))
 
-    def feed(self, event: p.Event) -> None:
-        """Hand ``event`` to the plan and carry out what it says (queued, never re-entered)."""
-        self._queue.feed(event)
-
     def _ready(self, oid: ObjectID, entry: Entry) -> None:
         if oid in self._cancelled:
             return
@@ -114,43 +129,49 @@ class ReduceRun:
                                tuple(entry.shape), entry.version))
 
     def _hop(self, fn: Callable[[], object]) -> None:
-        self.cluster.clock.after(self.cluster.net.latency, fn)
+        self.later(self.cluster.net.latency, fn)
 
-    def _execute(self, ins: p.Instruction) -> None:
+    def _a_hop_away(self, handler: Callable[[Ins], None]) -> Callable[[Ins], None]:
+        """``handler``, run as the instruction's message reaches its node, a hop later."""
+        return lambda ins: self._hop(lambda: handler(ins))
+
+    def _pull_root(self, ins: p.PullRoot) -> None:
         c = self.cluster
-        if isinstance(ins, p.OpenResult):
-            self._open(ins)
-        elif isinstance(ins, p.StartTask):
-            self._hop(lambda: self._task(ins))
-        elif isinstance(ins, p.Connect):
-            self._hop(lambda: self._connect(ins))
-        elif isinstance(ins, p.PullRoot):
-            c.net.pull(c.copies[(ins.node, ins.output)], c.copies[(self.me, self.result)],
-                       lambda: None)
-        elif isinstance(ins, p.Publish):
-            m = self.plan.meta
-            assert m is not None
-            inline = bytes(m.size) if m.size <= INLINE_MAX else None  # small: with its bytes
-            c.shard.publish(self.result, self.me, m.size, m.dtype, list(m.shape),
-                            RESULT_VERSION, inline)
-            self._hop(lambda: self._hop(self._published))
-        elif isinstance(ins, p.CombineInline):
-            self._create(self.me, self.result, ins.size).fill(c.clock.now)
-            self.feed(p.ResultComplete())
-        elif isinstance(ins, p.Fold):  # a merged input held where the slot runs: no link
-            self._hop(lambda: self._hop(lambda: self.feed(
-                p.Folded(ins.slot, ins.into, ins.at, ins.version))))
-        elif isinstance(ins, p.Hurry):
-            self._hop(lambda: self._hurry(ins))
-        elif isinstance(ins, p.After) and isinstance(ins.event, p.HoldOver):
-            event = ins.event  # a trio's combiner holds a late input (docs/design.md §4)
-            c.clock.after(ins.delay, lambda: self.feed(event))
-        elif isinstance(ins, p.CancelWaits):
-            self._cancelled.update(ins.oids)
-        elif isinstance(ins, p.Fail):  # the shard records it: gets of the result fail with it
-            c.shard.fail(self.result, ins.error)
-        elif not isinstance(ins, p.Release):  # nothing to release: no memory is modelled
-            raise SimulationError(f"{ins} only follows a failure, which is not modelled")
+        c.net.pull(c.copies[(ins.node, ins.output)], c.copies[(self.me, self.result)],
+                   lambda: None)
+
+    def _publish(self, ins: p.Publish) -> None:
+        """Publish at the shard (a small result with its bytes); its reply comes two hops
+        later."""
+        m = self.plan.meta
+        assert m is not None
+        inline = bytes(m.size) if m.size <= INLINE_MAX else None
+        self.cluster.shard.publish(self.result, self.me, m.size, m.dtype, list(m.shape),
+                                   RESULT_VERSION, inline)
+        self._hop(lambda: self._hop(self._published))
+
+    def _combine_inline(self, ins: p.CombineInline) -> None:
+        self._create(self.me, self.result, ins.size).fill(self.cluster.clock.now)
+        self.feed(p.ResultComplete())
+
+    def _fold(self, ins: p.Fold) -> None:
+        """A merged input held where the slot runs: no link, the answer two hops later."""
+        self._hop(lambda: self._hop(lambda: self.feed(
+            p.Folded(ins.slot, ins.into, ins.at, ins.version))))
+
+    def _hold(self, ins: p.After) -> None:
+        """A trio's combiner holds a late input (docs/design.md §4); a retry follows a
+        failure."""
+        if not isinstance(ins.event, p.HoldOver):
+            raise SimulationError(f"{ins} {FAILURE_ONLY}")
+        self.fire(ins)
+
+    def _cancel(self, ins: p.CancelWaits) -> None:
+        self._cancelled.update(ins.oids)
+
+    def _fail(self, ins: p.Fail) -> None:
+        """The shard records the failure: gets of the result fail with it."""
+        self.cluster.shard.fail(self.result, ins.error)
 
     def _open(self, ins: p.OpenResult) -> None:
         """Create the result here and announce it, so gets chain behind it at once."""

@@ -1,9 +1,10 @@
 """ReducePlan's repairs against a model of the tree nodes: every byte holds every input once.
 
 The plan is driven by a small, synchronous model of what the daemons do with its instructions
-(hoplited/collectives/worker.py, coordinator.py): tasks combine element by element from their
-start, each child and folded input over its byte range; pulls copy a source's valid prefix a
-few bytes at a time and resume from their watermark; a fold adds an input from the first
+(hoplited/collectives/worker.py, coordinator.py), on the simulator's driver (a handler per
+instruction, hoplited/sim/plan_driver.py) with byte arrays in place of links: tasks
+combine element by element from their start, each child and folded input over its byte
+range; pulls copy a source's valid prefix a few bytes at a time and resume from their watermark; a fold adds an input from the first
 element not combined yet; a reshape cuts a child at the later of its bound and what was
 combined. Each element of every object is the multiset of inputs summed into it, so a lost,
 doubled or misplaced input shows, and so does an element whose first bytes were pulled from
@@ -28,6 +29,7 @@ from hypothesis import strategies as st
 from hoplite_client.wire.errors import ObjectNotFoundError, PeerUnavailableError
 from hoplite_client.wire.ids import ObjectID
 from hoplited.collectives import plan as p
+from hoplited.sim.plan_driver import PlanDriver
 
 pytestmark = pytest.mark.unit
 
@@ -78,7 +80,12 @@ class Task:
     extras: list[tuple[int, Obj]] = field(default_factory=list)
 
 
-class World:
+def at_once(delay: float, fn: Callable[[], object]) -> None:
+    """The model keeps no time: a timer's event is queued at once."""
+    fn()
+
+
+class World(PlanDriver[p.ReducePlan, p.Event]):
     """The cluster as the plan's driver would see it, one instruction or step at a time."""
 
     def __init__(self, rng: random.Random, k: int, depth: int, local: bool,
@@ -100,10 +107,23 @@ class World:
         self.result: Obj | None = None
         self.root_pull: Buf | None = None
         self.waits: dict[ObjectID, tuple[str, ...]] = {}
-        self.events: list[p.Event] = []
-        self.plan = p.ReducePlan(R, list(self.inputs), k, "sum", ME,
-                                 depth=lambda n, size: depth,
-                                 spec=p.ReduceSpec(everyone=everyone))
+        super().__init__(p.ReducePlan(R, list(self.inputs), k, "sum", ME,
+                                      depth=lambda n, size: depth,
+                                      spec=p.ReduceSpec(everyone=everyone)), at_once)
+        self.on(p.OpenResult, self._open)
+        self.on(p.StartTask, self._start)
+        self.on(p.Connect, self._connect)
+        self.on(p.PullRoot, self._pull_root)
+        self.on(p.Fold, self._fold)
+        self.on(p.Reshape, self._reshape)
+        self.on(p.WaitInput, self._wait)
+        self.on(p.After, self.fire)
+        self.on(p.CancelWaits, self._cancel)
+        self.on(p.RestartResult, self._restart)
+        self.on(p.Publish, lambda ins: self.queue(p.Published()))
+        self.on(p.Fail, self._fail)
+        # no memory is modelled; the plan is told BIG bytes, so it never combines inline
+        self.ignore(p.Release, p.CombineInline)
 
     def put(self, node: str, oid: ObjectID) -> None:
         self.versions += 1
@@ -119,38 +139,28 @@ class World:
                             BIG, "<f4", (BIG // 4,), version)
 
     # --- instructions ---
-    def execute(self, ins: p.Instruction) -> None:
-        if isinstance(ins, p.OpenResult):
-            self.result = self._new_result()
-        elif isinstance(ins, p.StartTask):
-            self._start(ins)
-        elif isinstance(ins, p.Connect):
-            self._connect(ins)
-        elif isinstance(ins, p.PullRoot):
-            assert self.result is not None
-            if self.root_pull is None or self.root_pull.obj is not self.result:
-                self.root_pull = Buf(self.result, 0, SIZE)
-            self.root_pull.source = (ins.node, ins.output, ins.version)
-        elif isinstance(ins, p.Fold):
-            self._fold(ins)
-        elif isinstance(ins, p.Reshape):
-            self._reshape(ins)
-        elif isinstance(ins, p.WaitInput):
-            self.waits[ins.oid] = ins.exclude
-        elif isinstance(ins, p.After):
-            self.events.append(ins.event)
-        elif isinstance(ins, p.CancelWaits):
-            for oid in ins.oids:
-                self.waits.pop(oid, None)
-        elif isinstance(ins, p.RestartResult):
-            self.result = self._new_result()
-            self.root_pull = None
-        elif isinstance(ins, p.Publish):
-            self.events.append(p.Published())
-        elif isinstance(ins, p.Fail):
-            raise AssertionError(f"the reduce failed: {ins.error}")
-        else:
-            assert isinstance(ins, p.Release | p.CombineInline), ins
+    def _open(self, ins: p.OpenResult) -> None:
+        self.result = self._new_result()
+
+    def _pull_root(self, ins: p.PullRoot) -> None:
+        assert self.result is not None
+        if self.root_pull is None or self.root_pull.obj is not self.result:
+            self.root_pull = Buf(self.result, 0, SIZE)
+        self.root_pull.source = (ins.node, ins.output, ins.version)
+
+    def _wait(self, ins: p.WaitInput) -> None:
+        self.waits[ins.oid] = ins.exclude
+
+    def _cancel(self, ins: p.CancelWaits) -> None:
+        for oid in ins.oids:
+            self.waits.pop(oid, None)
+
+    def _restart(self, ins: p.RestartResult) -> None:
+        self.result = self._new_result()
+        self.root_pull = None
+
+    def _fail(self, ins: p.Fail) -> None:
+        raise AssertionError(f"the reduce failed: {ins.error}")
 
     def _new_result(self) -> Obj:
         self.versions += 1
@@ -158,7 +168,7 @@ class World:
 
     def _start(self, ins: p.StartTask) -> None:
         if ins.node in self.dead:
-            self.events.append(p.SlotFailed(ins.slot, ins.gen, PeerUnavailableError("gone")))
+            self.queue(p.SlotFailed(ins.slot, ins.gen, PeerUnavailableError("gone")))
             return
         start = ins.start - ins.start % ITEM
         old = self.tasks.pop((ins.node, ins.slot), None)  # replaced: its output is dropped
@@ -177,7 +187,7 @@ class World:
         self.tasks[(ins.node, ins.slot)] = Task(ins.node, ins.slot, ins.gen, ins.input, out,
                                                ins.output, start, ins.children, start,
                                                extras=extras)
-        self.events.append(p.TaskStarted(ins.slot, ins.gen, out.version))
+        self.queue(p.TaskStarted(ins.slot, ins.gen, out.version))
 
     def _task(self, node: str, slot: int, version: bytes | None = None) -> Task | None:
         task = None if node in self.dead else self.tasks.get((node, slot))
@@ -189,7 +199,7 @@ class World:
         assert ins.parent_version, "an edge names the placement it is meant for"
         task = self._task(ins.parent_node, ins.parent_slot, ins.parent_version)
         if task is None:
-            self.events.append(p.SlotFailed(ins.parent_slot, None, PeerUnavailableError("x")))
+            self.queue(p.SlotFailed(ins.parent_slot, None, PeerUnavailableError("x")))
             return
         buf = task.children.get(ins.child_slot)
         if buf is None:
@@ -209,18 +219,18 @@ class World:
         task = self._task(ins.node, ins.into, ins.version)
         extra = self.objects.get((ins.node, ins.input))
         if task is None or extra is None or extra.version != ins.input_version:
-            self.events.append(p.FoldFailed(ins.slot, ObjectNotFoundError("no such task"),
+            self.queue(p.FoldFailed(ins.slot, ObjectNotFoundError("no such task"),
                                             ins.version))
             return
         assert ins.at % ITEM == 0
         at = max(ins.at, task.combined)
         task.extras.append((at, extra))
-        self.events.append(p.Folded(ins.slot, ins.into, at, ins.version))
+        self.queue(p.Folded(ins.slot, ins.into, at, ins.version))
 
     def _reshape(self, ins: p.Reshape) -> None:
         task = self._task(ins.parent_node, ins.parent, ins.version)
         if task is None:
-            self.events.append(p.SlotFailed(ins.parent, None, PeerUnavailableError("gone"),
+            self.queue(p.SlotFailed(ins.parent, None, PeerUnavailableError("gone"),
                                             version=ins.version))
             return
         cut = max(ins.until, task.combined)
@@ -236,7 +246,7 @@ class World:
             assert cut <= task.start, "no bytes of a child below the cut"
             task.cut.add(ins.child)
         task.expected += ins.more
-        self.events.append(p.Reshaped(ins.child, cut))
+        self.queue(p.Reshaped(ins.child, cut))
 
     # --- steps: the daemons' progress, in a random order ---
     def step(self) -> bool:
@@ -262,11 +272,11 @@ class World:
         if source is None or source.version != version:
             buf.source = None
             if kind == "root":
-                self.events.append(p.ChildLost(None, self._root_slot(), version, buf.obj.valid,
+                self.queue(p.ChildLost(None, self._root_slot(), version, buf.obj.valid,
                                                node in self.dead, PeerUnavailableError("x")))
             else:
                 assert task is not None
-                self.events.append(p.ChildLost(task.slot, key, version, buf.obj.valid,
+                self.queue(p.ChildLost(task.slot, key, version, buf.obj.valid,
                                                node in self.dead, PeerUnavailableError("x"),
                                                task.out.version))
             return True
@@ -282,7 +292,7 @@ class World:
         buf.obj.partial = Counter(source.data[end // ITEM]) if end % ITEM else None
         buf.obj.valid = end
         if kind == "root" and end == SIZE:
-            self.events.append(p.ResultComplete())
+            self.queue(p.ResultComplete())
         if end >= buf.stop:
             buf.source = None
         return True
@@ -311,7 +321,7 @@ class World:
         task.combined = pos + ITEM
         task.out.valid = max(task.out.valid, pos + ITEM)
         if task.out is self.result and task.out.valid == SIZE:
-            self.events.append(p.ResultComplete())
+            self.queue(p.ResultComplete())
         return True
 
     # --- failures ---
@@ -319,19 +329,14 @@ class World:
         self.dead.add(node)
         for key in [k for k in self.objects if k[0] == node]:
             del self.objects[key]
-        self.events.append(p.NodeDied(node))
+        self.queue(p.NodeDied(node))
 
     def check_waits(self) -> None:
         for oid, exclude in list(self.waits.items()):
             ev = self.ready(oid)
             if ev is not None and any(n not in exclude for n in ev.alive):
                 del self.waits[oid]
-                self.events.append(ev)
-
-    def drain(self) -> None:
-        while self.events:
-            for ins in self.plan.handle(self.events.pop(0)):
-                self.execute(ins)
+                self.queue(ev)
 
 
 def run(seed: int, deaths: int, everyone: bool = False,
@@ -357,8 +362,7 @@ def run(seed: int, deaths: int, everyone: bool = False,
     for i in [] if hosts else order:  # inputs become ready in a random order
         ev = world.ready(world.inputs[i])
         assert ev is not None
-        world.events.append(ev)
-        world.drain()
+        world.feed(ev)
     others = sorted({n for n in world.nodes if n != ME})
     victims = rng.sample(others, max(0, min(deaths, len(others) - helper)))
     spared = sorted({n for n in world.nodes if n not in victims})
@@ -377,7 +381,7 @@ def run(seed: int, deaths: int, everyone: bool = False,
             if ev is None:  # its node died first: ready once put again
                 pending.append(i)
             else:
-                world.events.append(ev)
+                world.queue(ev)
         for victim, at in zip(victims, kills, strict=True):
             if steps == at and victim not in world.dead:
                 lost = [o for (n, o) in world.objects if n == victim and o in world.inputs]
@@ -388,9 +392,9 @@ def run(seed: int, deaths: int, everyone: bool = False,
             world.put(world.helper or rng.choice(live), oid)
         world.check_waits()
         world.drain()
-        if not world.step() and not world.events and not again and not pending:
+        if not world.step() and not world.pending and not again and not pending:
             world.check_waits()
-            assert world.events or world.plan.published, (
+            assert world.pending or world.plan.published, (
                 f"stuck: {story}; {list(world.plan.history)[-5:]}")
         world.drain()
         on_helper = sum(placed.node == world.helper for placed in world.plan.slots.values())

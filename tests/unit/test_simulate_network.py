@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import functools
+import importlib
+import pkgutil
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 from helpers import top_level_imports
 
-import hoplited.sim.clock
-import hoplited.sim.cluster
-import hoplited.sim.errors
-import hoplited.sim.fetch
-import hoplited.sim.network
-import hoplited.sim.reduce
-import hoplited.sim.scenarios
-import hoplited.sim.shard
+import hoplited.sim
 from hoplited.sim.clock import Clock
 from hoplited.sim.errors import SimulationError
 from hoplited.sim.network import (
@@ -218,9 +213,11 @@ def test_equal_times_run_in_the_order_they_were_scheduled() -> None:
     assert (seen, clock.now, clock.events) == (["first", "a", "b", "c"], 1.0, 4)
 
 
-@pytest.mark.parametrize("module", [
-    hoplited.sim.clock, hoplited.sim.cluster, hoplited.sim.errors, hoplited.sim.fetch,
-    hoplited.sim.network, hoplited.sim.reduce, hoplited.sim.scenarios, hoplited.sim.shard])
+SIM_MODULES = [importlib.import_module(f"hoplited.sim.{m.name}")
+               for m in pkgutil.iter_modules(hoplited.sim.__path__)]
+
+
+@pytest.mark.parametrize("module", SIM_MODULES, ids=lambda m: m.__name__)
 def test_the_simulator_does_no_io(module: ModuleType) -> None:
     assert not top_level_imports(module) & {"asyncio", "socket", "time", "random", "uvloop"}
 
