@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar, cast
 
-from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.net.protocol import FrameProtocol, Phase
 from hoplite_client.wire.errors import (
     ConnectionLostError,
     HopliteError,
@@ -26,7 +26,7 @@ from hoplite_client.wire.errors import (
     RemoteProtocolError,
     error_from_wire,
 )
-from hoplite_client.wire.frames import Frame, Payload
+from hoplite_client.wire.frames import Frame, Payload, StreamSink
 from hoplite_client.wire.messages import Cancel, Error, Reply, Request, WireMessage
 
 log = logging.getLogger("hoplite.channel")
@@ -38,14 +38,18 @@ RequestHandler = Callable[[Frame[WireMessage]], None]
 class Channel:
     """Request/reply over a :class:`FrameProtocol`: replies matched to requests by ``rid``."""
 
-    def __init__(self, protocol: FrameProtocol,
-                 on_request: RequestHandler | None = None) -> None:
+    def __init__(self, protocol: FrameProtocol, on_request: RequestHandler | None = None,
+                 *, sink: StreamSink | None = None) -> None:
+        """Take ``protocol`` after its handshake; with ``sink`` (a daemon's session with a
+        client), streamed puts land there and small requests keep being read ahead."""
         self.protocol = protocol
         self._on_request = on_request
         self._rids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Frame[WireMessage]]] = {}
         self._lost: HopliteError | None = None
-        protocol.handler = self._dispatch
+        protocol.enter(Phase.CHANNEL, handler=self._dispatch)
+        if sink is not None:
+            protocol.enter(Phase.CLIENT, handler=self._dispatch, sink=sink, read_ahead=True)
         protocol.on_lost.append(self._fail_all)
 
     @property

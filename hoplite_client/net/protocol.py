@@ -4,6 +4,12 @@
 into the buffer the :class:`~hoplite_client.wire.FrameReader` names (for object streams, the
 object's own memory). Request ids live one layer up, in :mod:`.channel`.
 
+A connection is in one :class:`Phase` at a time (a handshake, a request/reply channel, a stream
+arriving, idle in a pool...), and the phase decides who takes its frames and where streamed
+payloads land. :meth:`FrameProtocol.enter` is the one way to change it: it checks the move
+against :data:`MOVES` and installs the phase's frame handler, stream sink and progress callback
+together; the scope it returns moves the connection back to the phase before.
+
 Over TLS (:mod:`.tls`) the same holds one step removed: the SSL layer decrypts each record
 straight into the buffer ``get_buffer`` names (asyncio's and uvloop's SSL transports both
 call it), so object bytes still land in place, decrypted once, with no staging copy.
@@ -13,17 +19,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import os
 import socket
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, cast
 
 from hoplite_client.net.bulk_io import read_into, write_all
 from hoplite_client.net.log_limit import limited
-from hoplite_client.wire.errors import ConnectionLostError, HopliteTimeoutError, ProtocolError
+from hoplite_client.wire.errors import (
+    ConnectionLostError,
+    HopliteTimeoutError,
+    LocalProtocolError,
+    ProtocolError,
+)
 from hoplite_client.wire.frames import (
     HANDSHAKE_MAX_HEADER,
     MAX_HEADER,
@@ -71,10 +85,94 @@ BULK_SOCKET_BUFFER = 4 * 1024 * 1024
 # installs the handler knows which kinds its connection carries (a fetcher's handler takes
 # ``Frame[DataStream | Error]``), and a parameter typed ``Frame[WireMessage]`` would refuse it.
 FrameHandler = Callable[[Frame[Any]], None]
+# Hears how many bytes of the streamed payload arriving now are in, after each read.
+Progress = Callable[[int], None]
+
+
+class Phase(enum.Enum):
+    """What a connection is doing now, which decides who takes what arrives on it."""
+
+    HANDSHAKE = "handshake"  # no handler: frames queue up for next_frame
+    CHANNEL = "channel"  # requests and replies (:mod:`.channel`)
+    CLIENT = "client"  # a daemon's channel to a local client, whose puts stream in
+    SERVING = "serving"  # an accepted data connection answering pulls
+    RECEIVING = "receiving"  # an object stream lands in its sink
+    OPENING = "opening"  # we opened a stream of ours: its answer is read with next_frame
+    SENDING = "sending"  # our stream goes out: nothing may arrive
+    IDLE = "idle"  # kept in a pool between uses: nothing may arrive
+
+
+# The moves each phase allows. A dialled data connection goes from its handshake to the pool,
+# or to a stream it receives or opens, and back to the pool after; an accepted one serves pulls
+# and lends itself to a stream its dialler opens, then serves again. A stream may also end with
+# the connection back in its handshake's queueing state, for whoever reads the next frame.
+MOVES: dict[Phase, frozenset[Phase]] = {
+    Phase.HANDSHAKE: frozenset({Phase.CHANNEL, Phase.SERVING, Phase.RECEIVING, Phase.OPENING,
+                                Phase.IDLE}),
+    Phase.CHANNEL: frozenset({Phase.CLIENT}),
+    Phase.CLIENT: frozenset(),
+    Phase.SERVING: frozenset({Phase.RECEIVING}),
+    Phase.RECEIVING: frozenset({Phase.HANDSHAKE, Phase.SERVING, Phase.IDLE}),
+    Phase.OPENING: frozenset({Phase.SENDING}),
+    Phase.SENDING: frozenset({Phase.IDLE}),
+    Phase.IDLE: frozenset({Phase.RECEIVING, Phase.OPENING}),
+}
+
+
+def check_move(name: str, current: Phase, new: Phase) -> None:
+    """Refuse a phase change :data:`MOVES` does not allow (a bug on this side)."""
+    if new not in MOVES[current]:
+        allowed = ", ".join(sorted(p.value for p in MOVES[current])) or "none"
+        raise LocalProtocolError(f"{name}: a connection in phase {current.value} cannot move "
+                                 f"to {new.value} (allowed: {allowed})")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Hooks:
+    """One phase as installed: who takes frames, where streams land, who hears progress."""
+
+    phase: Phase
+    handler: FrameHandler | None
+    sink: StreamSink | None
+    progress: Progress | None
+    read_ahead: bool
+
+
+class PhaseScope:
+    """A phase entered with :meth:`FrameProtocol.enter`; leaving it (or the ``with`` block it
+    opens) moves the connection back to the phase before, with that phase's hooks."""
+
+    __slots__ = ("_protocol", "_before", "_entered")
+
+    def __init__(self, protocol: FrameProtocol, before: _Hooks, entered: _Hooks) -> None:
+        self._protocol = protocol
+        self._before = before
+        self._entered = entered
+
+    @property
+    def current(self) -> bool:
+        """Whether the connection is still in this phase (not moved on since)."""
+        return self._protocol._hooks is self._entered
+
+    def leave(self) -> None:
+        """Back to the phase before; refused once the connection moved on from this one."""
+        if not self.current:
+            raise LocalProtocolError(
+                f"{self._protocol.name}: cannot leave phase {self._entered.phase.value}: the "
+                f"connection is in {self._protocol.phase.value} now")
+        self._protocol._install(self._before)
+
+    def __enter__(self) -> PhaseScope:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.leave()
 
 
 class FrameProtocol(asyncio.BufferedProtocol):
-    """Delivers decoded frames to ``handler``; reports streamed progress to ``on_stream``.
+    """Delivers decoded frames to its phase's handler; reports streamed progress to its
+    phase's progress callback (:meth:`enter`).
     Not ``authenticated`` (a TCP connection in its handshake), headers are capped at
     HANDSHAKE_MAX_HEADER and the first bad frame closes the connection unanswered: a
     stranger gets little for its bytes. Once authenticated, a bad frame is skipped and
@@ -87,8 +185,11 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self.authenticated = authenticated
         self.reader = FrameReader(read_ahead=READ_AHEAD, max_header=(
             MAX_HEADER if authenticated else HANDSHAKE_MAX_HEADER))
+        self._hooks = _Hooks(Phase.HANDSHAKE if handler is None else Phase.CHANNEL,
+                             handler, None, None, False)
+        # the current phase's handler and progress callback, read on every read
         self._handler = handler
-        self.on_stream: Callable[[int], None] | None = None
+        self._progress: Progress | None = None
         self.on_lost: list[Callable[[BaseException | None], None]] = []
         self.transport: asyncio.Transport | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -110,13 +211,32 @@ class FrameProtocol(asyncio.BufferedProtocol):
         self._diverted: list[bytes | memoryview] | None = None
 
     @property
+    def phase(self) -> Phase:
+        return self._hooks.phase
+
+    @property
     def handler(self) -> FrameHandler | None:
         return self._handler
 
-    @handler.setter
-    def handler(self, handler: FrameHandler | None) -> None:
-        """Install the frame handler; frames that arrived before it are handed over first."""
-        self._handler = handler
+    def enter(self, phase: Phase, *, handler: FrameHandler | None = None,
+              sink: StreamSink | None = None, progress: Progress | None = None,
+              read_ahead: bool = False) -> PhaseScope:
+        """Move to ``phase`` (checked against :data:`MOVES`) with its hooks, all at once: the
+        frame handler (None: frames queue up for :meth:`next_frame`), where streamed payloads
+        land (``FrameReader.expect_stream``, with ``read_ahead``), and who hears how much of
+        one is in. Frames that arrived before the handler are handed to it first."""
+        before = self._hooks
+        entered = _Hooks(phase, handler, sink, progress, read_ahead)
+        self._install(entered)
+        return PhaseScope(self, before, entered)
+
+    def _install(self, hooks: _Hooks) -> None:
+        """Move to the phase ``hooks`` describe, checked, and install its hooks."""
+        check_move(self.name, self._hooks.phase, hooks.phase)
+        self._hooks = hooks
+        self.reader.expect_stream(hooks.sink, hooks.read_ahead)
+        self._progress = hooks.progress
+        handler = self._handler = hooks.handler
         while handler is not None and not self._inbox.empty():
             handler(self._inbox.get_nowait())
 
@@ -150,10 +270,6 @@ class FrameProtocol(asyncio.BufferedProtocol):
         frames are answered instead of ending the connection."""
         self.authenticated = True
         self.reader.max_header = MAX_HEADER
-
-    def set_stream_sink(self, sink: StreamSink | None, read_ahead: bool = False) -> None:
-        """Where streamed payloads go (``FrameReader.expect_stream``)."""
-        self.reader.expect_stream(sink, read_ahead)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.reader.get_buffer()
@@ -191,8 +307,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
         if self.reader.streaming:
             if self._bulk_reads:
                 self._read_in_bulk()
-            if self.on_stream is not None:
-                self.on_stream(self.reader.payload_received)
+            if self._progress is not None:
+                self._progress(self.reader.payload_received)
 
     def read_in_bulk(self) -> None:
         """Read the rest of every large streamed payload in a worker thread, straight into
@@ -243,7 +359,8 @@ class FrameProtocol(asyncio.BufferedProtocol):
             return None
 
     async def next_frame(self, timeout: float) -> Frame[WireMessage]:
-        """The next frame while no handler is installed (handshakes); bounded by ``timeout``."""
+        """The next frame while the phase has no handler (a handshake, an opening); bounded by
+        ``timeout``."""
         get = asyncio.ensure_future(self._inbox.get())
         waiters: set[asyncio.Future[Any]] = {get, self.closed}
         try:

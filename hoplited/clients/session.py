@@ -97,8 +97,7 @@ class ClientSession:
                                          for cls, name in HANDLERS.items()}, deps.tasks,
                                 deps.errors, lasting=(Put, Seal), capped=(Get, ReducedInputs))
         self.channel = Channel(protocol, on_request=lambda frame: dispatcher.deliver(
-            protocol.name, frame, self._respond))
-        protocol.set_stream_sink(self._seal_sink, read_ahead=True)
+            protocol.name, frame, self._respond), sink=self._seal_sink)
         protocol.read_in_bulk()  # a large put's bytes land in a worker thread
 
     def _respond(self, reply: Any, payload: Any, rid: int) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.net.protocol import FrameProtocol, Phase
 from hoplite_client.wire.errors import (
     ConnectionLostError,
     HopliteError,
@@ -57,6 +57,7 @@ from hoplited.memory.store import (
     check_meta,
 )
 from hoplited.tasks import Tasks
+from hoplited.transfer.pull_stream import PullStream
 from hoplited.transfer.traffic import Traffic
 
 log = logging.getLogger("hoplited.ring")
@@ -153,7 +154,7 @@ class RingMember:
         self._more.set()
         self._received: asyncio.Future[None] = loop.create_future()
         self._committed: asyncio.Future[None] = loop.create_future()
-        self._inbound: FrameProtocol | None = None  # until the last segment arrived
+        self._inbound: PullStream | None = None  # until the last segment arrived
         self._inbound_done: asyncio.Future[bool] = loop.create_future()
         self._outbound: FrameProtocol | None = None  # until given back
         self._progress = loop.time()
@@ -170,9 +171,7 @@ class RingMember:
         False if the stream broke off (the connection must close)."""
         if self._ended or self._inbound is not None or self._inbound_done.done():
             raise RemoteProtocolError(f"ring {self.result.short()} has its stream already")
-        self._inbound = protocol
-        protocol.set_stream_sink(self.sink)
-        protocol.handler = self._on_frame
+        self._inbound = PullStream(protocol, self.sink, self._on_frame)
         protocol.on_lost.append(self._inbound_lost)
         return self._inbound_done
 
@@ -188,13 +187,14 @@ class RingMember:
         seg = receive[self._next]
         return self.whole.buffer[seg.lo:seg.hi]
 
-    def _on_frame(self, frame: Frame[Any]) -> None:
+    def _on_frame(self, frame: Frame[Any]) -> bool:
+        """A segment is in (any other frame fails the member); True after the last one."""
         if self._ended:
-            return
+            return False
         if not isinstance(frame.msg, RingSegment):
             self.fail(RemoteProtocolError(f"{self.predecessor} sent "
                                           f"{type(frame.msg).__name__} on a ring stream"))
-            return
+            return False
         seg = self._schedule.receive[self._next]
         self._next += 1
         self._progress = asyncio.get_running_loop().time()
@@ -212,17 +212,18 @@ class RingMember:
         if seg.forward:
             self._outbox.append(view)
             self._more.set()
-        if self._next == len(self._schedule.receive) and self._inbound is not None:
-            inbound, self._inbound = self._inbound, None
-            inbound.on_lost.remove(self._inbound_lost)
-            inbound.handler = None  # frames after the stream wait for the sender's loop
-            inbound.set_stream_sink(None)
-            self._inbound_done.set_result(True)
-            self._received.set_result(None)
-            if self._streamed >= RATE_SAMPLE_MIN and self._progress > self._first_at:
-                # the ring keeps each link busy: its stream's rate is the link's, as a
-                # pull's is (the reduce's and broadcast's shapes read it)
-                self.d.observe_rate(self._streamed / (self._progress - self._first_at))
+        if self._next < len(self._schedule.receive) or self._inbound is None:
+            return False
+        inbound, self._inbound = self._inbound, None
+        inbound.protocol.on_lost.remove(self._inbound_lost)
+        inbound.close()  # frames after the stream go to whoever had the connection before
+        self._inbound_done.set_result(True)
+        self._received.set_result(None)
+        if self._streamed >= RATE_SAMPLE_MIN and self._progress > self._first_at:
+            # the ring keeps each link busy: its stream's rate is the link's, as a pull's
+            # is (the reduce's and broadcast's shapes read it)
+            self.d.observe_rate(self._streamed / (self._progress - self._first_at))
+        return True
 
     def _inbound_lost(self, exc: BaseException | None) -> None:
         if not self._inbound_done.done():
@@ -263,8 +264,7 @@ class RingMember:
         if self._ended:
             protocol.abort()
             return
-        protocol.handler = None  # the answer is read with next_frame
-        protocol.set_stream_sink(None)
+        protocol.enter(Phase.OPENING)  # the answer is read with next_frame
         protocol.send(RingOpen(rid=1, result=self.result, version=self.version))
         frame = await protocol.next_frame(OPEN_TIMEOUT)
         if isinstance(frame.msg, Error):
@@ -272,8 +272,8 @@ class RingMember:
         if not isinstance(frame.msg, Ok):
             raise RemoteProtocolError(f"{self.successor} answered RingOpen with "
                                       f"{type(frame.msg).__name__}")
-        protocol.handler = lambda f: self.fail(RemoteProtocolError(
-            f"{self.successor} sent {type(f.msg).__name__} on our ring stream"))
+        protocol.enter(Phase.SENDING, handler=lambda f: self.fail(RemoteProtocolError(
+            f"{self.successor} sent {type(f.msg).__name__} on our ring stream")))
         loop = asyncio.get_running_loop()
         sent = 0
         while sent < self._to_send:
@@ -393,7 +393,8 @@ class RingMember:
         if not self._received.done():
             self._received.cancel()
         self._outbox.clear()
-        for protocol in (self._inbound, self._outbound):  # cut off mid-stream: unusable
+        inbound = None if self._inbound is None else self._inbound.protocol
+        for protocol in (inbound, self._outbound):  # cut off mid-stream: unusable
             if protocol is not None:
                 protocol.abort()
         self._inbound = self._outbound = None

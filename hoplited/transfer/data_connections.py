@@ -5,10 +5,10 @@ timer armed at the pool's next expiry (a timer, not a task: nothing to own). A m
 joins gets one standing connection at once (``warm``): measured on emulated 1 Gbit/s links, a
 handshake dialled while the source is already receiving waits behind that traffic in its
 link's queue, and a 1 MiB broadcast chain stalls up to 8 ms on one such dial. A connection given
-back gets handlers that refuse anything its source sends unasked, and leaves the pool the
-moment it closes, so a pull takes a closed one only in the instant before the loop hears of it;
-the fetcher then dials afresh rather than blaming the source (docs/design.md §3, "Data
-connections").
+back enters its IDLE phase, whose handlers refuse anything its source sends unasked, and leaves
+the pool the moment it closes, so a pull takes a closed one only in the instant before the loop
+hears of it; the fetcher then dials afresh rather than blaming the source (docs/design.md §3,
+"Data connections").
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hoplite_client.net.handshake import Identity, dial, refused
-from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.net.protocol import FrameProtocol, Phase
 from hoplite_client.wire.errors import HopliteError, RemoteProtocolError
 from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.messages import DataStream
@@ -143,9 +143,7 @@ class DataConnections:
             raise RemoteProtocolError(f"{node} streamed {length} bytes on an idle data "
                                       f"connection")
 
-        protocol.handler = unasked
-        protocol.set_stream_sink(unasked_stream)
-        protocol.on_stream = None
+        protocol.enter(Phase.IDLE, handler=unasked, sink=unasked_stream)
 
         def lost(_: BaseException | None) -> None:
             self._on_lost.pop(protocol, None)

@@ -44,6 +44,7 @@ from hoplited.tasks import Tasks
 from hoplited.transfer import fetch_plan as fp
 from hoplited.transfer.data_connections import DataConnections
 from hoplited.transfer.fetch_plan import view_id
+from hoplited.transfer.pull_stream import PullStream
 from hoplited.transfer.sender import SEND_SLICE
 from hoplited.transfer.traffic import Traffic
 
@@ -554,71 +555,59 @@ class Fetcher:
         pulls = self._pulls.setdefault(source, set())
         pulls.add(protocol)
         start = obj.received
-        # the source's last frame, or None once ``until`` is reached
-        done: asyncio.Future[Frame[DataStream | Error] | None] = (
-            asyncio.get_running_loop().create_future())
         last_report = 0.0
-        answered = False
 
-        def sink(msg: DataStream, length: int) -> memoryview:
-            nonlocal answered
-            answered = True
+        def check(msg: DataStream, length: int) -> None:
             if msg.offset != start or msg.size != obj.size or length != obj.size - start:
                 raise RemoteProtocolError(
                     f"stream of bytes {msg.offset}..{msg.size} does not match the directory's "
                     f"record ({start}..{obj.size})")
-            return obj.buffer[start:]
 
-        def on_stream(got: int) -> None:
+        def on_progress(got: int) -> None:
             nonlocal last_report
             obj.advance(start + got)
-            if until is not None and obj.received >= until and not done.done():
-                done.set_result(None)
+            if until is not None and obj.received >= until:
+                stream.stop()
             now = time.monotonic()
             meter.chunk(now, got)
             if report and now - last_report >= PROGRESS_INTERVAL:
                 last_report = now
                 self._directory.progress(remote, obj.received, how.half)
 
-        def on_frame(frame: Frame[Any]) -> None:  # any kind may arrive; checked here
-            nonlocal answered
-            answered = True
-            if done.done():
-                return
-            if isinstance(frame.msg, DataStream):
-                obj.advance(obj.size)  # the last chunk completes the frame
-            elif not isinstance(frame.msg, Error):  # a Pull is answered by a stream or an Error
-                done.set_exception(RemoteProtocolError(
-                    f"source {source} answered a Pull with {type(frame.msg).__name__}"))
-                return
-            done.set_result(frame)
+        def on_landed() -> None:
+            obj.advance(obj.size)  # the last chunk completes the frame
 
         def on_fail(error: HopliteError) -> None:
             protocol.abort(error)  # deleted or failed: stop writing into its memory now
 
-        protocol.set_stream_sink(sink)
-        protocol.on_stream = on_stream
-        protocol.handler = on_frame
+        stream = PullStream.into(protocol, obj.buffer, start, source, check=check,
+                                 on_progress=on_progress, on_landed=on_landed)
         obj.on_fail.append(on_fail)
         meter = PullRate(time.monotonic())
         frame: Frame[DataStream | Error] | None = None
         try:
             protocol.send(Pull(rid=1, oid=remote, version=version, offset=start,
                                window=None if how.window is None else list(how.window)))
-            frame = await self._watch(protocol, obj, done,
-                                      self._stall_timeout if stall is None else stall, source)
+            # a silent source fails, unless the membership still trusts it: then it only
+            # waits upstream (a partial holder or a result that has no bytes yet,
+            # docs/design.md §5, "Stalls behind a result"), and fails only after the
+            # configured cap; a frozen or dead source is not trusted within a second or two,
+            # and its pulls are aborted then anyway (``source_died``)
+            frame = await stream.wait(self._stall_timeout if stall is None else stall,
+                                      self._stall_timeout,
+                                      lambda: self._membership.is_trusted(source))
         except ConnectionLostError as exc:
-            if not answered and obj.error is None:
+            if not stream.answered and obj.error is None:
                 raise _Unanswered(exc) from None
             raise
         except HopliteError:
             raise  # some are OSErrors too (a stall, say): kept as they are
         except OSError as exc:
-            if not answered and obj.error is None:
+            if not stream.answered and obj.error is None:
                 raise _Unanswered(ConnectionLostError(f"pull from {source}: {exc}")) from None
             raise ConnectionLostError(f"pull from {source}: {exc}") from exc
         finally:
-            _settle(done)
+            stream.settle()
             pulls.discard(protocol)
             if not pulls and self._pulls.get(source) is pulls:
                 del self._pulls[source]
@@ -637,31 +626,6 @@ class Fetcher:
             refusal = (ObjectNotFoundError if frame.msg.code == ObjectNotFoundError.code
                        else PeerUnavailableError)
             raise refusal(f"source {source} refused: {frame.msg.message}", node=source)
-
-    async def _watch(self, protocol: FrameProtocol, obj: StoredObject,
-                     done: asyncio.Future[Frame[DataStream | Error] | None],
-                     stall: float, source: str) -> Frame[DataStream | Error] | None:
-        """Wait for the stream to end; a silent source (no byte for ``stall`` s) fails, unless
-        the membership still trusts it: then it only waits upstream (a partial holder or a
-        result that has no bytes yet, docs/design.md §5, "Stalls behind a result"), and
-        fails only after the configured cap. A frozen or dead source is not trusted within a
-        second or two, and its pulls are aborted then anyway (``source_died``)."""
-        seen = obj.received
-        silent = 0.0
-        while True:
-            waiters: set[asyncio.Future[Any]] = {done, protocol.closed}
-            finished, _ = await asyncio.wait(waiters, timeout=stall,
-                                             return_when=asyncio.FIRST_COMPLETED)
-            if done in finished:
-                return done.result()
-            if protocol.closed in finished:
-                raise ConnectionLostError(f"source closed the stream at {obj.received}"
-                                          f"/{obj.size} bytes")
-            silent = silent + stall if obj.received == seen else 0.0
-            if silent and (silent >= self._stall_timeout
-                           or not self._membership.is_trusted(source)):
-                raise HopliteTimeoutError(f"source sent nothing for {silent:g}s")
-            seen = obj.received
 
 
 @dataclass(frozen=True, slots=True)
@@ -695,12 +659,6 @@ class _Unanswered(Exception):
     def __init__(self, error: ConnectionLostError) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-def _settle(fut: asyncio.Future[Any]) -> None:
-    """Nobody reads ``fut`` any more: cancel it, or mark the exception it ended with read."""
-    if not fut.cancel() and not fut.cancelled():
-        fut.exception()
 
 
 def _complete(obj: StoredObject | None) -> StoredObject:

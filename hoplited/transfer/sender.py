@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.net.protocol import FrameProtocol, Phase
 from hoplite_client.wire.errors import (
     HopliteError,
     InvalidArgumentError,
@@ -45,7 +45,7 @@ ENROLLED_WAIT = 2.0
 AHEAD_WAIT = 10.0
 
 # Takes a connection whose dialler opened a ring stream on it; True once the stream ended
-# cleanly (the connection serves pulls again), False if the connection must close.
+# cleanly (the connection is back in SERVING, for pulls), False if the connection must close.
 RingServer = Callable[[FrameProtocol, str, RingOpen], Awaitable[bool]]
 
 
@@ -88,18 +88,16 @@ class Sender:
     async def _serve(self, protocol: FrameProtocol, peer: str) -> None:
         # None: the connection closed (a marker in the queue, so no task waits on both)
         queue: asyncio.Queue[Frame[Any] | None] = asyncio.Queue()
-        protocol.handler = queue.put_nowait
+        protocol.enter(Phase.SERVING, handler=queue.put_nowait)
         protocol.on_lost.append(lambda _: queue.put_nowait(None))
         while not protocol.closed.done():
             frame = await queue.get()
             if frame is None:
                 return
             msg = frame.msg
-            if isinstance(msg, RingOpen):
+            if isinstance(msg, RingOpen):  # the ring's stream ends back in SERVING
                 if not await self._ring(protocol, peer, msg):
                     return
-                protocol.set_stream_sink(None)
-                protocol.handler = queue.put_nowait
                 continue
             if not isinstance(msg, Pull):
                 protocol.send(Error(rid=getattr(msg, "rid", 0), code="protocol",

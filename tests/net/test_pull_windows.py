@@ -9,7 +9,7 @@ import pytest
 from helpers import IO_TIMEOUT, assert_healthy_after_abuse
 
 from hoplite_client.net.handshake import Identity, dial
-from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.net.protocol import FrameProtocol, Phase
 from hoplite_client.wire.errors import InvalidArgumentError
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import DataStream, Error, Locate, Located, Pull
@@ -58,9 +58,10 @@ async def test_windows_are_served_and_bad_ones_refused(make_cluster, connect) ->
             assert length == len(got)
             return memoryview(got)
 
-        protocol.set_stream_sink(sink)
-        protocol.send(Pull(rid=1, oid=oid, version=version, offset=5, window=[4096, 8192 + 7]))
-        frame = await protocol.next_frame(IO_TIMEOUT)
+        with protocol.enter(Phase.RECEIVING, sink=sink):  # frames still queue up
+            protocol.send(Pull(rid=1, oid=oid, version=version, offset=5,
+                               window=[4096, 8192 + 7]))
+            frame = await protocol.next_frame(IO_TIMEOUT)
         assert isinstance(frame.msg, DataStream), frame.msg
         assert (frame.msg.offset, frame.msg.size) == (5, 4096 + 7)
         assert bytes(got) == data[4096 + 5:8192 + 7].tobytes()

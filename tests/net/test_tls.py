@@ -27,7 +27,7 @@ from helpers import CLI, IO_TIMEOUT, MiB, address, run
 
 from hoplite_client.net.endpoints import TOKEN_ENV
 from hoplite_client.net.handshake import HANDSHAKE_TIMEOUT, Identity, accept, dial, open_accepted
-from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.net.protocol import FrameProtocol, Phase
 from hoplite_client.net.tls import TlsContexts, TlsFiles, load
 from hoplite_client.wire.errors import (
     AuthenticationError,
@@ -143,8 +143,8 @@ async def stream_over_tls(files: TlsFiles) -> None:
     data = memoryview(np.random.default_rng(3).bytes(20 * MiB))
     dest = bytearray(len(data))
     done: asyncio.Future[Frame[DataStream]] = loop.create_future()
-    receiver.set_stream_sink(lambda msg, length: memoryview(dest))
-    receiver.handler = done.set_result
+    receiver.enter(Phase.RECEIVING, handler=done.set_result,
+                   sink=lambda msg, length: memoryview(dest))
     sender.write_raw(memoryview(encode_header(DataStream(rid=1, offset=0, size=len(data)),
                                               len(data))))
     for start in range(0, len(data), 8 * MiB):

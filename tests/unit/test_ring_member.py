@@ -113,27 +113,27 @@ class Ring:
         return mine
 
     async def _serve(self, node: Node, protocol: FrameProtocol) -> None:
-        protocol.handler = None
-        frame = await protocol.next_frame(WAIT)
+        frame = await protocol.next_frame(WAIT)  # in its handshake phase: frames queue up
         assert isinstance(frame.msg, RingOpen)
         protocol.send(Ok(rid=frame.msg.rid))
-        assert node.member is not None
+        member = node.member
+        assert member is not None
         node.inbound = protocol
-        node.member.attach(protocol)
         if self.pause is not None and self.pause[0] == node.name:
-            handler, after = protocol.handler, self.pause[1]
-            assert handler is not None
+            on_frame, after = member._on_frame, self.pause[1]
             seen = 0
 
-            def counting(frame: Any) -> None:
+            def counting(frame: Any) -> bool:
                 nonlocal seen
-                handler(frame)
+                ended = on_frame(frame)
                 seen += 1
                 if seen == after:  # from now on it reads nothing, as if frozen
                     assert protocol.transport is not None
                     protocol.transport.pause_reading()
+                return ended
 
-            protocol.handler = counting
+            member._on_frame = counting  # type: ignore[method-assign]
+        member.attach(protocol)
 
     async def close(self) -> None:
         for node in self.nodes.values():

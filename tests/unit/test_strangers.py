@@ -16,7 +16,7 @@ import pytest
 from helpers import errors_in, raw_frame, recv_until_close
 
 from hoplite_client.net.log_limit import LimitedLog, limited
-from hoplite_client.net.protocol import FrameProtocol
+from hoplite_client.net.protocol import FrameProtocol, Phase
 from hoplite_client.wire import auth
 from hoplite_client.wire.errors import RemoteProtocolError
 from hoplite_client.wire.frames import (
@@ -207,7 +207,7 @@ async def test_once_authenticated_bad_frames_are_answered_and_large_headers_read
     got: list[Any] = []
     protocol, theirs = await _connected(authenticated=False)
     protocol.authenticate()
-    protocol.handler = lambda frame: got.append(frame.msg)
+    protocol.enter(Phase.CHANNEL, handler=lambda frame: got.append(frame.msg))
     padded = msgpack.packb([3, "x" * (2 * HANDSHAKE_MAX_HEADER)])
     theirs.sendall(_unknown_kinds(2) + raw_frame(Ping.KIND, padded)
                    + b"".join(bytes(b) for b in encode(Ping(rid=4))))
