@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import random
 import sys
@@ -1149,8 +1150,11 @@ def test_fail_carries_the_reported_error() -> None:
     assert isinstance(plan.error, HopliteError)
 
 
-def test_pure_module_imports_no_io() -> None:
-    assert not top_level_imports(plan_module) & {"asyncio", "socket", "time", "logging", "random"}
+@pytest.mark.parametrize("name", ["", ".model", ".placement", ".repair", ".policy", ".merge",
+                                  ".fold", ".combiner"])
+def test_pure_module_imports_no_io(name: str) -> None:
+    module = importlib.import_module(plan_module.__name__ + name)
+    assert not top_level_imports(module) & {"asyncio", "socket", "time", "logging", "random"}
 
 
 # --- a stripe (window) of the inputs: a striped allreduce's reduces (docs/design.md §4) ---

@@ -98,7 +98,7 @@ def indexed_on_another_node(plan: ReducePlan) -> str:
 
 
 def waiting_without_a_redo(plan: ReducePlan) -> str:
-    plan._wanted[I[3]] = [2]
+    plan._repairs.wanted[I[3]] = [2]
     return "slot 2 waits for"
 
 
@@ -111,7 +111,7 @@ def lifted_and_left(plan: ReducePlan) -> str:
 def broken_pull_of_no_slot(plan: ReducePlan) -> str:
     slot = min(plan.slots)
     plan._move(slot, "redo", Redo(plan.slots[slot].input, plan.slots[slot].node, 1, 0))
-    plan._broken[slot] = 10
+    plan._repairs.broken[slot] = 10
     return f"slot {slot} has a broken pull but is not placed"
 
 
