@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
 MAGIC = b"HP"
-PROTOCOL_VERSION = 25
-SUPPORTED_VERSIONS = [25]
+PROTOCOL_VERSION = 26
+SUPPORTED_VERSIONS = [26]
 PRELUDE = struct.Struct("!2sBBIQ")  # magic, version, kind, header length, payload length
 PRELUDE_SIZE = PRELUDE.size
 # Headers hold ids, offsets and member lists: 256 KiB fits thousands of members.

@@ -27,6 +27,7 @@ import typing
 from typing import Any, ClassVar, Generic, Literal, TypeVar, dataclass_transform
 
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import PLAIN, LocateHint
 from hoplite_client.wire.schema import record
 
 Shape = Literal["request", "reply", "oneway", "handshake"]
@@ -386,19 +387,15 @@ class Ping(Request["Ok"]):
 @message(44, shape="request", roles=(PEER,), cancellable=True)
 class Locate(Request["Located"]):
     """Ask the owner shard for a source of ``oid`` (waiting up to ``timeout`` for a put);
-    ``half`` 0 or 1: a source of that half of an object taken as two halves, the sender
-    being receiver ``index`` of trees built for ``receivers``, the half bytes ``window``."""
+    ``hint``: what the sender is, a plain get, a ring member, a get among known receivers or
+    the receiver of one half (:mod:`hoplite_client.wire.locate_hints`)."""
 
     rid: int = 0
     oid: ObjectID
     timeout: float | None
     exclude: list[str]
     offset: int
-    ring: bool = False
-    receivers: int = 0
-    half: int = -1
-    index: int = -1
-    window: list[int] | None = None
+    hint: LocateHint = PLAIN
 
 
 @message(45, shape="reply", payload="small")

@@ -1,7 +1,9 @@
 """Typed records on the wire: a dataclass encodes as a msgpack array of its fields in order.
 
 Decoding checks every field against the dataclass's annotations, so a well-formed msgpack
-header with wrong types is rejected exactly like a malformed one.
+header with wrong types is rejected exactly like a malformed one. A *variant* is a record
+with a tag, which its array starts with: a field typed as a union of variants holds any one
+of them, and its tag says which.
 """
 
 from __future__ import annotations
@@ -22,16 +24,17 @@ if TYPE_CHECKING:
 _HINTS: dict[type, list[tuple[str, Any]]] = {}
 _C = TypeVar("_C")
 _Check = Callable[[Any], Any]
-# Each record's fields with their checkers, made on first decode of its kind: walking the
-# annotations with typing.get_origin for every field of every message would make a decode
-# twice as dear (docs/design.md §2.1).
-_CHECKS: dict[type, list[tuple[str, _Check]]] = {}
+# Each record's tag (None but for a variant) and fields with their checkers, made on first
+# decode of its kind: walking the annotations with typing.get_origin for every field of every
+# message would make a decode twice as dear (docs/design.md §2.1).
+_CHECKS: dict[type, tuple[int | None, list[tuple[str, _Check]]]] = {}
+_TAGS: dict[type, int] = {}  # each variant's tag
 # Fields whose values are msgpack-ready as they are (scalars, optional or not) encode as is.
 _PLAIN_HINTS = frozenset({int, str, bytes, bool, float, int | None, str | None, bytes | None,
                           bool | None, float | None})
 # Per record: all its field values at once (one C call), and the positions of the fields that
-# need converting (ids, nested records, lists of them).
-_ENCODED: dict[type, tuple[Callable[[Any], Any], list[int]]] = {}
+# need converting (ids, nested records, lists of them), and a variant's tag.
+_ENCODED: dict[type, tuple[Callable[[Any], Any], list[int], int | None]] = {}
 
 
 @dataclass_transform(frozen_default=True, kw_only_default=True)
@@ -45,8 +48,24 @@ def record(cls: type[_C]) -> type[_C]:
     names = [f.name for f in fields]
     getter = operator.attrgetter(*names) if len(names) > 1 else (
         lambda value: tuple(getattr(value, name) for name in names))
-    _ENCODED[dc] = (getter, [i for i, f in enumerate(fields) if hints[f.name] not in _PLAIN_HINTS])
+    _ENCODED[dc] = (getter, [i for i, f in enumerate(fields) if hints[f.name] not in _PLAIN_HINTS],
+                    None)
     return dc
+
+
+@dataclass_transform(frozen_default=True, kw_only_default=True)
+def variant(tag: int) -> Callable[[type[_C]], type[_C]]:
+    """Make a class a :func:`record` whose wire form starts with ``tag``: one of the variants
+    a field typed as their union may hold."""
+
+    def wrap(cls: type[_C]) -> type[_C]:
+        rec = record(cls)
+        getter, convert, _ = _ENCODED[rec]
+        _ENCODED[rec] = (getter, convert, tag)
+        _TAGS[rec] = tag
+        return rec
+
+    return wrap
 
 
 def to_wire(value: object) -> Any:
@@ -55,11 +74,11 @@ def to_wire(value: object) -> Any:
         return value.binary()
     encoded = _ENCODED.get(type(value))
     if encoded is not None:
-        getter, convert = encoded
+        getter, convert, tag = encoded
         fields = list(getter(value))
         for i in convert:
             fields[i] = to_wire(fields[i])
-        return fields
+        return fields if tag is None else [tag, *fields]
     if isinstance(value, list):
         return [to_wire(v) for v in value]
     return value
@@ -67,9 +86,15 @@ def to_wire(value: object) -> Any:
 
 def from_wire(cls: type[_C], raw: Any) -> _C:
     """Build a record of type ``cls`` from its decoded msgpack array, checking every field."""
-    fields = _CHECKS.get(cls)
-    if fields is None:
-        fields = _CHECKS[cls] = [(name, _checker(cls, name, hint)) for name, hint in _HINTS[cls]]
+    checks = _CHECKS.get(cls)
+    if checks is None:
+        checks = _CHECKS[cls] = (_TAGS.get(cls), [(name, _checker(cls, name, hint))
+                                                  for name, hint in _HINTS[cls]])
+    tag, fields = checks
+    if tag is not None:
+        if not isinstance(raw, list) or not raw or type(raw[0]) is not int or raw[0] != tag:
+            raise RemoteProtocolError(f"{cls.__name__}: expected its tag {tag} first")
+        raw = raw[1:]
     if not isinstance(raw, list) or len(raw) != len(fields):
         raise RemoteProtocolError(f"{cls.__name__}: expected {len(fields)} fields")
     return cls(**{name: check(v) for (name, check), v in zip(fields, raw)})
@@ -82,8 +107,9 @@ def _checker(cls: type, name: str, hint: Any) -> _Check:
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
         args = typing.get_args(hint)
-        (inner,) = [a for a in args if a is not type(None)]
-        check = _checker(cls, name, inner)
+        inners = [a for a in args if a is not type(None)]
+        check = (_checker(cls, name, inners[0]) if len(inners) == 1
+                 else _tagged(where, inners))
         if type(None) not in args:
             return check
         return lambda value: None if value is None else check(value)
@@ -137,6 +163,25 @@ def _checker(cls: type, name: str, hint: Any) -> _Check:
             raise RemoteProtocolError(f"{where}: expected {hint.__name__}")
         return value
     return instance
+
+
+def _tagged(where: str, variants: list[Any]) -> _Check:
+    """The check of a field holding one of ``variants`` (each a :func:`variant`): its tag
+    picks the variant its fields are checked as."""
+    if not all(v in _TAGS for v in variants):
+        raise TypeError(f"{where}: a union of several types must be of variants only")
+    by_tag = {_TAGS[v]: v for v in variants}
+    if len(by_tag) != len(variants):
+        raise TypeError(f"{where}: two variants share a tag")
+
+    def tagged(value: Any) -> Any:
+        head = value[0] if isinstance(value, list) and value else None
+        chosen = by_tag.get(head) if type(head) is int else None
+        if chosen is None:
+            raise RemoteProtocolError(f"{where}: expected a tagged value, tag one of "
+                                      f"{sorted(by_tag)}")
+        return from_wire(chosen, value)
+    return tagged
 
 
 _SCALARS = (type(None), bool, int, float, str, bytes)

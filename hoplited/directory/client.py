@@ -15,6 +15,7 @@ from collections.abc import Callable
 from hoplite_client.wire.errors import HopliteError, ObjectDeletedError, ObjectNotFoundError
 from hoplite_client.wire.frames import INLINE_MAX, Frame
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import PLAIN, LocateHint
 from hoplite_client.wire.messages import (
     Announce,
     DeleteEntry,
@@ -57,18 +58,12 @@ class DirectoryClient:
         return {Drop: self.on_drop}
 
     async def locate(self, oid: ObjectID, timeout: float | None, exclude: list[str],
-                     offset: int, ring: bool = False, receivers: int = 0,
-                     half: int = -1, index: int = -1,
-                     window: tuple[int, int] | None = None) -> Frame[Located]:
-        """A source for ``oid`` (this node is enrolled as a receiver resuming at ``offset``;
-        ``ring``: behind its predecessor in the ring, docs/design.md §4; ``receivers``: how
-        many get it together, if known, docs/design.md §3; ``half``: of that half of an
-        object the shard split, this node being receiver ``index`` and the half ``window``,
-        §3)."""
+                     offset: int, hint: LocateHint = PLAIN) -> Frame[Located]:
+        """A source for ``oid`` (this node is enrolled as a receiver resuming at ``offset``);
+        ``hint``: what this node is, a ring member (docs/design.md §4), a get among known
+        receivers or the receiver of one half (§3)."""
         return await self._rpc.call_owner(oid, Locate(
-            oid=oid, timeout=timeout, exclude=list(exclude), offset=offset, ring=ring,
-            receivers=receivers, half=half, index=index,
-            window=None if window is None else list(window)))
+            oid=oid, timeout=timeout, exclude=list(exclude), offset=offset, hint=hint))
 
     async def wait_object(self, oid: ObjectID, timeout: float | None) -> Frame[ObjectInfo]:
         """Holders and metadata of ``oid`` once it is complete somewhere (small ones inline)."""

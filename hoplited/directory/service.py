@@ -19,6 +19,7 @@ from hoplite_client.wire.errors import (
 )
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import Among, LocateHint, Plain, check_hint
 from hoplite_client.wire.messages import (
     Announce,
     Deleted,
@@ -73,16 +74,6 @@ def _located(src: Source | Split) -> LocateAnswer:
                    version=e.version), e.inline
 
 
-def check_window(value: list[int] | None) -> tuple[int, int] | None:
-    """``value`` as a half's bytes (lo, hi), or None; the state checks them against the
-    object."""
-    if value is None:
-        return None
-    if len(value) != 2:
-        raise InvalidArgumentError(f"a window is two offsets (lo, hi), not {len(value)}")
-    return value[0], value[1]
-
-
 class DirectoryService:
     """Serves this node's shard: Locate, WaitObject, Publish, Announce, progress, deletes,
     evictions."""
@@ -106,19 +97,16 @@ class DirectoryService:
                   ) -> LocateAnswer | Awaitable[LocateAnswer]:
         """A source for ``peer``: answered at once when one is ready for a plain get, else
         waited for (the dispatcher runs the wait as a task)."""
-        receivers, half = check_receivers(msg.receivers), check_half(msg.half)
-        window = check_window(msg.window)
-        if not msg.ring and half < 0:
-            ready = self.shard.locate_now(msg.oid, peer, msg.exclude, msg.offset, receivers)
+        hint = check_hint(msg.hint)
+        if isinstance(hint, Plain | Among):
+            ready = self.shard.locate_now(msg.oid, peer, msg.exclude, msg.offset, hint)
             if ready is not None:
                 return _located(ready)
-        return self._locate(peer, msg, receivers, half, window)
+        return self._locate(peer, msg, hint)
 
-    async def _locate(self, peer: str, msg: Locate, receivers: int, half: int,
-                      window: tuple[int, int] | None) -> LocateAnswer:
+    async def _locate(self, peer: str, msg: Locate, hint: LocateHint) -> LocateAnswer:
         return _located(await self.shard.locate(msg.oid, peer, msg.timeout, msg.exclude,
-                                                msg.offset, msg.ring, receivers, half,
-                                                msg.index, window))
+                                                msg.offset, hint))
 
     def on_publish(self, peer: str, msg: Publish, payload: memoryview | None) -> Ok:
         inline = bytes(payload) if payload is not None else b"" if msg.size == 0 else None

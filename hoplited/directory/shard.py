@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from hoplite_client.wire.errors import HopliteError, HopliteTimeoutError
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import PLAIN, Among, Half, InRing, LocateHint, Plain
 from hoplited.directory.state import (
     RING_WAIT,
     DirectoryState,
@@ -67,28 +68,26 @@ class DirectoryShard:
 
     # --- waits ---
     async def locate(self, oid: ObjectID, requester: str, timeout: float | None,
-                     exclude: list[str], offset: int, ring: bool = False,
-                     receivers: int = 0, half: int = -1, index: int = -1,
-                     window: tuple[int, int] | None = None) -> Source | Split:
+                     exclude: list[str], offset: int,
+                     hint: LocateHint = PLAIN) -> Source | Split:
         """Pick a source for ``requester``, waiting up to ``timeout`` for the object to exist;
-        ``ring``: its predecessor in the ring, if it enrols within RING_WAIT; ``receivers``:
-        how many get it together, if the requester knows; ``half``: a source of that half of
-        an object taken as two trees of halves, the requester's parent in that tree if it
-        asks within RING_WAIT (``index``, ``receivers`` and ``window``: what the requester was
-        told at its split). A ``Split`` answer wakes the receivers waiting for this one."""
+        ``hint``: what it is. ``InRing``: its predecessor in the ring, if it enrols within
+        RING_WAIT; ``Among``: how many get it together; ``Half``: a source of that half of an
+        object taken as two trees of halves, the requester's parent in that tree if it asks
+        within RING_WAIT. A ``Split`` answer wakes the receivers waiting for this one."""
         loop = asyncio.get_running_loop()
         give_up: float | None = None  # when waiting for the predecessor (parent) stops
+        ring = isinstance(hint, InRing)
 
         def attempt() -> Source | Split | NotYet:
             nonlocal give_up
             patient = give_up is None or loop.time() < give_up
-            peers = ([n for n in self._ring[oid] if n != requester] if ring and patient
-                     else None)
-            answer = self.state.try_locate(oid, requester, exclude, offset, peers, receivers,
-                                           half, patient, index, window)
+            peers = [n for n in self._ring[oid] if n != requester] if ring and patient else []
+            answer = self.state.try_locate(oid, requester, exclude, offset, hint, peers,
+                                           patient)
             if isinstance(answer, NotYet) and answer.ring and give_up is None:
                 give_up = loop.time() + RING_WAIT
-            elif not isinstance(answer, NotYet) and (ring or half >= 0
+            elif not isinstance(answer, NotYet) and (ring or isinstance(hint, Half)
                                                      or isinstance(answer, Split)):
                 self._waiters.wake(oid)  # requesters behind it may chain on now
             return answer
@@ -108,14 +107,13 @@ class DirectoryShard:
                     del self._ring[oid]
 
     def locate_now(self, oid: ObjectID, requester: str, exclude: list[str], offset: int,
-                   receivers: int = 0) -> Source | Split | None:
+                   hint: Plain | Among = PLAIN) -> Source | Split | None:
         """``locate``'s answer if a source is ready at once, for a requester in neither a ring
         nor a half's tree (a plain get); None: ``locate`` waits for one. A get of an object
         that exists is then answered where its request arrives, with no task of its own
         (docs/design.md §2.4, "Small requests"); one that waits asks again there, which only
         repeats a story record, and that is skipped."""
-        answer = self.state.try_locate(oid, requester, exclude, offset, None, receivers, -1,
-                                       True, -1, None)
+        answer = self.state.try_locate(oid, requester, exclude, offset, hint)
         if isinstance(answer, NotYet):
             return None
         if isinstance(answer, Split):

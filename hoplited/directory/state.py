@@ -9,25 +9,26 @@ busy and for partial ones the earliest enrolled (so under a fan-out of 2 receive
 together grow a binary tree breadth first, not two chains). The fan-out limit is the configured
 one, or 2 for an object whose producer or gets said how many will get it (``receivers``, the
 largest count heard) when the injected cost rule (``fanout_for``) says a tree beats a chain for
-them (docs/design.md §3). A partial holder may only serve a requester enrolled after it, so re-
-attaching after a failure can never form a cycle. A holder short of memory may drop its copy
-only with the shard's consent (``may_drop``): the shard agrees, and forgets that holder in the
-same step, only while another live member holds the whole object and nobody is reading from the
-asker. ``failed`` holds tombstones of ids that will never exist (a failed reduce); a later put
-lifts them, a partial copy announced again after a move does not.
+them (docs/design.md §3). A partial holder never serves a requester that feeds it, directly or
+through others, and where those chains are not known only one enrolled before the requester
+does, so re-attaching after a failure can never form a cycle (``_eligible``). A holder short
+of memory may drop its copy only with the shard's consent (``may_drop``): the shard agrees, and
+forgets that holder in the same step, only while another live member holds the whole object
+and nobody is reading from the asker. ``failed`` holds tombstones of ids that will never exist
+(a failed reduce); a later put lifts them, a partial copy announced again after a move does not.
 
-Ring order (docs/design.md §4, "Ring-ordered stripes"). A requester may ask to follow the ring:
-the live participants (holders and the other ring requesters still waiting) in node-id order,
-cyclically. It then takes its predecessor there as its source once that predecessor is
-enrolled, waiting while it is not; a predecessor that cannot serve it (busy, downstream, no
-participant holds anything) gives way to the usual choice. Requesters that arrive together thus
-chain around the ring from the producer, so a striped allreduce's stripes, each started at a
-different node, load every link equally.
+Ring order (docs/design.md §4, "Ring-ordered stripes"). A requester may ask to follow the ring
+(``InRing``): the live participants (holders and the other ring requesters still waiting) in
+node-id order, cyclically. It then takes its predecessor there as its source once that
+predecessor is enrolled, waiting while it is not; a predecessor that cannot serve it (busy,
+downstream, no participant holds anything) gives way to the usual choice. Requesters that
+arrive together thus chain around the ring from the producer, so a striped allreduce's stripes,
+each started at a different node, load every link equally.
 
 Two trees of halves (docs/design.md §3, "Two trees of halves for a broadcast"). Where the
 injected rule (``halves_for``) says so for the receivers a get announced, the entry splits: each
 new receiver is given an index, in the order they ask (``Split``), and then locates each half
-on its own (``half``): it pulls half h from the receiver at its parent position in tree h
+on its own (a ``Half`` hint): it pulls half h from the receiver at its parent position in tree h
 (``tree.half_parent``), waiting for that receiver to ask while the requester is ``patient``, or
 from a holder of the whole object at the top. Each half keeps its own holders (``parts``), as
 an entry does, so failures and re-attaches follow the usual rules within a half. A receiver
@@ -56,6 +57,7 @@ from hoplite_client.wire.errors import (
     PeerUnavailableError,
 )
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import PLAIN, Among, Half, InRing, LocateHint
 from hoplited.collectives.tree import half_parent
 
 # Records kept per id: a get with a few re-attaches and the transfers it caused fit with room
@@ -248,27 +250,30 @@ class DirectoryState:
             raise NotOwnerError(f"object {oid.hex()} belongs to shard {owner}", owner=owner)
 
     def try_locate(self, oid: ObjectID, requester: str, exclude: Iterable[str],
-                   offset: int, ring: Collection[str] | None = None,
-                   receivers: int = 0, half: int = -1, patient: bool = True,
-                   index: int = -1, window: tuple[int, int] | None = None
-                   ) -> Source | Split | NotYet:
+                   offset: int, hint: LocateHint = PLAIN, ring: Collection[str] = (),
+                   patient: bool = True) -> Source | Split | NotYet:
         """Pick a source for ``requester`` (enrolling it behind that source) or say NotYet;
-        ``ring``: follow the ring order, ``ring`` naming the other ring requesters of ``oid``
-        still waiting for a source; ``receivers``: how many get it together, if the requester
-        knows (the largest count heard is kept). ``Split``: take it as two halves, each
-        located with ``half`` (0 or 1), saying the ``index``, ``receivers`` and ``window`` it
-        was told; ``patient``: a half's requester may still wait for the receiver at its
-        parent position to ask."""
+        ``hint``: what it is. ``InRing``: follow the ring order, ``ring`` naming the other
+        ring requesters of ``oid`` still waiting for a source; ``Among``: how many get it
+        together (the largest count heard is kept). ``Split``: take it as two halves, each
+        located with a ``Half`` hint saying what the split said; ``patient``: a ring member
+        or a half's requester may still wait for its predecessor (the receiver at its parent
+        position) to ask, and takes the usual choice once not."""
         excluded = set(exclude)
+        in_ring = isinstance(hint, InRing) and patient
         event = (f"locate by {requester} exclude={sorted(excluded)} offset={offset}"
-                 + ("" if ring is None else " ring") + ("" if half < 0 else f" half {half}"))
+                 + (" ring" if in_ring else "")
+                 + (f" half {hint.half}" if isinstance(hint, Half) else ""))
         entry = self._current(oid, event)
         if entry is None:
             return self._not_yet(oid, event, "not put yet")
-        if half >= 0:
-            return self._locate_half(entry, requester, excluded, offset, half, patient, event,
-                                     HalfClaim(requester, index, receivers, window))
-        entry.receivers = max(entry.receivers, receivers)
+        if isinstance(hint, Half):
+            window = None if hint.window is None else (hint.window[0], hint.window[1])
+            return self._locate_half(entry, requester, excluded, offset, hint.half, patient,
+                                     event, HalfClaim(requester, hint.index, hint.receivers,
+                                                      window))
+        if isinstance(hint, Among):
+            entry.receivers = max(entry.receivers, hint.receivers)
         if entry.inline is not None:  # the requester keeps a copy: a delete must reach it
             if requester not in entry.holders:
                 entry.holders[requester] = Holder(received=entry.size, seq=next(self._seq))
@@ -281,7 +286,7 @@ class DirectoryState:
             self._record(oid, event, f"receiver {split.index} of the two trees of halves")
             return split
         node = None
-        if ring is not None:
+        if in_ring:
             node, wait = self._ring_choice(entry, requester, excluded, ring)
             if wait is not None:
                 return self._not_yet(oid, event, f"waiting for {wait}, before it in the ring",

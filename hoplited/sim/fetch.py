@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import among
 from hoplited.directory.state import Source, Split
 from hoplited.sim.cluster import Cluster
 from hoplited.sim.errors import SimulationError
@@ -33,10 +34,10 @@ class Fetch:
                  on_end: Callable[[Fetch], None], receivers: int = 0, half: int = -1,
                  split: fp.FetchHalves | None = None) -> None:
         self.cluster, self.node, self.oid, self.on_end = cluster, node, oid, on_end
-        self.receivers = receivers
         self.half, self.split = half, split  # a half, and what the split said, if half >= 0
         self.key = oid if half < 0 else view_id(oid, half)  # its copy in the stores
-        self.plan = fp.FetchPlan(oid, node, deadline=None)
+        self.plan = fp.FetchPlan(oid, node, deadline=None,
+                                 hint=among(receivers) if split is None else split.hint(half))
         self.done_at: float | None = None
         self.error: HopliteError | None = None
         self._copy: Copy | None = None
@@ -55,7 +56,7 @@ class Fetch:
             ins = self._todo.popleft()
             if isinstance(ins, fp.AskOwner):
                 c.shard.locate(self.oid, self.node, ins.exclude, ins.offset, self._answered,
-                               self.receivers, self.half, self.split)
+                               ins.hint)
                 return
             if isinstance(ins, fp.FetchHalves):
                 self._halves(ins)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 
 from hoplite_client.wire.errors import HopliteError
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import PLAIN, Half, LocateHint
 from hoplited.directory.state import (
     RING_WAIT,
     DirectoryState,
@@ -26,7 +27,6 @@ from hoplited.directory.state import (
     Wake,
 )
 from hoplited.sim.clock import Clock
-from hoplited.transfer.fetch_plan import FetchHalves
 
 Attempt = Callable[[], bool]  # True once answered
 
@@ -49,25 +49,20 @@ class Shard:
         return sum(map(len, self._waiters.values()))
 
     def locate(self, oid: ObjectID, requester: str, exclude: Iterable[str], offset: int,
-               reply: Callable[[Source | Split | HopliteError], None], receivers: int = 0,
-               half: int = -1, split: FetchHalves | None = None) -> None:
+               reply: Callable[[Source | Split | HopliteError], None],
+               hint: LocateHint = PLAIN) -> None:
         """``Locate``: a source for ``requester`` (enrolled behind it), the split into two
-        halves, or the shard's error; ``receivers``: how many get the object together, as the
-        get says; ``half``: of that half, waiting ``RING_WAIT`` at most for the parent in its
-        tree to ask, as ``directory/shard.py`` does, and saying what ``split`` said."""
+        halves, or the shard's error; ``hint``: what the get says (``Among``: how many get
+        the object together; ``Half``: of that half, waiting ``RING_WAIT`` at most for the
+        parent in its tree to ask, as ``directory/shard.py`` does)."""
         excluded = tuple(exclude)
-        claim: tuple[int, int, tuple[int, int] | None] = (
-            (-1, receivers, None) if split is None or half < 0
-            else (split.index, split.receivers, split.bounds[half]))
         patience: list[bool] = []  # [True] while waiting for a parent, [False] once over
 
         def attempt() -> bool:
             patient = not patience or patience[0]
             try:
-                index, said, window = claim
                 answer: Source | Split | NotYet | HopliteError = self.state.try_locate(
-                    oid, requester, excluded, offset, receivers=said, half=half,
-                    patient=patient, index=index, window=window)
+                    oid, requester, excluded, offset, hint, patient=patient)
             except HopliteError as exc:
                 answer = exc
             if isinstance(answer, NotYet):
@@ -75,7 +70,7 @@ class Shard:
                     patience.append(True)
                     self.clock.after(RING_WAIT, impatient)
                 return False
-            if half >= 0 or isinstance(answer, Split):
+            if isinstance(hint, Half) or isinstance(answer, Split):
                 # receivers waiting for this one may go on; woken next, not from within an
                 # attempt (``_apply`` is iterating over the waiters)
                 self.clock.after(0.0, lambda: self._apply([Wake(oid)]))

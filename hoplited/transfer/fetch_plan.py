@@ -62,6 +62,7 @@ from hoplite_client.wire.errors import (
     ProtocolError,
 )
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import PLAIN, Half, LocateHint
 from hoplited.collectives.ops import derived_id
 
 # Sources tried before a get gives up on a transfer: enough to ride out several deaths in a
@@ -153,11 +154,12 @@ Event = Located | LocateFailed | PullEnded | CopyFailed | CallerJoined | HalvesE
 @dataclass(frozen=True, slots=True)
 class AskOwner:
     """Ask the owner shard for a source, excluding ``exclude``, resuming at ``offset``, waiting
-    at most ``timeout`` seconds (None: no limit)."""
+    at most ``timeout`` seconds (None: no limit), saying ``hint`` (the plan's)."""
 
     exclude: tuple[str, ...]
     offset: int
     timeout: float | None
+    hint: LocateHint = PLAIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +209,11 @@ class FetchHalves:
     index: int
     receivers: int
 
+    def hint(self, half: int) -> Half:
+        """The hint a locate of half ``half`` says: what this split said."""
+        lo, hi = self.bounds[half]
+        return Half(half=half, index=self.index, receivers=self.receivers, window=[lo, hi])
+
 
 @dataclass(frozen=True, slots=True)
 class Report:
@@ -251,16 +258,19 @@ def later(a: float | None, b: float | None) -> float | None:
 
 class FetchPlan:
     """The decisions of one fetch of ``oid`` on node ``me``, bounded by ``deadline`` (an
-    absolute time on the clock the events' ``now`` come from; None: none)."""
+    absolute time on the clock the events' ``now`` come from; None: none); its asks say
+    ``hint`` (a half's fetch: ``FetchHalves.hint``)."""
 
     def __init__(self, oid: ObjectID, me: str, deadline: float | None,
-                 max_attempts: int = MAX_ATTEMPTS, patience: float = 0.0) -> None:
+                 max_attempts: int = MAX_ATTEMPTS, patience: float = 0.0,
+                 hint: LocateHint = PLAIN) -> None:
         if max_attempts < 1:
             raise LocalProtocolError(f"max_attempts must be at least 1, not {max_attempts}")
         if not patience >= 0:  # also refuses NaN
             raise LocalProtocolError(f"patience must be at least 0, not {patience}")
         self.oid, self.me, self.deadline, self.max_attempts = oid, me, deadline, max_attempts
         self.patience = patience
+        self.hint = hint
         self.phase: Phase = "new"
         self.exclude: list[str] = []  # sources excluded for good (dead, garbage), in order
         self.stalled: list[str] = []  # silent, closed or copy gone: avoided for a while
@@ -395,7 +405,7 @@ class FetchPlan:
         self._asked_at = now
         timeout = (STALL_RETRY if self._cut_short else OWNER_POLL if self._polling
                    else remaining)
-        return AskOwner(tuple(avoid), self.watermark, timeout)
+        return AskOwner(tuple(avoid), self.watermark, timeout, self.hint)
 
     def _extended(self) -> bool:
         """Whether a caller moved the deadline since the pending ask was sent."""

@@ -33,6 +33,7 @@ from hoplite_client.wire.errors import (
 )
 from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import IN_RING, LocateHint, among
 from hoplite_client.wire.messages import DataStream, Error, Located, Pull
 from hoplited.cluster.link_model import LinkModel, PullRate
 from hoplited.cluster.membership import Membership
@@ -113,16 +114,17 @@ class Fetcher:
         ``receivers``: it tells the owner how many get the object together (§3)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        hint = IN_RING if ring else among(receivers)
         try:
             async with asyncio.timeout_at(deadline):
-                obj = await self._complete_copy(oid, deadline, ring, receivers)
+                obj = await self._complete_copy(oid, deadline, hint)
                 while obj.deleted and (obj.evicted and obj.error is None
                                        or isinstance(obj.error, CopyWithdrawn)):
                     # between the copy's completion and our turn to run it was evicted to
                     # make room (it is complete elsewhere: its shard said so), or withdrawn
                     # (a ring that gave way, a result started again: it is made again), so
                     # fetch it again
-                    obj = await self._complete_copy(oid, deadline, ring, receivers)
+                    obj = await self._complete_copy(oid, deadline, hint)
         except HopliteError:
             raise  # the fetch's own end: a timeout the shard recorded (a failed reduce's) too
         except TimeoutError:
@@ -134,17 +136,18 @@ class Fetcher:
         return obj
 
     async def _complete_copy(self, oid: ObjectID, deadline: float | None,
-                             ring: bool, receivers: int) -> StoredObject:
+                             hint: LocateHint) -> StoredObject:
         """Join (or start) the one fetch of ``oid``, or wait for the local copy to complete;
-        a local copy given up while we wait (``CopyWithdrawn``) sends us to fetch."""
+        a local copy given up while we wait (``CopyWithdrawn``) sends us to fetch; a fetch
+        started here says ``hint``."""
         while True:
             try:
-                return await self._complete_copy_once(oid, deadline, ring, receivers)
+                return await self._complete_copy_once(oid, deadline, hint)
             except CopyWithdrawn:
                 continue
 
     async def _complete_copy_once(self, oid: ObjectID, deadline: float | None,
-                                  ring: bool, receivers: int) -> StoredObject:
+                                  hint: LocateHint) -> StoredObject:
         running = self._fetches.get(oid)  # first: a fetch in progress has allocated already
         if running is not None and running[0].done():  # it ended (the local copy it waited
             # on was withdrawn), and is not forgotten yet: awaited again, it would raise at
@@ -154,8 +157,9 @@ class Fetcher:
         obj = self._store.get(oid)
         if running is not None or obj is None:
             if running is None:
-                plan = fp.FetchPlan(oid, self.me, deadline, patience=self._patience)
-                task = self._tasks.spawn(self._fetch(plan, ring, receivers),
+                plan = fp.FetchPlan(oid, self.me, deadline, patience=self._patience,
+                                    hint=hint)
+                task = self._tasks.spawn(self._fetch(plan),
                                          name=f"fetch-{oid.short()}")
                 self._fetches[oid] = (task, plan)
                 task.add_done_callback(lambda done: self._forget(oid, done))
@@ -181,11 +185,13 @@ class Fetcher:
                     raise
                 obj = again  # a reduce started its result again (docs/design.md §5)
 
-    async def _fetch(self, plan: fp.FetchPlan, ring: bool, receivers: int) -> StoredObject:
-        """Carry out ``plan``: ask, allocate, pull, report, feeding each outcome back."""
+    async def _fetch(self, plan: fp.FetchPlan, half: _Half | None = None) -> StoredObject:
+        """Carry out ``plan``: ask, allocate, pull, report, feeding each outcome back. The
+        plan of a whole object allocates its copy; that of one ``half`` (its plan's asks say
+        which) fills the view made with the whole copy, and ends with that view."""
         oid, store = plan.oid, self._store
         loop = asyncio.get_running_loop()
-        obj: StoredObject | None = None
+        obj: StoredObject | None = None  # the copy this fetch allocated
         result: StoredObject | None = None
         located: Frame[Located] | None = None
         populate: asyncio.Task[None] | None = None
@@ -194,17 +200,32 @@ class Fetcher:
         try:
             while todo:
                 ins = todo.popleft()
+                into = obj if half is None else half.view  # what pulls fill
                 if isinstance(ins, fp.AskOwner):
                     asked_under = self._membership.owner_set
-                    answer = await self._ask(oid, ins, obj, loop, ring, receivers)
+                    answer = await self._ask(oid, ins, into, loop)
                     if not isinstance(answer, Frame):
                         todo.extend(plan.handle(answer))
                         continue
                     located, m = answer, answer.msg
                     todo.extend(plan.handle(fp.Located(
                         loop.time(), m.source, m.size, m.dtype, tuple(m.shape), m.version,
-                        here=obj is None and store.get(oid) is not None,
+                        here=into is None and store.get(oid) is not None,
                         halves=_bounds(m.halves), index=m.index, receivers=m.receivers)))
+                elif isinstance(ins, fp.Done):
+                    return result if result is not None else _complete(into)
+                elif isinstance(ins, fp.Fail):
+                    raise ins.error
+                elif isinstance(ins, fp.Report):
+                    self._directory.transfer_done(oid, ins.source, ins.complete,
+                                                  -1 if half is None else half.half)
+                elif isinstance(ins, fp.Pull):
+                    assert into is not None
+                    window = None if half is None else half.window
+                    todo.extend(plan.handle(await self._pull(
+                        into, ins.source, loop, oid, window, -1 if half is None else half.half)))
+                elif half is not None:
+                    await self._half_step(oid, ins, half)
                 elif isinstance(ins, fp.UseLocalCopy):
                     result = await self._local_copy(oid)
                 elif isinstance(ins, fp.StoreInline):
@@ -224,7 +245,7 @@ class Fetcher:
                     self._directory.announce_late(obj, asked_under, self.pulling_from)
                     populate = self._receive_into(obj)
                     todo.extend(plan.handle(await self._fetch_halves(obj, ins, plan)))
-                elif isinstance(ins, fp.Discard):
+                else:  # Discard
                     assert obj is not None
                     if store.get(oid) is obj:  # those reading it from us ask again too
                         store.remove(oid, ObjectNotFoundError(
@@ -234,15 +255,6 @@ class Fetcher:
                     if populate is not None:
                         populate.cancel()
                     obj = populate = None
-                elif isinstance(ins, fp.Pull):
-                    assert obj is not None
-                    todo.extend(plan.handle(await self._pull(obj, ins.source, loop)))
-                elif isinstance(ins, fp.Report):
-                    self._directory.transfer_done(oid, ins.source, ins.complete)
-                elif isinstance(ins, fp.Done):
-                    return result if result is not None else _complete(obj)
-                else:
-                    raise ins.error
             raise AssertionError("a fetch plan ends with Done or Fail")
         except BaseException as exc:
             if obj is not None and store.get(oid) is obj:
@@ -254,6 +266,22 @@ class Fetcher:
                 populate.cancel()
             if obj is not None:
                 store.unpin(obj)
+
+    @staticmethod
+    async def _half_step(oid: ObjectID, ins: fp.Instruction, half: _Half) -> None:
+        """What a half's fetch does where a whole object's allocates, discards or stores: its
+        view was made with the copy, and a half is never inline or split again."""
+        view = half.view
+        if (isinstance(ins, fp.Discard) or isinstance(ins, fp.Allocate)
+                and (ins.size != view.size or ins.version != view.version)):
+            raise ObjectNotFoundError(
+                f"half {half.half} of {oid.hex()} changed while being received (put again)",
+                oid=oid.hex())
+        if isinstance(ins, fp.UseLocalCopy):
+            await view.wait_for(view.size)
+        elif not isinstance(ins, fp.Allocate):
+            raise RemoteProtocolError(f"half {half.half} of {oid.hex()}: the owner answered "
+                                      f"{type(ins).__name__}")
 
     def _receive_into(self, obj: StoredObject) -> asyncio.Task[None] | None:
         """Pin the new copy ``obj`` (the kernel writes into it until the pulls end) and back
@@ -274,10 +302,11 @@ class Fetcher:
         views = [store.create(view_id(obj.oid, h), hi - lo, obj.dtype,
                               [(hi - lo) // itemsize], obj.version)
                  for h, (lo, hi) in enumerate(ins.bounds)]
-        plans = [fp.FetchPlan(obj.oid, self.me, plan.deadline, patience=self._patience)
-                 for _ in views]
+        plans = [fp.FetchPlan(obj.oid, self.me, plan.deadline, patience=self._patience,
+                              hint=ins.hint(h))
+                 for h in range(len(views))]
         self._half_plans[obj.oid] = plans
-        halves = [self._tasks.spawn(self._fetch_half(view, h, ins, hp),
+        halves = [self._tasks.spawn(self._fetch(hp, _Half(view, h, ins.bounds[h])),
                                     name=f"fetch-half-{h}-{obj.oid.short()}",
                                     on_error=_awaited)
                   for h, (view, hp) in enumerate(zip(views, plans))]
@@ -302,48 +331,6 @@ class Fetcher:
         # that never makes an entry: the object may have been deleted meanwhile)
         self._directory.transfer_done(obj.oid, self.me, True)
         return fp.HalvesEnded(None)
-
-    async def _fetch_half(self, view: StoredObject, half: int, split: fp.FetchHalves,
-                          plan: fp.FetchPlan) -> None:
-        """Carry out ``plan``, the fetch of one half into its ``view``, as ``_fetch`` does a
-        whole object's: the owner is the whole object's, asked about ``half`` (and told what
-        the ``split`` said, should it have lost that)."""
-        oid, window = plan.oid, split.bounds[half]
-        claim = (split.receivers, half, split.index, window)
-        loop = asyncio.get_running_loop()
-        todo: deque[fp.Instruction] = deque(plan.start(loop.time()))
-        while todo:
-            ins = todo.popleft()
-            if isinstance(ins, fp.AskOwner):
-                answer = await self._ask(oid, ins, view, loop, False, *claim)
-                if not isinstance(answer, Frame):
-                    todo.extend(plan.handle(answer))
-                    continue
-                m = answer.msg
-                todo.extend(plan.handle(fp.Located(loop.time(), m.source, m.size, m.dtype,
-                                                   tuple(m.shape), m.version)))
-            elif (isinstance(ins, fp.Discard) or isinstance(ins, fp.Allocate)
-                  and (ins.size != view.size or ins.version != view.version)):
-                raise ObjectNotFoundError(
-                    f"half {half} of {oid.hex()} changed while being received (put again)",
-                    oid=oid.hex())
-            elif isinstance(ins, fp.Allocate):
-                continue  # its view was made with the copy
-            elif isinstance(ins, fp.Pull):
-                todo.extend(plan.handle(await self._pull(view, ins.source, loop, oid, window,
-                                                         half)))
-            elif isinstance(ins, fp.Report):
-                self._directory.transfer_done(oid, ins.source, ins.complete, half)
-            elif isinstance(ins, fp.UseLocalCopy):
-                await view.wait_for(view.size)
-            elif isinstance(ins, fp.Done):
-                return
-            elif isinstance(ins, fp.Fail):
-                raise ins.error
-            else:  # a half is never inline or split again
-                raise RemoteProtocolError(f"half {half} of {oid.hex()}: the owner answered "
-                                          f"{type(ins).__name__}")
-        raise AssertionError("a fetch plan ends with Done or Fail")
 
     def abort(self, oid: ObjectID) -> asyncio.Task[StoredObject] | None:
         """Stop the fetch of ``oid`` under way here, whatever its phase, once nobody waits for
@@ -374,12 +361,12 @@ class Fetcher:
         task.cancel()
 
     async def _ask(self, oid: ObjectID, ins: fp.AskOwner, obj: StoredObject | None,
-                   loop: asyncio.AbstractEventLoop, ring: bool, receivers: int, half: int = -1,
-                   index: int = -1, window: tuple[int, int] | None = None
+                   loop: asyncio.AbstractEventLoop
                    ) -> Frame[Located] | fp.LocateFailed | fp.CopyFailed:
-        """Ask the owner for a source. If our partial copy fails meanwhile (it was deleted),
-        the ask ends with that: the shard would wait for a put that may never come, and the
-        copy's memory stay pinned until then."""
+        """Ask the owner for a source, saying the plan's hint. If our partial copy (or the
+        view a half's fetch fills) fails meanwhile (it was deleted), the ask ends with that:
+        the shard would wait for a put that may never come, and the copy's memory stay pinned
+        until then."""
         if obj is not None and obj.error is not None:
             return fp.CopyFailed(obj.error)
         scope = asyncio.timeout(None)  # expired at once by the copy's failure, if it fails
@@ -393,8 +380,7 @@ class Fetcher:
         try:
             async with scope:
                 return await self._directory.locate(oid, ins.timeout, list(ins.exclude),
-                                                    ins.offset, ring, receivers, half, index,
-                                                    window)
+                                                    ins.offset, ins.hint)
         except HopliteError as exc:  # the shard's answer, its timeout included
             return fp.LocateFailed(loop.time(), exc)
         except TimeoutError:
@@ -626,6 +612,16 @@ class Fetcher:
             refusal = (ObjectNotFoundError if frame.msg.code == ObjectNotFoundError.code
                        else PeerUnavailableError)
             raise refusal(f"source {source} refused: {frame.msg.message}", node=source)
+
+
+@dataclass(frozen=True, slots=True)
+class _Half:
+    """A half's fetch: the ``view`` of the whole copy its pulls fill, which half, and its bytes
+    of the whole object (``window``)."""
+
+    view: StoredObject
+    half: int
+    window: tuple[int, int]
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from hoplite_client.wire.errors import (
     PeerUnavailableError,
 )
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import Half, among
 from hoplited.collectives.choose import Known, Settings, bounds, broadcast_shape
 from hoplited.collectives.tree import (
     half_parent,
@@ -71,7 +72,7 @@ def answer(a: Source | Split | NotYet) -> object:
 def get(requester: str, receivers: int = 4, offset: int = 0) -> Step:
     """A locate of the whole object by ``requester``, saying ``receivers``."""
     def step(w: World) -> object:
-        return answer(w.state.try_locate(OID, requester, [], offset, receivers=receivers))
+        return answer(w.state.try_locate(OID, requester, [], offset, among(receivers)))
     return step
 
 
@@ -80,9 +81,9 @@ def half(requester: str, h: int, exclude: tuple[str, ...] = (),
     """A locate of half ``h`` by ``requester``; ``told``: the index it says it was given at
     its split (of trees for 4 receivers, the halves of HALVES), as hoplited's fetcher says."""
     def step(w: World) -> object:
-        claim = {} if told < 0 else {"index": told, "receivers": 4, "window": HALVES[h]}
-        return answer(w.state.try_locate(OID, requester, exclude, 0, half=h,
-                                         patient=patient, **claim))  # type: ignore[arg-type]
+        claim = (Half(half=h, index=-1, receivers=0, window=None) if told < 0
+                 else Half(half=h, index=told, receivers=4, window=list(HALVES[h])))
+        return answer(w.state.try_locate(OID, requester, exclude, 0, claim, patient=patient))
     return step
 
 
@@ -177,7 +178,7 @@ def test_a_half_of_an_object_never_split_is_a_typed_error() -> None:
     w = World()
     put("src")(w)
     with pytest.raises(PeerUnavailableError, match="two halves"):
-        w.state.try_locate(OID, "a", [], 0, half=0)
+        w.state.try_locate(OID, "a", [], 0, Half(half=0, index=-1, receivers=0, window=None))
 
 
 @pytest.mark.parametrize("window, match", [
@@ -186,7 +187,8 @@ def test_a_claimed_window_must_be_that_half(window: tuple[int, int], match: str)
     w = World()
     put("src")(w)
     with pytest.raises(InvalidArgumentError, match=match):
-        w.state.try_locate(OID, "a", [], 0, half=0, index=0, receivers=4, window=window)
+        w.state.try_locate(OID, "a", [], 0,
+                           Half(half=0, index=0, receivers=4, window=list(window)))
 
 
 def test_a_window_that_differs_from_the_split_is_refused() -> None:
@@ -194,12 +196,13 @@ def test_a_window_that_differs_from_the_split_is_refused() -> None:
     for step in [put("src"), get("a")]:
         step(w)
     with pytest.raises(InvalidArgumentError, match="not half 1"):
-        w.state.try_locate(OID, "a", [], 0, half=1, index=0, receivers=4, window=(0, 10))
+        w.state.try_locate(OID, "a", [], 0, Half(half=1, index=0, receivers=4, window=[0, 10]))
 
 
 def test_a_half_of_an_object_not_put_waits_and_a_deleted_one_is_gone() -> None:
     w = World()
-    assert isinstance(w.state.try_locate(OID, "a", [], 0, half=0), NotYet)
+    assert isinstance(w.state.try_locate(
+        OID, "a", [], 0, Half(half=0, index=-1, receivers=0, window=None)), NotYet)
     put("src")(w)
     get("a")(w)
     drops = w.state.delete(OID)

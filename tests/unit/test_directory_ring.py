@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import IN_RING
 from hoplited.directory import shard as shard_module
 from hoplited.directory.shard import DirectoryShard
 from hoplited.directory.state import DirectoryState, NotYet
@@ -51,7 +52,7 @@ def put(holder: str) -> Step:
 def ring(requester: str, *waiting: str, exclude: tuple[str, ...] = ()) -> Step:
     """A ring locate by ``requester`` while ``waiting`` also wait: the source, or why not."""
     def step(w: World) -> object:
-        answer = w.state.try_locate(OID, requester, exclude, 0, waiting)
+        answer = w.state.try_locate(OID, requester, exclude, 0, IN_RING, waiting)
         if isinstance(answer, NotYet):
             return ("wait", answer.reason.split()[2].rstrip(",")) if answer.ring else "not yet"
         return answer.node
@@ -124,7 +125,7 @@ async def test_shard_chains_waiting_requesters_in_ring_order() -> None:
     """Requesters waiting together before the object exists chain round the ring once the
     producer announces it, whatever order they asked in."""
     s = DirectoryShard(1, lambda n: True, lambda oid: "me", "me")
-    waits = {n: asyncio.ensure_future(s.locate(OID, n, 5, [], 0, ring=True))
+    waits = {n: asyncio.ensure_future(s.locate(OID, n, 5, [], 0, IN_RING))
              for n in ("e", "c", "b", "d")}
     await asyncio.sleep(0.01)
     s.publish(OID, "a", SIZE, "|u1", [SIZE], V1, None, 0, producing=True)
@@ -141,10 +142,10 @@ async def test_shard_stops_waiting_for_a_predecessor_after_ring_wait(
     s = DirectoryShard(1, lambda n: True, lambda oid: "me", "me")
     s.publish(OID, "a", SIZE, "|u1", [SIZE], V1, None, 0, producing=True)
     s.state.try_locate(OID, "z", [], 0)  # a plain receiver takes a's only slot
-    stuck = asyncio.ensure_future(s.locate(OID, "b", 5, ["a", "z", "c"], 0, ring=True))
+    stuck = asyncio.ensure_future(s.locate(OID, "b", 5, ["a", "z", "c"], 0, IN_RING))
     await asyncio.sleep(0.01)
     assert not stuck.done()  # nobody it may use: it waits as usual
-    got = await asyncio.wait_for(s.locate(OID, "c", 5, [], 0, ring=True), 2)
+    got = await asyncio.wait_for(s.locate(OID, "c", 5, [], 0, IN_RING), 2)
     assert got.node == "z"  # waited for b, then chose as usual (a is busy serving z)
     stuck.cancel()
     with pytest.raises(asyncio.CancelledError):

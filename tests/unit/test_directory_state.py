@@ -17,6 +17,7 @@ from hoplite_client.wire.errors import (
     PeerUnavailableError,
 )
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import among
 from hoplited.directory.state import (
     STORY_OIDS,
     STORY_RECORDS,
@@ -80,8 +81,7 @@ def locate(requester: str, exclude: Sequence[str] = (), offset: int = 0,
            oid: ObjectID = OID, receivers: int = 0) -> Step:
     """The chosen node (None: inline), or the NotYet."""
     def step(w: World) -> object:
-        answer = w.state.try_locate(oid, requester, list(exclude), offset,
-                                    receivers=receivers)
+        answer = w.state.try_locate(oid, requester, list(exclude), offset, among(receivers))
         return answer if isinstance(answer, NotYet) else answer.node
     return step
 

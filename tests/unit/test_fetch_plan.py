@@ -19,6 +19,7 @@ from hoplite_client.wire.errors import (
     RemoteProtocolError,
 )
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import PLAIN, Half
 from hoplited.transfer import fetch_plan
 from hoplited.transfer.fetch_plan import (
     OWNER_POLL,
@@ -413,3 +414,17 @@ def test_the_owner_is_asked_in_bounded_polls(deadline: float | None, answers: li
             assert len(out) == 1 and isinstance(out[0], Fail)
         else:
             assert out == [AskOwner((), 0, expected)]
+
+
+def test_every_ask_says_the_plans_hint_and_a_split_says_each_halfs() -> None:
+    """A plan's asks, the first and those after a failed pull, carry its hint; a half's hint
+    repeats what the split said, so a rebuilt shard learns the trees again."""
+    hint = HALVES.hint(1)
+    assert hint == Half(half=1, index=3, receivers=7, window=list(BOUNDS[1]))
+    plan = FetchPlan(OID, ME, deadline=None, hint=hint)
+    (ask,) = plan.start(0.0)
+    assert isinstance(ask, AskOwner) and ask.hint == hint
+    plan.handle(Located(0.1, "a", SIZE // 2, "<f4", (125,), V1))
+    *_, again = plan.handle(PullEnded(0.2, "a", 10, LOST))
+    assert isinstance(again, AskOwner) and again.hint == hint
+    assert FetchPlan(OID, ME, deadline=None).start(0.0) == [AskOwner((), 0, OWNER_POLL, PLAIN)]

@@ -25,6 +25,7 @@ from hoplite_client.wire.frames import (
     encode_header,
 )
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import PLAIN
 from hoplite_client.wire.timeouts import check_timeout
 from hoplited.dispatch import Dispatcher, checked_timeout
 from hoplited.tasks import Tasks
@@ -61,7 +62,7 @@ def test_accepted_timeouts(value: Any, expected: float | None) -> None:
 
 @pytest.mark.parametrize("value", [
     -1, -0.5, -INF, NAN, np.float64(NAN), -(10**400), True, False, np.bool_(True), "1", b"1",
-    [1.0], object()], ids=repr)
+    [1.0], object()], ids=lambda v: "object()" if type(v) is object else repr(v))
 def test_refused_timeouts(value: Any) -> None:
     with pytest.raises(InvalidArgumentError, match="timeout"):
         check_timeout(value)
@@ -77,8 +78,7 @@ def with_timeout(cls: type[m.WireMessage], timeout: Any) -> Any:
     values = {"oid": OID, "result": OID, "inputs": [OID], "op": "sum", "num_objects": 1,
               "exclude": [], "offset": 0, "size": 4, "dtype": "<f4", "shape": [1],
               "version": b"v", "stripes": 1, "stripe": 0, "gen": 0, "striped": True,
-              "ring": False, "receivers": 0, "half": -1,
-              "index": -1, "window": None, "pair": False, "node": "n1", "ready": []}
+              "receivers": 0, "hint": PLAIN, "pair": False, "node": "n1", "ready": []}
     fields = [f for f in cls.__dataclass_fields__ if f not in ("rid", "timeout")]
     return cls(rid=3, timeout=timeout, **{f: values[f] for f in fields})
 

@@ -67,9 +67,10 @@ def first_code(cell: str) -> str:
 
 
 def fields_cell(cell: str) -> list[tuple[str, str]]:
-    """'`a: int, b: list[str]`' -> [('a', 'int'), ('b', 'list[str]')]."""
+    """'`a: int, b: list[str]`' -> [('a', 'int'), ('b', 'list[str]')]; a record of no
+    fields writes the empty cell's dash."""
     text = unquote(cell)
-    if not text:
+    if not text or text == NONE:
         return []
     pairs = []
     for item in text.split(", "):
@@ -85,8 +86,10 @@ def render(hint: Any) -> str:
     """A field type as docs/protocol.md §2.2 writes it."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
-        return render(inner) + "?"
+        inners = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(inners) > 1:  # a tagged value: one of these variants
+            return "/".join(render(a) for a in inners)
+        return render(inners[0]) + "?"
     if origin is list:
         (inner,) = typing.get_args(hint)
         return f"list[{render(inner)}]"

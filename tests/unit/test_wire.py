@@ -51,7 +51,9 @@ def sample(hint: Any, variant: int = 1) -> Any:
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
         inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        return None if variant == 0 and type(None) in typing.get_args(hint) else sample(inner[0], variant)
+        if variant == 0 and type(None) in typing.get_args(hint):
+            return None
+        return sample(inner[variant % len(inner)], variant)  # a tagged field: cycle its variants
     if origin is list:
         (inner,) = typing.get_args(hint)
         return [sample(inner, variant) for _ in range(2 * variant)]
@@ -439,6 +441,11 @@ BAD = {
     "bad_list_item": (raw_frame(m.Release.KIND, msgpack.packb([[b"x" * 20, 3]])), None),
     "payload_on_none_kind": (raw_frame(m.Ok.KIND, msgpack.packb([19]), b"p" * 100_000), 19),
     "bad_header_with_payload": (raw_frame(m.Put.KIND, msgpack.packb([20]), b"q" * 10), 20),
+    **{f"locate_hint_{name}": (raw_frame(m.Locate.KIND, msgpack.packb(
+        [21, b"o" * 20, None, [], 0, hint], use_bin_type=True)), 21) for name, hint in [
+            ("missing", None), ("unknown_tag", [9]), ("bool_tag", [True]), ("empty", []),
+            ("not_a_list", 2), ("too_few_fields", [2]), ("too_many_fields", [0, 1]),
+            ("wrong_type", [3, 0, 0, 4, "lo-hi"])]},
 }
 
 
