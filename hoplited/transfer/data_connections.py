@@ -57,6 +57,7 @@ class DataConnections:
         self._closed = False
         # what each idle connection runs when it closes: leave the pool
         self._on_lost: dict[FrameProtocol, Callable[[BaseException | None], None]] = {}
+        self._addresses: dict[str, tuple[str, int]] = {}  # each member dialled: host, port
 
     def __len__(self) -> int:
         """How many idle connections are kept (``hoplite status``, tests)."""
@@ -84,6 +85,7 @@ class DataConnections:
         """Dial one more connection to ``node`` in the background if it has fewer idle than
         the pool keeps spare (also when it joins: its standing connection). If the dial
         fails, the next pull from it dials, as without one."""
+        self._addresses[node] = (host, port)
         if self._closed or not self._pool.refill(node):
             return
 
@@ -147,7 +149,11 @@ class DataConnections:
 
         def lost(_: BaseException | None) -> None:
             self._on_lost.pop(protocol, None)
-            self._pool.forget(node, protocol)
+            # a kept connection cut under a live member is dialled again: the next pull may
+            # have counted on it when it left no spare
+            address = self._addresses.get(node)
+            if self._pool.forget(node, protocol) and address and self._is_alive(node):
+                self.warm(node, *address)
 
         self._on_lost[protocol] = lost
         protocol.on_lost.append(lost)
@@ -157,6 +163,7 @@ class DataConnections:
     def drop(self, node: str) -> None:
         """``node`` died or fell silent: close its idle connections."""
         self._close(self._pool.drop(node))
+        self._addresses.pop(node, None)
 
     def close(self) -> None:
         """At shutdown: close every idle connection and keep none from now on."""
