@@ -77,8 +77,8 @@ def _resent(text: bytes) -> int:
 
 
 def _sample(pids: Sequence[int], stop: Connection) -> None:
-    """Read every pid's counters every PERIOD until ``stop`` has a message; send back the
-    samples as lists."""
+    """Read every pid's counters every PERIOD until ``stop`` has a message, saying "ready"
+    once the first are read; send back the samples as lists."""
     samples: list[tuple[float, list[int], list[int], list[int]]] = []
     with contextlib.ExitStack() as stack:
         devs = [stack.enter_context(open(f"/proc/{pid}/net/dev", "rb")) for pid in pids]
@@ -94,6 +94,8 @@ def _sample(pids: Sequence[int], stop: Connection) -> None:
                 tx.append(s)
                 resent.append(_resent(snmp.read()))
             samples.append((t, rx, tx, resent))
+            if len(samples) == 1:
+                stop.send("ready")
             time.sleep(PERIOD)
     stop.send(samples)
 
@@ -157,7 +159,9 @@ async def trace(op: str, nodes: int, size: int, rate_bps: int, interval: float, 
         sampler.start()
         runs: list[tuple[list[float], float]] = []
         try:
-            await asyncio.sleep(0.5)  # the sampler's interpreter starts
+            # the runs start once the sampler holds a sample from before them
+            ready = await asyncio.to_thread(here.recv)
+            assert ready == "ready", ready
             for i in range(repeat):
                 before = len(ctx.put_times)
                 elapsed = await SCENARIOS[op](ctx, warmup + i)
