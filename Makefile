@@ -26,8 +26,10 @@ apps: install
 
 # Tiers (tests/unit, net, cluster, emulated, integrations): the emulated tier skips itself,
 # saying why, without root or iproute2. No soak (make soak) and a short fuzz (make fuzz).
+# Two workers (pytest-xdist): most tests wait on daemons and timers, not on a core; the
+# emulated and integration tiers run one test at a time on one of them (tests/conftest.py).
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations 10
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit

@@ -116,8 +116,8 @@ def families(info: Mapping[str, Any]) -> list[Metric]:
          "trees of halves (docs/design.md §4)."),
         ("gets_in_halves", CounterMetricFamily, "Objects this node received as two halves, "
          "each from its parent in a tree of halves (docs/design.md §3)."),
-        ("allreduces_as_ring", CounterMetricFamily, "Striped allreduces coordinated on this "
-         "node that ran as a ring (docs/design.md §4, \"Ring allreduce\")."),
+        ("allreduces_as_ring", CounterMetricFamily, "Allreduces coordinated on this node "
+         "that ran as a ring (docs/design.md §4, \"Ring allreduce\")."),
         ("rings_given_up", CounterMetricFamily, "Rings coordinated on this node that failed "
          "before any member held the result, so the allreduce ran again in stripes."),
         ("allreduces_as_pair", CounterMetricFamily, "Allreduces coordinated on this node "

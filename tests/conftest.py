@@ -36,12 +36,21 @@ settings.register_profile("explore", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+# Tiers whose tests run one at a time even under ``pytest -n``: each builds a test bed of
+# network namespaces or a local Ray or Dask cluster, which want the machine's cores to
+# themselves (and Ray's local clusters share well-known ports).
+SERIAL_TIERS = ("emulated", "integrations")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its tier, the directory it lives in (``pytest -m unit`` etc.)."""
+    """Mark each test with its tier, the directory it lives in (``pytest -m unit`` etc.); with
+    pytest-xdist (``--dist loadgroup``), the serial tiers share one worker."""
     for item in items:
         tier = Path(str(item.fspath)).parent.name
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+        if tier in SERIAL_TIERS:
+            item.add_marker(pytest.mark.xdist_group("serial"))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
