@@ -15,6 +15,7 @@ import os
 import secrets
 import socket
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from hoplite_client.net import congestion
 from hoplite_client.net.endpoints import host_id
@@ -43,7 +44,6 @@ from hoplited.dispatch import Dispatcher
 from hoplited.memory.arena import Arena
 from hoplited.memory.space import Space
 from hoplited.memory.store import ObjectStore
-from hoplited.metrics import MetricsServer, registry_for
 from hoplited.rpc import Rpc
 from hoplited.status import NodeStatus
 from hoplited.tasks import Tasks
@@ -51,6 +51,9 @@ from hoplited.transfer.data_connections import DataConnections
 from hoplited.transfer.fetcher import Fetcher
 from hoplited.transfer.sender import Sender
 from hoplited.transfer.traffic import Traffic
+
+if TYPE_CHECKING:
+    from hoplited.metrics import MetricsServer
 
 log = logging.getLogger("hoplited")
 
@@ -226,6 +229,9 @@ class Daemon:
         listener.start()
         tasks.spawn(arena.keep_warm(), name="warm")
         if cfg.metrics_port is not None:
+            # imported only here: prometheus_client costs a daemon without metrics a
+            # twentieth of a second at start
+            from hoplited.metrics import MetricsServer, registry_for
             self._metrics = MetricsServer(registry_for(status.local), cfg.host, cfg.metrics_port)
             await self._metrics.start()
         if cfg.join:

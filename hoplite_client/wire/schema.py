@@ -21,6 +21,10 @@ from hoplite_client.wire.ids import OBJECT_ID_SIZE, ObjectID
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
+# Every record, with its tag (None but for a variant).
+_RECORDS: dict[type, int | None] = {}
+# Each record's fields and their types, resolved on first use: resolving every record's
+# annotations at import would cost each daemon's start about a tenth of a second.
 _HINTS: dict[type, list[tuple[str, Any]]] = {}
 _C = TypeVar("_C")
 _Check = Callable[[Any], Any]
@@ -28,13 +32,14 @@ _Check = Callable[[Any], Any]
 # decode of its kind: walking the annotations with typing.get_origin for every field of every
 # message would make a decode twice as dear (docs/design.md §2.1).
 _CHECKS: dict[type, tuple[int | None, list[tuple[str, _Check]]]] = {}
-_TAGS: dict[type, int] = {}  # each variant's tag
 # Fields whose values are msgpack-ready as they are (scalars, optional or not) encode as is.
 _PLAIN_HINTS = frozenset({int, str, bytes, bool, float, int | None, str | None, bytes | None,
                           bool | None, float | None})
-# Per record: all its field values at once (one C call), and the positions of the fields that
-# need converting (ids, nested records, lists of them), and a variant's tag.
-_ENCODED: dict[type, tuple[Callable[[Any], Any], list[int], int | None]] = {}
+# Per record, made on its first encode: all its field values at once (one C call), and the
+# positions of the fields that need converting (ids, nested records, lists of them), and a
+# variant's tag.
+_Encoding = tuple[Callable[[Any], Any], list[int], int | None]
+_ENCODED: dict[type, _Encoding] = {}
 
 
 @dataclass_transform(frozen_default=True, kw_only_default=True)
@@ -42,14 +47,7 @@ def record(cls: type[_C]) -> type[_C]:
     """Make ``cls`` a frozen slotted dataclass with keyword-only fields (so a request id can
     default to 0 ahead of required fields) whose fields are checked when decoded."""
     dc = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)(cls)
-    hints = typing.get_type_hints(dc)
-    fields = dataclasses.fields(cast("type[DataclassInstance]", dc))  # a dataclass now
-    _HINTS[dc] = [(f.name, hints[f.name]) for f in fields]
-    names = [f.name for f in fields]
-    getter = operator.attrgetter(*names) if len(names) > 1 else (
-        lambda value: tuple(getattr(value, name) for name in names))
-    _ENCODED[dc] = (getter, [i for i, f in enumerate(fields) if hints[f.name] not in _PLAIN_HINTS],
-                    None)
+    _RECORDS[dc] = None
     return dc
 
 
@@ -60,19 +58,45 @@ def variant(tag: int) -> Callable[[type[_C]], type[_C]]:
 
     def wrap(cls: type[_C]) -> type[_C]:
         rec = record(cls)
-        getter, convert, _ = _ENCODED[rec]
-        _ENCODED[rec] = (getter, convert, tag)
-        _TAGS[rec] = tag
+        _RECORDS[rec] = tag
         return rec
 
     return wrap
+
+
+def is_record(cls: object) -> bool:
+    """Whether ``cls`` is a :func:`record` (a variant included)."""
+    return cls in _RECORDS
+
+
+def field_hints(cls: type) -> list[tuple[str, Any]]:
+    """The fields of record ``cls`` in order, each with its type."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        resolved = typing.get_type_hints(cls)
+        fields = dataclasses.fields(cast("type[DataclassInstance]", cls))
+        hints = _HINTS[cls] = [(f.name, resolved[f.name]) for f in fields]
+    return hints
+
+
+def _encoding(cls: type) -> _Encoding | None:
+    """How to encode a record of type ``cls`` (None: ``cls`` is not a record)."""
+    if cls not in _RECORDS:
+        return None
+    hints = field_hints(cls)
+    names = [name for name, _ in hints]
+    getter = operator.attrgetter(*names) if len(names) > 1 else (
+        lambda value: tuple(getattr(value, name) for name in names))
+    encoded = _ENCODED[cls] = (getter, [i for i, (_, hint) in enumerate(hints)
+                                        if hint not in _PLAIN_HINTS], _RECORDS[cls])
+    return encoded
 
 
 def to_wire(value: object) -> Any:
     """The msgpack-ready form of a record, an ObjectID, or a container of them."""
     if isinstance(value, ObjectID):
         return value.binary()
-    encoded = _ENCODED.get(type(value))
+    encoded = _ENCODED.get(type(value)) or _encoding(type(value))
     if encoded is not None:
         getter, convert, tag = encoded
         fields = list(getter(value))
@@ -88,8 +112,8 @@ def from_wire(cls: type[_C], raw: Any) -> _C:
     """Build a record of type ``cls`` from its decoded msgpack array, checking every field."""
     checks = _CHECKS.get(cls)
     if checks is None:
-        checks = _CHECKS[cls] = (_TAGS.get(cls), [(name, _checker(cls, name, hint))
-                                                  for name, hint in _HINTS[cls]])
+        checks = _CHECKS[cls] = (_RECORDS.get(cls), [(name, _checker(cls, name, hint))
+                                                     for name, hint in field_hints(cls)])
     tag, fields = checks
     if tag is not None:
         if not isinstance(raw, list) or not raw or type(raw[0]) is not int or raw[0] != tag:
@@ -135,7 +159,7 @@ def _checker(cls: type, name: str, hint: Any) -> _Check:
                 raise RemoteProtocolError(f"{where}: expected a {OBJECT_ID_SIZE}-byte id")
             return ObjectID(value)
         return object_id
-    if hint in _HINTS:
+    if hint in _RECORDS:
         return lambda value: from_wire(hint, value)
     if hint is Any:
         def plain(value: Any) -> Any:
@@ -168,9 +192,12 @@ def _checker(cls: type, name: str, hint: Any) -> _Check:
 def _tagged(where: str, variants: list[Any]) -> _Check:
     """The check of a field holding one of ``variants`` (each a :func:`variant`): its tag
     picks the variant its fields are checked as."""
-    if not all(v in _TAGS for v in variants):
-        raise TypeError(f"{where}: a union of several types must be of variants only")
-    by_tag = {_TAGS[v]: v for v in variants}
+    by_tag: dict[int, Any] = {}
+    for v in variants:
+        tag = _RECORDS.get(v)
+        if tag is None:
+            raise TypeError(f"{where}: a union of several types must be of variants only")
+        by_tag[tag] = v
     if len(by_tag) != len(variants):
         raise TypeError(f"{where}: two variants share a tag")
 

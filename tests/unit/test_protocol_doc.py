@@ -18,7 +18,7 @@ import pytest
 from hoplite_client.wire.errors import ERRORS_BY_CODE
 from hoplite_client.wire.ids import ObjectID
 from hoplite_client.wire.messages import MESSAGES, WireMessage
-from hoplite_client.wire.schema import _HINTS
+from hoplite_client.wire.schema import field_hints, is_record
 
 pytestmark = pytest.mark.unit
 
@@ -101,7 +101,7 @@ def render(hint: Any) -> str:
 
 
 def declared_fields(cls: type) -> list[tuple[str, str]]:
-    return [(name, render(hint)) for name, hint in _HINTS[cls]]
+    return [(name, render(hint)) for name, hint in field_hints(cls)]
 
 
 def declared_row(cls: type[WireMessage]) -> dict[str, Any]:
@@ -141,8 +141,8 @@ def test_kind_row_matches_declaration(kind: int) -> None:
 
 
 def test_nested_records_match() -> None:
-    used = {inner for cls in MESSAGES.values() for _, hint in _HINTS[cls]
-            for inner in [hint, *typing.get_args(hint)] if inner in _HINTS}
+    used = {inner for cls in MESSAGES.values() for _, hint in field_hints(cls)
+            for inner in [hint, *typing.get_args(hint)] if is_record(inner)}
     documented = {unquote(name): fields_cell(fields)
                   for name, fields, _ in table(RECORD_HEADER)}
     assert documented == {cls.__name__: declared_fields(cls) for cls in used}

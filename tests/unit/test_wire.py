@@ -39,7 +39,7 @@ from hoplite_client.wire.frames import (
     encode_header,
 )
 from hoplite_client.wire.ids import OBJECT_ID_SIZE, ObjectID
-from hoplite_client.wire.schema import _HINTS, to_wire
+from hoplite_client.wire.schema import field_hints, is_record, to_wire
 
 UNUSED_KIND = next(k for k in range(255, 0, -1) if k not in m.MESSAGES)
 
@@ -61,7 +61,7 @@ def sample(hint: Any, variant: int = 1) -> Any:
         return {} if variant == 0 else {"answer": 42, "nested": {"k": [1, "two", b"3"]}}
     if hint is ObjectID:
         return ObjectID(bytes([variant + 1]) * OBJECT_ID_SIZE)
-    if hint in _HINTS:
+    if is_record(hint):
         return build(hint, variant)
     table = {int: 7 + variant, float: 1.5 * variant, str: f"s{variant}-é", bytes: b"\x00\xff|" * variant,
              bool: bool(variant)}
@@ -70,7 +70,7 @@ def sample(hint: Any, variant: int = 1) -> Any:
 
 def build(cls: type, variant: int = 1) -> Any:
     """An instance of record ``cls`` with every field filled from its annotation."""
-    return cls(**{name: sample(hint, variant) for name, hint in _HINTS[cls]})
+    return cls(**{name: sample(hint, variant) for name, hint in field_hints(cls)})
 
 
 def norm(events: list) -> list:
@@ -472,8 +472,8 @@ def _decode_one(kind: int, fields: list) -> Any:
     return ev
 
 
-@pytest.mark.parametrize("kind,cls", [(k, c) for k, c in KINDS if _HINTS[c][0][0] != "rid"],
-                         ids=[c.__name__ for _, c in KINDS if _HINTS[c][0][0] != "rid"])
+@pytest.mark.parametrize("kind,cls", [(k, c) for k, c in KINDS if field_hints(c)[0][0] != "rid"],
+                         ids=[c.__name__ for _, c in KINDS if field_hints(c)[0][0] != "rid"])
 def test_bad_frame_rid_only_for_kinds_with_rid(kind, cls):
     """A bad frame of a kind without a rid field reports rid None (not e.g. its version)."""
     ev = _decode_one(kind, to_wire(build(cls)) + [None])  # valid fields plus one too many
