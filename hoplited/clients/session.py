@@ -30,6 +30,7 @@ from hoplite_client.wire.errors import (
 )
 from hoplite_client.wire.frames import INLINE_MAX, MAX_IDS_PER_FRAME
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import among
 from hoplite_client.wire.messages import (
     CLIENT,
     Abort,
@@ -113,7 +114,7 @@ class ClientSession:
         if obj is not None:
             obj = await self.d.space.settled(obj)
         if obj is None or not obj.complete:
-            obj = await self.d.fetcher.fetch(msg.oid, msg.timeout, receivers=receivers)
+            obj = await self.d.fetcher.fetch(msg.oid, msg.timeout, hint=among(receivers))
         if obj.size <= INLINE_MAX:
             self.d.store.touch(obj)
             return Found(size=obj.size, dtype=obj.dtype, shape=obj.shape, offset=None), \

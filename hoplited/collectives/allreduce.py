@@ -42,6 +42,7 @@ from hoplite_client.wire.frames import (
     MAX_READY_HOLDERS,
 )
 from hoplite_client.wire.ids import ObjectID
+from hoplite_client.wire.locate_hints import IN_RING, PLAIN
 from hoplite_client.wire.messages import (
     AllreduceFailed,
     Error,
@@ -827,7 +828,8 @@ class Member:
         region = self.whole.regions[stripe]
         while not region.filled:
             try:
-                await self.d.fetcher.fetch(self.ids[stripe], None, ring=not self._msg.pair)
+                await self.d.fetcher.fetch(self.ids[stripe], None,
+                                           hint=PLAIN if self._msg.pair else IN_RING)
             except HopliteError as exc:
                 if region.filled or self._ended:
                     return

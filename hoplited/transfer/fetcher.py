@@ -33,7 +33,7 @@ from hoplite_client.wire.errors import (
 )
 from hoplite_client.wire.frames import Frame
 from hoplite_client.wire.ids import ObjectID
-from hoplite_client.wire.locate_hints import IN_RING, LocateHint, among
+from hoplite_client.wire.locate_hints import PLAIN, Among, InRing, LocateHint, Plain
 from hoplite_client.wire.messages import DataStream, Error, Located, Pull
 from hoplited.cluster.link_model import LinkModel, PullRate
 from hoplited.cluster.membership import Membership
@@ -106,15 +106,14 @@ class Fetcher:
         return None if fetch is None else fetch[1].source
 
     async def fetch(self, oid: ObjectID, timeout: float | None,
-                    ring: bool = False, receivers: int = 0) -> StoredObject:
+                    hint: Plain | InRing | Among = PLAIN) -> StoredObject:
         """The complete local copy of ``oid``, pulling it from the cluster if needed; waits at
         most ``timeout`` (this caller's own, whoever else is fetching the same id). The copy is
         still in the store when this returns: the caller may pin it before anything else runs.
-        ``ring``: a fetch this call starts asks for its ring predecessor (docs/design.md §4);
-        ``receivers``: it tells the owner how many get the object together (§3)."""
+        ``hint``: what a fetch this call starts tells the owner (its ring predecessor wanted,
+        docs/design.md §4; how many get the object together, §3)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        hint = IN_RING if ring else among(receivers)
         try:
             async with asyncio.timeout_at(deadline):
                 obj = await self._complete_copy(oid, deadline, hint)
