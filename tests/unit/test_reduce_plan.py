@@ -1548,9 +1548,9 @@ def root_started(p: ReducePlan) -> int:
 
 
 def leaf_of(p: ReducePlan, oid: ObjectID) -> tuple[int, str, bytes]:
-    """(slot, node, version held) of ``oid``'s leaf."""
+    """(slot, node, input version) of ``oid``'s leaf."""
     (slot, x), = [(s, x) for s, x in p.slots.items() if x.input == oid and not x.task]
-    return slot, x.node, x.held
+    return slot, x.node, x.input_version
 
 
 def placed_ahead() -> tuple[ReducePlan, int, int]:

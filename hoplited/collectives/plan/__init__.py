@@ -623,7 +623,7 @@ class ReducePlan:
                 and self._aligned(placed.start) > self._aligned(start)]
         if any(self._folded_into(c) for c in late):  # this slot is placed by the restart
             self._move(slot, "placed", Slot(node, oid, oid, version, task=False, gen=gen,
-                                            start=start, held=version))
+                                            start=start, input_version=version))
             return self._repairs.restart_all()
         for policy in self._policies:
             policy.on_put(slot, start)
@@ -632,12 +632,12 @@ class ReducePlan:
         if children == 0 and not in_place and not extras:  # a stripe's leaf too: its
             # consumer reads the stripe's window of the input, with no task and no copy
             self._move(slot, "placed", Slot(node, oid, oid, version, task=False, gen=gen,
-                                            start=start, held=version))
+                                            start=start, input_version=version))
             return self._links(slot)
         output = self.result if in_place else derived_id(self.result, slot, b"out%d" % gen)
         self._move(slot, "placed", Slot(node, oid, output, None, task=True, gen=gen,
                                         start=start, extras=extras, told=len(extras),
-                                        held=version))
+                                        input_version=version))
         if node not in self.task_nodes:
             self.task_nodes.append(node)
         m = self.meta

@@ -179,7 +179,7 @@ class LateInputs(Policy):
             if placed.task or placed.input != ev.oid:
                 continue
             if placed.node in ev.alive and placed.node not in plan.dead:
-                placed.held = ev.version
+                placed.input_version = ev.version
                 continue
             plan._repairs.lacking.setdefault(ev.oid, set()).add(placed.node)
             out += [ins for ins in plan._repairs.repair(slot, 0)

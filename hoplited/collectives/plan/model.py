@@ -396,7 +396,7 @@ class Slot:
     ``connected`` says whether its consumer was told where its output is. ``extras``: the
     merges whose inputs it adds as well, the first ``told`` of them known to its task;
     ``fed``: the children its task was told of (it combines nothing before it has all);
-    ``held``: the input's version, which a task placed again as a leaf is read at."""
+    ``input_version``: the input's version, which a task placed again as a leaf is read at."""
 
     node: str
     input: ObjectID
@@ -409,7 +409,7 @@ class Slot:
     extras: tuple[Merge, ...] = ()
     told: int = 0
     fed: set[int] = field(default_factory=set)
-    held: bytes = b""
+    input_version: bytes = b""
 
 
 @dataclass(slots=True)

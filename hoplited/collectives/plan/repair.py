@@ -413,7 +413,7 @@ class Repair:
             return (yield self._repair_steps(slot, 0))
         self.reconnects.pop(slot, None)
         self.broken.pop(slot, None)
-        out = yield plan._put_steps(slot, placed.node, placed.input, placed.held,
+        out = yield plan._put_steps(slot, placed.node, placed.input, placed.input_version,
                                     placed.gen + 1, 0, placed.extras)
         return out + (yield self._from_zero_below_steps(slot))
 
@@ -503,7 +503,7 @@ class Repair:
             elif fold is not None:
                 node, oid, version, gen = fold.node, fold.input, fold.version, fold.gen + 1
             elif old is not None:  # a task's output version is made anew
-                version, node, oid, gen = old.held, old.node, old.input, old.gen + 1
+                version, node, oid, gen = old.input_version, old.node, old.input, old.gen + 1
             else:
                 if slot in plan._redo:
                     plan._redo[slot].start = 0
