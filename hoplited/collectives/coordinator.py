@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,63 +225,66 @@ class ReduceCoordinator:
         if self._opening or self._held:
             self._held.append(ins)
             return
-        d = self.d
-        merge = (isinstance(ins, p.Fold) and ins.slot in self.plan.merged) or (
-            isinstance(ins, p.Reshape) and ins.child in self.plan.merged) or (
-            isinstance(ins, p.StartTask) and bool(ins.extras))  # not a repair: several inputs
-        hold = isinstance(ins, p.After) and isinstance(ins.event, p.HoldOver)  # no repair
-        if not merge and not hold and (isinstance(ins, p.WaitInput | p.After | p.Fold
-                                                  | p.Reshape | p.RestartResult)
-                                       or (isinstance(ins, p.StartTask) and ins.gen > 0)):
+        if _is_repair(ins, self.plan.merged):
             log.info("reduce %s repair: %s", self.result.short(), ins)
-        if isinstance(ins, p.OpenResult):
-            self._open_result(ins)
-        elif isinstance(ins, p.StartTask):
-            task = self._spawn(self._start_task(ins), f"reduce-task-{ins.slot}",
-                               functools.partial(p.SlotFailed, ins.slot, ins.gen))
-            self._starting.add(task)
-            task.add_done_callback(self._starting.discard)
-        elif isinstance(ins, p.Connect):
-            plain = ins.start == 0 and ins.until == 0  # not a fold's part of a child
-            self._spawn(self._connect(ins), f"reduce-connect-{ins.parent_slot}",
-                        functools.partial(p.SlotFailed, ins.parent_slot, None,
-                                          child=ins.child_slot if plain else None,
-                                          version=ins.parent_version))
-        elif isinstance(ins, p.Hurry):
-            d.rpc.tell(ins.parent_node, ReduceHurry(
-                reduce_id=self.result, slot=ins.parent_slot, version=ins.parent_version,
-                child=ins.child_slot))
-        elif isinstance(ins, p.Fold):
-            self._spawn(self._fold(ins), f"reduce-fold-{ins.slot}",
-                        functools.partial(p.FoldFailed, ins.slot, version=ins.version))
-        elif isinstance(ins, p.Reshape):
-            self._spawn(self._reshape(ins), f"reduce-reshape-{ins.parent}",
-                        functools.partial(p.SlotFailed, ins.parent, None,
-                                          version=ins.version))
-        elif isinstance(ins, p.PullRoot):
-            if self.out is not None:  # None: the result could not be created (failed)
-                self._pull_root(ins)
-        elif isinstance(ins, p.WaitInput):
-            self._wait(ins.oid, ins.exclude)
-        elif isinstance(ins, p.After):
-            self._spawn(self._after(ins), "reduce-hold" if hold else "reduce-retry",
-                        p.ResultFailed)
-        elif isinstance(ins, p.CancelWaits):
-            for oid in ins.oids:
-                wait = self._waits.get(oid)
-                if wait is not None:
-                    wait.cancel()
-        elif isinstance(ins, p.RestartResult):
-            self._restart_result()
-        elif isinstance(ins, p.CombineInline):
-            self._combine_inline(ins)
-        elif isinstance(ins, p.Publish):
-            assert self.out is not None
-            self._spawn(self._publish(self.out), "reduce-publish", p.ResultFailed)
-        elif isinstance(ins, p.Fail):
-            self._fail(ins.error)
-        elif isinstance(ins, p.Release):
-            d.tasks.spawn(self._release(ins.nodes), name="reduce-release")
+        INSTRUCTION_HANDLERS[type(ins)](self, ins)
+
+    def _on_start_task(self, ins: p.StartTask) -> None:
+        task = self._spawn(self._start_task(ins), f"reduce-task-{ins.slot}",
+                           functools.partial(p.SlotFailed, ins.slot, ins.gen))
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    def _on_connect(self, ins: p.Connect) -> None:
+        plain = ins.start == 0 and ins.until == 0  # not a fold's part of a child
+        self._spawn(self._connect(ins), f"reduce-connect-{ins.parent_slot}",
+                    functools.partial(p.SlotFailed, ins.parent_slot, None,
+                                      child=ins.child_slot if plain else None,
+                                      version=ins.parent_version))
+
+    def _on_hurry(self, ins: p.Hurry) -> None:
+        self.d.rpc.tell(ins.parent_node, ReduceHurry(
+            reduce_id=self.result, slot=ins.parent_slot, version=ins.parent_version,
+            child=ins.child_slot))
+
+    def _on_fold(self, ins: p.Fold) -> None:
+        self._spawn(self._fold(ins), f"reduce-fold-{ins.slot}",
+                    functools.partial(p.FoldFailed, ins.slot, version=ins.version))
+
+    def _on_reshape(self, ins: p.Reshape) -> None:
+        self._spawn(self._reshape(ins), f"reduce-reshape-{ins.parent}",
+                    functools.partial(p.SlotFailed, ins.parent, None, version=ins.version))
+
+    def _on_pull_root(self, ins: p.PullRoot) -> None:
+        if self.out is not None:  # None: the result could not be created (failed)
+            self._pull_root(ins)
+
+    def _on_wait_input(self, ins: p.WaitInput) -> None:
+        self._wait(ins.oid, ins.exclude)
+
+    def _on_after(self, ins: p.After) -> None:
+        hold = isinstance(ins.event, p.HoldOver)
+        self._spawn(self._after(ins), "reduce-hold" if hold else "reduce-retry",
+                    p.ResultFailed)
+
+    def _on_cancel_waits(self, ins: p.CancelWaits) -> None:
+        for oid in ins.oids:
+            wait = self._waits.get(oid)
+            if wait is not None:
+                wait.cancel()
+
+    def _on_restart_result(self, ins: p.RestartResult) -> None:
+        self._restart_result()
+
+    def _on_publish(self, ins: p.Publish) -> None:
+        assert self.out is not None
+        self._spawn(self._publish(self.out), "reduce-publish", p.ResultFailed)
+
+    def _on_fail(self, ins: p.Fail) -> None:
+        self._fail(ins.error)
+
+    def _on_release(self, ins: p.Release) -> None:
+        self.d.tasks.spawn(self._release(ins.nodes), name="reduce-release")
 
     def _open_result(self, ins: p.OpenResult) -> None:
         """Create the result here and announce it at once, so gets can chain behind it."""
@@ -460,3 +463,36 @@ class ReduceCoordinator:
         self._inline.clear()
         if self.out is not None:
             self.d.store.unpin(self.out)
+
+
+def _is_repair(ins: p.Instruction, merged: Mapping[int, p.Merge]) -> bool:
+    """Whether ``ins`` repairs the tree (logged): not a merge's fold or reshape, nor a task
+    that adds several inputs, nor a late input's hold."""
+    if (isinstance(ins, p.Fold) and ins.slot in merged
+            or isinstance(ins, p.Reshape) and ins.child in merged
+            or isinstance(ins, p.StartTask) and bool(ins.extras)
+            or isinstance(ins, p.After) and isinstance(ins.event, p.HoldOver)):
+        return False
+    return (isinstance(ins, p.WaitInput | p.After | p.Fold | p.Reshape | p.RestartResult)
+            or isinstance(ins, p.StartTask) and ins.gen > 0)
+
+
+# How the coordinator carries out each kind of instruction (every kind the plan gives:
+# tests/unit/test_reduce_plan.py checks).
+INSTRUCTION_HANDLERS: dict[type, Callable[[ReduceCoordinator, Any], None]] = {
+    p.OpenResult: ReduceCoordinator._open_result,
+    p.StartTask: ReduceCoordinator._on_start_task,
+    p.Connect: ReduceCoordinator._on_connect,
+    p.Hurry: ReduceCoordinator._on_hurry,
+    p.Fold: ReduceCoordinator._on_fold,
+    p.Reshape: ReduceCoordinator._on_reshape,
+    p.PullRoot: ReduceCoordinator._on_pull_root,
+    p.WaitInput: ReduceCoordinator._on_wait_input,
+    p.After: ReduceCoordinator._on_after,
+    p.CancelWaits: ReduceCoordinator._on_cancel_waits,
+    p.RestartResult: ReduceCoordinator._on_restart_result,
+    p.CombineInline: ReduceCoordinator._combine_inline,
+    p.Publish: ReduceCoordinator._on_publish,
+    p.Fail: ReduceCoordinator._on_fail,
+    p.Release: ReduceCoordinator._on_release,
+}

@@ -6,6 +6,7 @@ import importlib
 import itertools
 import random
 import sys
+import typing
 from dataclasses import dataclass, replace
 
 import pytest
@@ -25,6 +26,7 @@ from hoplite_client.wire.errors import (
 )
 from hoplite_client.wire.frames import INLINE_MAX
 from hoplite_client.wire.ids import ObjectID
+from hoplited.collectives.coordinator import INSTRUCTION_HANDLERS
 from hoplited.collectives.ops import derived_id
 from hoplited.collectives.plan import (
     HISTORY_MAX,
@@ -1671,3 +1673,8 @@ def test_a_chain_deeper_than_pythons_recursion_is_repaired(
     assert plan.error is None
     assert {ins.slot for ins in again if isinstance(ins, StartTask) and ins.node == "n2"} == (
         set(range(k)) - {0})  # slot 0, the chain's first, is a leaf: no task
+
+
+def test_the_daemons_coordinator_carries_out_every_kind_of_instruction() -> None:
+    """A kind the plan gives with no handler in the coordinator would fail at run time."""
+    assert set(INSTRUCTION_HANDLERS) == set(typing.get_args(plan_module.Instruction))
