@@ -296,8 +296,8 @@ CASES = [
         (NodeDied("n0"), []),  # its consumer is lost to us, for now
         (NodeTrusted("n1"), [WaitInput(I[0], ("n0",))]),
     ]),
-    # chaos seed 31, trial 2 (after the fix above): a leaf's node withdrew its copy of the
-    # input once healed (the id was put again elsewhere); reconnecting could never succeed
+    # chaos seed 31, trial 2, with the pull above resumed: a leaf's node withdrew its copy of
+    # the input once healed (the id was put again elsewhere); reconnecting could never succeed
     Case("leaf-whose-node-lost-its-input-is-redone-on-another-holder", k=3, steps=[
         *RUNNING_CHAIN,
         (ChildLost(1, 0, v(0), 500, False, NO_COPY, t(1)), [WaitInput(I[0], ("n0",))]),

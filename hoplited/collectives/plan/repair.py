@@ -222,7 +222,7 @@ class Repair:
         """``child``'s consumer, on a node we suspect, has a broken pull of it: if that node
         is declared dead the consumer's repair redoes ``child``; if it answers again, the
         pull must resume (``_resume_orphans``), or the reduce would wait for it for good
-        (``bench/chaos.py --partition --victims 2``, seed 31, trial 2: hung)."""
+        (tests/unit/test_reduce_plan.py, pull-broken-while-its-consumer-is-suspected-...)."""
         plan = self.plan
         if consumer.node not in plan.declared and version is not None and consumer.version:
             self._orphans[child] = (version, consumer.version, offset)
